@@ -1,0 +1,21 @@
+//! Compiles keyward's own etcd-compatible protos with protox (pure Rust), so a build needs no `protoc`.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files = [
+        "proto/mvccpb/kv.proto",
+        "proto/authpb/auth.proto",
+        "proto/etcdserverpb/rpc.proto",
+        "proto/etcdserverpb/raft_internal.proto",
+    ];
+    for f in &files {
+        println!("cargo:rerun-if-changed={f}");
+    }
+    let fds = protox::compile(files, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .generate_default_stubs(true)
+        // Raft entries and apply results carry these messages; openraft needs them serde-able.
+        .type_attribute(".", "#[derive(serde::Serialize, serde::Deserialize)]")
+        .compile_fds(fds)?;
+    Ok(())
+}
