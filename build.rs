@@ -14,8 +14,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .generate_default_stubs(true)
-        // Raft entries and apply results carry these messages; openraft needs them serde-able.
-        .type_attribute(".", "#[derive(serde::Serialize, serde::Deserialize)]")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -1,0 +1,151 @@
+//! Every error a client can see, with etcd's exact gRPC code and message.
+//!
+//! The strings are part of the wire contract: etcd's clients (and `etcdctl`) match on them, e.g. the Go
+//! client re-authenticates on "revision of auth store is old". Keep them byte-for-byte identical to etcd's
+//! `rpctypes`. Nothing else in keyward builds a `tonic::Status` for an etcd error.
+
+use serde::{Deserialize, Serialize};
+use tonic::{Code, Status};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum EtcdError {
+    // request validation
+    #[error("etcdserver: key is not provided")]
+    EmptyKey,
+    #[error("etcdserver: key not found")]
+    KeyNotFound,
+    #[error("etcdserver: value is provided")]
+    ValueProvided,
+    #[error("etcdserver: lease is provided")]
+    LeaseProvided,
+    #[error("etcdserver: too many operations in txn request")]
+    TooManyOps,
+    #[error("etcdserver: duplicate key given in txn request")]
+    DuplicateKey,
+    #[error("etcdserver: request is too large")]
+    RequestTooLarge,
+    // mvcc
+    #[error("etcdserver: mvcc: required revision has been compacted")]
+    Compacted,
+    #[error("etcdserver: mvcc: required revision is a future revision")]
+    FutureRev,
+    #[error("etcdserver: mvcc: database space exceeded")]
+    NoSpace,
+    // leases
+    #[error("etcdserver: requested lease not found")]
+    LeaseNotFound,
+    #[error("etcdserver: lease already exists")]
+    LeaseExists,
+    #[error("etcdserver: too large lease TTL")]
+    LeaseTtlTooLarge,
+    // auth
+    #[error("etcdserver: root user does not exist")]
+    RootUserNotExist,
+    #[error("etcdserver: root user does not have root role")]
+    RootRoleNotExist,
+    #[error("etcdserver: user name already exists")]
+    UserAlreadyExist,
+    #[error("etcdserver: user name is empty")]
+    UserEmpty,
+    #[error("etcdserver: user name not found")]
+    UserNotFound,
+    #[error("etcdserver: role name already exists")]
+    RoleAlreadyExist,
+    #[error("etcdserver: role name not found")]
+    RoleNotFound,
+    #[error("etcdserver: role name is empty")]
+    RoleEmpty,
+    #[error("etcdserver: authentication failed, invalid user ID or password")]
+    AuthFailed,
+    #[error("etcdserver: permission denied")]
+    PermissionDenied,
+    #[error("etcdserver: role is not granted to the user")]
+    RoleNotGranted,
+    #[error("etcdserver: permission is not granted to the role")]
+    PermissionNotGranted,
+    #[error("etcdserver: authentication is not enabled")]
+    AuthNotEnabled,
+    #[error("etcdserver: invalid auth token")]
+    InvalidAuthToken,
+    #[error("etcdserver: invalid auth management")]
+    InvalidAuthMgmt,
+    #[error("etcdserver: revision of auth store is old")]
+    AuthOldRevision,
+    // cluster and server state
+    #[error("etcdserver: member not found")]
+    MemberNotFound,
+    #[error("etcdserver: no leader")]
+    NoLeader,
+    #[error("etcdserver: not leader")]
+    NotLeader,
+    #[error("etcdserver: leader changed")]
+    LeaderChanged,
+    #[error("etcdserver: server stopped")]
+    Stopped,
+    #[error("etcdserver: request timed out")]
+    Timeout,
+    #[error("etcdserver: too many requests")]
+    TooManyRequests,
+    /// Something keyward supports only partly so far; the message says what.
+    #[error("etcdserver: {0}")]
+    Unsupported(String),
+    /// A storage failure inside the server; the detail is logged, not sent.
+    #[error("etcdserver: internal error")]
+    Internal,
+}
+
+impl EtcdError {
+    pub fn code(&self) -> Code {
+        use EtcdError::*;
+        match self {
+            EmptyKey | KeyNotFound | ValueProvided | LeaseProvided | TooManyOps | DuplicateKey | RequestTooLarge
+            | UserEmpty | RoleEmpty | AuthFailed | InvalidAuthMgmt | AuthOldRevision => Code::InvalidArgument,
+            Compacted | FutureRev | LeaseTtlTooLarge => Code::OutOfRange,
+            NoSpace | TooManyRequests => Code::ResourceExhausted,
+            LeaseNotFound | MemberNotFound => Code::NotFound,
+            LeaseExists | RootUserNotExist | RootRoleNotExist | UserAlreadyExist | UserNotFound | RoleAlreadyExist
+            | RoleNotFound | RoleNotGranted | PermissionNotGranted | AuthNotEnabled | NotLeader => {
+                Code::FailedPrecondition
+            }
+            PermissionDenied => Code::PermissionDenied,
+            InvalidAuthToken => Code::Unauthenticated,
+            NoLeader | LeaderChanged | Stopped | Timeout => Code::Unavailable,
+            Unsupported(_) => Code::Unimplemented,
+            Internal => Code::Internal,
+        }
+    }
+}
+
+impl From<EtcdError> for Status {
+    fn from(err: EtcdError) -> Status {
+        Status::new(err.code(), err.to_string())
+    }
+}
+
+/// Storage errors never reach a client in detail: they are logged where they happen and surface as
+/// `Internal`.
+impl From<heed::Error> for EtcdError {
+    fn from(err: heed::Error) -> EtcdError {
+        match err {
+            heed::Error::Mdb(heed::MdbError::MapFull) => EtcdError::NoSpace,
+            other => {
+                tracing::error!(error = %other, "storage error");
+                EtcdError::Internal
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_carry_etcds_code_and_text() {
+        let status = Status::from(EtcdError::Compacted);
+        assert_eq!(status.code(), Code::OutOfRange);
+        assert_eq!(status.message(), "etcdserver: mvcc: required revision has been compacted");
+        let status = Status::from(EtcdError::AuthOldRevision);
+        assert_eq!((status.code(), status.message()), (Code::InvalidArgument, "etcdserver: revision of auth store is old"));
+    }
+}

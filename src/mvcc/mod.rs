@@ -1,0 +1,9 @@
+//! Multi-version concurrency control: revisions, the store on LMDB, and etcd's KV request semantics
+//! (range, put, delete, txn, compact) on top of it.
+
+pub mod kv;
+pub mod revision;
+pub mod store;
+pub mod txn;
+
+pub use store::{KvStore, RangeResult, ReadView, WriteTxn};

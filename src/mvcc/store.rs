@@ -1,0 +1,364 @@
+//! The multi-version key-value store on LMDB: what each revision of each key was.
+//!
+//! Tables (all in the `kv` environment):
+//! - `kv_live`:  key → current `KeyValue` (only keys that exist now; serves every read at the current revision)
+//! - `kv_revs`:  revision → tag + `KeyValue` (every change, in order: history reads, watch replay, compaction)
+//! - `kv_index`: escape(key) ++ revision → tag (finds a key's version at an older revision)
+//! - `kv_meta`:  current and compacted revision
+//!
+//! All writes of one raft entry happen in one LMDB write transaction (`WriteTxn`), which the state machine
+//! commits together with the applied log id.
+
+use std::ops::Bound;
+
+use heed::{RoTxn, RwTxn};
+use prost::Message;
+
+use super::revision::{history_bound, history_key, history_prefix, split_history_key, Revision};
+use crate::error::EtcdError;
+use crate::keyrange::KeyRange;
+use crate::proto::mvccpb::{event::EventType, Event, KeyValue};
+use crate::storage::Db;
+
+const CURRENT_REV: &[u8] = b"current_rev";
+const COMPACT_REV: &[u8] = b"compact_rev";
+const TAG_TOMBSTONE: u8 = 0;
+const TAG_PUT: u8 = 1;
+
+pub struct KvStore {
+    live: Db,
+    revs: Db,
+    index: Db,
+    meta: Db,
+}
+
+/// The keys a range found, plus how many matched in total (etcd reports the total even with a limit).
+#[derive(Debug, Default)]
+pub struct RangeResult {
+    pub kvs: Vec<KeyValue>,
+    pub count: usize,
+    /// The store's revision the read saw (not the requested historical one), as etcd reports it.
+    pub rev: i64,
+}
+
+impl KvStore {
+    pub const TABLES: [&'static str; 4] = ["kv_live", "kv_revs", "kv_index", "kv_meta"];
+
+    pub fn new([live, revs, index, meta]: [Db; 4]) -> Self {
+        KvStore { live, revs, index, meta }
+    }
+
+    /// A consistent view at the revision committed in `txn`.
+    pub fn view<'a>(&'a self, txn: &'a RoTxn<'a>) -> Result<ReadView<'a>, EtcdError> {
+        let rev = self.read_meta(txn, CURRENT_REV)?.unwrap_or(1);
+        Ok(ReadView { store: self, txn, rev, compact_rev: self.read_meta(txn, COMPACT_REV)?.unwrap_or(0), committed_rev: rev })
+    }
+
+    pub fn begin<'a, 'e>(&'a self, txn: &'a mut RwTxn<'e>) -> Result<WriteTxn<'a, 'e>, EtcdError> {
+        let (begin_rev, compact_rev) = {
+            let view = self.view(txn)?;
+            (view.rev, view.compact_rev)
+        };
+        Ok(WriteTxn { store: self, txn, begin_rev, compact_rev, changes: 0, events: Vec::new() })
+    }
+
+    /// Every table's entries, for snapshots.
+    pub fn tables(&self) -> [Db; 4] {
+        [self.live, self.revs, self.index, self.meta]
+    }
+
+    fn read_meta(&self, txn: &RoTxn, name: &[u8]) -> Result<Option<i64>, EtcdError> {
+        match self.meta.get(txn, name)? {
+            None => Ok(None),
+            Some(bytes) => Ok(Some(i64::from_be_bytes(bytes.try_into().map_err(|_| corrupt("meta revision"))?))),
+        }
+    }
+}
+
+fn corrupt(what: &str) -> EtcdError {
+    tracing::error!(what, "corrupt record in the kv store");
+    EtcdError::Internal
+}
+
+fn decode_kv(bytes: &[u8]) -> Result<KeyValue, EtcdError> {
+    KeyValue::decode(bytes).map_err(|_| corrupt("key-value"))
+}
+
+/// Splits a `kv_revs` record into its tag and key-value.
+fn decode_change(bytes: &[u8]) -> Result<(u8, KeyValue), EtcdError> {
+    let (&tag, kv) = bytes.split_first().ok_or_else(|| corrupt("change record"))?;
+    Ok((tag, decode_kv(kv)?))
+}
+
+/// Reads at one revision of the store: either a read transaction or a write transaction in progress.
+pub struct ReadView<'a> {
+    store: &'a KvStore,
+    txn: &'a RoTxn<'a>,
+    /// The newest revision visible in this view.
+    pub rev: i64,
+    pub compact_rev: i64,
+    /// The revision reported in response headers: the last committed one. Inside a write transaction
+    /// that is the revision before it, although its own changes are visible (etcd's `currentRev`).
+    pub committed_rev: i64,
+}
+
+impl ReadView<'_> {
+    /// Checks a requested revision (0 = current) the way etcd does and returns the one to read at.
+    pub fn resolve(&self, requested: i64) -> Result<i64, EtcdError> {
+        if requested > self.rev {
+            return Err(EtcdError::FutureRev);
+        }
+        let rev = if requested <= 0 { self.rev } else { requested };
+        if rev < self.compact_rev {
+            return Err(EtcdError::Compacted);
+        }
+        Ok(rev)
+    }
+
+    /// Keys in `range` as of `requested` (0 = current). `limit` 0 means no limit; the count is always the
+    /// total number of keys in the range.
+    pub fn range(
+        &self,
+        range: &KeyRange,
+        requested: i64,
+        limit: usize,
+        count_only: bool,
+    ) -> Result<RangeResult, EtcdError> {
+        let rev = self.resolve(requested)?;
+        let mut result = RangeResult { rev: self.committed_rev, ..Default::default() };
+        let wants = |result: &RangeResult| !count_only && (limit == 0 || result.kvs.len() < limit);
+        if range.is_empty() {
+            return Ok(result);
+        }
+        if rev == self.rev {
+            if let KeyRange::Single(key) = range {
+                if let Some(bytes) = self.store.live.get(self.txn, key)? {
+                    result.count = 1;
+                    if wants(&result) {
+                        result.kvs.push(decode_kv(bytes)?);
+                    }
+                }
+                return Ok(result);
+            }
+            let end = range.end();
+            let bounds = (Bound::Included(range.start()), end.as_deref().map_or(Bound::Unbounded, Bound::Excluded));
+            for entry in self.store.live.range(self.txn, &bounds)? {
+                let (_, bytes) = entry?;
+                result.count += 1;
+                if wants(&result) {
+                    result.kvs.push(decode_kv(bytes)?);
+                }
+            }
+            return Ok(result);
+        }
+        self.range_history(range, rev, &mut result, wants)?;
+        Ok(result)
+    }
+
+    /// A read below the current revision: for each key, its newest version at or before `rev`.
+    fn range_history(
+        &self,
+        range: &KeyRange,
+        rev: i64,
+        result: &mut RangeResult,
+        wants: impl Fn(&RangeResult) -> bool,
+    ) -> Result<(), EtcdError> {
+        let start = history_bound(range.start());
+        let end = range.end().map(|end| history_bound(&end));
+        let bounds = (Bound::Included(start.as_slice()), end.as_deref().map_or(Bound::Unbounded, Bound::Excluded));
+        // The newest version seen so far of the key being walked: (key, revision, is a put).
+        let mut newest: Option<(Vec<u8>, Revision, bool)> = None;
+        let emit = |found: Option<(Vec<u8>, Revision, bool)>, result: &mut RangeResult| -> Result<(), EtcdError> {
+            if let Some((_, at, true)) = found {
+                result.count += 1;
+                if wants(result) {
+                    let bytes = self.store.revs.get(self.txn, &at.to_bytes())?.ok_or_else(|| corrupt("missing revision"))?;
+                    result.kvs.push(decode_change(bytes)?.1);
+                }
+            }
+            Ok(())
+        };
+        for entry in self.store.index.range(self.txn, &bounds)? {
+            let (raw, tag) = entry?;
+            let (key, at) = split_history_key(raw).ok_or_else(|| corrupt("history key"))?;
+            if !range.contains(&key) {
+                continue;
+            }
+            let same_key = newest.as_ref().is_some_and(|(k, _, _)| *k == key);
+            if !same_key {
+                emit(newest.take(), result)?;
+            }
+            if at.main <= rev {
+                newest = Some((key, at, tag.first() == Some(&TAG_PUT)));
+            } else if !same_key {
+                newest = None;
+            }
+        }
+        emit(newest, result)
+    }
+
+    /// The changes with revision `>= from`, in revision order, with the previous version when asked.
+    /// Used by watch replay.
+    pub fn changes_since(&self, from: i64, range: &KeyRange, limit: usize) -> Result<Vec<Event>, EtcdError> {
+        let start = Revision::new(from.max(0), 0).to_bytes();
+        let bounds = (Bound::Included(&start[..]), Bound::Unbounded);
+        let mut events = Vec::new();
+        for entry in self.store.revs.range(self.txn, &bounds)? {
+            let (_, bytes) = entry?;
+            let (tag, kv) = decode_change(bytes)?;
+            if !range.contains(&kv.key) {
+                continue;
+            }
+            let kind = if tag == TAG_PUT { EventType::Put } else { EventType::Delete };
+            events.push(Event { r#type: kind as i32, kv: Some(kv), prev_kv: None });
+            if limit != 0 && events.len() >= limit {
+                break;
+            }
+        }
+        Ok(events)
+    }
+}
+
+/// The changes of one raft entry, applied at one new revision.
+pub struct WriteTxn<'a, 'e> {
+    store: &'a KvStore,
+    txn: &'a mut RwTxn<'e>,
+    begin_rev: i64,
+    compact_rev: i64,
+    /// Changes made so far; also the sub-revision of the next one.
+    changes: i64,
+    /// What happened, in order, for watchers.
+    pub events: Vec<Event>,
+}
+
+impl<'e> WriteTxn<'_, 'e> {
+    /// What this transaction sees: the store before it plus its own changes.
+    pub fn view(&self) -> ReadView<'_> {
+        ReadView {
+            store: self.store,
+            txn: self.txn,
+            rev: self.rev(),
+            compact_rev: self.compact_rev,
+            committed_rev: self.begin_rev,
+        }
+    }
+
+    /// The revision reads in this transaction see: the new one once anything changed.
+    pub fn rev(&self) -> i64 {
+        if self.changes > 0 {
+            self.begin_rev + 1
+        } else {
+            self.begin_rev
+        }
+    }
+
+    pub fn raw(&mut self) -> &mut RwTxn<'e> {
+        self.txn
+    }
+
+    fn record(&mut self, kv: &KeyValue, tag: u8) -> Result<(), EtcdError> {
+        let at = Revision::new(self.begin_rev + 1, self.changes);
+        let mut change = Vec::with_capacity(1 + kv.encoded_len());
+        change.push(tag);
+        kv.encode(&mut change).map_err(|_| EtcdError::Internal)?;
+        self.store.revs.put(self.txn, &at.to_bytes(), &change)?;
+        self.store.index.put(self.txn, &history_key(&kv.key, at), &[tag])?;
+        self.changes += 1;
+        Ok(())
+    }
+
+    /// Writes `key = value` at the new revision and returns that revision.
+    pub fn put(&mut self, key: &[u8], value: Vec<u8>, lease: i64) -> Result<i64, EtcdError> {
+        let rev = self.begin_rev + 1;
+        let prev = self.store.live.get(self.txn, key)?.map(decode_kv).transpose()?;
+        let kv = KeyValue {
+            key: key.to_vec(),
+            create_revision: prev.as_ref().map_or(rev, |p| p.create_revision),
+            mod_revision: rev,
+            version: prev.as_ref().map_or(0, |p| p.version) + 1,
+            value,
+            lease,
+        };
+        self.store.live.put(self.txn, key, &kv.encode_to_vec())?;
+        self.record(&kv, TAG_PUT)?;
+        self.events.push(Event { r#type: EventType::Put as i32, kv: Some(kv), prev_kv: prev });
+        Ok(rev)
+    }
+
+    /// Deletes every existing key in `range`; returns what was deleted and the revision after.
+    pub fn delete_range(&mut self, range: &KeyRange) -> Result<(Vec<KeyValue>, i64), EtcdError> {
+        let existing = self.view().range(range, 0, 0, false)?.kvs;
+        let rev = self.begin_rev + 1;
+        for prev in &existing {
+            self.store.live.delete(self.txn, &prev.key)?;
+            let tombstone = KeyValue { key: prev.key.clone(), mod_revision: rev, ..Default::default() };
+            self.record(&tombstone, TAG_TOMBSTONE)?;
+            self.events.push(Event {
+                r#type: EventType::Delete as i32,
+                kv: Some(tombstone),
+                prev_kv: Some(prev.clone()),
+            });
+        }
+        let rev = self.rev();
+        Ok((existing, rev))
+    }
+
+    /// Discards history below `rev`: afterwards each key keeps only its newest version at or before `rev`
+    /// (none if that version is a deletion). Reads below `rev` then fail with `Compacted`.
+    pub fn compact(&mut self, rev: i64) -> Result<(), EtcdError> {
+        if rev <= self.compact_rev {
+            return Err(EtcdError::Compacted);
+        }
+        if rev > self.rev() {
+            return Err(EtcdError::FutureRev);
+        }
+        let from = Revision::new(self.compact_rev + 1, 0).to_bytes();
+        let to = Revision::new(rev + 1, 0).to_bytes();
+        let mut changed = Vec::new();
+        for entry in self.store.revs.range(self.txn, &(Bound::Included(&from[..]), Bound::Excluded(&to[..])))? {
+            let (at, bytes) = entry?;
+            let at = Revision::from_bytes(at).ok_or_else(|| corrupt("revision key"))?;
+            let (tag, kv) = decode_change(bytes)?;
+            changed.push((at, kv.key, tag));
+        }
+        for (at, key, tag) in changed {
+            // Only the newest version at or before `rev` decides; older ones are removed with it.
+            let after = history_key(&key, Revision::new(at.main, at.sub + 1));
+            let limit = history_key(&key, Revision::new(rev + 1, 0));
+            let superseded = self
+                .store
+                .index
+                .range(self.txn, &(Bound::Included(after.as_slice()), Bound::Excluded(limit.as_slice())))?
+                .next()
+                .transpose()?
+                .is_some();
+            if superseded {
+                continue;
+            }
+            let prefix = history_prefix(&key);
+            let upto = history_key(&key, if tag == TAG_TOMBSTONE { Revision::new(at.main, at.sub + 1) } else { at });
+            let mut doomed = Vec::new();
+            for entry in self.store.index.range(self.txn, &(Bound::Included(prefix.as_slice()), Bound::Excluded(upto.as_slice())))? {
+                let (raw, _) = entry?;
+                doomed.push(raw.to_vec());
+            }
+            for raw in doomed {
+                let (_, old) = split_history_key(&raw).ok_or_else(|| corrupt("history key"))?;
+                self.store.index.delete(self.txn, &raw)?;
+                self.store.revs.delete(self.txn, &old.to_bytes())?;
+            }
+        }
+        self.store.meta.put(self.txn, COMPACT_REV, &rev.to_be_bytes())?;
+        self.compact_rev = rev;
+        Ok(())
+    }
+
+    /// Records the new current revision (if anything changed) and hands back what happened.
+    pub fn finish(self) -> Result<(i64, Vec<Event>), EtcdError> {
+        let rev = self.rev();
+        if self.changes > 0 {
+            self.store.meta.put(self.txn, CURRENT_REV, &rev.to_be_bytes())?;
+        }
+        Ok((rev, self.events))
+    }
+}

@@ -1,0 +1,200 @@
+//! The raft log and vote on LMDB (`<data-dir>/member/raft`).
+//!
+//! Every append batch is one LMDB transaction committed with fsync before openraft is told it is
+//! durable; batches form naturally while the previous commit is in flight (group commit).
+
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+use std::path::Path;
+use std::sync::Arc;
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{RaftLogReader, StorageIOError, Vote};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::{any_error, blocking, Entry, LogId, NodeId, StorageError, TypeConfig};
+use crate::storage::{self, Db, LmdbEnv};
+
+const VOTE: &[u8] = b"vote";
+const COMMITTED: &[u8] = b"committed";
+const LAST_PURGED: &[u8] = b"last_purged";
+
+#[derive(Clone)]
+pub struct LogStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    env: LmdbEnv,
+    log: Db,
+    meta: Db,
+}
+
+fn index_key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, postcard::Error> {
+    postcard::to_allocvec(value)
+}
+
+impl LogStore {
+    pub fn open(dir: &Path) -> Result<Self, heed::Error> {
+        let (env, [log, meta]) = storage::open(dir, ["log", "meta"])?;
+        Ok(LogStore { inner: Arc::new(Inner { env, log, meta }) })
+    }
+
+    fn read_meta<T: DeserializeOwned>(&self, name: &[u8]) -> Result<Option<T>, StorageError> {
+        let read = || -> Result<Option<T>, Box<dyn std::error::Error>> {
+            let txn = self.inner.env.read_txn()?;
+            Ok(self.inner.meta.get(&txn, name)?.map(postcard::from_bytes).transpose()?)
+        };
+        read().map_err(|e| StorageIOError::read(any_error(e)).into())
+    }
+
+    fn write_meta<T: Serialize>(&self, name: &'static [u8], value: &T) -> Result<(), StorageError> {
+        let write = || -> Result<(), Box<dyn std::error::Error>> {
+            let mut txn = self.inner.env.write_txn()?;
+            self.inner.meta.put(&mut txn, name, &encode(value)?)?;
+            txn.commit()?;
+            Ok(())
+        };
+        write().map_err(|e| StorageIOError::write(any_error(e)).into())
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError> {
+        let this = self.clone();
+        let start = match range.start_bound() {
+            Bound::Included(&i) => Bound::Included(i),
+            Bound::Excluded(&i) => Bound::Excluded(i),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&i) => Bound::Included(i),
+            Bound::Excluded(&i) => Bound::Excluded(i),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        blocking(move || {
+            let read = || -> Result<Vec<Entry>, Box<dyn std::error::Error>> {
+                let txn = this.inner.env.read_txn()?;
+                let start = start.map(index_key);
+                let end = end.map(index_key);
+                let bounds = (start.as_ref().map(|k| &k[..]), end.as_ref().map(|k| &k[..]));
+                let mut entries = Vec::new();
+                for item in this.inner.log.range(&txn, &bounds)? {
+                    let (_, bytes) = item?;
+                    entries.push(postcard::from_bytes(bytes)?);
+                }
+                Ok(entries)
+            };
+            read().map_err(|e| StorageIOError::read_logs(any_error(e)).into())
+        })
+        .await
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        let this = self.clone();
+        blocking(move || {
+            let last_purged_log_id: Option<LogId> = this.read_meta(LAST_PURGED)?;
+            let read = || -> Result<Option<Entry>, Box<dyn std::error::Error>> {
+                let txn = this.inner.env.read_txn()?;
+                Ok(this.inner.log.last(&txn)?.map(|(_, bytes)| postcard::from_bytes(bytes)).transpose()?)
+            };
+            let last = read().map_err(|e| StorageIOError::read_logs(any_error(e)))?;
+            let last_log_id = last.map(|e| e.log_id).or(last_purged_log_id);
+            Ok(LogState { last_purged_log_id, last_log_id })
+        })
+        .await
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
+        let (this, vote) = (self.clone(), *vote);
+        blocking(move || this.write_meta(VOTE, &vote)).await
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
+        let this = self.clone();
+        blocking(move || this.read_meta(VOTE)).await
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        let this = self.clone();
+        blocking(move || this.write_meta(COMMITTED, &committed)).await
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+        let this = self.clone();
+        blocking(move || Ok(this.read_meta::<Option<LogId>>(COMMITTED)?.flatten())).await
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        let encoded: Vec<([u8; 8], Vec<u8>)> = entries
+            .into_iter()
+            .map(|e| Ok((index_key(e.log_id.index), encode(&e)?)))
+            .collect::<Result<_, postcard::Error>>()
+            .map_err(|e| StorageIOError::write_logs(any_error(e)))?;
+        let this = self.clone();
+        blocking(move || {
+            let write = || -> Result<(), heed::Error> {
+                let mut txn = this.inner.env.write_txn()?;
+                for (key, bytes) in &encoded {
+                    this.inner.log.put(&mut txn, key, bytes)?;
+                }
+                txn.commit()
+            };
+            let result = write();
+            let report = result.as_ref().map(|_| ()).map_err(|e| std::io::Error::other(e.to_string()));
+            callback.log_io_completed(report);
+            result.map_err(|e| StorageIOError::write_logs(any_error(e)).into())
+        })
+        .await
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let this = self.clone();
+        blocking(move || {
+            let write = || -> Result<(), heed::Error> {
+                let mut txn = this.inner.env.write_txn()?;
+                let from = index_key(log_id.index);
+                this.inner.log.delete_range(&mut txn, &(Bound::Included(&from[..]), Bound::Unbounded))?;
+                txn.commit()
+            };
+            write().map_err(|e| StorageIOError::write_logs(any_error(e)).into())
+        })
+        .await
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let this = self.clone();
+        blocking(move || {
+            let write = || -> Result<(), Box<dyn std::error::Error>> {
+                let mut txn = this.inner.env.write_txn()?;
+                this.inner.meta.put(&mut txn, LAST_PURGED, &encode(&log_id)?)?;
+                let upto = index_key(log_id.index);
+                this.inner.log.delete_range(&mut txn, &(Bound::Unbounded, Bound::Included(&upto[..])))?;
+                txn.commit()?;
+                Ok(())
+            };
+            write().map_err(|e| StorageIOError::write_logs(any_error(e)).into())
+        })
+        .await
+    }
+}

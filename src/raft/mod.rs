@@ -1,0 +1,126 @@
+//! The raft engine's types: what a log entry carries and what applying it returns.
+//!
+//! An entry's payload is etcd's `InternalRaftRequest` (request header + exactly one operation), stored
+//! protobuf-encoded so the on-disk log format evolves the way etcd's wire format does.
+
+pub mod log_store;
+pub mod network;
+pub mod state_machine;
+
+use std::io::Cursor;
+
+use prost::Message;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::error::EtcdError;
+use crate::proto::etcdserverpb::{
+    CompactionResponse, DeleteRangeResponse, InternalRaftRequest, PutResponse, TxnResponse,
+};
+
+pub type NodeId = u64;
+
+openraft::declare_raft_types!(
+    pub TypeConfig:
+        D = RaftRequest,
+        R = ApplyResult,
+        NodeId = NodeId,
+        Node = openraft::BasicNode,
+        SnapshotData = Cursor<Vec<u8>>,
+);
+
+pub type Raft = openraft::Raft<TypeConfig>;
+pub type Entry = openraft::Entry<TypeConfig>;
+pub type LogId = openraft::LogId<NodeId>;
+pub type StorageError = openraft::StorageError<NodeId>;
+pub type StoredMembership = openraft::StoredMembership<NodeId, openraft::BasicNode>;
+
+/// One proposed operation with the identity of who asked (`header.username`, `header.auth_revision`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RaftRequest(pub InternalRaftRequest);
+
+/// What applying one entry produced: a response for the proposer, or the etcd error the apply phase
+/// decided (permission denied, compacted, ...). Storage failures are not here: they stop the node.
+pub type ApplyResult = Result<Applied, EtcdError>;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Applied {
+    /// Entries without a client operation (blank and membership entries).
+    Nothing,
+    Put(#[serde(with = "prost_bytes")] PutResponse),
+    DeleteRange(#[serde(with = "prost_bytes")] DeleteRangeResponse),
+    Txn(#[serde(with = "prost_bytes")] TxnResponse),
+    Compaction(#[serde(with = "prost_bytes")] CompactionResponse),
+}
+
+impl Serialize for RaftRequest {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        prost_bytes::serialize(&self.0, s)
+    }
+}
+
+impl<'de> Deserialize<'de> for RaftRequest {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        prost_bytes::deserialize(d).map(RaftRequest)
+    }
+}
+
+/// serde for protobuf messages: their protobuf encoding as a byte string.
+mod prost_bytes {
+    use prost::Message;
+    use serde::de::Error;
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<M: Message, S: Serializer>(m: &M, s: S) -> Result<S::Ok, S::Error> {
+        serde_bytes::serialize(&m.encode_to_vec(), s)
+    }
+
+    pub fn deserialize<'de, M: Message + Default, D: Deserializer<'de>>(d: D) -> Result<M, D::Error> {
+        let bytes: serde_bytes::ByteBuf = serde_bytes::deserialize(d)?;
+        M::decode(bytes.as_slice()).map_err(D::Error::custom)
+    }
+}
+
+impl RaftRequest {
+    pub fn encoded_len(&self) -> usize {
+        self.0.encoded_len()
+    }
+}
+
+/// Wraps any error for openraft's storage error types.
+pub(crate) fn any_error(err: impl std::fmt::Display) -> openraft::AnyError {
+    openraft::AnyError::error(err.to_string())
+}
+
+/// Runs blocking LMDB work off the async threads.
+pub(crate) async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
+) -> Result<T, StorageError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|join| Err(openraft::StorageIOError::write(any_error(join)).into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::testing::{StoreBuilder, Suite};
+
+    use super::log_store::LogStore;
+    use super::state_machine::StateMachine;
+    use super::{StorageError, TypeConfig};
+
+    struct HeedBuilder;
+
+    impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for HeedBuilder {
+        async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError> {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let log = LogStore::open(&dir.path().join("raft")).expect("open raft env");
+            let sm = StateMachine::open(&dir.path().join("kv"), &dir.path().join("snap")).expect("open kv env");
+            Ok((dir, log, sm))
+        }
+    }
+
+    #[test]
+    fn heed_store_passes_openraft_storage_suite() -> Result<(), StorageError> {
+        Suite::test_all(HeedBuilder)
+    }
+}

@@ -1,0 +1,239 @@
+//! The raft state machine on LMDB (`<data-dir>/member/kv`): applies committed entries to the MVCC store
+//! and records the applied log id and membership in the same transaction.
+//!
+//! Snapshots are a dump of every kv table; the newest one is kept in `<data-dir>/member/snap/` so a
+//! restarted member can still send it to a follower.
+
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
+use openraft::{EntryPayload, RaftSnapshotBuilder, StorageIOError};
+use serde::{Deserialize, Serialize};
+
+use super::{any_error, blocking, ApplyResult, Entry, LogId, StorageError, StoredMembership, TypeConfig};
+use crate::error::EtcdError;
+use crate::mvcc::KvStore;
+use crate::raft::Applied;
+use crate::storage::{self, Db, LmdbEnv};
+
+const APPLIED: &[u8] = b"applied";
+const MEMBERSHIP: &[u8] = b"membership";
+const SNAPSHOT_FILE: &str = "current.snap";
+
+/// The applied state, shared with the read path (which opens its own read transactions on `env`).
+pub struct State {
+    pub env: LmdbEnv,
+    pub kv: KvStore,
+    meta: Db,
+    snap_dir: PathBuf,
+}
+
+#[derive(Clone)]
+pub struct StateMachine {
+    state: Arc<State>,
+}
+
+/// A snapshot file: openraft's metadata and every kv table's records.
+#[derive(Serialize, Deserialize)]
+struct SnapshotFile {
+    meta: SnapshotMeta<u64, openraft::BasicNode>,
+    #[serde(with = "serde_bytes")]
+    data: Vec<u8>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SnapshotData {
+    tables: Vec<Vec<(serde_bytes::ByteBuf, serde_bytes::ByteBuf)>>,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl StateMachine {
+    pub fn open(kv_dir: &Path, snap_dir: &Path) -> Result<Self, heed::Error> {
+        let mut names = KvStore::TABLES.to_vec();
+        names.push("sm_meta");
+        let (env, dbs) = storage::open::<5>(kv_dir, names.try_into().unwrap_or_else(|_| unreachable!()))?;
+        let [live, revs, index, kv_meta, meta] = dbs;
+        std::fs::create_dir_all(snap_dir)?;
+        let kv = KvStore::new([live, revs, index, kv_meta]);
+        Ok(StateMachine { state: Arc::new(State { env, kv, meta, snap_dir: snap_dir.to_path_buf() }) })
+    }
+
+    pub fn state(&self) -> Arc<State> {
+        self.state.clone()
+    }
+}
+
+impl State {
+    fn read_meta<T: serde::de::DeserializeOwned>(&self, txn: &heed::RoTxn, name: &[u8]) -> Result<Option<T>, BoxError> {
+        Ok(self.meta.get(txn, name)?.map(postcard::from_bytes).transpose()?)
+    }
+
+    fn applied_state(&self) -> Result<(Option<LogId>, StoredMembership), BoxError> {
+        let txn = self.env.read_txn()?;
+        let applied = self.read_meta::<Option<LogId>>(&txn, APPLIED)?.flatten();
+        let membership = self.read_meta(&txn, MEMBERSHIP)?.unwrap_or_default();
+        Ok((applied, membership))
+    }
+
+    fn apply_batch(&self, entries: Vec<Entry>) -> Result<Vec<ApplyResult>, BoxError> {
+        let mut txn = self.env.write_txn()?;
+        let mut results = Vec::with_capacity(entries.len());
+        let mut applied = None;
+        for entry in entries {
+            applied = Some(entry.log_id);
+            let result = match entry.payload {
+                EntryPayload::Blank => Ok(Applied::Nothing),
+                EntryPayload::Normal(req) => match crate::apply::apply(&self.kv, &mut txn, &req.0) {
+                    Ok((applied, _events)) => Ok(applied),
+                    // A storage failure leaves the transaction unusable: abort the batch, stop the node.
+                    Err(EtcdError::Internal) => return Err("storage failure while applying".into()),
+                    Err(EtcdError::NoSpace) => return Err("database space exceeded while applying".into()),
+                    Err(refused) => Err(refused),
+                },
+                EntryPayload::Membership(membership) => {
+                    let stored = StoredMembership::new(Some(entry.log_id), membership);
+                    self.meta.put(&mut txn, MEMBERSHIP, &postcard::to_allocvec(&stored)?)?;
+                    Ok(Applied::Nothing)
+                }
+            };
+            results.push(result);
+        }
+        self.meta.put(&mut txn, APPLIED, &postcard::to_allocvec(&applied)?)?;
+        txn.commit()?;
+        Ok(results)
+    }
+
+    fn build_snapshot(&self) -> Result<SnapshotFile, BoxError> {
+        let txn = self.env.read_txn()?;
+        let last_log_id = self.read_meta::<Option<LogId>>(&txn, APPLIED)?.flatten();
+        let last_membership: StoredMembership = self.read_meta(&txn, MEMBERSHIP)?.unwrap_or_default();
+        let mut tables = Vec::new();
+        for db in self.kv.tables() {
+            let mut records = Vec::new();
+            for item in db.iter(&txn)? {
+                let (k, v) = item?;
+                records.push((serde_bytes::ByteBuf::from(k), serde_bytes::ByteBuf::from(v)));
+            }
+            tables.push(records);
+        }
+        drop(txn);
+        let data = postcard::to_allocvec(&SnapshotData { tables })?;
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let snapshot_id = match last_log_id {
+            Some(id) => format!("{}-{}-{nanos}", id.leader_id, id.index),
+            None => format!("empty-{nanos}"),
+        };
+        let file = SnapshotFile { meta: SnapshotMeta { last_log_id, last_membership, snapshot_id }, data };
+        self.save_snapshot(&file)?;
+        Ok(file)
+    }
+
+    fn install_snapshot(&self, file: &SnapshotFile) -> Result<(), BoxError> {
+        let data: SnapshotData = postcard::from_bytes(&file.data)?;
+        let tables = self.kv.tables();
+        if data.tables.len() != tables.len() {
+            return Err("snapshot has an unexpected number of tables".into());
+        }
+        let mut txn = self.env.write_txn()?;
+        for (db, records) in tables.iter().zip(&data.tables) {
+            db.clear(&mut txn)?;
+            for (k, v) in records {
+                db.put(&mut txn, k, v)?;
+            }
+        }
+        self.meta.put(&mut txn, APPLIED, &postcard::to_allocvec(&file.meta.last_log_id)?)?;
+        self.meta.put(&mut txn, MEMBERSHIP, &postcard::to_allocvec(&file.meta.last_membership)?)?;
+        txn.commit()?;
+        self.save_snapshot(file)
+    }
+
+    /// Writes the snapshot file atomically: a crash leaves the previous one or the new one.
+    fn save_snapshot(&self, file: &SnapshotFile) -> Result<(), BoxError> {
+        let tmp = self.snap_dir.join(format!("{SNAPSHOT_FILE}.tmp"));
+        let bytes = postcard::to_allocvec(file)?;
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, self.snap_dir.join(SNAPSHOT_FILE))?;
+        Ok(())
+    }
+
+    fn load_snapshot(&self) -> Result<Option<SnapshotFile>, BoxError> {
+        match std::fs::read(self.snap_dir.join(SNAPSHOT_FILE)) {
+            Ok(bytes) => Ok(Some(postcard::from_bytes(&bytes)?)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+fn to_snapshot(file: SnapshotFile) -> Snapshot<TypeConfig> {
+    Snapshot { meta: file.meta, snapshot: Box::new(Cursor::new(file.data)) }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let state = self.state.clone();
+        blocking(move || state.build_snapshot().map_err(|e| StorageIOError::write_snapshot(None, any_error(e)).into()))
+            .await
+            .map(to_snapshot)
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let state = self.state.clone();
+        blocking(move || state.applied_state().map_err(|e| StorageIOError::read_state_machine(any_error(e)).into()))
+            .await
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<ApplyResult>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let state = self.state.clone();
+        blocking(move || state.apply_batch(entries).map_err(|e| StorageIOError::write_state_machine(any_error(e)).into()))
+            .await
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<u64, openraft::BasicNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let file = SnapshotFile { meta: meta.clone(), data: snapshot.into_inner() };
+        let state = self.state.clone();
+        let signature = meta.signature();
+        blocking(move || {
+            state.install_snapshot(&file).map_err(|e| StorageIOError::write_snapshot(Some(signature), any_error(e)).into())
+        })
+        .await
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let state = self.state.clone();
+        blocking(move || {
+            state.load_snapshot().map_err(|e| StorageIOError::read_snapshot(None, any_error(e)).into())
+        })
+        .await
+        .map(|file| file.map(to_snapshot))
+    }
+}

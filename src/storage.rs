@@ -1,0 +1,43 @@
+//! LMDB environments: the one place keyward opens an environment (and so the one `unsafe` it needs).
+//!
+//! A member has two environments under `<data-dir>/member/`: `raft/` (log and vote, fsynced on every
+//! append batch) and `kv/` (the state machine: MVCC data, applied log id, membership). Keeping them apart
+//! lets openraft append new entries while earlier ones are being applied.
+
+use std::path::Path;
+
+use heed::types::Bytes;
+use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, WithoutTls};
+
+/// Every keyward database maps raw bytes to raw bytes; encodings live with the code that owns each table.
+pub type Db = Database<'static, Bytes, Bytes>;
+pub type LmdbEnv = Env<WithoutTls>;
+
+/// Address space reserved for an environment. LMDB grows the file only as data is written, so this is a
+/// ceiling, not an allocation.
+const MAP_SIZE: usize = 64 << 30;
+
+/// Opens (creating if needed) the environment at `dir` and the named databases in it.
+pub fn open<const N: usize>(dir: &Path, names: [&str; N]) -> heed::Result<(LmdbEnv, [Db; N])> {
+    std::fs::create_dir_all(dir)?;
+    let mut options = EnvOpenOptions::new().read_txn_without_tls();
+    options.map_size(MAP_SIZE).max_dbs(N as u32).max_readers(1024);
+    // SAFETY: LMDB requires that an environment is opened at most once per process and that the file is
+    // not modified by other means while open. keyward opens each member directory exactly once
+    // (`Node::start`), and the data dir belongs to one process at a time (LMDB's own lock file refuses
+    // a second writer process).
+    #[allow(unsafe_code)]
+    let env = unsafe { options.open(dir)? };
+    let wtxn = env.write_txn()?;
+    let dbs = env
+        .create_databases_and_commit(wtxn, |opener, wtxn| {
+            let mut out = Vec::with_capacity(N);
+            for name in names {
+                out.push(opener.database_options().types::<Bytes, Bytes>().name(name).create(wtxn)?);
+            }
+            let dbs: [_; N] = out.try_into().unwrap_or_else(|_| unreachable!("exactly N databases were created"));
+            Ok::<_, heed::Error>(CommitOrAbort::<_, ()>::Commit(dbs))
+        })?
+        .unwrap_commit();
+    Ok((env, dbs))
+}
