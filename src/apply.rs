@@ -25,7 +25,11 @@ impl Leases for NoLeases {
 
 /// Applies one entry. `Err` is the etcd error to return to the proposer; the transaction then holds no
 /// change from this entry. `EtcdError::Internal` means storage failed and the whole batch must abort.
-pub fn apply(kv: &KvStore, txn: &mut RwTxn, req: &InternalRaftRequest) -> Result<(Applied, Vec<Event>), EtcdError> {
+pub fn apply(
+    kv: &KvStore,
+    txn: &mut RwTxn,
+    req: &InternalRaftRequest,
+) -> Result<(Applied, Vec<Event>), EtcdError> {
     let leases = NoLeases;
     let mut w = kv.begin(txn)?;
     let applied = if let Some(put) = &req.put {
@@ -37,9 +41,13 @@ pub fn apply(kv: &KvStore, txn: &mut RwTxn, req: &InternalRaftRequest) -> Result
         Applied::Txn(mvcc::txn::txn(&mut w, txn, &leases)?)
     } else if let Some(compaction) = &req.compaction {
         w.compact(compaction.revision)?;
-        Applied::Compaction(CompactionResponse { header: kv::header(w.rev()) })
+        Applied::Compaction(CompactionResponse {
+            header: kv::header(w.rev()),
+        })
     } else {
-        return Err(EtcdError::Unsupported("request not supported by this member".into()));
+        return Err(EtcdError::Unsupported(
+            "request not supported by this member".into(),
+        ));
     };
     let (_, events) = w.finish()?;
     Ok((applied, events))

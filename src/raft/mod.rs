@@ -74,7 +74,9 @@ mod prost_bytes {
         serde_bytes::serialize(&m.encode_to_vec(), s)
     }
 
-    pub fn deserialize<'de, M: Message + Default, D: Deserializer<'de>>(d: D) -> Result<M, D::Error> {
+    pub fn deserialize<'de, M: Message + Default, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<M, D::Error> {
         let bytes: serde_bytes::ByteBuf = serde_bytes::deserialize(d)?;
         M::decode(bytes.as_slice()).map_err(D::Error::custom)
     }
@@ -114,7 +116,8 @@ mod tests {
         async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError> {
             let dir = tempfile::tempdir().expect("temp dir");
             let log = LogStore::open(&dir.path().join("raft")).expect("open raft env");
-            let sm = StateMachine::open(&dir.path().join("kv"), &dir.path().join("snap")).expect("open kv env");
+            let sm = StateMachine::open(&dir.path().join("kv"), &dir.path().join("snap"))
+                .expect("open kv env");
             Ok((dir, log, sm))
         }
     }

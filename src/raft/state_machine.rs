@@ -12,7 +12,9 @@ use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
 use openraft::{EntryPayload, RaftSnapshotBuilder, StorageIOError};
 use serde::{Deserialize, Serialize};
 
-use super::{any_error, blocking, ApplyResult, Entry, LogId, StorageError, StoredMembership, TypeConfig};
+use super::{
+    any_error, blocking, ApplyResult, Entry, LogId, StorageError, StoredMembership, TypeConfig,
+};
 use crate::error::EtcdError;
 use crate::mvcc::KvStore;
 use crate::raft::Applied;
@@ -54,11 +56,19 @@ impl StateMachine {
     pub fn open(kv_dir: &Path, snap_dir: &Path) -> Result<Self, heed::Error> {
         let mut names = KvStore::TABLES.to_vec();
         names.push("sm_meta");
-        let (env, dbs) = storage::open::<5>(kv_dir, names.try_into().unwrap_or_else(|_| unreachable!()))?;
+        let (env, dbs) =
+            storage::open::<5>(kv_dir, names.try_into().unwrap_or_else(|_| unreachable!()))?;
         let [live, revs, index, kv_meta, meta] = dbs;
         std::fs::create_dir_all(snap_dir)?;
         let kv = KvStore::new([live, revs, index, kv_meta]);
-        Ok(StateMachine { state: Arc::new(State { env, kv, meta, snap_dir: snap_dir.to_path_buf() }) })
+        Ok(StateMachine {
+            state: Arc::new(State {
+                env,
+                kv,
+                meta,
+                snap_dir: snap_dir.to_path_buf(),
+            }),
+        })
     }
 
     pub fn state(&self) -> Arc<State> {
@@ -67,8 +77,20 @@ impl StateMachine {
 }
 
 impl State {
-    fn read_meta<T: serde::de::DeserializeOwned>(&self, txn: &heed::RoTxn, name: &[u8]) -> Result<Option<T>, BoxError> {
-        Ok(self.meta.get(txn, name)?.map(postcard::from_bytes).transpose()?)
+    pub fn page_size(&self) -> u64 {
+        u64::from(self.env.unnamed_database_stat().page_size)
+    }
+
+    fn read_meta<T: serde::de::DeserializeOwned>(
+        &self,
+        txn: &heed::RoTxn,
+        name: &[u8],
+    ) -> Result<Option<T>, BoxError> {
+        Ok(self
+            .meta
+            .get(txn, name)?
+            .map(postcard::from_bytes)
+            .transpose()?)
     }
 
     fn applied_state(&self) -> Result<(Option<LogId>, StoredMembership), BoxError> {
@@ -86,22 +108,30 @@ impl State {
             applied = Some(entry.log_id);
             let result = match entry.payload {
                 EntryPayload::Blank => Ok(Applied::Nothing),
-                EntryPayload::Normal(req) => match crate::apply::apply(&self.kv, &mut txn, &req.0) {
-                    Ok((applied, _events)) => Ok(applied),
-                    // A storage failure leaves the transaction unusable: abort the batch, stop the node.
-                    Err(EtcdError::Internal) => return Err("storage failure while applying".into()),
-                    Err(EtcdError::NoSpace) => return Err("database space exceeded while applying".into()),
-                    Err(refused) => Err(refused),
-                },
+                EntryPayload::Normal(req) => {
+                    match crate::apply::apply(&self.kv, &mut txn, &req.0) {
+                        Ok((applied, _events)) => Ok(applied),
+                        // A storage failure leaves the transaction unusable: abort the batch, stop the node.
+                        Err(EtcdError::Internal) => {
+                            return Err("storage failure while applying".into())
+                        }
+                        Err(EtcdError::NoSpace) => {
+                            return Err("database space exceeded while applying".into())
+                        }
+                        Err(refused) => Err(refused),
+                    }
+                }
                 EntryPayload::Membership(membership) => {
                     let stored = StoredMembership::new(Some(entry.log_id), membership);
-                    self.meta.put(&mut txn, MEMBERSHIP, &postcard::to_allocvec(&stored)?)?;
+                    self.meta
+                        .put(&mut txn, MEMBERSHIP, &postcard::to_allocvec(&stored)?)?;
                     Ok(Applied::Nothing)
                 }
             };
             results.push(result);
         }
-        self.meta.put(&mut txn, APPLIED, &postcard::to_allocvec(&applied)?)?;
+        self.meta
+            .put(&mut txn, APPLIED, &postcard::to_allocvec(&applied)?)?;
         txn.commit()?;
         Ok(results)
     }
@@ -109,7 +139,8 @@ impl State {
     fn build_snapshot(&self) -> Result<SnapshotFile, BoxError> {
         let txn = self.env.read_txn()?;
         let last_log_id = self.read_meta::<Option<LogId>>(&txn, APPLIED)?.flatten();
-        let last_membership: StoredMembership = self.read_meta(&txn, MEMBERSHIP)?.unwrap_or_default();
+        let last_membership: StoredMembership =
+            self.read_meta(&txn, MEMBERSHIP)?.unwrap_or_default();
         let mut tables = Vec::new();
         for db in self.kv.tables() {
             let mut records = Vec::new();
@@ -121,12 +152,21 @@ impl State {
         }
         drop(txn);
         let data = postcard::to_allocvec(&SnapshotData { tables })?;
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
         let snapshot_id = match last_log_id {
             Some(id) => format!("{}-{}-{nanos}", id.leader_id, id.index),
             None => format!("empty-{nanos}"),
         };
-        let file = SnapshotFile { meta: SnapshotMeta { last_log_id, last_membership, snapshot_id }, data };
+        let file = SnapshotFile {
+            meta: SnapshotMeta {
+                last_log_id,
+                last_membership,
+                snapshot_id,
+            },
+            data,
+        };
         self.save_snapshot(&file)?;
         Ok(file)
     }
@@ -144,8 +184,16 @@ impl State {
                 db.put(&mut txn, k, v)?;
             }
         }
-        self.meta.put(&mut txn, APPLIED, &postcard::to_allocvec(&file.meta.last_log_id)?)?;
-        self.meta.put(&mut txn, MEMBERSHIP, &postcard::to_allocvec(&file.meta.last_membership)?)?;
+        self.meta.put(
+            &mut txn,
+            APPLIED,
+            &postcard::to_allocvec(&file.meta.last_log_id)?,
+        )?;
+        self.meta.put(
+            &mut txn,
+            MEMBERSHIP,
+            &postcard::to_allocvec(&file.meta.last_membership)?,
+        )?;
         txn.commit()?;
         self.save_snapshot(file)
     }
@@ -174,15 +222,22 @@ impl State {
 }
 
 fn to_snapshot(file: SnapshotFile) -> Snapshot<TypeConfig> {
-    Snapshot { meta: file.meta, snapshot: Box::new(Cursor::new(file.data)) }
+    Snapshot {
+        meta: file.meta,
+        snapshot: Box::new(Cursor::new(file.data)),
+    }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let state = self.state.clone();
-        blocking(move || state.build_snapshot().map_err(|e| StorageIOError::write_snapshot(None, any_error(e)).into()))
-            .await
-            .map(to_snapshot)
+        blocking(move || {
+            state
+                .build_snapshot()
+                .map_err(|e| StorageIOError::write_snapshot(None, any_error(e)).into())
+        })
+        .await
+        .map(to_snapshot)
     }
 }
 
@@ -191,8 +246,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
         let state = self.state.clone();
-        blocking(move || state.applied_state().map_err(|e| StorageIOError::read_state_machine(any_error(e)).into()))
-            .await
+        blocking(move || {
+            state
+                .applied_state()
+                .map_err(|e| StorageIOError::read_state_machine(any_error(e)).into())
+        })
+        .await
     }
 
     async fn apply<I>(&mut self, entries: I) -> Result<Vec<ApplyResult>, StorageError>
@@ -202,8 +261,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
         let state = self.state.clone();
-        blocking(move || state.apply_batch(entries).map_err(|e| StorageIOError::write_state_machine(any_error(e)).into()))
-            .await
+        blocking(move || {
+            state
+                .apply_batch(entries)
+                .map_err(|e| StorageIOError::write_state_machine(any_error(e)).into())
+        })
+        .await
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
@@ -219,11 +282,16 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMeta<u64, openraft::BasicNode>,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
-        let file = SnapshotFile { meta: meta.clone(), data: snapshot.into_inner() };
+        let file = SnapshotFile {
+            meta: meta.clone(),
+            data: snapshot.into_inner(),
+        };
         let state = self.state.clone();
         let signature = meta.signature();
         blocking(move || {
-            state.install_snapshot(&file).map_err(|e| StorageIOError::write_snapshot(Some(signature), any_error(e)).into())
+            state
+                .install_snapshot(&file)
+                .map_err(|e| StorageIOError::write_snapshot(Some(signature), any_error(e)).into())
         })
         .await
     }
@@ -231,7 +299,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         let state = self.state.clone();
         blocking(move || {
-            state.load_snapshot().map_err(|e| StorageIOError::read_snapshot(None, any_error(e)).into())
+            state
+                .load_snapshot()
+                .map_err(|e| StorageIOError::read_snapshot(None, any_error(e)).into())
         })
         .await
         .map(|file| file.map(to_snapshot))

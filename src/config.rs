@@ -1,0 +1,339 @@
+//! `keyward serve` flags, named as etcd names them, parsed once into a typed `Config`.
+//!
+//! Every flag can also come from the matching `ETCD_*` environment variable, as with etcd. Anything that
+//! keyward cannot honour yet is refused here with a clear message, never silently ignored.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "keyward",
+    version,
+    about = "An etcd-v3-compatible key-value store with authentication done right"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a cluster member.
+    Serve(Box<ServeArgs>),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Human-readable name for this member.
+    #[arg(long, env = "ETCD_NAME", default_value = "default")]
+    pub name: String,
+    /// Path to the data directory.
+    #[arg(long, env = "ETCD_DATA_DIR", default_value = "default.keyward")]
+    pub data_dir: PathBuf,
+    /// List of URLs to listen on for client traffic.
+    #[arg(
+        long,
+        env = "ETCD_LISTEN_CLIENT_URLS",
+        default_value = "http://127.0.0.1:2379",
+        value_delimiter = ','
+    )]
+    pub listen_client_urls: Vec<String>,
+    /// List of this member's client URLs to advertise to the rest of the cluster.
+    #[arg(
+        long,
+        env = "ETCD_ADVERTISE_CLIENT_URLS",
+        default_value = "http://127.0.0.1:2379",
+        value_delimiter = ','
+    )]
+    pub advertise_client_urls: Vec<String>,
+    /// List of URLs to listen on for peer traffic.
+    #[arg(
+        long,
+        env = "ETCD_LISTEN_PEER_URLS",
+        default_value = "http://127.0.0.1:2380",
+        value_delimiter = ','
+    )]
+    pub listen_peer_urls: Vec<String>,
+    /// List of this member's peer URLs to advertise to the rest of the cluster.
+    #[arg(
+        long,
+        env = "ETCD_INITIAL_ADVERTISE_PEER_URLS",
+        default_value = "http://127.0.0.1:2380",
+        value_delimiter = ','
+    )]
+    pub initial_advertise_peer_urls: Vec<String>,
+    /// Initial cluster configuration for bootstrapping (default: NAME=INITIAL-ADVERTISE-PEER-URLS).
+    #[arg(long, env = "ETCD_INITIAL_CLUSTER")]
+    pub initial_cluster: Option<String>,
+    /// Initial cluster state ('new' or 'existing').
+    #[arg(long, env = "ETCD_INITIAL_CLUSTER_STATE", default_value = "new")]
+    pub initial_cluster_state: String,
+    /// Initial cluster token for the cluster during bootstrap.
+    #[arg(
+        long,
+        env = "ETCD_INITIAL_CLUSTER_TOKEN",
+        default_value = "etcd-cluster"
+    )]
+    pub initial_cluster_token: String,
+    /// Maximum client request size in bytes the server will accept.
+    #[arg(long, env = "ETCD_MAX_REQUEST_BYTES", default_value_t = 1_572_864)]
+    pub max_request_bytes: u32,
+    /// Maximum number of operations permitted in a transaction.
+    #[arg(long, env = "ETCD_MAX_TXN_OPS", default_value_t = 128)]
+    pub max_txn_ops: u32,
+    /// Log level: debug, info, warn, error, panic, or fatal.
+    #[arg(long, env = "ETCD_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+/// A validated member configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub name: String,
+    pub data_dir: PathBuf,
+    pub listen_client: Vec<Listener>,
+    pub advertise_client_urls: Vec<String>,
+    pub peer_urls: Vec<String>,
+    pub cluster_token: String,
+    pub max_request_bytes: usize,
+    pub max_txn_ops: usize,
+    pub log_filter: &'static str,
+}
+
+#[derive(Debug, Clone)]
+pub struct Listener {
+    pub url: String,
+    pub addr: SocketAddr,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(String);
+
+fn invalid(msg: impl Into<String>) -> ConfigError {
+    ConfigError(msg.into())
+}
+
+impl ServeArgs {
+    pub fn into_config(self) -> Result<Config, ConfigError> {
+        let log_filter =
+            match self.log_level.as_str() {
+                "debug" => "debug",
+                "info" => "info",
+                "warn" => "warn",
+                "error" | "dpanic" | "panic" | "fatal" => "error",
+                other => return Err(invalid(format!(
+                    "unknown log level {other:?} (want debug, info, warn, error, panic, or fatal)"
+                ))),
+            };
+        if self.name.is_empty() {
+            return Err(invalid("--name must not be empty"));
+        }
+        let listen_client = self
+            .listen_client_urls
+            .iter()
+            .map(|u| parse_listener(u, "--listen-client-urls"))
+            .collect::<Result<Vec<_>, _>>()?;
+        for url in self
+            .advertise_client_urls
+            .iter()
+            .chain(&self.listen_peer_urls)
+            .chain(&self.initial_advertise_peer_urls)
+        {
+            parse_url(url)?;
+        }
+        match self.initial_cluster_state.as_str() {
+            "new" => {}
+            "existing" => {
+                return Err(invalid(
+                    "--initial-cluster-state=existing (joining a running cluster) is not supported yet: keyward runs single-member clusters",
+                ))
+            }
+            other => return Err(invalid(format!("invalid --initial-cluster-state {other:?} (want \"new\" or \"existing\")"))),
+        }
+        let initial_cluster = self.initial_cluster.clone().unwrap_or_else(|| {
+            format!(
+                "{}={}",
+                self.name,
+                self.initial_advertise_peer_urls
+                    .join(&format!(",{}=", self.name))
+            )
+        });
+        let mut members = std::collections::BTreeMap::<String, Vec<String>>::new();
+        for entry in initial_cluster.split(',').filter(|e| !e.is_empty()) {
+            let (name, url) = entry.split_once('=').ok_or_else(|| {
+                invalid(format!("--initial-cluster entry {entry:?} is not NAME=URL"))
+            })?;
+            parse_url(url)?;
+            members
+                .entry(name.to_string())
+                .or_default()
+                .push(url.to_string());
+        }
+        let Some(own) = members.get(&self.name) else {
+            return Err(invalid(format!(
+                "--initial-cluster has no member named {:?} (this member's --name)",
+                self.name
+            )));
+        };
+        let mut own_sorted = own.clone();
+        let mut advertised = self.initial_advertise_peer_urls.clone();
+        own_sorted.sort();
+        advertised.sort();
+        if own_sorted != advertised {
+            return Err(invalid(format!(
+                "--initial-cluster has {}={} but --initial-advertise-peer-urls is {}",
+                self.name,
+                own.join(","),
+                self.initial_advertise_peer_urls.join(",")
+            )));
+        }
+        if members.len() > 1 {
+            return Err(invalid(format!(
+                "--initial-cluster names {} members: multi-member clusters are not supported yet",
+                members.len()
+            )));
+        }
+        if self.max_txn_ops == 0 {
+            return Err(invalid("--max-txn-ops must be at least 1"));
+        }
+        Ok(Config {
+            name: self.name,
+            data_dir: self.data_dir,
+            listen_client,
+            advertise_client_urls: self.advertise_client_urls,
+            peer_urls: advertised,
+            cluster_token: self.initial_cluster_token,
+            max_request_bytes: self.max_request_bytes as usize,
+            max_txn_ops: self.max_txn_ops as usize,
+            log_filter,
+        })
+    }
+}
+
+/// Checks a `scheme://host:port` URL as etcd accepts them.
+fn parse_url(url: &str) -> Result<(&str, &str), ConfigError> {
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+        invalid(format!(
+            "URL {url:?} has no scheme (want http:// or https://)"
+        ))
+    })?;
+    if !matches!(scheme, "http" | "https" | "unix" | "unixs") {
+        return Err(invalid(format!(
+            "URL scheme must be http, https, unix, or unixs: {url}"
+        )));
+    }
+    let host_port = rest.trim_end_matches('/');
+    if host_port
+        .rsplit_once(':')
+        .is_none_or(|(_, port)| port.parse::<u16>().is_err())
+    {
+        return Err(invalid(format!(
+            "URL {url:?} must have a host and a numeric port"
+        )));
+    }
+    Ok((scheme, host_port))
+}
+
+fn parse_listener(url: &str, flag: &str) -> Result<Listener, ConfigError> {
+    let (scheme, host_port) = parse_url(url)?;
+    if scheme != "http" {
+        return Err(invalid(format!(
+            "{flag}: {scheme}:// listeners are not supported yet (use http://)"
+        )));
+    }
+    let addr = host_port
+        .to_socket_addrs()
+        .map_err(|e| invalid(format!("{flag}: cannot resolve {host_port:?}: {e}")))?
+        .next()
+        .ok_or_else(|| invalid(format!("{flag}: {host_port:?} resolves to no address")))?;
+    Ok(Listener {
+        url: url.to_string(),
+        addr,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, String> {
+        let mut argv = vec!["keyward", "serve"];
+        argv.extend_from_slice(args);
+        let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
+        let Command::Serve(args) = cli.command;
+        args.into_config().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_make_a_usable_single_member() {
+        let config = parse(&[]).unwrap();
+        assert_eq!(config.name, "default");
+        assert_eq!(config.data_dir, PathBuf::from("default.keyward"));
+        assert_eq!(
+            config.listen_client[0].addr,
+            "127.0.0.1:2379".parse().unwrap()
+        );
+        assert_eq!(config.max_request_bytes, 1_572_864);
+        assert_eq!(config.max_txn_ops, 128);
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_honour() {
+        assert!(parse(&[
+            "--initial-cluster",
+            "a=http://127.0.0.1:1,b=http://127.0.0.1:2",
+            "--name",
+            "a",
+            "--initial-advertise-peer-urls",
+            "http://127.0.0.1:1"
+        ])
+        .unwrap_err()
+        .contains("not supported yet"));
+        assert!(parse(&["--initial-cluster-state", "existing"])
+            .unwrap_err()
+            .contains("not supported yet"));
+        assert!(parse(&["--listen-client-urls", "127.0.0.1:2379"])
+            .unwrap_err()
+            .contains("no scheme"));
+        assert!(parse(&["--log-level", "loud"])
+            .unwrap_err()
+            .contains("unknown log level"));
+        assert!(parse(&["--initial-cluster", "other=http://127.0.0.1:2380"])
+            .unwrap_err()
+            .contains("no member named"));
+        assert!(parse(&["--no-such-flag"]).is_err());
+    }
+
+    #[test]
+    fn accepts_go_style_single_dash_flags() {
+        let args = etcd_style_args(
+            ["keyward", "serve", "-name", "n1", "--data-dir=d", "-h"].map(Into::into),
+        );
+        assert_eq!(
+            args,
+            ["keyward", "serve", "--name", "n1", "--data-dir=d", "-h"]
+                .map(std::ffi::OsString::from)
+        );
+    }
+}
+
+/// Go's flag package (and so etcd) accepts `-name value` as well as `--name value`; operators' scripts
+/// use both. Rewrites single-dash long flags to the double-dash form clap expects.
+pub fn etcd_style_args(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Vec<std::ffi::OsString> {
+    args.into_iter()
+        .map(|arg| match arg.to_str() {
+            Some(s)
+                if s.len() > 2 && s.starts_with('-') && s.as_bytes()[1].is_ascii_alphabetic() =>
+            {
+                format!("-{s}").into()
+            }
+            _ => arg,
+        })
+        .collect()
+}

@@ -1,0 +1,75 @@
+//! The client-facing front end: one listener per `--listen-client-urls` entry, serving etcd's gRPC
+//! services and the HTTP endpoints on the same port.
+
+pub mod http;
+pub mod kv;
+pub mod maintenance;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::Routes;
+use tonic::transport::Server;
+
+use crate::config::Listener;
+use crate::node::Node;
+use crate::proto::etcdserverpb::kv_server::KvServer;
+use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
+
+/// gRPC overhead allowed on top of `--max-request-bytes` (etcd's `grpcOverheadBytes`), so an oversized
+/// request reaches the handler and gets etcd's "request is too large" rather than a transport error.
+const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
+
+/// Binds every client listener first (so a bad address fails startup), then serves until `shutdown`.
+pub async fn serve(
+    node: Arc<Node>,
+    listeners: &[Listener],
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let mut bound = Vec::new();
+    for listener in listeners {
+        let socket = TcpListener::bind(listener.addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("listen on {}: {e}", listener.url))?;
+        tracing::info!(url = %listener.url, "serving client traffic");
+        bound.push(socket);
+    }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let mut servers = Vec::new();
+    for socket in bound {
+        let routes = routes(node.clone());
+        let mut stop = stop_rx.clone();
+        servers.push(tokio::spawn(async move {
+            Server::builder()
+                .accept_http1(true)
+                .tcp_nodelay(true)
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(socket), async move {
+                    let _ = stop.wait_for(|stopped| *stopped).await;
+                })
+                .await
+        }));
+    }
+    for server in servers {
+        server.await??;
+    }
+    Ok(())
+}
+
+fn routes(node: Arc<Node>) -> Routes {
+    let limit = node.max_request_bytes + GRPC_OVERHEAD_BYTES;
+    Routes::from(http::router(node.clone()))
+        .add_service(
+            KvServer::new(kv::KvService::new(node.clone())).max_decoding_message_size(limit),
+        )
+        .add_service(
+            MaintenanceServer::new(maintenance::MaintenanceService::new(node))
+                .max_decoding_message_size(limit),
+        )
+}
