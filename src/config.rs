@@ -119,16 +119,17 @@ fn invalid(msg: impl Into<String>) -> ConfigError {
 
 impl ServeArgs {
     pub fn into_config(self) -> Result<Config, ConfigError> {
-        let log_filter =
-            match self.log_level.as_str() {
-                "debug" => "debug",
-                "info" => "info",
-                "warn" => "warn",
-                "error" | "dpanic" | "panic" | "fatal" => "error",
-                other => return Err(invalid(format!(
+        let log_filter = match self.log_level.as_str() {
+            "debug" => "debug",
+            "info" => "info",
+            "warn" => "warn",
+            "error" | "dpanic" | "panic" | "fatal" => "error",
+            other => {
+                return Err(invalid(format!(
                     "unknown log level {other:?} (want debug, info, warn, error, panic, or fatal)"
-                ))),
-            };
+                )))
+            }
+        };
         if self.name.is_empty() {
             return Err(invalid("--name must not be empty"));
         }

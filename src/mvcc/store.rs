@@ -60,7 +60,8 @@ impl KvStore {
             store: self,
             txn,
             rev,
-            compact_rev: self.read_meta(txn, COMPACT_REV)?.unwrap_or(0),
+            // etcd starts at -1, so compacting revision 0 of a fresh store succeeds once.
+            compact_rev: self.read_meta(txn, COMPACT_REV)?.unwrap_or(-1),
             committed_rev: rev,
         })
     }
