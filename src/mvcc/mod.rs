@@ -6,4 +6,7 @@ pub mod revision;
 pub mod store;
 pub mod txn;
 
+#[cfg(test)]
+mod model_tests;
+
 pub use store::{KvStore, RangeResult, ReadView, WriteTxn};
