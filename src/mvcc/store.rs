@@ -26,10 +26,10 @@ const TAG_TOMBSTONE: u8 = 0;
 const TAG_PUT: u8 = 1;
 
 pub struct KvStore {
-    live: Db,
-    revs: Db,
-    index: Db,
-    meta: Db,
+    pub(super) live: Db,
+    pub(super) revs: Db,
+    pub(super) index: Db,
+    pub(super) meta: Db,
 }
 
 /// The keys a range found, plus how many matched in total (etcd reports the total even with a limit).
@@ -106,7 +106,7 @@ fn decode_kv(bytes: &[u8]) -> Result<KeyValue, EtcdError> {
 }
 
 /// Splits a `kv_revs` record into its tag and key-value.
-fn decode_change(bytes: &[u8]) -> Result<(u8, KeyValue), EtcdError> {
+pub(super) fn decode_change(bytes: &[u8]) -> Result<(u8, KeyValue), EtcdError> {
     let (&tag, kv) = bytes
         .split_first()
         .ok_or_else(|| corrupt("change record"))?;
@@ -115,8 +115,8 @@ fn decode_change(bytes: &[u8]) -> Result<(u8, KeyValue), EtcdError> {
 
 /// Reads at one revision of the store: either a read transaction or a write transaction in progress.
 pub struct ReadView<'a> {
-    store: &'a KvStore,
-    txn: &'a RoTxn<'a>,
+    pub(super) store: &'a KvStore,
+    pub(super) txn: &'a RoTxn<'a>,
     /// The newest revision visible in this view.
     pub rev: i64,
     pub compact_rev: i64,

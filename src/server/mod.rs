@@ -1,6 +1,7 @@
 //! The client-facing front end: one listener per `--listen-client-urls` entry, serving etcd's gRPC
 //! services and the HTTP endpoints on the same port.
 
+pub mod cluster;
 pub mod http;
 pub mod kv;
 pub mod maintenance;
@@ -15,6 +16,7 @@ use tonic::transport::Server;
 
 use crate::config::Listener;
 use crate::node::Node;
+use crate::proto::etcdserverpb::cluster_server::ClusterServer;
 use crate::proto::etcdserverpb::kv_server::KvServer;
 use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
 
