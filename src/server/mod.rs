@@ -66,12 +66,8 @@ pub async fn serve(
 
 fn routes(node: Arc<Node>) -> Routes {
     let limit = node.max_request_bytes + GRPC_OVERHEAD_BYTES;
-    Routes::from(http::router(node.clone()))
-        .add_service(
-            KvServer::new(kv::KvService::new(node.clone())).max_decoding_message_size(limit),
-        )
-        .add_service(
-            MaintenanceServer::new(maintenance::MaintenanceService::new(node))
-                .max_decoding_message_size(limit),
-        )
+    let kv = KvServer::new(kv::KvService::new(node.clone())).max_decoding_message_size(limit);
+    let maintenance = MaintenanceServer::new(maintenance::MaintenanceService::new(node.clone()));
+    let cluster = ClusterServer::new(cluster::ClusterService::new(node.clone()));
+    Routes::from(http::router(node)).add_service(kv).add_service(maintenance).add_service(cluster)
 }
