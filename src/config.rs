@@ -9,11 +9,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "keyward",
-    version,
-    about = "An etcd-v3-compatible key-value store with authentication done right"
-)]
+#[command(name = "keyward", version, about = "An etcd-v3-compatible key-value store with authentication done right")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -34,28 +30,13 @@ pub struct ServeArgs {
     #[arg(long, env = "ETCD_DATA_DIR", default_value = "default.keyward")]
     pub data_dir: PathBuf,
     /// List of URLs to listen on for client traffic.
-    #[arg(
-        long,
-        env = "ETCD_LISTEN_CLIENT_URLS",
-        default_value = "http://127.0.0.1:2379",
-        value_delimiter = ','
-    )]
+    #[arg(long, env = "ETCD_LISTEN_CLIENT_URLS", default_value = "http://127.0.0.1:2379", value_delimiter = ',')]
     pub listen_client_urls: Vec<String>,
     /// List of this member's client URLs to advertise to the rest of the cluster.
-    #[arg(
-        long,
-        env = "ETCD_ADVERTISE_CLIENT_URLS",
-        default_value = "http://127.0.0.1:2379",
-        value_delimiter = ','
-    )]
+    #[arg(long, env = "ETCD_ADVERTISE_CLIENT_URLS", default_value = "http://127.0.0.1:2379", value_delimiter = ',')]
     pub advertise_client_urls: Vec<String>,
     /// List of URLs to listen on for peer traffic.
-    #[arg(
-        long,
-        env = "ETCD_LISTEN_PEER_URLS",
-        default_value = "http://127.0.0.1:2380",
-        value_delimiter = ','
-    )]
+    #[arg(long, env = "ETCD_LISTEN_PEER_URLS", default_value = "http://127.0.0.1:2380", value_delimiter = ',')]
     pub listen_peer_urls: Vec<String>,
     /// List of this member's peer URLs to advertise to the rest of the cluster.
     #[arg(
@@ -72,11 +53,7 @@ pub struct ServeArgs {
     #[arg(long, env = "ETCD_INITIAL_CLUSTER_STATE", default_value = "new")]
     pub initial_cluster_state: String,
     /// Initial cluster token for the cluster during bootstrap.
-    #[arg(
-        long,
-        env = "ETCD_INITIAL_CLUSTER_TOKEN",
-        default_value = "etcd-cluster"
-    )]
+    #[arg(long, env = "ETCD_INITIAL_CLUSTER_TOKEN", default_value = "etcd-cluster")]
     pub initial_cluster_token: String,
     /// Maximum client request size in bytes the server will accept.
     #[arg(long, env = "ETCD_MAX_REQUEST_BYTES", default_value_t = 1_572_864)]
@@ -138,11 +115,8 @@ impl ServeArgs {
             .iter()
             .map(|u| parse_listener(u, "--listen-client-urls"))
             .collect::<Result<Vec<_>, _>>()?;
-        for url in self
-            .advertise_client_urls
-            .iter()
-            .chain(&self.listen_peer_urls)
-            .chain(&self.initial_advertise_peer_urls)
+        for url in
+            self.advertise_client_urls.iter().chain(&self.listen_peer_urls).chain(&self.initial_advertise_peer_urls)
         {
             parse_url(url)?;
         }
@@ -156,23 +130,15 @@ impl ServeArgs {
             other => return Err(invalid(format!("invalid --initial-cluster-state {other:?} (want \"new\" or \"existing\")"))),
         }
         let initial_cluster = self.initial_cluster.clone().unwrap_or_else(|| {
-            format!(
-                "{}={}",
-                self.name,
-                self.initial_advertise_peer_urls
-                    .join(&format!(",{}=", self.name))
-            )
+            format!("{}={}", self.name, self.initial_advertise_peer_urls.join(&format!(",{}=", self.name)))
         });
         let mut members = std::collections::BTreeMap::<String, Vec<String>>::new();
         for entry in initial_cluster.split(',').filter(|e| !e.is_empty()) {
-            let (name, url) = entry.split_once('=').ok_or_else(|| {
-                invalid(format!("--initial-cluster entry {entry:?} is not NAME=URL"))
-            })?;
+            let (name, url) = entry
+                .split_once('=')
+                .ok_or_else(|| invalid(format!("--initial-cluster entry {entry:?} is not NAME=URL")))?;
             parse_url(url)?;
-            members
-                .entry(name.to_string())
-                .or_default()
-                .push(url.to_string());
+            members.entry(name.to_string()).or_default().push(url.to_string());
         }
         let Some(own) = members.get(&self.name) else {
             return Err(invalid(format!(
@@ -217,24 +183,15 @@ impl ServeArgs {
 
 /// Checks a `scheme://host:port` URL as etcd accepts them.
 fn parse_url(url: &str) -> Result<(&str, &str), ConfigError> {
-    let (scheme, rest) = url.split_once("://").ok_or_else(|| {
-        invalid(format!(
-            "URL {url:?} has no scheme (want http:// or https://)"
-        ))
-    })?;
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| invalid(format!("URL {url:?} has no scheme (want http:// or https://)")))?;
     if !matches!(scheme, "http" | "https" | "unix" | "unixs") {
-        return Err(invalid(format!(
-            "URL scheme must be http, https, unix, or unixs: {url}"
-        )));
+        return Err(invalid(format!("URL scheme must be http, https, unix, or unixs: {url}")));
     }
     let host_port = rest.trim_end_matches('/');
-    if host_port
-        .rsplit_once(':')
-        .is_none_or(|(_, port)| port.parse::<u16>().is_err())
-    {
-        return Err(invalid(format!(
-            "URL {url:?} must have a host and a numeric port"
-        )));
+    if host_port.rsplit_once(':').is_none_or(|(_, port)| port.parse::<u16>().is_err()) {
+        return Err(invalid(format!("URL {url:?} must have a host and a numeric port")));
     }
     Ok((scheme, host_port))
 }
@@ -242,19 +199,14 @@ fn parse_url(url: &str) -> Result<(&str, &str), ConfigError> {
 fn parse_listener(url: &str, flag: &str) -> Result<Listener, ConfigError> {
     let (scheme, host_port) = parse_url(url)?;
     if scheme != "http" {
-        return Err(invalid(format!(
-            "{flag}: {scheme}:// listeners are not supported yet (use http://)"
-        )));
+        return Err(invalid(format!("{flag}: {scheme}:// listeners are not supported yet (use http://)")));
     }
     let addr = host_port
         .to_socket_addrs()
         .map_err(|e| invalid(format!("{flag}: cannot resolve {host_port:?}: {e}")))?
         .next()
         .ok_or_else(|| invalid(format!("{flag}: {host_port:?} resolves to no address")))?;
-    Ok(Listener {
-        url: url.to_string(),
-        addr,
-    })
+    Ok(Listener { url: url.to_string(), addr })
 }
 
 #[cfg(test)]
@@ -274,10 +226,7 @@ mod tests {
         let config = parse(&[]).unwrap();
         assert_eq!(config.name, "default");
         assert_eq!(config.data_dir, PathBuf::from("default.keyward"));
-        assert_eq!(
-            config.listen_client[0].addr,
-            "127.0.0.1:2379".parse().unwrap()
-        );
+        assert_eq!(config.listen_client[0].addr, "127.0.0.1:2379".parse().unwrap());
         assert_eq!(config.max_request_bytes, 1_572_864);
         assert_eq!(config.max_txn_ops, 128);
     }
@@ -294,44 +243,26 @@ mod tests {
         ])
         .unwrap_err()
         .contains("not supported yet"));
-        assert!(parse(&["--initial-cluster-state", "existing"])
-            .unwrap_err()
-            .contains("not supported yet"));
-        assert!(parse(&["--listen-client-urls", "127.0.0.1:2379"])
-            .unwrap_err()
-            .contains("no scheme"));
-        assert!(parse(&["--log-level", "loud"])
-            .unwrap_err()
-            .contains("unknown log level"));
-        assert!(parse(&["--initial-cluster", "other=http://127.0.0.1:2380"])
-            .unwrap_err()
-            .contains("no member named"));
+        assert!(parse(&["--initial-cluster-state", "existing"]).unwrap_err().contains("not supported yet"));
+        assert!(parse(&["--listen-client-urls", "127.0.0.1:2379"]).unwrap_err().contains("no scheme"));
+        assert!(parse(&["--log-level", "loud"]).unwrap_err().contains("unknown log level"));
+        assert!(parse(&["--initial-cluster", "other=http://127.0.0.1:2380"]).unwrap_err().contains("no member named"));
         assert!(parse(&["--no-such-flag"]).is_err());
     }
 
     #[test]
     fn accepts_go_style_single_dash_flags() {
-        let args = etcd_style_args(
-            ["keyward", "serve", "-name", "n1", "--data-dir=d", "-h"].map(Into::into),
-        );
-        assert_eq!(
-            args,
-            ["keyward", "serve", "--name", "n1", "--data-dir=d", "-h"]
-                .map(std::ffi::OsString::from)
-        );
+        let args = etcd_style_args(["keyward", "serve", "-name", "n1", "--data-dir=d", "-h"].map(Into::into));
+        assert_eq!(args, ["keyward", "serve", "--name", "n1", "--data-dir=d", "-h"].map(std::ffi::OsString::from));
     }
 }
 
 /// Go's flag package (and so etcd) accepts `-name value` as well as `--name value`; operators' scripts
 /// use both. Rewrites single-dash long flags to the double-dash form clap expects.
-pub fn etcd_style_args(
-    args: impl IntoIterator<Item = std::ffi::OsString>,
-) -> Vec<std::ffi::OsString> {
+pub fn etcd_style_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
     args.into_iter()
         .map(|arg| match arg.to_str() {
-            Some(s)
-                if s.len() > 2 && s.starts_with('-') && s.as_bytes()[1].is_ascii_alphabetic() =>
-            {
+            Some(s) if s.len() > 2 && s.starts_with('-') && s.as_bytes()[1].is_ascii_alphabetic() => {
                 format!("-{s}").into()
             }
             _ => arg,

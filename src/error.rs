@@ -98,15 +98,15 @@ impl EtcdError {
     pub fn code(&self) -> Code {
         use EtcdError::*;
         match self {
-            EmptyKey | KeyNotFound | ValueProvided | LeaseProvided | TooManyOps | DuplicateKey
-            | RequestTooLarge | UserEmpty | RoleEmpty | AuthFailed | InvalidAuthMgmt
-            | AuthOldRevision => Code::InvalidArgument,
+            EmptyKey | KeyNotFound | ValueProvided | LeaseProvided | TooManyOps | DuplicateKey | RequestTooLarge
+            | UserEmpty | RoleEmpty | AuthFailed | InvalidAuthMgmt | AuthOldRevision => Code::InvalidArgument,
             Compacted | FutureRev | LeaseTtlTooLarge => Code::OutOfRange,
             NoSpace | TooManyRequests => Code::ResourceExhausted,
             LeaseNotFound | MemberNotFound => Code::NotFound,
-            LeaseExists | RootUserNotExist | RootRoleNotExist | UserAlreadyExist | UserNotFound
-            | RoleAlreadyExist | RoleNotFound | RoleNotGranted | PermissionNotGranted
-            | AuthNotEnabled | NotLeader => Code::FailedPrecondition,
+            LeaseExists | RootUserNotExist | RootRoleNotExist | UserAlreadyExist | UserNotFound | RoleAlreadyExist
+            | RoleNotFound | RoleNotGranted | PermissionNotGranted | AuthNotEnabled | NotLeader => {
+                Code::FailedPrecondition
+            }
             PermissionDenied => Code::PermissionDenied,
             InvalidAuthToken => Code::Unauthenticated,
             NoLeader | LeaderChanged | Stopped | Timeout => Code::Unavailable,
@@ -144,17 +144,11 @@ mod tests {
     fn statuses_carry_etcds_code_and_text() {
         let status = Status::from(EtcdError::Compacted);
         assert_eq!(status.code(), Code::OutOfRange);
-        assert_eq!(
-            status.message(),
-            "etcdserver: mvcc: required revision has been compacted"
-        );
+        assert_eq!(status.message(), "etcdserver: mvcc: required revision has been compacted");
         let status = Status::from(EtcdError::AuthOldRevision);
         assert_eq!(
             (status.code(), status.message()),
-            (
-                Code::InvalidArgument,
-                "etcdserver: revision of auth store is old"
-            )
+            (Code::InvalidArgument, "etcdserver: revision of auth store is old")
         );
     }
 }

@@ -19,10 +19,7 @@ impl KeyRange {
         match range_end {
             [] => KeyRange::Single(key.to_vec()),
             [0] => KeyRange::From(key.to_vec()),
-            end => KeyRange::Span {
-                start: key.to_vec(),
-                end: end.to_vec(),
-            },
+            end => KeyRange::Span { start: key.to_vec(), end: end.to_vec() },
         }
     }
 
@@ -78,13 +75,7 @@ mod tests {
     fn decodes_the_three_shapes() {
         assert_eq!(KeyRange::new(b"a", b""), KeyRange::Single(b"a".to_vec()));
         assert_eq!(KeyRange::new(b"a", b"\0"), KeyRange::From(b"a".to_vec()));
-        assert_eq!(
-            KeyRange::new(b"a", b"c"),
-            KeyRange::Span {
-                start: b"a".to_vec(),
-                end: b"c".to_vec()
-            }
-        );
+        assert_eq!(KeyRange::new(b"a", b"c"), KeyRange::Span { start: b"a".to_vec(), end: b"c".to_vec() });
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod apply;
 pub mod config;
 pub mod error;
 pub mod keyrange;
+pub mod lease;
 pub mod metrics;
 pub mod mvcc;
 pub mod node;
@@ -22,11 +23,10 @@ pub async fn serve(config: config::Config) -> anyhow::Result<()> {
     let node = node::Node::start(&config).await?;
     tracing::info!(name = %config.name, member_id = format!("{:x}", node.member_id), cluster_id = format!("{:x}", node.cluster_id), "member ready");
     let shutdown = async {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => return std::future::pending().await,
-            };
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(_) => return std::future::pending().await,
+        };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
@@ -34,9 +34,6 @@ pub async fn serve(config: config::Config) -> anyhow::Result<()> {
         tracing::info!("shutting down");
     };
     server::serve(node.clone(), &config.listen_client, shutdown).await?;
-    node.raft
-        .shutdown()
-        .await
-        .map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?;
+    node.raft.shutdown().await.map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?;
     Ok(())
 }

@@ -17,10 +17,7 @@ fn main() -> ExitCode {
                 }
             };
             init_logging(config.log_filter);
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
+            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
                 Ok(rt) => rt,
                 Err(e) => {
                     eprintln!("keyward: cannot start the runtime: {e}");
@@ -41,9 +38,7 @@ fn main() -> ExitCode {
 
 fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("KEYWARD_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(format!(
-            "{default},openraft=warn,h2=warn,tower=warn,hyper=warn"
-        ))
+        tracing_subscriber::EnvFilter::new(format!("{default},openraft=warn,h2=warn,tower=warn,hyper=warn"))
     });
     use std::io::IsTerminal;
     tracing_subscriber::fmt()

@@ -16,24 +16,15 @@ fn register<T: prometheus::core::Collector + Clone + 'static>(metric: T) -> T {
 
 pub static HEALTH_CHECKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
-        IntCounterVec::new(
-            Opts::new(
-                "etcd_server_health_checks_total",
-                "/health checks by result.",
-            ),
-            &["result"],
-        )
-        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+        IntCounterVec::new(Opts::new("etcd_server_health_checks_total", "/health checks by result."), &["result"])
+            .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
     )
 });
 
 pub static PROPOSALS_FAILED: LazyLock<IntCounter> = LazyLock::new(|| {
     register(
-        IntCounter::new(
-            "etcd_server_proposals_failed_total",
-            "Proposals that failed.",
-        )
-        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+        IntCounter::new("etcd_server_proposals_failed_total", "Proposals that failed.")
+            .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
     )
 });
 
@@ -61,10 +52,7 @@ pub fn render(node: &Node) -> String {
     let mut buf = Vec::new();
     LazyLock::force(&HEALTH_CHECKS);
     LazyLock::force(&PROPOSALS_FAILED);
-    if TextEncoder::new()
-        .encode(&REGISTRY.gather(), &mut buf)
-        .is_ok()
-    {
+    if TextEncoder::new().encode(&REGISTRY.gather(), &mut buf).is_ok() {
         out.push_str(&String::from_utf8_lossy(&buf));
     }
     out

@@ -16,11 +16,14 @@ use openraft::BasicNode;
 
 use crate::config::Config;
 use crate::error::EtcdError;
+use crate::lease::lessor::Lessor;
 use crate::mvcc::ReadView;
-use crate::proto::etcdserverpb::{InternalRaftRequest, RequestHeader, ResponseHeader};
+use crate::proto::etcdserverpb::{
+    InternalRaftRequest, LeaseCheckpoint, LeaseCheckpointRequest, LeaseRevokeRequest, RequestHeader, ResponseHeader,
+};
 use crate::raft::log_store::LogStore;
 use crate::raft::network::PeerNetwork;
-use crate::raft::state_machine::{State, StateMachine};
+use crate::raft::state_machine::{Committed, State, StateMachine};
 use crate::raft::{Applied, Raft, RaftRequest};
 
 pub struct Node {
@@ -34,7 +37,18 @@ pub struct Node {
     pub max_request_bytes: usize,
     pub max_txn_ops: usize,
     next_request_id: AtomicU64,
+    pub lessor: Arc<Lessor>,
+    revision: Arc<std::sync::atomic::AtomicI64>,
+    /// The store's revision after the latest applied batch, and what that batch changed.
+    pub committed: tokio::sync::broadcast::Sender<Arc<Committed>>,
 }
+
+/// How often the leader looks for expired leases.
+const LEASE_EXPIRY_TICK: Duration = Duration::from_millis(250);
+/// How often remaining lease TTLs are checkpointed through raft (etcd's default interval).
+const LEASE_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(300);
+/// Committed batches kept for subscribers that fall behind before they must re-read from LMDB.
+const COMMITTED_BACKLOG: usize = 1024;
 
 /// A stable 64-bit id from strings (FNV-1a), never 0 (etcd reserves 0 for "no member").
 fn stable_id<'a>(parts: impl IntoIterator<Item = &'a str>) -> u64 {
@@ -54,18 +68,30 @@ impl Node {
         let log = LogStore::open(&member_dir.join("raft"))?;
         let sm = StateMachine::open(&member_dir.join("kv"), &member_dir.join("snap"))?;
         let state = sm.state();
+        let lessor = Arc::new(Lessor::default());
+        let revision = {
+            let txn = state.env.read_txn()?;
+            lessor.recover(state.leases.all(&txn)?);
+            Arc::new(std::sync::atomic::AtomicI64::new(state.kv.view(&txn)?.rev))
+        };
+        let (committed, _) = tokio::sync::broadcast::channel(COMMITTED_BACKLOG);
+        {
+            let (lessor, committed, revision) = (lessor.clone(), committed.clone(), revision.clone());
+            state.observe(Box::new(move |batch: Committed| {
+                revision.store(batch.revision, Ordering::Release);
+                for &(id, ttl) in &batch.effects.granted {
+                    lessor.granted(id, ttl);
+                }
+                for &id in &batch.effects.revoked {
+                    lessor.revoked(id);
+                }
+                // No subscriber is fine: nobody is watching.
+                let _ = committed.send(Arc::new(batch));
+            }));
+        }
         let (member_id, cluster_id) = log.identity(|| {
-            let member = stable_id(
-                config
-                    .peer_urls
-                    .iter()
-                    .map(String::as_str)
-                    .chain([config.cluster_token.as_str()]),
-            );
-            let cluster = stable_id([
-                format!("{member:x}").as_str(),
-                config.cluster_token.as_str(),
-            ]);
+            let member = stable_id(config.peer_urls.iter().map(String::as_str).chain([config.cluster_token.as_str()]));
+            let cluster = stable_id([format!("{member:x}").as_str(), config.cluster_token.as_str()]);
             (member, cluster)
         })?;
         let raft_config = openraft::Config {
@@ -80,14 +106,11 @@ impl Node {
         .validate()?;
         let raft = Raft::new(member_id, Arc::new(raft_config), PeerNetwork, log, sm).await?;
         if !raft.is_initialized().await? {
-            let me = BasicNode {
-                addr: config.peer_urls.join(","),
-            };
+            let me = BasicNode { addr: config.peer_urls.join(",") };
             raft.initialize(BTreeMap::from([(member_id, me)])).await?;
         }
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let seed =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let node = Arc::new(Node {
             raft,
             state,
@@ -99,25 +122,45 @@ impl Node {
             max_request_bytes: config.max_request_bytes,
             max_txn_ops: config.max_txn_ops,
             // Unique across restarts: member bits, then time, then a counter (as etcd's idutil).
-            next_request_id: AtomicU64::new(
-                ((member_id & 0xffff) << 48) | ((seed & 0xff_ffff_ffff) << 8),
-            ),
+            next_request_id: AtomicU64::new(((member_id & 0xffff) << 48) | ((seed & 0xff_ffff_ffff) << 8)),
+            lessor,
+            revision,
+            committed,
         });
-        node.raft
-            .wait(Some(Duration::from_secs(10)))
-            .metrics(|m| m.current_leader.is_some(), "leader elected")
-            .await?;
+        node.raft.wait(Some(Duration::from_secs(10))).metrics(|m| m.current_leader.is_some(), "leader elected").await?;
+        tokio::spawn(expire_leases(Arc::downgrade(&node)));
+        tokio::spawn(checkpoint_leases(Arc::downgrade(&node)));
         Ok(node)
+    }
+
+    /// A fresh id for a request or a server-chosen lease (positive, as etcd's lease ids are).
+    pub fn next_id(&self) -> i64 {
+        (self.next_request_id.fetch_add(1, Ordering::Relaxed) & (i64::MAX as u64)) as i64
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.raft.metrics().borrow().current_leader == Some(self.member_id)
+    }
+
+    /// Proposes the remaining TTL of every lease, so a restart resumes them where they were.
+    pub async fn checkpoint_leases(&self) -> Result<(), EtcdError> {
+        let checkpoints: Vec<_> = self
+            .lessor
+            .remaining()
+            .into_iter()
+            .map(|(id, remaining_ttl)| LeaseCheckpoint { id, remaining_ttl })
+            .collect();
+        if checkpoints.is_empty() {
+            return Ok(());
+        }
+        let req = LeaseCheckpointRequest { checkpoints };
+        self.propose(InternalRaftRequest { lease_checkpoint: Some(req), ..Default::default() }).await.map(|_| ())
     }
 
     /// Proposes one write through raft and returns what applying it produced.
     pub async fn propose(&self, mut req: InternalRaftRequest) -> Result<Applied, EtcdError> {
-        let id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
-        req.header = Some(RequestHeader {
-            id,
-            username: String::new(),
-            auth_revision: 0,
-        });
+        let id = self.next_id() as u64;
+        req.header = Some(RequestHeader { id, username: String::new(), auth_revision: 0 });
         req.id = id;
         let req = RaftRequest(req);
         if req.encoded_len() > self.max_request_bytes {
@@ -126,11 +169,7 @@ impl Node {
         match self.raft.client_write(req).await {
             Ok(written) => written.data,
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(to))) => {
-                Err(if to.leader_id.is_some() {
-                    EtcdError::NotLeader
-                } else {
-                    EtcdError::NoLeader
-                })
+                Err(if to.leader_id.is_some() { EtcdError::NotLeader } else { EtcdError::NoLeader })
             }
             Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
                 tracing::error!(error = %e, "unexpected membership error on a client write");
@@ -176,5 +215,64 @@ impl Node {
 
     pub fn state(&self) -> &State {
         &self.state
+    }
+
+    /// The store's revision after the latest applied batch.
+    pub fn revision(&self) -> i64 {
+        self.revision.load(Ordering::Acquire)
+    }
+
+    /// Runs `read` in an LMDB read transaction on the applied state (no linearizability wait).
+    pub async fn read_state<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&State, &heed::RoTxn) -> Result<T, EtcdError> + Send + 'static,
+    ) -> Result<T, EtcdError> {
+        let state = self.state.clone();
+        tokio::task::spawn_blocking(move || {
+            let txn = state.env.read_txn()?;
+            read(&state, &txn)
+        })
+        .await
+        .map_err(|_| EtcdError::Internal)?
+    }
+}
+
+/// The leader revokes expired leases through raft, so their keys are deleted at an ordered revision.
+async fn expire_leases(node: std::sync::Weak<Node>) {
+    let mut tick = tokio::time::interval(LEASE_EXPIRY_TICK);
+    loop {
+        tick.tick().await;
+        let Some(node) = node.upgrade() else { return };
+        if !node.is_leader() {
+            continue;
+        }
+        for id in node.lessor.take_expired() {
+            let node = node.clone();
+            tokio::spawn(async move {
+                let revoke = LeaseRevokeRequest { id };
+                match node.propose(InternalRaftRequest { lease_revoke: Some(revoke), ..Default::default() }).await {
+                    Ok(_) => tracing::debug!(lease = format!("{id:x}"), "lease expired and was revoked"),
+                    // Revoked meanwhile by a client: nothing left to do.
+                    Err(EtcdError::LeaseNotFound) => node.lessor.revoked(id),
+                    Err(e) => {
+                        tracing::warn!(lease = format!("{id:x}"), error = %e, "revoking an expired lease failed; will retry")
+                    }
+                }
+            });
+        }
+    }
+}
+
+async fn checkpoint_leases(node: std::sync::Weak<Node>) {
+    let mut tick = tokio::time::interval(LEASE_CHECKPOINT_INTERVAL);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let Some(node) = node.upgrade() else { return };
+        if node.is_leader() {
+            if let Err(e) = node.checkpoint_leases().await {
+                tracing::warn!(error = %e, "lease checkpoint failed");
+            }
+        }
     }
 }

@@ -21,10 +21,7 @@ const MAP_SIZE: usize = 64 << 30;
 pub fn open<const N: usize>(dir: &Path, names: [&str; N]) -> heed::Result<(LmdbEnv, [Db; N])> {
     std::fs::create_dir_all(dir)?;
     let mut options = EnvOpenOptions::new().read_txn_without_tls();
-    options
-        .map_size(MAP_SIZE)
-        .max_dbs(N as u32)
-        .max_readers(1024);
+    options.map_size(MAP_SIZE).max_dbs(N as u32).max_readers(1024);
     // SAFETY: LMDB requires that an environment is opened at most once per process and that the file is
     // not modified by other means while open. keyward opens each member directory exactly once
     // (`Node::start`), and the data dir belongs to one process at a time (LMDB's own lock file refuses
@@ -36,17 +33,9 @@ pub fn open<const N: usize>(dir: &Path, names: [&str; N]) -> heed::Result<(LmdbE
         .create_databases_and_commit(wtxn, |opener, wtxn| {
             let mut out = Vec::with_capacity(N);
             for name in names {
-                out.push(
-                    opener
-                        .database_options()
-                        .types::<Bytes, Bytes>()
-                        .name(name)
-                        .create(wtxn)?,
-                );
+                out.push(opener.database_options().types::<Bytes, Bytes>().name(name).create(wtxn)?);
             }
-            let dbs: [_; N] = out
-                .try_into()
-                .unwrap_or_else(|_| unreachable!("exactly N databases were created"));
+            let dbs: [_; N] = out.try_into().unwrap_or_else(|_| unreachable!("exactly N databases were created"));
             Ok::<_, heed::Error>(CommitOrAbort::<_, ()>::Commit(dbs))
         })?
         .unwrap_commit();

@@ -7,8 +7,7 @@ use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
 use crate::proto::etcdserverpb::range_request::{SortOrder, SortTarget};
 use crate::proto::etcdserverpb::{
-    DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, RangeRequest, RangeResponse,
-    ResponseHeader,
+    DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, RangeRequest, RangeResponse, ResponseHeader,
 };
 use crate::proto::mvccpb::KeyValue;
 
@@ -18,10 +17,7 @@ pub trait Leases {
 }
 
 pub fn header(revision: i64) -> Option<ResponseHeader> {
-    Some(ResponseHeader {
-        revision,
-        ..Default::default()
-    })
+    Some(ResponseHeader { revision, ..Default::default() })
 }
 
 pub fn range(view: &ReadView, req: &RangeRequest) -> Result<RangeResponse, EtcdError> {
@@ -31,17 +27,8 @@ pub fn range(view: &ReadView, req: &RangeRequest) -> Result<RangeResponse, EtcdE
         || req.max_create_revision != 0;
     let order = SortOrder::try_from(req.sort_order).ok();
     // Sorting or filtering needs every key; otherwise fetch one more than the limit to learn `more`.
-    let fetch = if order != Some(SortOrder::None) || filtered || req.limit <= 0 {
-        0
-    } else {
-        req.limit as usize + 1
-    };
-    let found = view.range(
-        &KeyRange::new(&req.key, &req.range_end),
-        req.revision,
-        fetch,
-        req.count_only,
-    )?;
+    let fetch = if order != Some(SortOrder::None) || filtered || req.limit <= 0 { 0 } else { req.limit as usize + 1 };
+    let found = view.range(&KeyRange::new(&req.key, &req.range_end), req.revision, fetch, req.count_only)?;
     let mut kvs = found.kvs;
     if filtered {
         kvs.retain(|kv| {
@@ -60,12 +47,7 @@ pub fn range(view: &ReadView, req: &RangeRequest) -> Result<RangeResponse, EtcdE
     if req.keys_only {
         kvs.iter_mut().for_each(|kv| kv.value.clear());
     }
-    Ok(RangeResponse {
-        header: header(found.rev),
-        kvs,
-        more,
-        count: found.count as i64,
-    })
+    Ok(RangeResponse { header: header(found.rev), kvs, more, count: found.count as i64 })
 }
 
 /// etcd sorts ascending by default when a target other than the key is named; keys already come sorted.
@@ -94,10 +76,7 @@ fn sort(kvs: &mut [KeyValue], target: i32, order: Option<SortOrder>) {
 /// The checks a put must pass before anything in its entry is written (etcd's `checkPut`).
 pub fn check_put(view: &ReadView, req: &PutRequest, leases: &dyn Leases) -> Result<(), EtcdError> {
     if (req.ignore_value || req.ignore_lease)
-        && view
-            .range(&KeyRange::Single(req.key.clone()), 0, 1, false)?
-            .kvs
-            .is_empty()
+        && view.range(&KeyRange::Single(req.key.clone()), 0, 1, false)?.kvs.is_empty()
     {
         return Err(EtcdError::KeyNotFound);
     }
@@ -110,10 +89,7 @@ pub fn check_put(view: &ReadView, req: &PutRequest, leases: &dyn Leases) -> Resu
 /// Writes one put; `check_put` must have passed.
 pub fn put(txn: &mut WriteTxn, req: &PutRequest) -> Result<PutResponse, EtcdError> {
     let prev = if req.ignore_value || req.ignore_lease || req.prev_kv {
-        txn.view()
-            .range(&KeyRange::Single(req.key.clone()), 0, 1, false)?
-            .kvs
-            .pop()
+        txn.view().range(&KeyRange::Single(req.key.clone()), 0, 1, false)?.kvs.pop()
     } else {
         None
     };
@@ -128,16 +104,10 @@ pub fn put(txn: &mut WriteTxn, req: &PutRequest) -> Result<PutResponse, EtcdErro
         (_, false) => req.lease,
     };
     let rev = txn.put(&req.key, value, lease)?;
-    Ok(PutResponse {
-        header: header(rev),
-        prev_kv: prev.filter(|_| req.prev_kv),
-    })
+    Ok(PutResponse { header: header(rev), prev_kv: prev.filter(|_| req.prev_kv) })
 }
 
-pub fn delete_range(
-    txn: &mut WriteTxn,
-    req: &DeleteRangeRequest,
-) -> Result<DeleteRangeResponse, EtcdError> {
+pub fn delete_range(txn: &mut WriteTxn, req: &DeleteRangeRequest) -> Result<DeleteRangeResponse, EtcdError> {
     let (deleted, rev) = txn.delete_range(&KeyRange::new(&req.key, &req.range_end))?;
     Ok(DeleteRangeResponse {
         header: header(rev),

@@ -1,1 +1,471 @@
-//! (placeholder: filled by the model-based test)
+//! Model-based property test of the MVCC store against etcd 3.4's semantics.
+//!
+//! A random sequence of writes (single puts and deletes, multi-operation write transactions), compactions
+//! (valid and invalid), range reads (current, historical, compacted and future revisions, with limits) and
+//! watch replays runs against a fresh `KvStore` on LMDB and against an in-memory model that keeps a full
+//! snapshot of the key space for every revision plus the log of every change. Every result is compared:
+//! returned revisions, deleted key-values, events, read kvs/count/revision and error variants.
+//!
+//! Keys are drawn from the bytes `0x00, 0x01, 'a', 'b', 0xff` so that keys containing the escape byte
+//! `0x00`, keys ending in `0xff` (prefix ends) and keys that are prefixes of other keys are all frequent.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError};
+
+use super::store::KvStore;
+use crate::error::EtcdError;
+use crate::keyrange::KeyRange;
+use crate::proto::mvccpb::{event::EventType, Event, KeyValue};
+use crate::storage::{self, LmdbEnv};
+
+const ALPHABET: [u8; 5] = [0x00, 0x01, b'a', b'b', 0xff];
+
+/// One change inside a write transaction. A range is given the way etcd's requests carry it:
+/// `(key, range_end)`, with an empty end for a single key and `"\0"` for "every key from `key` on".
+#[derive(Clone, Debug)]
+enum WriteOp {
+    Put { key: Vec<u8>, value: Vec<u8>, lease: i64 },
+    Delete { key: Vec<u8>, end: Vec<u8> },
+}
+
+/// One step of a test case. Revisions are chosen with selectors that are mapped onto the store's state
+/// when the step runs, so that shrinking keeps them meaningful.
+#[derive(Clone, Debug)]
+enum Op {
+    /// A write transaction holding one or more changes.
+    Write(Vec<WriteOp>),
+    Compact(u16),
+    Read {
+        key: Vec<u8>,
+        end: Vec<u8>,
+        rev: u16,
+        limit: usize,
+        count_only: bool,
+    },
+    Changes {
+        from: u16,
+        key: Vec<u8>,
+        end: Vec<u8>,
+        limit: usize,
+    },
+}
+
+fn byte() -> impl Strategy<Value = u8> {
+    prop::sample::select(ALPHABET.to_vec())
+}
+
+/// A key that may be written: never empty, mostly short so that keys collide often.
+fn write_key() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        6 => prop::collection::vec(byte(), 1..=2),
+        1 => prop::collection::vec(byte(), 3..=3),
+    ]
+}
+
+/// A range bound: any key, including the empty one.
+fn any_key() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        1 => Just(vec![b'a']), // TEMP
+        6 => write_key(),
+    ]
+}
+
+/// etcd's prefix end (`clientv3.GetPrefixRangeEnd`): the prefix with its last non-0xff byte incremented,
+/// or `"\0"` (every key from the prefix on) when it is all 0xff.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// `(key, range_end)`: single keys, from-key ranges, prefixes, and arbitrary spans (often empty or
+/// inverted; an arbitrary end may also happen to be empty or `"\0"`).
+fn range() -> impl Strategy<Value = (Vec<u8>, Vec<u8>)> {
+    prop_oneof![
+        3 => write_key().prop_map(|k| (k, Vec::new())),
+        1 => any_key().prop_map(|k| (k, vec![0])),
+        1 => write_key().prop_map(|k| {
+            let end = prefix_end(&k);
+            (k, end)
+        }),
+        3 => (any_key(), any_key()),
+    ]
+}
+
+fn write_op() -> impl Strategy<Value = WriteOp> {
+    prop_oneof![
+        3 => (
+            write_key(),
+            prop::collection::vec(any::<u8>(), 0..3),
+            0i64..3,
+        )
+            .prop_map(|(key, value, lease)| WriteOp::Put { key, value, lease }),
+        2 => range().prop_map(|(key, end)| WriteOp::Delete { key, end }),
+    ]
+}
+
+/// Several changes for one transaction, made valid the way etcd's `checkIntervals` requires: no key is
+/// put twice, and no key is both put and deleted (deletes may overlap each other).
+fn txn_ops() -> impl Strategy<Value = Vec<WriteOp>> {
+    prop::collection::vec(write_op(), 2..6).prop_map(|mut ops| {
+        let deleted: Vec<(Vec<u8>, Vec<u8>)> = ops
+            .iter()
+            .filter_map(|op| match op {
+                WriteOp::Delete { key, end } => Some((key.clone(), end.clone())),
+                WriteOp::Put { .. } => None,
+            })
+            .collect();
+        let mut put: Vec<Vec<u8>> = Vec::new();
+        ops.retain(|op| match op {
+            WriteOp::Put { key, .. } => {
+                let ok = !put.contains(key) && !deleted.iter().any(|(s, e)| in_range(s, e, key));
+                put.push(key.clone());
+                ok
+            }
+            WriteOp::Delete { .. } => true,
+        });
+        ops
+    })
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => write_op().prop_map(|op| Op::Write(vec![op])),
+        2 => txn_ops().prop_map(Op::Write),
+        1 => any::<u16>().prop_map(Op::Compact),
+        6 => (range(), any::<u16>(), 0usize..4, prop::bool::weighted(0.1)).prop_map(
+            |((key, end), rev, limit, count_only)| Op::Read {
+                key,
+                end,
+                rev,
+                limit,
+                count_only,
+            }
+        ),
+        1 => (any::<u16>(), range(), 0usize..3)
+            .prop_map(|(from, (key, end), limit)| Op::Changes { from, key, end, limit }),
+    ]
+}
+
+/// The model's own membership test for `(key, range_end)`, independent of `KeyRange`.
+fn in_range(key: &[u8], end: &[u8], candidate: &[u8]) -> bool {
+    match end {
+        [] => candidate == key,
+        [0] => candidate >= key,
+        end => key <= candidate && candidate < end,
+    }
+}
+
+/// What a read returns: the kvs, the total count and the reported revision, or the error.
+type ReadResult = Result<(Vec<KeyValue>, usize, i64), EtcdError>;
+
+/// The store as etcd 3.4 defines it, kept naively.
+struct Model {
+    /// `snapshots[r]` is the key space at revision `r` (index 0 stands for the empty store as well).
+    snapshots: Vec<BTreeMap<Vec<u8>, KeyValue>>,
+    /// Every change, in (revision, sub-revision) order, as watch replay reports it.
+    log: Vec<Event>,
+    compact_rev: i64,
+}
+
+impl Model {
+    fn new() -> Self {
+        Model { snapshots: vec![BTreeMap::new(), BTreeMap::new()], log: Vec::new(), compact_rev: -1 }
+    }
+
+    fn current(&self) -> i64 {
+        self.snapshots.len() as i64 - 1
+    }
+
+    fn range(&self, key: &[u8], end: &[u8], requested: i64, limit: usize, count_only: bool) -> ReadResult {
+        let current = self.current();
+        if requested > current {
+            return Err(EtcdError::FutureRev);
+        }
+        let rev = if requested <= 0 { current } else { requested };
+        if rev < self.compact_rev {
+            return Err(EtcdError::Compacted);
+        }
+        let matching: Vec<&KeyValue> =
+            self.snapshots[rev as usize].values().filter(|kv| in_range(key, end, &kv.key)).collect();
+        let shown = if count_only {
+            0
+        } else if limit == 0 {
+            matching.len()
+        } else {
+            limit.min(matching.len())
+        };
+        Ok((matching[..shown].iter().map(|kv| (*kv).clone()).collect(), matching.len(), current))
+    }
+
+    fn changes_since(&self, from: i64, key: &[u8], end: &[u8], limit: usize) -> Vec<Event> {
+        let matching = self.log.iter().filter(|e| {
+            let kv = e.kv.as_ref().expect("events carry a kv");
+            kv.mod_revision >= from && in_range(key, end, &kv.key)
+        });
+        let limit = if limit == 0 { usize::MAX } else { limit };
+        matching.take(limit).cloned().collect()
+    }
+
+    fn compact(&mut self, rev: i64) -> Result<(), EtcdError> {
+        if rev <= self.compact_rev {
+            return Err(EtcdError::Compacted);
+        }
+        if rev > self.current() {
+            return Err(EtcdError::FutureRev);
+        }
+        self.compact_rev = rev;
+        Ok(())
+    }
+}
+
+/// Maps a selector onto `[-1, current + 2]`: "current" (-1, 0), every historical revision (compacted or
+/// not) and two future ones.
+fn read_rev(sel: u16, current: i64) -> i64 {
+    i64::from(sel) % (current + 4) - 1
+}
+
+/// Mostly a valid compaction target (above the last compaction, at most the current revision); one time
+/// in four (or when none is valid) an invalid one: already compacted, or in the future.
+fn compact_target(sel: u16, compact_rev: i64, current: i64) -> i64 {
+    let valid = current - compact_rev;
+    let sel = i64::from(sel);
+    if sel % 4 == 0 || valid == 0 {
+        [compact_rev, compact_rev - 1, current + 1, current + 2][(sel / 4 % 4) as usize]
+    } else {
+        compact_rev + 1 + (sel / 4) % valid
+    }
+}
+
+/// A `from` for watch replay in `(compact_rev, current + 1]`: replay below the compaction point is
+/// the watch layer's business (it answers Compacted itself).
+fn changes_from(sel: u16, compact_rev: i64, current: i64) -> i64 {
+    compact_rev + 1 + i64::from(sel) % (current - compact_rev + 1)
+}
+
+fn event(kind: EventType, kv: KeyValue, prev_kv: Option<KeyValue>) -> Event {
+    Event { r#type: kind as i32, kv: Some(kv), prev_kv }
+}
+
+fn fail(what: &str, e: impl std::fmt::Debug) -> TestCaseError {
+    TestCaseError::fail(format!("{what}: {e:?}"))
+}
+
+struct Harness {
+    env: LmdbEnv,
+    store: KvStore,
+    model: Model,
+    /// Every key ever written, for the final per-key sweep.
+    keys: Vec<Vec<u8>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Harness {
+    fn new() -> Result<Self, TestCaseError> {
+        let dir = tempfile::tempdir().map_err(|e| fail("tempdir", e))?;
+        let (env, dbs) = storage::open(dir.path(), KvStore::TABLES).map_err(|e| fail("open", e))?;
+        Ok(Harness { env, store: KvStore::new(dbs), model: Model::new(), keys: Vec::new(), _dir: dir })
+    }
+
+    fn run(&mut self, ops: &[Op]) -> Result<(), TestCaseError> {
+        self.check_state()?;
+        for op in ops {
+            self.step(op)?;
+        }
+        self.sweep()
+    }
+
+    fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
+        let current = self.model.current();
+        match op {
+            Op::Write(ops) => self.write(ops),
+            Op::Compact(sel) => self.compact(compact_target(*sel, self.model.compact_rev, current)),
+            Op::Read { key, end, rev, limit, count_only } => {
+                self.read(key, end, read_rev(*rev, current), *limit, *count_only)
+            }
+            Op::Changes { from, key, end, limit } => {
+                self.changes(changes_from(*from, self.model.compact_rev, current), key, end, *limit)
+            }
+        }
+    }
+
+    /// One write transaction: every change through `WriteTxn`, then `finish` and commit.
+    fn write(&mut self, ops: &[WriteOp]) -> Result<(), TestCaseError> {
+        let begin = self.model.current();
+        let new_rev = begin + 1;
+        let mut state = self.model.snapshots[begin as usize].clone();
+        let mut expected_events = Vec::new();
+
+        let mut wtxn = self.env.write_txn().map_err(|e| fail("write_txn", e))?;
+        let mut w = self.store.begin(&mut wtxn).map_err(|e| fail("begin", e))?;
+        for op in ops {
+            match op {
+                WriteOp::Put { key, value, lease } => {
+                    if !self.keys.contains(key) {
+                        self.keys.push(key.clone());
+                    }
+                    let got = w.put(key, value.clone(), *lease);
+                    let prev = state.get(key).cloned();
+                    let kv = KeyValue {
+                        key: key.clone(),
+                        create_revision: prev.as_ref().map_or(new_rev, |p| p.create_revision),
+                        mod_revision: new_rev,
+                        version: prev.as_ref().map_or(0, |p| p.version) + 1,
+                        value: value.clone(),
+                        lease: *lease,
+                    };
+                    state.insert(key.clone(), kv.clone());
+                    expected_events.push(event(EventType::Put, kv, prev));
+                    prop_assert_eq!(got, Ok(new_rev), "put {:?}", op);
+                }
+                WriteOp::Delete { key, end } => {
+                    let got = w.delete_range(&KeyRange::new(key, end));
+                    let doomed: Vec<KeyValue> =
+                        state.values().filter(|kv| in_range(key, end, &kv.key)).cloned().collect();
+                    for prev in &doomed {
+                        state.remove(&prev.key);
+                        let tombstone = KeyValue { key: prev.key.clone(), mod_revision: new_rev, ..Default::default() };
+                        expected_events.push(event(EventType::Delete, tombstone, Some(prev.clone())));
+                    }
+                    let rev = if expected_events.is_empty() { begin } else { new_rev };
+                    prop_assert_eq!(got, Ok((doomed, rev)), "delete_range {:?}", op);
+                }
+            }
+        }
+        let got = w.finish().map_err(|e| fail("finish", e))?;
+        wtxn.commit().map_err(|e| fail("commit", e))?;
+
+        let changed = !expected_events.is_empty();
+        let rev = if changed { new_rev } else { begin };
+        prop_assert_eq!(got, (rev, expected_events.clone()), "finish after {:?}", ops);
+        if changed {
+            self.model.snapshots.push(state);
+            self.model.log.extend(expected_events.into_iter().map(|e| Event { prev_kv: None, ..e }));
+        }
+        self.check_state()
+    }
+
+    fn compact(&mut self, rev: i64) -> Result<(), TestCaseError> {
+        let current = self.model.current();
+        let mut wtxn = self.env.write_txn().map_err(|e| fail("write_txn", e))?;
+        let mut w = self.store.begin(&mut wtxn).map_err(|e| fail("begin", e))?;
+        let got = w.compact(rev);
+        let finished = w.finish().map_err(|e| fail("finish", e))?;
+        wtxn.commit().map_err(|e| fail("commit", e))?;
+
+        let expected = self.model.compact(rev);
+        prop_assert_eq!(got, expected, "compact({}) at revision {}", rev, current);
+        prop_assert_eq!(finished, (current, Vec::new()), "compaction changed the revision");
+        self.check_state()?;
+        // History above the compaction point, and the replay from just above it, must be untouched.
+        self.sweep_all_keys()?;
+        self.changes(self.model.compact_rev + 1, &[], &[0], 0)
+    }
+
+    fn read(
+        &self,
+        key: &[u8],
+        end: &[u8],
+        requested: i64,
+        limit: usize,
+        count_only: bool,
+    ) -> Result<(), TestCaseError> {
+        let txn = self.env.read_txn().map_err(|e| fail("read_txn", e))?;
+        let view = self.store.view(&txn).map_err(|e| fail("view", e))?;
+        let got = view.range(&KeyRange::new(key, end), requested, limit, count_only).map(|r| (r.kvs, r.count, r.rev));
+        let expected = self.model.range(key, end, requested, limit, count_only);
+        prop_assert_eq!(
+            got,
+            expected,
+            "range(key {:?}, end {:?}, rev {}, limit {}, count_only {}) at revision {}, compacted at {}",
+            key,
+            end,
+            requested,
+            limit,
+            count_only,
+            self.model.current(),
+            self.model.compact_rev
+        );
+        Ok(())
+    }
+
+    fn changes(&self, from: i64, key: &[u8], end: &[u8], limit: usize) -> Result<(), TestCaseError> {
+        let txn = self.env.read_txn().map_err(|e| fail("read_txn", e))?;
+        let view = self.store.view(&txn).map_err(|e| fail("view", e))?;
+        let got = view.changes_since(from, &KeyRange::new(key, end), limit);
+        let expected = self.model.changes_since(from, key, end, limit);
+        prop_assert_eq!(
+            got,
+            Ok(expected),
+            "changes_since({}, key {:?}, end {:?}, limit {}) at revision {}, compacted at {}",
+            from,
+            key,
+            end,
+            limit,
+            self.model.current(),
+            self.model.compact_rev
+        );
+        // The watch layer's own call: everything from just above the compaction point.
+        let got = view.changes_since(from, &KeyRange::From(Vec::new()), 0);
+        prop_assert_eq!(got, Ok(self.model.changes_since(from, &[], &[0], 0)));
+        Ok(())
+    }
+
+    /// The revisions a fresh read view reports.
+    fn check_state(&self) -> Result<(), TestCaseError> {
+        let txn = self.env.read_txn().map_err(|e| fail("read_txn", e))?;
+        let view = self.store.view(&txn).map_err(|e| fail("view", e))?;
+        prop_assert_eq!(view.rev, self.model.current());
+        prop_assert_eq!(view.committed_rev, self.model.current());
+        prop_assert_eq!(view.compact_rev, self.model.compact_rev);
+        Ok(())
+    }
+
+    /// Every revision from -1 to current + 2, read whole.
+    fn sweep_all_keys(&self) -> Result<(), TestCaseError> {
+        for rev in -1..=self.model.current() + 2 {
+            self.read(&[0], &[0], rev, 0, false)?; // TEMP
+        }
+        Ok(())
+    }
+
+    /// The end of a case: every revision, whole and for each key ever written, and the full replay.
+    fn sweep(&self) -> Result<(), TestCaseError> {
+        self.sweep_all_keys()?;
+        for rev in -1..=self.model.current() + 2 {
+            for key in &self.keys {
+                self.read(key, &[], rev, 0, false)?;
+                self.read(key, &prefix_end(key), rev, 1, false)?;
+            }
+        }
+        for from in self.model.compact_rev + 1..=self.model.current() + 1 {
+            self.changes(from, &[], &[0], 0)?;
+        }
+        Ok(())
+    }
+}
+
+fn run(ops: &[Op]) -> Result<(), TestCaseError> {
+    Harness::new()?.run(ops)
+}
+
+proptest! {
+    #![proptest_config(Config {
+        cases: 96,
+        // Failures are reported (and kept below as plain tests), not written next to the sources.
+        failure_persistence: None,
+        ..Config::default()
+    })]
+
+    #[test]
+    fn store_matches_the_etcd_model(ops in prop::collection::vec(op(), 1..48)) {
+        run(&ops)?;
+    }
+}

@@ -31,10 +31,7 @@ impl Revision {
         let bytes: &[u8; REVISION_LEN] = bytes.try_into().ok()?;
         let main = u64::from_be_bytes(bytes[..8].try_into().ok()?);
         let sub = u64::from_be_bytes(bytes[8..].try_into().ok()?);
-        Some(Revision {
-            main: main as i64,
-            sub: sub as i64,
-        })
+        Some(Revision { main: main as i64, sub: sub as i64 })
     }
 }
 

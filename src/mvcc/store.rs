@@ -45,12 +45,7 @@ impl KvStore {
     pub const TABLES: [&'static str; 4] = ["kv_live", "kv_revs", "kv_index", "kv_meta"];
 
     pub fn new([live, revs, index, meta]: [Db; 4]) -> Self {
-        KvStore {
-            live,
-            revs,
-            index,
-            meta,
-        }
+        KvStore { live, revs, index, meta }
     }
 
     /// A consistent view at the revision committed in `txn`.
@@ -71,14 +66,7 @@ impl KvStore {
             let view = self.view(txn)?;
             (view.rev, view.compact_rev)
         };
-        Ok(WriteTxn {
-            store: self,
-            txn,
-            begin_rev,
-            compact_rev,
-            changes: 0,
-            events: Vec::new(),
-        })
+        Ok(WriteTxn { store: self, txn, begin_rev, compact_rev, changes: 0, events: Vec::new() })
     }
 
     /// Every table's entries, for snapshots.
@@ -89,9 +77,7 @@ impl KvStore {
     fn read_meta(&self, txn: &RoTxn, name: &[u8]) -> Result<Option<i64>, EtcdError> {
         match self.meta.get(txn, name)? {
             None => Ok(None),
-            Some(bytes) => Ok(Some(i64::from_be_bytes(
-                bytes.try_into().map_err(|_| corrupt("meta revision"))?,
-            ))),
+            Some(bytes) => Ok(Some(i64::from_be_bytes(bytes.try_into().map_err(|_| corrupt("meta revision"))?))),
         }
     }
 }
@@ -107,9 +93,7 @@ fn decode_kv(bytes: &[u8]) -> Result<KeyValue, EtcdError> {
 
 /// Splits a `kv_revs` record into its tag and key-value.
 pub(super) fn decode_change(bytes: &[u8]) -> Result<(u8, KeyValue), EtcdError> {
-    let (&tag, kv) = bytes
-        .split_first()
-        .ok_or_else(|| corrupt("change record"))?;
+    let (&tag, kv) = bytes.split_first().ok_or_else(|| corrupt("change record"))?;
     Ok((tag, decode_kv(kv)?))
 }
 
@@ -148,10 +132,7 @@ impl ReadView<'_> {
         count_only: bool,
     ) -> Result<RangeResult, EtcdError> {
         let rev = self.resolve(requested)?;
-        let mut result = RangeResult {
-            rev: self.committed_rev,
-            ..Default::default()
-        };
+        let mut result = RangeResult { rev: self.committed_rev, ..Default::default() };
         let wants = |result: &RangeResult| !count_only && (limit == 0 || result.kvs.len() < limit);
         if range.is_empty() {
             return Ok(result);
@@ -167,10 +148,7 @@ impl ReadView<'_> {
                 return Ok(result);
             }
             let end = range.end();
-            let bounds = (
-                Bound::Included(range.start()),
-                end.as_deref().map_or(Bound::Unbounded, Bound::Excluded),
-            );
+            let bounds = (Bound::Included(range.start()), end.as_deref().map_or(Bound::Unbounded, Bound::Excluded));
             for entry in self.store.live.range(self.txn, &bounds)? {
                 let (_, bytes) = entry?;
                 result.count += 1;
@@ -194,23 +172,15 @@ impl ReadView<'_> {
     ) -> Result<(), EtcdError> {
         let start = history_bound(range.start());
         let end = range.end().map(|end| history_bound(&end));
-        let bounds = (
-            Bound::Included(start.as_slice()),
-            end.as_deref().map_or(Bound::Unbounded, Bound::Excluded),
-        );
+        let bounds = (Bound::Included(start.as_slice()), end.as_deref().map_or(Bound::Unbounded, Bound::Excluded));
         // The newest version seen so far of the key being walked: (key, revision, is a put).
         let mut newest: Option<(Vec<u8>, Revision, bool)> = None;
-        let emit = |found: Option<(Vec<u8>, Revision, bool)>,
-                    result: &mut RangeResult|
-         -> Result<(), EtcdError> {
+        let emit = |found: Option<(Vec<u8>, Revision, bool)>, result: &mut RangeResult| -> Result<(), EtcdError> {
             if let Some((_, at, true)) = found {
                 result.count += 1;
                 if wants(result) {
-                    let bytes = self
-                        .store
-                        .revs
-                        .get(self.txn, &at.to_bytes())?
-                        .ok_or_else(|| corrupt("missing revision"))?;
+                    let bytes =
+                        self.store.revs.get(self.txn, &at.to_bytes())?.ok_or_else(|| corrupt("missing revision"))?;
                     result.kvs.push(decode_change(bytes)?.1);
                 }
             }
@@ -237,12 +207,7 @@ impl ReadView<'_> {
 
     /// The changes with revision `>= from`, in revision order, with the previous version when asked.
     /// Used by watch replay.
-    pub fn changes_since(
-        &self,
-        from: i64,
-        range: &KeyRange,
-        limit: usize,
-    ) -> Result<Vec<Event>, EtcdError> {
+    pub fn changes_since(&self, from: i64, range: &KeyRange, limit: usize) -> Result<Vec<Event>, EtcdError> {
         let start = Revision::new(from.max(0), 0).to_bytes();
         let bounds = (Bound::Included(&start[..]), Bound::Unbounded);
         let mut events = Vec::new();
@@ -252,16 +217,8 @@ impl ReadView<'_> {
             if !range.contains(&kv.key) {
                 continue;
             }
-            let kind = if tag == TAG_PUT {
-                EventType::Put
-            } else {
-                EventType::Delete
-            };
-            events.push(Event {
-                r#type: kind as i32,
-                kv: Some(kv),
-                prev_kv: None,
-            });
+            let kind = if tag == TAG_PUT { EventType::Put } else { EventType::Delete };
+            events.push(Event { r#type: kind as i32, kv: Some(kv), prev_kv: None });
             if limit != 0 && events.len() >= limit {
                 break;
             }
@@ -313,9 +270,7 @@ impl<'e> WriteTxn<'_, 'e> {
         change.push(tag);
         kv.encode(&mut change).map_err(|_| EtcdError::Internal)?;
         self.store.revs.put(self.txn, &at.to_bytes(), &change)?;
-        self.store
-            .index
-            .put(self.txn, &history_key(&kv.key, at), &[tag])?;
+        self.store.index.put(self.txn, &history_key(&kv.key, at), &[tag])?;
         self.changes += 1;
         Ok(())
     }
@@ -323,12 +278,7 @@ impl<'e> WriteTxn<'_, 'e> {
     /// Writes `key = value` at the new revision and returns that revision.
     pub fn put(&mut self, key: &[u8], value: Vec<u8>, lease: i64) -> Result<i64, EtcdError> {
         let rev = self.begin_rev + 1;
-        let prev = self
-            .store
-            .live
-            .get(self.txn, key)?
-            .map(decode_kv)
-            .transpose()?;
+        let prev = self.store.live.get(self.txn, key)?.map(decode_kv).transpose()?;
         let kv = KeyValue {
             key: key.to_vec(),
             create_revision: prev.as_ref().map_or(rev, |p| p.create_revision),
@@ -339,11 +289,7 @@ impl<'e> WriteTxn<'_, 'e> {
         };
         self.store.live.put(self.txn, key, &kv.encode_to_vec())?;
         self.record(&kv, TAG_PUT)?;
-        self.events.push(Event {
-            r#type: EventType::Put as i32,
-            kv: Some(kv),
-            prev_kv: prev,
-        });
+        self.events.push(Event { r#type: EventType::Put as i32, kv: Some(kv), prev_kv: prev });
         Ok(rev)
     }
 
@@ -353,11 +299,7 @@ impl<'e> WriteTxn<'_, 'e> {
         let rev = self.begin_rev + 1;
         for prev in &existing {
             self.store.live.delete(self.txn, &prev.key)?;
-            let tombstone = KeyValue {
-                key: prev.key.clone(),
-                mod_revision: rev,
-                ..Default::default()
-            };
+            let tombstone = KeyValue { key: prev.key.clone(), mod_revision: rev, ..Default::default() };
             self.record(&tombstone, TAG_TOMBSTONE)?;
             self.events.push(Event {
                 r#type: EventType::Delete as i32,
@@ -381,10 +323,7 @@ impl<'e> WriteTxn<'_, 'e> {
         let from = Revision::new(self.compact_rev + 1, 0).to_bytes();
         let to = Revision::new(rev + 1, 0).to_bytes();
         let mut changed = Vec::new();
-        for entry in self.store.revs.range(
-            self.txn,
-            &(Bound::Included(&from[..]), Bound::Excluded(&to[..])),
-        )? {
+        for entry in self.store.revs.range(self.txn, &(Bound::Included(&from[..]), Bound::Excluded(&to[..])))? {
             let (at, bytes) = entry?;
             let at = Revision::from_bytes(at).ok_or_else(|| corrupt("revision key"))?;
             let (tag, kv) = decode_change(bytes)?;
@@ -397,13 +336,7 @@ impl<'e> WriteTxn<'_, 'e> {
             let superseded = self
                 .store
                 .index
-                .range(
-                    self.txn,
-                    &(
-                        Bound::Included(after.as_slice()),
-                        Bound::Excluded(limit.as_slice()),
-                    ),
-                )?
+                .range(self.txn, &(Bound::Included(after.as_slice()), Bound::Excluded(limit.as_slice())))?
                 .next()
                 .transpose()?
                 .is_some();
@@ -411,22 +344,13 @@ impl<'e> WriteTxn<'_, 'e> {
                 continue;
             }
             let prefix = history_prefix(&key);
-            let upto = history_key(
-                &key,
-                if tag == TAG_TOMBSTONE {
-                    Revision::new(at.main, at.sub + 1)
-                } else {
-                    at
-                },
-            );
+            let upto = history_key(&key, if tag == TAG_TOMBSTONE { Revision::new(at.main, at.sub + 1) } else { at });
             let mut doomed = Vec::new();
-            for entry in self.store.index.range(
-                self.txn,
-                &(
-                    Bound::Included(prefix.as_slice()),
-                    Bound::Excluded(upto.as_slice()),
-                ),
-            )? {
+            for entry in self
+                .store
+                .index
+                .range(self.txn, &(Bound::Included(prefix.as_slice()), Bound::Excluded(upto.as_slice())))?
+            {
                 let (raw, _) = entry?;
                 doomed.push(raw.to_vec());
             }
@@ -436,9 +360,7 @@ impl<'e> WriteTxn<'_, 'e> {
                 self.store.revs.delete(self.txn, &old.to_bytes())?;
             }
         }
-        self.store
-            .meta
-            .put(self.txn, COMPACT_REV, &rev.to_be_bytes())?;
+        self.store.meta.put(self.txn, COMPACT_REV, &rev.to_be_bytes())?;
         self.compact_rev = rev;
         Ok(())
     }
@@ -447,9 +369,7 @@ impl<'e> WriteTxn<'_, 'e> {
     pub fn finish(self) -> Result<(i64, Vec<Event>), EtcdError> {
         let rev = self.rev();
         if self.changes > 0 {
-            self.store
-                .meta
-                .put(self.txn, CURRENT_REV, &rev.to_be_bytes())?;
+            self.store.meta.put(self.txn, CURRENT_REV, &rev.to_be_bytes())?;
         }
         Ok((rev, self.events))
     }

@@ -17,14 +17,11 @@ use crate::proto::mvccpb::KeyValue;
 
 /// True when no operation on any branch writes: such a transaction is served like a read.
 pub fn is_read_only(req: &TxnRequest) -> bool {
-    req.success
-        .iter()
-        .chain(&req.failure)
-        .all(|op| match &op.request {
-            Some(Request::RequestRange(_)) | None => true,
-            Some(Request::RequestTxn(inner)) => is_read_only(inner),
-            Some(Request::RequestPut(_)) | Some(Request::RequestDeleteRange(_)) => false,
-        })
+    req.success.iter().chain(&req.failure).all(|op| match &op.request {
+        Some(Request::RequestRange(_)) | None => true,
+        Some(Request::RequestTxn(inner)) => is_read_only(inner),
+        Some(Request::RequestPut(_)) | Some(Request::RequestDeleteRange(_)) => false,
+    })
 }
 
 /// Which branch each transaction on the executed path takes, in pre-order.
@@ -63,9 +60,7 @@ fn compare_holds(view: &ReadView, c: &Compare) -> Result<bool, EtcdError> {
     let target = CompareTarget::try_from(c.target).ok();
     if kvs.is_empty() {
         // A missing key has no value to compare ("" would be ambiguous), but zero revisions/version/lease.
-        return Ok(
-            target != Some(CompareTarget::Value) && compare_kv(c, target, &KeyValue::default())
-        );
+        return Ok(target != Some(CompareTarget::Value) && compare_kv(c, target, &KeyValue::default()));
     }
     Ok(kvs.iter().all(|kv| compare_kv(c, target, kv)))
 }
@@ -146,11 +141,7 @@ fn check(
 }
 
 /// Evaluates, checks and applies a transaction that may write.
-pub fn txn(
-    wtxn: &mut WriteTxn,
-    req: &TxnRequest,
-    leases: &dyn Leases,
-) -> Result<TxnResponse, EtcdError> {
+pub fn txn(wtxn: &mut WriteTxn, req: &TxnRequest, leases: &dyn Leases) -> Result<TxnResponse, EtcdError> {
     let mut taken = Vec::new();
     {
         let view = wtxn.view();
@@ -178,62 +169,36 @@ pub fn txn_read_only(view: &ReadView, req: &TxnRequest) -> Result<TxnResponse, E
     Ok(resp)
 }
 
-fn read_branch(
-    view: &ReadView,
-    req: &TxnRequest,
-    path: &mut std::slice::Iter<bool>,
-) -> Result<TxnResponse, EtcdError> {
+fn read_branch(view: &ReadView, req: &TxnRequest, path: &mut std::slice::Iter<bool>) -> Result<TxnResponse, EtcdError> {
     let succeeded = *path.next().ok_or(EtcdError::Internal)?;
     let mut responses = Vec::new();
     for op in branch(req, succeeded) {
         let response = match &op.request {
             Some(Request::RequestRange(r)) => Some(Response::ResponseRange(kv::range(view, r)?)),
-            Some(Request::RequestTxn(inner)) => {
-                Some(Response::ResponseTxn(read_branch(view, inner, path)?))
-            }
-            Some(Request::RequestPut(_)) | Some(Request::RequestDeleteRange(_)) => {
-                return Err(EtcdError::Internal)
-            }
+            Some(Request::RequestTxn(inner)) => Some(Response::ResponseTxn(read_branch(view, inner, path)?)),
+            Some(Request::RequestPut(_)) | Some(Request::RequestDeleteRange(_)) => return Err(EtcdError::Internal),
             None => None,
         };
         responses.push(ResponseOp { response });
     }
-    Ok(TxnResponse {
-        header: kv::header(0).map(|_| Default::default()),
-        succeeded,
-        responses,
-    })
+    Ok(TxnResponse { header: kv::header(0).map(|_| Default::default()), succeeded, responses })
 }
 
-fn execute(
-    wtxn: &mut WriteTxn,
-    req: &TxnRequest,
-    path: &mut std::slice::Iter<bool>,
-) -> Result<TxnResponse, EtcdError> {
+fn execute(wtxn: &mut WriteTxn, req: &TxnRequest, path: &mut std::slice::Iter<bool>) -> Result<TxnResponse, EtcdError> {
     let succeeded = *path.next().ok_or(EtcdError::Internal)?;
     let mut responses = Vec::new();
     for op in branch(req, succeeded) {
         let response = match &op.request {
-            Some(Request::RequestRange(r)) => {
-                Some(Response::ResponseRange(kv::range(&wtxn.view(), r)?))
-            }
+            Some(Request::RequestRange(r)) => Some(Response::ResponseRange(kv::range(&wtxn.view(), r)?)),
             Some(Request::RequestPut(p)) => Some(Response::ResponsePut(kv::put(wtxn, p)?)),
-            Some(Request::RequestDeleteRange(d)) => {
-                Some(Response::ResponseDeleteRange(kv::delete_range(wtxn, d)?))
-            }
-            Some(Request::RequestTxn(inner)) => {
-                Some(Response::ResponseTxn(execute(wtxn, inner, path)?))
-            }
+            Some(Request::RequestDeleteRange(d)) => Some(Response::ResponseDeleteRange(kv::delete_range(wtxn, d)?)),
+            Some(Request::RequestTxn(inner)) => Some(Response::ResponseTxn(execute(wtxn, inner, path)?)),
             None => None,
         };
         responses.push(ResponseOp { response });
     }
     // Nested transactions report an empty header, as etcd's do.
-    Ok(TxnResponse {
-        header: Some(Default::default()),
-        succeeded,
-        responses,
-    })
+    Ok(TxnResponse { header: Some(Default::default()), succeeded, responses })
 }
 
 /// Request-shape checks done before proposing (etcd's `checkTxnRequest` + `checkIntervals`).
@@ -245,11 +210,7 @@ pub fn validate(req: &TxnRequest, max_ops: usize) -> Result<(), EtcdError> {
 }
 
 fn validate_shape(req: &TxnRequest, max_ops: usize) -> Result<(), EtcdError> {
-    let ops = req
-        .compare
-        .len()
-        .max(req.success.len())
-        .max(req.failure.len());
+    let ops = req.compare.len().max(req.success.len()).max(req.failure.len());
     if ops > max_ops {
         return Err(EtcdError::TooManyOps);
     }
@@ -260,9 +221,7 @@ fn validate_shape(req: &TxnRequest, max_ops: usize) -> Result<(), EtcdError> {
         match &op.request {
             Some(Request::RequestRange(r)) if r.key.is_empty() => return Err(EtcdError::EmptyKey),
             Some(Request::RequestPut(p)) => validate_put(p)?,
-            Some(Request::RequestDeleteRange(d)) if d.key.is_empty() => {
-                return Err(EtcdError::EmptyKey)
-            }
+            Some(Request::RequestDeleteRange(d)) if d.key.is_empty() => return Err(EtcdError::EmptyKey),
             Some(Request::RequestTxn(inner)) => validate_shape(inner, max_ops - ops)?,
             None => return Err(EtcdError::KeyNotFound),
             _ => {}

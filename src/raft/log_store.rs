@@ -43,17 +43,12 @@ fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, postcard::Error> {
 impl LogStore {
     pub fn open(dir: &Path) -> Result<Self, heed::Error> {
         let (env, [log, meta]) = storage::open(dir, ["log", "meta"])?;
-        Ok(LogStore {
-            inner: Arc::new(Inner { env, log, meta }),
-        })
+        Ok(LogStore { inner: Arc::new(Inner { env, log, meta }) })
     }
 
     /// This member's `(member_id, cluster_id)`: chosen once at bootstrap and kept, so that a later change
     /// of flags cannot change the raft node id under existing raft state.
-    pub fn identity(
-        &self,
-        bootstrap: impl FnOnce() -> (u64, u64),
-    ) -> Result<(u64, u64), StorageError> {
+    pub fn identity(&self, bootstrap: impl FnOnce() -> (u64, u64)) -> Result<(u64, u64), StorageError> {
         if let Some(ids) = self.read_meta(IDENTITY)? {
             return Ok(ids);
         }
@@ -65,12 +60,7 @@ impl LogStore {
     fn read_meta<T: DeserializeOwned>(&self, name: &[u8]) -> Result<Option<T>, StorageError> {
         let read = || -> Result<Option<T>, Box<dyn std::error::Error>> {
             let txn = self.inner.env.read_txn()?;
-            Ok(self
-                .inner
-                .meta
-                .get(&txn, name)?
-                .map(postcard::from_bytes)
-                .transpose()?)
+            Ok(self.inner.meta.get(&txn, name)?.map(postcard::from_bytes).transpose()?)
         };
         read().map_err(|e| StorageIOError::read(any_error(e)).into())
     }
@@ -130,19 +120,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let last_purged_log_id: Option<LogId> = this.read_meta(LAST_PURGED)?;
             let read = || -> Result<Option<Entry>, Box<dyn std::error::Error>> {
                 let txn = this.inner.env.read_txn()?;
-                Ok(this
-                    .inner
-                    .log
-                    .last(&txn)?
-                    .map(|(_, bytes)| postcard::from_bytes(bytes))
-                    .transpose()?)
+                Ok(this.inner.log.last(&txn)?.map(|(_, bytes)| postcard::from_bytes(bytes)).transpose()?)
             };
             let last = read().map_err(|e| StorageIOError::read_logs(any_error(e)))?;
             let last_log_id = last.map(|e| e.log_id).or(last_purged_log_id);
-            Ok(LogState {
-                last_purged_log_id,
-                last_log_id,
-            })
+            Ok(LogState { last_purged_log_id, last_log_id })
         })
         .await
     }
@@ -171,11 +153,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         blocking(move || Ok(this.read_meta::<Option<LogId>>(COMMITTED)?.flatten())).await
     }
 
-    async fn append<I>(
-        &mut self,
-        entries: I,
-        callback: LogFlushed<TypeConfig>,
-    ) -> Result<(), StorageError>
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
@@ -195,10 +173,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 txn.commit()
             };
             let result = write();
-            let report = result
-                .as_ref()
-                .map(|_| ())
-                .map_err(|e| std::io::Error::other(e.to_string()));
+            let report = result.as_ref().map(|_| ()).map_err(|e| std::io::Error::other(e.to_string()));
             callback.log_io_completed(report);
             result.map_err(|e| StorageIOError::write_logs(any_error(e)).into())
         })
@@ -211,9 +186,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let write = || -> Result<(), heed::Error> {
                 let mut txn = this.inner.env.write_txn()?;
                 let from = index_key(log_id.index);
-                this.inner
-                    .log
-                    .delete_range(&mut txn, &(Bound::Included(&from[..]), Bound::Unbounded))?;
+                this.inner.log.delete_range(&mut txn, &(Bound::Included(&from[..]), Bound::Unbounded))?;
                 txn.commit()
             };
             write().map_err(|e| StorageIOError::write_logs(any_error(e)).into())
@@ -226,13 +199,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         blocking(move || {
             let write = || -> Result<(), Box<dyn std::error::Error>> {
                 let mut txn = this.inner.env.write_txn()?;
-                this.inner
-                    .meta
-                    .put(&mut txn, LAST_PURGED, &encode(&log_id)?)?;
+                this.inner.meta.put(&mut txn, LAST_PURGED, &encode(&log_id)?)?;
                 let upto = index_key(log_id.index);
-                this.inner
-                    .log
-                    .delete_range(&mut txn, &(Bound::Unbounded, Bound::Included(&upto[..])))?;
+                this.inner.log.delete_range(&mut txn, &(Bound::Unbounded, Bound::Included(&upto[..])))?;
                 txn.commit()?;
                 Ok(())
             };

@@ -14,7 +14,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::EtcdError;
 use crate::proto::etcdserverpb::{
-    CompactionResponse, DeleteRangeResponse, InternalRaftRequest, PutResponse, TxnResponse,
+    CompactionResponse, DeleteRangeResponse, InternalRaftRequest, LeaseCheckpointResponse, LeaseGrantResponse,
+    LeaseRevokeResponse, PutResponse, TxnResponse,
 };
 
 pub type NodeId = u64;
@@ -50,6 +51,9 @@ pub enum Applied {
     DeleteRange(#[serde(with = "prost_bytes")] DeleteRangeResponse),
     Txn(#[serde(with = "prost_bytes")] TxnResponse),
     Compaction(#[serde(with = "prost_bytes")] CompactionResponse),
+    LeaseGrant(#[serde(with = "prost_bytes")] LeaseGrantResponse),
+    LeaseRevoke(#[serde(with = "prost_bytes")] LeaseRevokeResponse),
+    LeaseCheckpoint(#[serde(with = "prost_bytes")] LeaseCheckpointResponse),
 }
 
 impl Serialize for RaftRequest {
@@ -74,9 +78,7 @@ mod prost_bytes {
         serde_bytes::serialize(&m.encode_to_vec(), s)
     }
 
-    pub fn deserialize<'de, M: Message + Default, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<M, D::Error> {
+    pub fn deserialize<'de, M: Message + Default, D: Deserializer<'de>>(d: D) -> Result<M, D::Error> {
         let bytes: serde_bytes::ByteBuf = serde_bytes::deserialize(d)?;
         M::decode(bytes.as_slice()).map_err(D::Error::custom)
     }
@@ -116,8 +118,7 @@ mod tests {
         async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError> {
             let dir = tempfile::tempdir().expect("temp dir");
             let log = LogStore::open(&dir.path().join("raft")).expect("open raft env");
-            let sm = StateMachine::open(&dir.path().join("kv"), &dir.path().join("snap"))
-                .expect("open kv env");
+            let sm = StateMachine::open(&dir.path().join("kv"), &dir.path().join("snap")).expect("open kv env");
             Ok((dir, log, sm))
         }
     }

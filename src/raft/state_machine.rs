@@ -12,10 +12,10 @@ use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
 use openraft::{EntryPayload, RaftSnapshotBuilder, StorageIOError};
 use serde::{Deserialize, Serialize};
 
-use super::{
-    any_error, blocking, ApplyResult, Entry, LogId, StorageError, StoredMembership, TypeConfig,
-};
+use super::{any_error, blocking, ApplyResult, Entry, LogId, StorageError, StoredMembership, TypeConfig};
+use crate::apply::{Effects, Stores};
 use crate::error::EtcdError;
+use crate::lease::store::LeaseStore;
 use crate::mvcc::KvStore;
 use crate::raft::Applied;
 use crate::storage::{self, Db, LmdbEnv};
@@ -28,9 +28,22 @@ const SNAPSHOT_FILE: &str = "current.snap";
 pub struct State {
     pub env: LmdbEnv,
     pub kv: KvStore,
+    pub leases: LeaseStore,
     meta: Db,
     snap_dir: PathBuf,
+    observer: std::sync::OnceLock<Observer>,
 }
+
+/// What one applied batch changed, told to the observer after the batch's transaction commits.
+#[derive(Debug, Default, Clone)]
+pub struct Committed {
+    /// The store's revision after the batch.
+    pub revision: i64,
+    pub effects: Effects,
+}
+
+/// Called on the apply thread after each commit: must be quick and must not block.
+pub type Observer = Box<dyn Fn(Committed) + Send + Sync>;
 
 #[derive(Clone)]
 pub struct StateMachine {
@@ -54,21 +67,20 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl StateMachine {
     pub fn open(kv_dir: &Path, snap_dir: &Path) -> Result<Self, heed::Error> {
-        let mut names = KvStore::TABLES.to_vec();
-        names.push("sm_meta");
-        let (env, dbs) =
-            storage::open::<5>(kv_dir, names.try_into().unwrap_or_else(|_| unreachable!()))?;
-        let [live, revs, index, kv_meta, meta] = dbs;
+        let [live, revs, index, kv_meta] = KvStore::TABLES;
+        let [leases, lease_keys] = LeaseStore::TABLES;
+        let names = [live, revs, index, kv_meta, leases, lease_keys, "sm_meta"];
+        let (env, [live, revs, index, kv_meta, leases, lease_keys, meta]) = storage::open(kv_dir, names)?;
         std::fs::create_dir_all(snap_dir)?;
-        let kv = KvStore::new([live, revs, index, kv_meta]);
-        Ok(StateMachine {
-            state: Arc::new(State {
-                env,
-                kv,
-                meta,
-                snap_dir: snap_dir.to_path_buf(),
-            }),
-        })
+        let state = State {
+            env,
+            kv: KvStore::new([live, revs, index, kv_meta]),
+            leases: LeaseStore::new([leases, lease_keys]),
+            meta,
+            snap_dir: snap_dir.to_path_buf(),
+            observer: std::sync::OnceLock::new(),
+        };
+        Ok(StateMachine { state: Arc::new(state) })
     }
 
     pub fn state(&self) -> Arc<State> {
@@ -77,20 +89,22 @@ impl StateMachine {
 }
 
 impl State {
+    /// Sets who is told about each committed batch (once; later calls are ignored).
+    pub fn observe(&self, observer: Observer) {
+        let _ = self.observer.set(observer);
+    }
+
+    /// Every replicated table, in snapshot order.
+    fn tables(&self) -> Vec<Db> {
+        self.kv.tables().into_iter().chain(self.leases.tables()).collect()
+    }
+
     pub fn page_size(&self) -> u64 {
         u64::from(self.env.unnamed_database_stat().page_size)
     }
 
-    fn read_meta<T: serde::de::DeserializeOwned>(
-        &self,
-        txn: &heed::RoTxn,
-        name: &[u8],
-    ) -> Result<Option<T>, BoxError> {
-        Ok(self
-            .meta
-            .get(txn, name)?
-            .map(postcard::from_bytes)
-            .transpose()?)
+    fn read_meta<T: serde::de::DeserializeOwned>(&self, txn: &heed::RoTxn, name: &[u8]) -> Result<Option<T>, BoxError> {
+        Ok(self.meta.get(txn, name)?.map(postcard::from_bytes).transpose()?)
     }
 
     fn applied_state(&self) -> Result<(Option<LogId>, StoredMembership), BoxError> {
@@ -104,34 +118,35 @@ impl State {
         let mut txn = self.env.write_txn()?;
         let mut results = Vec::with_capacity(entries.len());
         let mut applied = None;
+        let mut effects = Effects::default();
+        let stores = Stores { kv: &self.kv, leases: &self.leases };
         for entry in entries {
             applied = Some(entry.log_id);
             let result = match entry.payload {
                 EntryPayload::Blank => Ok(Applied::Nothing),
                 EntryPayload::Normal(req) => {
-                    match crate::apply::apply(&self.kv, &mut txn, &req.0) {
-                        Ok((applied, _events)) => Ok(applied),
+                    match crate::apply::apply(&stores, &mut txn, &req.0) {
+                        Ok((applied, done)) => {
+                            effects.events.extend(done.events);
+                            effects.granted.extend(done.granted);
+                            effects.revoked.extend(done.revoked);
+                            Ok(applied)
+                        }
                         // A storage failure leaves the transaction unusable: abort the batch, stop the node.
-                        Err(EtcdError::Internal) => {
-                            return Err("storage failure while applying".into())
-                        }
-                        Err(EtcdError::NoSpace) => {
-                            return Err("database space exceeded while applying".into())
-                        }
+                        Err(EtcdError::Internal) => return Err("storage failure while applying".into()),
+                        Err(EtcdError::NoSpace) => return Err("database space exceeded while applying".into()),
                         Err(refused) => Err(refused),
                     }
                 }
                 EntryPayload::Membership(membership) => {
                     let stored = StoredMembership::new(Some(entry.log_id), membership);
-                    self.meta
-                        .put(&mut txn, MEMBERSHIP, &postcard::to_allocvec(&stored)?)?;
+                    self.meta.put(&mut txn, MEMBERSHIP, &postcard::to_allocvec(&stored)?)?;
                     Ok(Applied::Nothing)
                 }
             };
             results.push(result);
         }
-        self.meta
-            .put(&mut txn, APPLIED, &postcard::to_allocvec(&applied)?)?;
+        self.meta.put(&mut txn, APPLIED, &postcard::to_allocvec(&applied)?)?;
         txn.commit()?;
         Ok(results)
     }
@@ -139,10 +154,9 @@ impl State {
     fn build_snapshot(&self) -> Result<SnapshotFile, BoxError> {
         let txn = self.env.read_txn()?;
         let last_log_id = self.read_meta::<Option<LogId>>(&txn, APPLIED)?.flatten();
-        let last_membership: StoredMembership =
-            self.read_meta(&txn, MEMBERSHIP)?.unwrap_or_default();
+        let last_membership: StoredMembership = self.read_meta(&txn, MEMBERSHIP)?.unwrap_or_default();
         let mut tables = Vec::new();
-        for db in self.kv.tables() {
+        for db in self.tables() {
             let mut records = Vec::new();
             for item in db.iter(&txn)? {
                 let (k, v) = item?;
@@ -152,28 +166,19 @@ impl State {
         }
         drop(txn);
         let data = postcard::to_allocvec(&SnapshotData { tables })?;
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let snapshot_id = match last_log_id {
             Some(id) => format!("{}-{}-{nanos}", id.leader_id, id.index),
             None => format!("empty-{nanos}"),
         };
-        let file = SnapshotFile {
-            meta: SnapshotMeta {
-                last_log_id,
-                last_membership,
-                snapshot_id,
-            },
-            data,
-        };
+        let file = SnapshotFile { meta: SnapshotMeta { last_log_id, last_membership, snapshot_id }, data };
         self.save_snapshot(&file)?;
         Ok(file)
     }
 
     fn install_snapshot(&self, file: &SnapshotFile) -> Result<(), BoxError> {
         let data: SnapshotData = postcard::from_bytes(&file.data)?;
-        let tables = self.kv.tables();
+        let tables = self.tables();
         if data.tables.len() != tables.len() {
             return Err("snapshot has an unexpected number of tables".into());
         }
@@ -184,16 +189,8 @@ impl State {
                 db.put(&mut txn, k, v)?;
             }
         }
-        self.meta.put(
-            &mut txn,
-            APPLIED,
-            &postcard::to_allocvec(&file.meta.last_log_id)?,
-        )?;
-        self.meta.put(
-            &mut txn,
-            MEMBERSHIP,
-            &postcard::to_allocvec(&file.meta.last_membership)?,
-        )?;
+        self.meta.put(&mut txn, APPLIED, &postcard::to_allocvec(&file.meta.last_log_id)?)?;
+        self.meta.put(&mut txn, MEMBERSHIP, &postcard::to_allocvec(&file.meta.last_membership)?)?;
         txn.commit()?;
         self.save_snapshot(file)
     }
@@ -222,22 +219,15 @@ impl State {
 }
 
 fn to_snapshot(file: SnapshotFile) -> Snapshot<TypeConfig> {
-    Snapshot {
-        meta: file.meta,
-        snapshot: Box::new(Cursor::new(file.data)),
-    }
+    Snapshot { meta: file.meta, snapshot: Box::new(Cursor::new(file.data)) }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let state = self.state.clone();
-        blocking(move || {
-            state
-                .build_snapshot()
-                .map_err(|e| StorageIOError::write_snapshot(None, any_error(e)).into())
-        })
-        .await
-        .map(to_snapshot)
+        blocking(move || state.build_snapshot().map_err(|e| StorageIOError::write_snapshot(None, any_error(e)).into()))
+            .await
+            .map(to_snapshot)
     }
 }
 
@@ -246,12 +236,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
         let state = self.state.clone();
-        blocking(move || {
-            state
-                .applied_state()
-                .map_err(|e| StorageIOError::read_state_machine(any_error(e)).into())
-        })
-        .await
+        blocking(move || state.applied_state().map_err(|e| StorageIOError::read_state_machine(any_error(e)).into()))
+            .await
     }
 
     async fn apply<I>(&mut self, entries: I) -> Result<Vec<ApplyResult>, StorageError>
@@ -262,9 +248,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let entries: Vec<Entry> = entries.into_iter().collect();
         let state = self.state.clone();
         blocking(move || {
-            state
-                .apply_batch(entries)
-                .map_err(|e| StorageIOError::write_state_machine(any_error(e)).into())
+            state.apply_batch(entries).map_err(|e| StorageIOError::write_state_machine(any_error(e)).into())
         })
         .await
     }
@@ -282,10 +266,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMeta<u64, openraft::BasicNode>,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
-        let file = SnapshotFile {
-            meta: meta.clone(),
-            data: snapshot.into_inner(),
-        };
+        let file = SnapshotFile { meta: meta.clone(), data: snapshot.into_inner() };
         let state = self.state.clone();
         let signature = meta.signature();
         blocking(move || {
@@ -298,12 +279,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         let state = self.state.clone();
-        blocking(move || {
-            state
-                .load_snapshot()
-                .map_err(|e| StorageIOError::read_snapshot(None, any_error(e)).into())
-        })
-        .await
-        .map(|file| file.map(to_snapshot))
+        blocking(move || state.load_snapshot().map_err(|e| StorageIOError::read_snapshot(None, any_error(e)).into()))
+            .await
+            .map(|file| file.map(to_snapshot))
     }
 }

@@ -28,9 +28,7 @@ async fn health(State(node): State<Arc<Node>>) -> impl IntoResponse {
         && tokio::time::timeout(Duration::from_secs(1), node.read(true, |view| Ok(view.rev)))
             .await
             .is_ok_and(|r| r.is_ok());
-    crate::metrics::HEALTH_CHECKS
-        .with_label_values(&[if read_ok { "success" } else { "failed" }])
-        .inc();
+    crate::metrics::HEALTH_CHECKS.with_label_values(&[if read_ok { "success" } else { "failed" }]).inc();
     let (status, body) = if read_ok {
         (StatusCode::OK, r#"{"health":"true"}"#)
     } else {
@@ -40,10 +38,7 @@ async fn health(State(node): State<Arc<Node>>) -> impl IntoResponse {
 }
 
 async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        crate::metrics::render(&node),
-    )
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::render(&node))
 }
 
 async fn version() -> impl IntoResponse {

@@ -9,9 +9,8 @@ use crate::mvcc::{kv, txn};
 use crate::node::Node;
 use crate::proto::etcdserverpb::kv_server::Kv;
 use crate::proto::etcdserverpb::{
-    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse,
-    InternalRaftRequest, PutRequest, PutResponse, RangeRequest, RangeResponse, TxnRequest,
-    TxnResponse,
+    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, InternalRaftRequest, PutRequest,
+    PutResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
 };
 use crate::raft::Applied;
 
@@ -37,18 +36,12 @@ fn mismatch(applied: Applied) -> Status {
 
 #[tonic::async_trait]
 impl Kv for KvService {
-    async fn range(
-        &self,
-        request: Request<RangeRequest>,
-    ) -> Result<Response<RangeResponse>, Status> {
+    async fn range(&self, request: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
         let req = request.into_inner();
         if req.key.is_empty() {
             return Err(EtcdError::EmptyKey.into());
         }
-        let mut resp = self
-            .node
-            .read(!req.serializable, move |view| kv::range(view, &req))
-            .await?;
+        let mut resp = self.node.read(!req.serializable, move |view| kv::range(view, &req)).await?;
         self.node.fill(&mut resp.header);
         Ok(Response::new(resp))
     }
@@ -56,13 +49,7 @@ impl Kv for KvService {
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
         let req = request.into_inner();
         txn::validate_put(&req)?;
-        match self
-            .propose(InternalRaftRequest {
-                put: Some(req),
-                ..Default::default()
-            })
-            .await?
-        {
+        match self.propose(InternalRaftRequest { put: Some(req), ..Default::default() }).await? {
             Applied::Put(mut resp) => {
                 self.node.fill(&mut resp.header);
                 Ok(Response::new(resp))
@@ -79,13 +66,7 @@ impl Kv for KvService {
         if req.key.is_empty() {
             return Err(EtcdError::EmptyKey.into());
         }
-        match self
-            .propose(InternalRaftRequest {
-                delete_range: Some(req),
-                ..Default::default()
-            })
-            .await?
-        {
+        match self.propose(InternalRaftRequest { delete_range: Some(req), ..Default::default() }).await? {
             Applied::DeleteRange(mut resp) => {
                 self.node.fill(&mut resp.header);
                 Ok(Response::new(resp))
@@ -99,17 +80,9 @@ impl Kv for KvService {
         txn::validate(&req, self.node.max_txn_ops)?;
         let mut resp = if txn::is_read_only(&req) {
             // Like etcd, a transaction that cannot write is served as a linearizable read.
-            self.node
-                .read(true, move |view| txn::txn_read_only(view, &req))
-                .await?
+            self.node.read(true, move |view| txn::txn_read_only(view, &req)).await?
         } else {
-            match self
-                .propose(InternalRaftRequest {
-                    txn: Some(req),
-                    ..Default::default()
-                })
-                .await?
-            {
+            match self.propose(InternalRaftRequest { txn: Some(req), ..Default::default() }).await? {
                 Applied::Txn(resp) => resp,
                 other => return Err(mismatch(other)),
             }
@@ -118,18 +91,9 @@ impl Kv for KvService {
         Ok(Response::new(resp))
     }
 
-    async fn compact(
-        &self,
-        request: Request<CompactionRequest>,
-    ) -> Result<Response<CompactionResponse>, Status> {
+    async fn compact(&self, request: Request<CompactionRequest>) -> Result<Response<CompactionResponse>, Status> {
         let req = request.into_inner();
-        match self
-            .propose(InternalRaftRequest {
-                compaction: Some(req),
-                ..Default::default()
-            })
-            .await?
-        {
+        match self.propose(InternalRaftRequest { compaction: Some(req), ..Default::default() }).await? {
             Applied::Compaction(mut resp) => {
                 self.node.fill(&mut resp.header);
                 Ok(Response::new(resp))

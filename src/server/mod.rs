@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod http;
 pub mod kv;
+pub mod lease;
 pub mod maintenance;
 
 use std::future::Future;
@@ -18,6 +19,7 @@ use crate::config::Listener;
 use crate::node::Node;
 use crate::proto::etcdserverpb::cluster_server::ClusterServer;
 use crate::proto::etcdserverpb::kv_server::KvServer;
+use crate::proto::etcdserverpb::lease_server::LeaseServer;
 use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
 
 /// gRPC overhead allowed on top of `--max-request-bytes` (etcd's `grpcOverheadBytes`), so an oversized
@@ -32,9 +34,8 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let mut bound = Vec::new();
     for listener in listeners {
-        let socket = TcpListener::bind(listener.addr)
-            .await
-            .map_err(|e| anyhow::anyhow!("listen on {}: {e}", listener.url))?;
+        let socket =
+            TcpListener::bind(listener.addr).await.map_err(|e| anyhow::anyhow!("listen on {}: {e}", listener.url))?;
         tracing::info!(url = %listener.url, "serving client traffic");
         bound.push(socket);
     }
@@ -69,5 +70,6 @@ fn routes(node: Arc<Node>) -> Routes {
     let kv = KvServer::new(kv::KvService::new(node.clone())).max_decoding_message_size(limit);
     let maintenance = MaintenanceServer::new(maintenance::MaintenanceService::new(node.clone()));
     let cluster = ClusterServer::new(cluster::ClusterService::new(node.clone()));
-    Routes::from(http::router(node)).add_service(kv).add_service(maintenance).add_service(cluster)
+    let lease = LeaseServer::new(lease::LeaseService::new(node.clone()));
+    Routes::from(http::router(node)).add_service(kv).add_service(maintenance).add_service(cluster).add_service(lease)
 }

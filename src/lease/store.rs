@@ -1,0 +1,100 @@
+//! Replicated lease state in the kv environment:
+//! - `leases`: lease id → `LeaseRecord`
+//! - `lease_keys`: lease id ++ key → (empty): the keys attached to each lease
+
+use std::ops::Bound;
+
+use heed::{RoTxn, RwTxn};
+use serde::{Deserialize, Serialize};
+
+use crate::error::EtcdError;
+use crate::storage::Db;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    pub ttl: i64,
+    /// Remaining TTL at the last checkpoint; 0 when never checkpointed.
+    pub remaining_ttl: i64,
+}
+
+pub struct LeaseStore {
+    leases: Db,
+    keys: Db,
+}
+
+fn id_key(id: i64) -> [u8; 8] {
+    (id as u64).to_be_bytes()
+}
+
+fn attachment(id: i64, key: &[u8]) -> Vec<u8> {
+    let mut out = id_key(id).to_vec();
+    out.extend_from_slice(key);
+    out
+}
+
+fn corrupt() -> EtcdError {
+    tracing::error!("corrupt lease record");
+    EtcdError::Internal
+}
+
+impl LeaseStore {
+    pub const TABLES: [&'static str; 2] = ["leases", "lease_keys"];
+
+    pub fn new([leases, keys]: [Db; 2]) -> Self {
+        LeaseStore { leases, keys }
+    }
+
+    pub fn tables(&self) -> [Db; 2] {
+        [self.leases, self.keys]
+    }
+
+    pub fn get(&self, txn: &RoTxn, id: i64) -> Result<Option<LeaseRecord>, EtcdError> {
+        match self.leases.get(txn, &id_key(id))? {
+            None => Ok(None),
+            Some(bytes) => postcard::from_bytes(bytes).map(Some).map_err(|_| corrupt()),
+        }
+    }
+
+    pub fn all(&self, txn: &RoTxn) -> Result<Vec<(i64, LeaseRecord)>, EtcdError> {
+        let mut out = Vec::new();
+        for item in self.leases.iter(txn)? {
+            let (id, bytes) = item?;
+            let id = i64::from_be_bytes(id.try_into().map_err(|_| corrupt())?);
+            out.push((id, postcard::from_bytes(bytes).map_err(|_| corrupt())?));
+        }
+        Ok(out)
+    }
+
+    pub fn put(&self, txn: &mut RwTxn, id: i64, record: LeaseRecord) -> Result<(), EtcdError> {
+        let bytes = postcard::to_allocvec(&record).map_err(|_| EtcdError::Internal)?;
+        Ok(self.leases.put(txn, &id_key(id), &bytes)?)
+    }
+
+    /// Removes the lease and its attachment records (not the keys themselves).
+    pub fn remove(&self, txn: &mut RwTxn, id: i64) -> Result<(), EtcdError> {
+        self.leases.delete(txn, &id_key(id))?;
+        let (from, to) = (id_key(id), id_key(id.wrapping_add(1)));
+        let bounds = (Bound::Included(&from[..]), if id == -1 { Bound::Unbounded } else { Bound::Excluded(&to[..]) });
+        self.keys.delete_range(txn, &bounds)?;
+        Ok(())
+    }
+
+    pub fn attached_keys(&self, txn: &RoTxn, id: i64) -> Result<Vec<Vec<u8>>, EtcdError> {
+        let prefix = id_key(id);
+        let mut out = Vec::new();
+        for item in self.keys.prefix_iter(txn, &prefix)? {
+            let (raw, _) = item?;
+            out.push(raw[8..].to_vec());
+        }
+        Ok(out)
+    }
+
+    pub fn attach(&self, txn: &mut RwTxn, id: i64, key: &[u8]) -> Result<(), EtcdError> {
+        Ok(self.keys.put(txn, &attachment(id, key), &[])?)
+    }
+
+    pub fn detach(&self, txn: &mut RwTxn, id: i64, key: &[u8]) -> Result<(), EtcdError> {
+        self.keys.delete(txn, &attachment(id, key))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,121 @@
+//! The Lease service: grant and revoke go through raft; keep-alives renew the leader's lease clock.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::error::EtcdError;
+use crate::lease::MAX_LEASE_TTL;
+use crate::node::Node;
+use crate::proto::etcdserverpb::lease_server::Lease;
+use crate::proto::etcdserverpb::{
+    InternalRaftRequest, LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
+    LeaseLeasesRequest, LeaseLeasesResponse, LeaseRevokeRequest, LeaseRevokeResponse, LeaseStatus,
+    LeaseTimeToLiveRequest, LeaseTimeToLiveResponse, ResponseHeader,
+};
+use crate::raft::Applied;
+
+pub struct LeaseService {
+    node: Arc<Node>,
+}
+
+impl LeaseService {
+    pub fn new(node: Arc<Node>) -> Self {
+        LeaseService { node }
+    }
+}
+
+/// A header carrying the current revision, as etcd fills headers of responses that are not reads.
+fn header(node: &Node) -> Option<ResponseHeader> {
+    let mut header = Some(ResponseHeader { revision: node.revision(), ..Default::default() });
+    node.fill(&mut header);
+    header
+}
+
+fn mismatch(applied: Applied) -> Status {
+    tracing::error!(?applied, "apply result does not match the proposal");
+    EtcdError::Internal.into()
+}
+
+type KeepAliveStream = Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Lease for LeaseService {
+    async fn lease_grant(&self, request: Request<LeaseGrantRequest>) -> Result<Response<LeaseGrantResponse>, Status> {
+        let mut req = request.into_inner();
+        if req.ttl > MAX_LEASE_TTL {
+            return Err(EtcdError::LeaseTtlTooLarge.into());
+        }
+        if req.id == 0 {
+            req.id = self.node.next_id();
+        }
+        match self.node.propose(InternalRaftRequest { lease_grant: Some(req), ..Default::default() }).await? {
+            Applied::LeaseGrant(mut resp) => {
+                self.node.fill(&mut resp.header);
+                Ok(Response::new(resp))
+            }
+            other => Err(mismatch(other)),
+        }
+    }
+
+    async fn lease_revoke(&self, request: Request<LeaseRevokeRequest>) -> Result<Response<LeaseRevokeResponse>, Status> {
+        let req = request.into_inner();
+        match self.node.propose(InternalRaftRequest { lease_revoke: Some(req), ..Default::default() }).await? {
+            Applied::LeaseRevoke(mut resp) => {
+                self.node.fill(&mut resp.header);
+                Ok(Response::new(resp))
+            }
+            other => Err(mismatch(other)),
+        }
+    }
+
+    async fn lease_keep_alive(
+        &self,
+        request: Request<Streaming<LeaseKeepAliveRequest>>,
+    ) -> Result<Response<KeepAliveStream>, Status> {
+        let node = self.node.clone();
+        let responses = request.into_inner().map(move |req| {
+            let req = req?;
+            if !node.is_leader() {
+                return Err(EtcdError::NotLeader.into());
+            }
+            // An unknown or expired lease is answered with TTL 0, as etcd does.
+            let ttl = node.lessor.renew(req.id).unwrap_or(0);
+            Ok(LeaseKeepAliveResponse { header: header(&node), id: req.id, ttl })
+        });
+        Ok(Response::new(Box::pin(responses)))
+    }
+
+    async fn lease_time_to_live(
+        &self,
+        request: Request<LeaseTimeToLiveRequest>,
+    ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        let req = request.into_inner();
+        let Some((granted_ttl, ttl)) = self.node.lessor.time_to_live(req.id) else {
+            // etcd answers an unknown lease with TTL -1 rather than an error.
+            return Ok(Response::new(LeaseTimeToLiveResponse {
+                header: header(&self.node),
+                id: req.id,
+                ttl: -1,
+                ..Default::default()
+            }));
+        };
+        let keys = if req.keys {
+            let (node, id) = (self.node.clone(), req.id);
+            self.node.read(true, move |_| Ok(())).await?;
+            node.read_state(move |state, txn| state.leases.attached_keys(txn, id)).await?
+        } else {
+            Vec::new()
+        };
+        Ok(Response::new(LeaseTimeToLiveResponse { header: header(&self.node), id: req.id, ttl, granted_ttl, keys }))
+    }
+
+    async fn lease_leases(&self, _request: Request<LeaseLeasesRequest>) -> Result<Response<LeaseLeasesResponse>, Status> {
+        self.node.read(true, |_| Ok(())).await?;
+        let leases = self.node.read_state(|state, txn| state.leases.all(txn)).await?;
+        let leases = leases.into_iter().map(|(id, _)| LeaseStatus { id }).collect();
+        Ok(Response::new(LeaseLeasesResponse { header: header(&self.node), leases }))
+    }
+}
