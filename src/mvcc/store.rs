@@ -205,25 +205,41 @@ impl ReadView<'_> {
         emit(newest, result)
     }
 
-    /// The changes with revision `>= from`, in revision order, with the previous version when asked.
-    /// Used by watch replay.
-    pub fn changes_since(&self, from: i64, range: &KeyRange, limit: usize) -> Result<Vec<Event>, EtcdError> {
+    /// The changes with revision `>= from` to keys in `range`, in revision order (watch replay), and
+    /// the revision to continue from. `max_revisions` (0 = no limit) bounds how many distinct revisions
+    /// are scanned; a revision's changes are never split.
+    pub fn changes_since(
+        &self,
+        from: i64,
+        range: &KeyRange,
+        max_revisions: usize,
+    ) -> Result<(Vec<Event>, i64), EtcdError> {
         let start = Revision::new(from.max(0), 0).to_bytes();
         let bounds = (Bound::Included(&start[..]), Bound::Unbounded);
         let mut events = Vec::new();
+        let mut revisions = 0;
+        let mut last_main = None;
         for entry in self.store.revs.range(self.txn, &bounds)? {
-            let (_, bytes) = entry?;
+            let (at, bytes) = entry?;
+            let at = Revision::from_bytes(at).ok_or_else(|| corrupt("revision key"))?;
+            if at.main > self.rev {
+                break;
+            }
+            if last_main != Some(at.main) {
+                if max_revisions != 0 && revisions == max_revisions {
+                    return Ok((events, at.main));
+                }
+                last_main = Some(at.main);
+                revisions += 1;
+            }
             let (tag, kv) = decode_change(bytes)?;
             if !range.contains(&kv.key) {
                 continue;
             }
             let kind = if tag == TAG_PUT { EventType::Put } else { EventType::Delete };
             events.push(Event { r#type: kind as i32, kv: Some(kv), prev_kv: None });
-            if limit != 0 && events.len() >= limit {
-                break;
-            }
         }
-        Ok(events)
+        Ok((events, self.rev + 1))
     }
 }
 

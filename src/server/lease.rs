@@ -60,7 +60,10 @@ impl Lease for LeaseService {
         }
     }
 
-    async fn lease_revoke(&self, request: Request<LeaseRevokeRequest>) -> Result<Response<LeaseRevokeResponse>, Status> {
+    async fn lease_revoke(
+        &self,
+        request: Request<LeaseRevokeRequest>,
+    ) -> Result<Response<LeaseRevokeResponse>, Status> {
         let req = request.into_inner();
         match self.node.propose(InternalRaftRequest { lease_revoke: Some(req), ..Default::default() }).await? {
             Applied::LeaseRevoke(mut resp) => {
@@ -112,7 +115,10 @@ impl Lease for LeaseService {
         Ok(Response::new(LeaseTimeToLiveResponse { header: header(&self.node), id: req.id, ttl, granted_ttl, keys }))
     }
 
-    async fn lease_leases(&self, _request: Request<LeaseLeasesRequest>) -> Result<Response<LeaseLeasesResponse>, Status> {
+    async fn lease_leases(
+        &self,
+        _request: Request<LeaseLeasesRequest>,
+    ) -> Result<Response<LeaseLeasesResponse>, Status> {
         self.node.read(true, |_| Ok(())).await?;
         let leases = self.node.read_state(|state, txn| state.leases.all(txn)).await?;
         let leases = leases.into_iter().map(|(id, _)| LeaseStatus { id }).collect();

@@ -6,6 +6,7 @@ pub mod http;
 pub mod kv;
 pub mod lease;
 pub mod maintenance;
+pub mod watch;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use crate::proto::etcdserverpb::cluster_server::ClusterServer;
 use crate::proto::etcdserverpb::kv_server::KvServer;
 use crate::proto::etcdserverpb::lease_server::LeaseServer;
 use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
+use crate::proto::etcdserverpb::watch_server::WatchServer;
 
 /// gRPC overhead allowed on top of `--max-request-bytes` (etcd's `grpcOverheadBytes`), so an oversized
 /// request reaches the handler and gets etcd's "request is too large" rather than a transport error.
@@ -71,5 +73,11 @@ fn routes(node: Arc<Node>) -> Routes {
     let maintenance = MaintenanceServer::new(maintenance::MaintenanceService::new(node.clone()));
     let cluster = ClusterServer::new(cluster::ClusterService::new(node.clone()));
     let lease = LeaseServer::new(lease::LeaseService::new(node.clone()));
-    Routes::from(http::router(node)).add_service(kv).add_service(maintenance).add_service(cluster).add_service(lease)
+    let watch = WatchServer::new(watch::WatchService::new(node.clone()));
+    Routes::from(http::router(node))
+        .add_service(kv)
+        .add_service(maintenance)
+        .add_service(cluster)
+        .add_service(lease)
+        .add_service(watch)
 }

@@ -1,0 +1,362 @@
+//! The Watch service: one bidirectional stream carries many watchers.
+//!
+//! Each watcher is a task that owns `next`, the first revision it has not delivered yet, which makes
+//! delivery exactly-once and in order:
+//! 1. it subscribes to the node's commit broadcast first (so nothing committed afterwards is missed),
+//! 2. replays history from LMDB while `next` is behind the committed revision, a bounded batch at a time,
+//! 3. then follows the broadcast; if it falls behind (the broadcast overflows because the client reads
+//!    slowly), it goes back to step 2 instead of buffering without bound.
+//!
+//! A watcher whose `next` has been compacted away is canceled with `compact_revision` set, never
+//! silently skipped forward.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use prost::Message;
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::error::EtcdError;
+use crate::keyrange::KeyRange;
+use crate::node::Node;
+use crate::proto::etcdserverpb::watch_create_request::FilterType;
+use crate::proto::etcdserverpb::watch_request::RequestUnion;
+use crate::proto::etcdserverpb::watch_server::Watch;
+use crate::proto::etcdserverpb::{ResponseHeader, WatchCreateRequest, WatchRequest, WatchResponse};
+use crate::proto::mvccpb::event::EventType;
+use crate::proto::mvccpb::Event;
+
+/// Responses queued per stream before watchers wait for the client to read.
+const STREAM_BUFFER: usize = 256;
+/// Revisions replayed from LMDB per response (etcd's `watchBatchMaxRevs`).
+const REPLAY_BATCH_REVISIONS: usize = 1000;
+/// How often a watcher that asked for progress notifications gets one when idle (etcd's default).
+const PROGRESS_NOTIFY_INTERVAL: Duration = Duration::from_secs(600);
+/// etcd's id for responses that belong to no watcher (progress responses to a progress request).
+const INVALID_WATCH_ID: i64 = -1;
+
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
+type Out = mpsc::Sender<Result<WatchResponse, Status>>;
+
+pub struct WatchService {
+    node: Arc<Node>,
+}
+
+impl WatchService {
+    pub fn new(node: Arc<Node>) -> Self {
+        WatchService { node }
+    }
+}
+
+#[tonic::async_trait]
+impl Watch for WatchService {
+    async fn watch(&self, request: Request<Streaming<WatchRequest>>) -> Result<Response<ResponseStream>, Status> {
+        let (out, rx) = mpsc::channel(STREAM_BUFFER);
+        let stream = WatchStream { node: self.node.clone(), out, watchers: HashMap::new(), next_id: 0 };
+        tokio::spawn(stream.run(request.into_inner()));
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+}
+
+struct Running {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+/// One client stream: reads requests, starts and stops watchers.
+struct WatchStream {
+    node: Arc<Node>,
+    out: Out,
+    watchers: HashMap<i64, Running>,
+    next_id: i64,
+}
+
+impl WatchStream {
+    async fn run(mut self, mut requests: Streaming<WatchRequest>) {
+        while let Some(Ok(req)) = requests.next().await {
+            let sent = match req.request_union {
+                Some(RequestUnion::CreateRequest(create)) => self.create(create).await,
+                Some(RequestUnion::CancelRequest(cancel)) => self.cancel(cancel.watch_id).await,
+                Some(RequestUnion::ProgressRequest(_)) => {
+                    let header = header(&self.node, self.node.revision());
+                    self.send(WatchResponse { header, watch_id: INVALID_WATCH_ID, ..Default::default() }).await
+                }
+                None => true,
+            };
+            if !sent {
+                break;
+            }
+        }
+        for (_, running) in self.watchers.drain() {
+            let _ = running.stop.send(());
+            running.task.abort();
+        }
+    }
+
+    async fn send(&self, resp: WatchResponse) -> bool {
+        self.out.send(Ok(resp)).await.is_ok()
+    }
+
+    async fn create(&mut self, req: WatchCreateRequest) -> bool {
+        let rev = self.node.revision();
+        let refuse = |reason: &str| WatchResponse {
+            header: header(&self.node, rev),
+            watch_id: INVALID_WATCH_ID,
+            created: true,
+            canceled: true,
+            cancel_reason: reason.to_string(),
+            ..Default::default()
+        };
+        // etcd treats an empty key as "\0" (the first possible key).
+        let key = if req.key.is_empty() { vec![0] } else { req.key.clone() };
+        let range = KeyRange::new(&key, &req.range_end);
+        if range.is_empty() || matches!(&range, KeyRange::Span { start, end } if start == end) {
+            return self.send(refuse("mvcc: watcher range is empty")).await;
+        }
+        let id = if req.watch_id != 0 {
+            if self.watchers.contains_key(&req.watch_id) {
+                return self.send(refuse("mvcc: duplicate watch ID provided on the WatchStream")).await;
+            }
+            req.watch_id
+        } else {
+            while self.watchers.contains_key(&self.next_id) {
+                self.next_id += 1;
+            }
+            self.next_id += 1;
+            self.next_id - 1
+        };
+        let created =
+            WatchResponse { header: header(&self.node, rev), watch_id: id, created: true, ..Default::default() };
+        if !self.send(created).await {
+            return false;
+        }
+        let spec = Watcher {
+            id,
+            range,
+            next: if req.start_revision <= 0 { rev + 1 } else { req.start_revision },
+            prev_kv: req.prev_kv,
+            no_put: req.filters.contains(&(FilterType::Noput as i32)),
+            no_delete: req.filters.contains(&(FilterType::Nodelete as i32)),
+            progress_notify: req.progress_notify,
+            fragment: req.fragment,
+        };
+        let (stop, stopped) = oneshot::channel();
+        // Subscribe before the task starts: commits from here on reach it through the broadcast.
+        let live = self.node.committed.subscribe();
+        let task = tokio::spawn(spec.run(self.node.clone(), live, self.out.clone(), stopped));
+        self.watchers.insert(id, Running { stop, task });
+        true
+    }
+
+    async fn cancel(&mut self, id: i64) -> bool {
+        let Some(running) = self.watchers.remove(&id) else { return true };
+        // Wait for the watcher to stop so no event of it can follow the cancel response.
+        let _ = running.stop.send(());
+        let _ = running.task.await;
+        let canceled = WatchResponse {
+            header: header(&self.node, self.node.revision()),
+            watch_id: id,
+            canceled: true,
+            ..Default::default()
+        };
+        self.send(canceled).await
+    }
+}
+
+fn header(node: &Node, revision: i64) -> Option<ResponseHeader> {
+    let mut header = Some(ResponseHeader { revision, ..Default::default() });
+    node.fill(&mut header);
+    header
+}
+
+struct Watcher {
+    id: i64,
+    range: KeyRange,
+    /// The first revision not yet delivered.
+    next: i64,
+    prev_kv: bool,
+    no_put: bool,
+    no_delete: bool,
+    progress_notify: bool,
+    fragment: bool,
+}
+
+/// Why a watcher stopped on its own.
+enum End {
+    /// The stream or the watcher was closed.
+    Closed,
+    /// `next` was compacted away; the client must be told.
+    Compacted(i64),
+}
+
+impl Watcher {
+    async fn run(
+        mut self,
+        node: Arc<Node>,
+        mut live: broadcast::Receiver<Arc<crate::raft::state_machine::Committed>>,
+        out: Out,
+        mut stopped: oneshot::Receiver<()>,
+    ) {
+        let end = self.deliver(&node, &mut live, &out, &mut stopped).await;
+        if let End::Compacted(compact_revision) = end {
+            let resp = WatchResponse {
+                header: header(&node, node.revision()),
+                watch_id: self.id,
+                canceled: true,
+                compact_revision,
+                ..Default::default()
+            };
+            let _ = out.send(Ok(resp)).await;
+        }
+    }
+
+    async fn deliver(
+        &mut self,
+        node: &Arc<Node>,
+        live: &mut broadcast::Receiver<Arc<crate::raft::state_machine::Committed>>,
+        out: &Out,
+        stopped: &mut oneshot::Receiver<()>,
+    ) -> End {
+        let mut progress = tokio::time::interval(PROGRESS_NOTIFY_INTERVAL);
+        progress.tick().await;
+        loop {
+            // Behind the store: replay from LMDB.
+            if self.next <= node.revision() {
+                let (range, from, prev_kv) = (self.range.clone(), self.next, self.prev_kv);
+                let replay = node
+                    .read_state(move |state, txn| {
+                        let view = state.kv.view(txn)?;
+                        if from < view.compact_rev {
+                            return Ok(Err(view.compact_rev));
+                        }
+                        let (mut events, next) = view.changes_since(from, &range, REPLAY_BATCH_REVISIONS)?;
+                        if prev_kv {
+                            attach_prev_kvs(&view, &mut events)?;
+                        }
+                        Ok(Ok((events, next, view.rev)))
+                    })
+                    .await;
+                match replay {
+                    Ok(Ok((events, next, rev))) => {
+                        self.next = next;
+                        if !self.send_events(node, events, rev, out, stopped).await {
+                            return End::Closed;
+                        }
+                    }
+                    Ok(Err(compacted)) => return End::Compacted(compacted),
+                    Err(e) => {
+                        tracing::error!(error = %e, watch_id = self.id, "watch replay failed");
+                        return End::Closed;
+                    }
+                }
+                continue;
+            }
+            tokio::select! {
+                batch = live.recv() => match batch {
+                    Ok(batch) => {
+                        if batch.revision < self.next {
+                            continue;
+                        }
+                        let events = batch
+                            .effects
+                            .events
+                            .iter()
+                            .filter(|e| e.kv.as_ref().is_some_and(|kv| kv.mod_revision >= self.next && self.range.contains(&kv.key)))
+                            .cloned()
+                            .collect();
+                        self.next = batch.revision + 1;
+                        if !self.send_events(node, events, batch.revision, out, stopped).await {
+                            return End::Closed;
+                        }
+                    }
+                    // Fell behind the broadcast: the top of the loop replays what was missed from LMDB.
+                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(broadcast::error::RecvError::Closed) => return End::Closed,
+                },
+                _ = progress.tick(), if self.progress_notify => {
+                    let resp = WatchResponse { header: header(node, self.next - 1), watch_id: self.id, ..Default::default() };
+                    if out.send(Ok(resp)).await.is_err() {
+                        return End::Closed;
+                    }
+                }
+                _ = &mut *stopped => return End::Closed,
+            }
+        }
+    }
+
+    /// Sends the events this watcher's filters let through (nothing when none do).
+    async fn send_events(
+        &self,
+        node: &Node,
+        mut events: Vec<Event>,
+        revision: i64,
+        out: &Out,
+        stopped: &mut oneshot::Receiver<()>,
+    ) -> bool {
+        events.retain(|e| match EventType::try_from(e.r#type) {
+            Ok(EventType::Put) => !self.no_put,
+            Ok(EventType::Delete) => !self.no_delete,
+            Err(_) => false,
+        });
+        if events.is_empty() {
+            return true;
+        }
+        if !self.prev_kv {
+            events.iter_mut().for_each(|e| e.prev_kv = None);
+        }
+        let header = header(node, revision);
+        let responses = if self.fragment {
+            fragments(self.id, header, events, node.max_request_bytes)
+        } else {
+            vec![WatchResponse { header, watch_id: self.id, events, ..Default::default() }]
+        };
+        for resp in responses {
+            tokio::select! {
+                sent = out.send(Ok(resp)) => if sent.is_err() { return false },
+                _ = &mut *stopped => return false,
+            }
+        }
+        true
+    }
+}
+
+/// Looks up each event's previous version (the key at the revision before the event).
+fn attach_prev_kvs(view: &crate::mvcc::ReadView, events: &mut [Event]) -> Result<(), EtcdError> {
+    for event in events {
+        let Some(kv) = &event.kv else { continue };
+        let before = kv.mod_revision - 1;
+        if before < view.compact_rev.max(1) {
+            continue;
+        }
+        event.prev_kv = view.range(&KeyRange::Single(kv.key.clone()), before, 1, false)?.kvs.pop();
+    }
+    Ok(())
+}
+
+/// Splits events into responses of at most `limit` bytes (at least one event each); every response but
+/// the last has `fragment` set, as etcd's watch fragmentation does.
+fn fragments(id: i64, header: Option<ResponseHeader>, events: Vec<Event>, limit: usize) -> Vec<WatchResponse> {
+    let mut out = Vec::new();
+    let mut current = Vec::new();
+    let mut size = 0;
+    for event in events {
+        let len = event.encoded_len();
+        if !current.is_empty() && size + len > limit {
+            out.push(std::mem::take(&mut current));
+            size = 0;
+        }
+        size += len;
+        current.push(event);
+    }
+    out.push(current);
+    let last = out.len() - 1;
+    out.into_iter()
+        .enumerate()
+        .map(|(i, events)| WatchResponse { header, watch_id: id, events, fragment: i != last, ..Default::default() })
+        .collect()
+}
