@@ -6,6 +6,7 @@
 #![deny(unsafe_code)] // the one exception is opening LMDB, in storage.rs
 
 pub mod apply;
+pub mod auth;
 pub mod config;
 pub mod error;
 pub mod keyrange;
