@@ -1,13 +1,23 @@
 //! The single place that turns a committed raft entry into effects on the store.
 //!
 //! Plain and synchronous: it runs inside the state machine's LMDB write transaction, which also records
-//! the applied log id, so an entry is applied whole or not at all. Every check that can refuse an entry
-//! runs before its first write.
+//! the applied log id, so an entry is applied whole or not at all. For every entry, in this order:
+//! 1. who asked (`Requester`, from the entry's header) and whether auth is on;
+//! 2. every permission the operation needs, decided at the auth revision the entry is ordered at —
+//!    a permission revoked by an earlier entry is already gone;
+//! 3. the operation's own checks (compacted revision, lease exists, ...);
+//! 4. the writes.
+//!
+//! Steps 1–3 never write, so a refused entry changes nothing.
 
 use std::collections::HashSet;
 
-use heed::RwTxn;
+use heed::{RoTxn, RwTxn};
 
+use crate::auth::check::{Authorizer, Requester};
+use crate::auth::permissions::Access;
+use crate::auth::simple::SimpleTokens;
+use crate::auth::store::{Affected, AuthStore};
 use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
 use crate::lease::store::{LeaseRecord, LeaseStore};
@@ -17,48 +27,72 @@ use crate::mvcc::{self, KvStore, WriteTxn};
 use crate::proto::etcdserverpb::request_op::Request;
 use crate::proto::etcdserverpb::{
     CompactionResponse, InternalRaftRequest, LeaseCheckpointResponse, LeaseGrantResponse, LeaseRevokeResponse,
-    RequestOp,
+    PutRequest, RequestOp, TxnRequest,
 };
 use crate::proto::mvccpb::event::EventType;
 use crate::proto::mvccpb::Event;
 use crate::raft::Applied;
 
-/// The replicated tables an entry can change.
+/// The replicated tables an entry can change, and the member-local token table that Authenticate
+/// entries fill.
 pub struct Stores<'a> {
     pub kv: &'a KvStore,
     pub leases: &'a LeaseStore,
+    pub auth: &'a AuthStore,
+    pub simple_tokens: Option<&'a SimpleTokens>,
 }
 
 /// What an applied entry changed, for the observers told after the transaction commits
-/// (watchers, the lease clock).
+/// (watchers, the lease clock, the auth state).
 #[derive(Debug, Default, Clone)]
 pub struct Effects {
     pub events: Vec<Event>,
     pub granted: Vec<(i64, i64)>,
     pub revoked: Vec<i64>,
+    /// Whose permissions changed, when an auth entry changed any.
+    pub auth: Option<Affected>,
 }
 
-/// Applies one entry. `Err` is the etcd error to return to the proposer; the transaction then holds no
-/// change from this entry. `EtcdError::Internal` means storage failed and the whole batch must abort.
-pub fn apply(stores: &Stores, txn: &mut RwTxn, req: &InternalRaftRequest) -> Result<(Applied, Effects), EtcdError> {
+/// Applies one entry (`index` is its raft log index). `Err` is the etcd error for the proposer; the
+/// transaction then holds no change from this entry. `EtcdError::Internal` means storage failed and the
+/// whole batch must abort.
+pub fn apply(
+    stores: &Stores,
+    txn: &mut RwTxn,
+    req: &InternalRaftRequest,
+    index: u64,
+) -> Result<(Applied, Effects), EtcdError> {
+    let who = Requester::from_header(req.header.as_ref());
     if let Some(put) = &req.put {
+        authorize(stores, txn, |authz| check_put(authz, stores.leases, txn, &who, put))?;
         write_kv(stores, txn, &[put.lease], |w, leases| {
             kv::check_put(&w.view(), put, leases)?;
             Ok(Applied::Put(kv::put(w, put)?))
         })
     } else if let Some(del) = &req.delete_range {
+        authorize(stores, txn, |authz| {
+            let range = KeyRange::new(&del.key, &del.range_end);
+            authz.check(&who, "delete", Access::Write, &range)?;
+            if del.prev_kv {
+                authz.check(&who, "delete", Access::Read, &range)?;
+            }
+            Ok(())
+        })?;
         write_kv(stores, txn, &[], |w, _| Ok(Applied::DeleteRange(kv::delete_range(w, del)?)))
     } else if let Some(t) = &req.txn {
+        authorize(stores, txn, |authz| check_txn(authz, stores.leases, txn, &who, t))?;
         let mut lease_ids = Vec::new();
         txn_leases(&t.success, &mut lease_ids);
         txn_leases(&t.failure, &mut lease_ids);
         write_kv(stores, txn, &lease_ids, |w, leases| Ok(Applied::Txn(mvcc::txn::txn(w, t, leases)?)))
     } else if let Some(compaction) = &req.compaction {
+        authorize(stores, txn, |authz| authz.check_admin(&who, "compact"))?;
         write_kv(stores, txn, &[], |w, _| {
             w.compact(compaction.revision)?;
             Ok(Applied::Compaction(CompactionResponse { header: kv::header(w.rev()) }))
         })
     } else if let Some(grant) = &req.lease_grant {
+        authorize(stores, txn, |authz| authz.check_user(&who, "lease_grant"))?;
         if stores.leases.get(txn, grant.id)?.is_some() {
             return Err(EtcdError::LeaseExists);
         }
@@ -75,6 +109,11 @@ pub fn apply(stores: &Stores, txn: &mut RwTxn, req: &InternalRaftRequest) -> Res
             return Err(EtcdError::LeaseNotFound);
         }
         let keys = stores.leases.attached_keys(txn, revoke.id)?;
+        authorize(stores, txn, |authz| {
+            authz.check_user(&who, "lease_revoke")?;
+            // Revoking deletes every attached key: the requester must be allowed to delete each.
+            keys.iter().try_for_each(|k| authz.check(&who, "lease_revoke", Access::Write, &KeyRange::Single(k.clone())))
+        })?;
         let (_, mut effects) = write_kv(stores, txn, &[], |w, _| {
             for key in &keys {
                 w.delete_range(&KeyRange::Single(key.clone()))?;
@@ -86,6 +125,7 @@ pub fn apply(stores: &Stores, txn: &mut RwTxn, req: &InternalRaftRequest) -> Res
         let header = kv::header(stores.kv.view(txn)?.rev);
         Ok((Applied::LeaseRevoke(LeaseRevokeResponse { header }), effects))
     } else if let Some(checkpoint) = &req.lease_checkpoint {
+        authorize(stores, txn, |authz| authz.check_admin(&who, "lease_checkpoint"))?;
         for cp in &checkpoint.checkpoints {
             if let Some(mut record) = stores.leases.get(txn, cp.id)? {
                 record.remaining_ttl = cp.remaining_ttl;
@@ -94,9 +134,177 @@ pub fn apply(stores: &Stores, txn: &mut RwTxn, req: &InternalRaftRequest) -> Res
         }
         let header = kv::header(stores.kv.view(txn)?.rev);
         Ok((Applied::LeaseCheckpoint(LeaseCheckpointResponse { header }), Effects::default()))
+    } else if let Some(auth) = &req.authenticate {
+        authenticate(stores, txn, &who, &auth.name, &auth.simple_token, index)
     } else {
-        Err(EtcdError::Unsupported("request not supported by this member".into()))
+        apply_auth_admin(stores, txn, &who, req)
     }
+}
+
+/// Runs permission checks against the auth state in `txn`, before anything is written.
+fn authorize(stores: &Stores, txn: &RoTxn, check: impl FnOnce(&Authorizer) -> Result<(), EtcdError>) -> Result<(), EtcdError> {
+    check(&Authorizer::new(stores.auth, txn)?)
+}
+
+/// A put needs write on its key; with `prev_kv` also read; attaching a lease also needs write on every
+/// key already attached to that lease, since revoking the lease will delete them all (CVE-2026-44283).
+fn check_put(authz: &Authorizer, leases: &LeaseStore, txn: &RoTxn, who: &Requester, put: &PutRequest) -> Result<(), EtcdError> {
+    if !authz.enabled() {
+        return Ok(());
+    }
+    let key = KeyRange::Single(put.key.clone());
+    authz.check(who, "put", Access::Write, &key)?;
+    if put.prev_kv {
+        authz.check(who, "put", Access::Read, &key)?;
+    }
+    if put.lease != 0 {
+        for attached in leases.attached_keys(txn, put.lease)? {
+            authz.check(who, "put", Access::Write, &KeyRange::Single(attached))?;
+        }
+    }
+    Ok(())
+}
+
+/// A txn needs read on every compare and range, and the put/delete rules on every write, on both
+/// branches and recursively through nested txns (CVE-2026-33343): one denied op denies the whole txn.
+fn check_txn(authz: &Authorizer, leases: &LeaseStore, txn: &RoTxn, who: &Requester, t: &TxnRequest) -> Result<(), EtcdError> {
+    if !authz.enabled() {
+        return Ok(());
+    }
+    for compare in &t.compare {
+        authz.check(who, "txn", Access::Read, &KeyRange::new(&compare.key, &compare.range_end))?;
+    }
+    for op in t.success.iter().chain(&t.failure) {
+        match &op.request {
+            Some(Request::RequestRange(r)) => authz.check(who, "txn", Access::Read, &KeyRange::new(&r.key, &r.range_end))?,
+            Some(Request::RequestPut(p)) => check_put(authz, leases, txn, who, p)?,
+            Some(Request::RequestDeleteRange(d)) => {
+                let range = KeyRange::new(&d.key, &d.range_end);
+                authz.check(who, "txn", Access::Write, &range)?;
+                if d.prev_kv {
+                    authz.check(who, "txn", Access::Read, &range)?;
+                }
+            }
+            Some(Request::RequestTxn(inner)) => check_txn(authz, leases, txn, who, inner)?,
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+/// Issues a token for a user whose password the API layer checked at the auth revision in the entry's
+/// header. If the auth state changed since (a password change, say), the check is stale and the entry
+/// is refused; the API layer checks again. This closes the time-of-check/time-of-use gap.
+fn authenticate(
+    stores: &Stores,
+    txn: &RoTxn,
+    who: &Requester,
+    name: &str,
+    simple_token: &str,
+    index: u64,
+) -> Result<(Applied, Effects), EtcdError> {
+    let auth = stores.auth;
+    if !auth.enabled(txn)? {
+        return Err(EtcdError::AuthNotEnabled);
+    }
+    let revision = auth.revision(txn)?;
+    match who {
+        Requester::Client { username, revision: checked_at } if username == name => {
+            if *checked_at != revision {
+                return Err(EtcdError::AuthOldRevision);
+            }
+        }
+        _ => return Err(EtcdError::AuthFailed),
+    }
+    let user = auth.user(txn, name)?.ok_or(EtcdError::AuthFailed)?;
+    if user.options.is_some_and(|o| o.no_password) {
+        return Err(EtcdError::AuthFailed);
+    }
+    let token = match stores.simple_tokens {
+        Some(tokens) => {
+            let token = format!("{simple_token}.{index}");
+            tokens.assign(&token, name, revision);
+            token
+        }
+        // JWT: the API layer signs a token for (name, revision) once this entry is applied.
+        None => String::new(),
+    };
+    Ok((Applied::Authenticated { token, auth_revision: revision }, Effects::default()))
+}
+
+/// User and role management: root only when auth is on.
+fn apply_auth_admin(stores: &Stores, txn: &mut RwTxn, who: &Requester, req: &InternalRaftRequest) -> Result<(Applied, Effects), EtcdError> {
+    let auth = stores.auth;
+    let op = admin_op_name(req).ok_or_else(|| EtcdError::Unsupported("request not supported by this member".into()))?;
+    authorize(stores, txn, |authz| authz.check_admin(who, op))?;
+    let affected = if req.auth_enable.is_some() {
+        auth.enable(txn)?
+    } else if req.auth_disable.is_some() {
+        let affected = auth.disable(txn)?;
+        if let Some(tokens) = stores.simple_tokens {
+            tokens.clear();
+        }
+        affected
+    } else if let Some(r) = &req.auth_user_add {
+        auth.user_add(txn, &r.name, &r.hashed_password, r.options)?
+    } else if let Some(r) = &req.auth_user_delete {
+        let affected = auth.user_delete(txn, &r.name)?;
+        if let Some(tokens) = stores.simple_tokens {
+            tokens.invalidate_user(&r.name);
+        }
+        affected
+    } else if let Some(r) = &req.auth_user_change_password {
+        let affected = auth.user_change_password(txn, &r.name, &r.hashed_password)?;
+        if let Some(tokens) = stores.simple_tokens {
+            tokens.invalidate_user(&r.name);
+        }
+        affected
+    } else if let Some(r) = &req.auth_user_grant_role {
+        auth.user_grant_role(txn, &r.user, &r.role)?
+    } else if let Some(r) = &req.auth_user_revoke_role {
+        auth.user_revoke_role(txn, &r.name, &r.role)?
+    } else if let Some(r) = &req.auth_role_add {
+        auth.role_add(txn, &r.name)?
+    } else if let Some(r) = &req.auth_role_delete {
+        auth.role_delete(txn, &r.role)?
+    } else if let Some(r) = &req.auth_role_grant_permission {
+        let perm = r.perm.clone().ok_or(EtcdError::PermissionNotGranted)?;
+        auth.role_grant_permission(txn, &r.name, perm)?
+    } else if let Some(r) = &req.auth_role_revoke_permission {
+        auth.role_revoke_permission(txn, &r.role, &r.key, &r.range_end)?
+    } else {
+        unreachable!("admin_op_name matched every request handled above")
+    };
+    let header = kv::header(stores.kv.view(txn)?.rev);
+    Ok((Applied::AuthChanged { header }, Effects { auth: Some(affected), ..Default::default() }))
+}
+
+fn admin_op_name(req: &InternalRaftRequest) -> Option<&'static str> {
+    Some(if req.auth_enable.is_some() {
+        "auth_enable"
+    } else if req.auth_disable.is_some() {
+        "auth_disable"
+    } else if req.auth_user_add.is_some() {
+        "user_add"
+    } else if req.auth_user_delete.is_some() {
+        "user_delete"
+    } else if req.auth_user_change_password.is_some() {
+        "user_change_password"
+    } else if req.auth_user_grant_role.is_some() {
+        "user_grant_role"
+    } else if req.auth_user_revoke_role.is_some() {
+        "user_revoke_role"
+    } else if req.auth_role_add.is_some() {
+        "role_add"
+    } else if req.auth_role_delete.is_some() {
+        "role_delete"
+    } else if req.auth_role_grant_permission.is_some() {
+        "role_grant_permission"
+    } else if req.auth_role_revoke_permission.is_some() {
+        "role_revoke_permission"
+    } else {
+        return None;
+    })
 }
 
 /// The leases named by puts anywhere in a transaction.

@@ -61,6 +61,16 @@ pub struct ServeArgs {
     /// Maximum number of operations permitted in a transaction.
     #[arg(long, env = "ETCD_MAX_TXN_OPS", default_value_t = 128)]
     pub max_txn_ops: u32,
+    /// Specify auth token type and its options, e.g. "simple" or
+    /// "jwt,pub-key=PATH,priv-key=PATH,sign-method=RS256,ttl=5m".
+    #[arg(long, env = "ETCD_AUTH_TOKEN", default_value = "simple")]
+    pub auth_token: String,
+    /// The lifetime in seconds of an unused simple auth token.
+    #[arg(long, env = "ETCD_AUTH_TOKEN_TTL", default_value_t = 300)]
+    pub auth_token_ttl: u64,
+    /// Cost of bcrypt password hashing (4 to 31).
+    #[arg(long, env = "ETCD_BCRYPT_COST", default_value_t = 10)]
+    pub bcrypt_cost: u32,
     /// Log level: debug, info, warn, error, panic, or fatal.
     #[arg(long, env = "ETCD_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -77,6 +87,9 @@ pub struct Config {
     pub cluster_token: String,
     pub max_request_bytes: usize,
     pub max_txn_ops: usize,
+    pub auth_token: crate::auth::token_config::TokenConfig,
+    pub auth_token_ttl: std::time::Duration,
+    pub bcrypt_cost: u32,
     pub log_filter: &'static str,
 }
 
@@ -164,6 +177,13 @@ impl ServeArgs {
                 members.len()
             )));
         }
+        let auth_token = crate::auth::token_config::parse(&self.auth_token).map_err(|e| invalid(format!("--auth-token: {e}")))?;
+        if !(4..=31).contains(&self.bcrypt_cost) {
+            return Err(invalid(format!("--bcrypt-cost {} is out of range [4, 31]", self.bcrypt_cost)));
+        }
+        if self.auth_token_ttl == 0 {
+            return Err(invalid("--auth-token-ttl must be at least 1 second"));
+        }
         if self.max_txn_ops == 0 {
             return Err(invalid("--max-txn-ops must be at least 1"));
         }
@@ -176,6 +196,9 @@ impl ServeArgs {
             cluster_token: self.initial_cluster_token,
             max_request_bytes: self.max_request_bytes as usize,
             max_txn_ops: self.max_txn_ops as usize,
+            auth_token,
+            auth_token_ttl: std::time::Duration::from_secs(self.auth_token_ttl),
+            bcrypt_cost: self.bcrypt_cost,
             log_filter,
         })
     }

@@ -21,6 +21,16 @@ pub static HEALTH_CHECKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+pub static AUTH_DENIALS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new("keyward_auth_denials_total", "Requests refused by an auth check, by operation and reason."),
+            &["op", "reason"],
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
 pub static PROPOSALS_FAILED: LazyLock<IntCounter> = LazyLock::new(|| {
     register(
         IntCounter::new("etcd_server_proposals_failed_total", "Proposals that failed.")
@@ -52,6 +62,7 @@ pub fn render(node: &Node) -> String {
     let mut buf = Vec::new();
     LazyLock::force(&HEALTH_CHECKS);
     LazyLock::force(&PROPOSALS_FAILED);
+    LazyLock::force(&AUTH_DENIALS);
     if TextEncoder::new().encode(&REGISTRY.gather(), &mut buf).is_ok() {
         out.push_str(&String::from_utf8_lossy(&buf));
     }

@@ -16,6 +16,8 @@ use openraft::BasicNode;
 
 use crate::config::Config;
 use crate::error::EtcdError;
+use crate::auth::check::{Authorizer, Requester};
+use crate::auth::tokens::Tokens;
 use crate::lease::lessor::Lessor;
 use crate::mvcc::ReadView;
 use crate::proto::etcdserverpb::{
@@ -36,6 +38,11 @@ pub struct Node {
     pub client_urls: Vec<String>,
     pub max_request_bytes: usize,
     pub max_txn_ops: usize,
+    pub bcrypt_cost: u32,
+    pub tokens: Arc<Tokens>,
+    /// Whether auth is enabled, and the auth revision, as of the latest applied batch.
+    auth_enabled: Arc<std::sync::atomic::AtomicBool>,
+    auth_revision: Arc<AtomicU64>,
     next_request_id: AtomicU64,
     pub lessor: Arc<Lessor>,
     revision: Arc<std::sync::atomic::AtomicI64>,
@@ -69,16 +76,25 @@ impl Node {
         let sm = StateMachine::open(&member_dir.join("kv"), &member_dir.join("snap"))?;
         let state = sm.state();
         let lessor = Arc::new(Lessor::default());
-        let revision = {
+        let tokens = Arc::new(Tokens::new(&config.auth_token, config.auth_token_ttl).map_err(|e| anyhow::anyhow!("--auth-token: {e}"))?);
+        state.use_tokens(tokens.clone());
+        let (revision, auth_enabled, auth_revision) = {
             let txn = state.env.read_txn()?;
             lessor.recover(state.leases.all(&txn)?);
-            Arc::new(std::sync::atomic::AtomicI64::new(state.kv.view(&txn)?.rev))
+            (
+                Arc::new(std::sync::atomic::AtomicI64::new(state.kv.view(&txn)?.rev)),
+                Arc::new(std::sync::atomic::AtomicBool::new(state.auth.enabled(&txn)?)),
+                Arc::new(AtomicU64::new(state.auth.revision(&txn)?)),
+            )
         };
         let (committed, _) = tokio::sync::broadcast::channel(COMMITTED_BACKLOG);
         {
             let (lessor, committed, revision) = (lessor.clone(), committed.clone(), revision.clone());
+            let (auth_enabled, auth_revision) = (auth_enabled.clone(), auth_revision.clone());
             state.observe(Box::new(move |batch: Committed| {
                 revision.store(batch.revision, Ordering::Release);
+                auth_enabled.store(batch.auth_enabled, Ordering::Release);
+                auth_revision.store(batch.auth_revision, Ordering::Release);
                 for &(id, ttl) in &batch.effects.granted {
                     lessor.granted(id, ttl);
                 }
@@ -121,6 +137,10 @@ impl Node {
             client_urls: config.advertise_client_urls.clone(),
             max_request_bytes: config.max_request_bytes,
             max_txn_ops: config.max_txn_ops,
+            bcrypt_cost: config.bcrypt_cost,
+            tokens,
+            auth_enabled,
+            auth_revision,
             // Unique across restarts: member bits, then time, then a counter (as etcd's idutil).
             next_request_id: AtomicU64::new(((member_id & 0xffff) << 48) | ((seed & 0xff_ffff_ffff) << 8)),
             lessor,
@@ -154,13 +174,29 @@ impl Node {
             return Ok(());
         }
         let req = LeaseCheckpointRequest { checkpoints };
-        self.propose(InternalRaftRequest { lease_checkpoint: Some(req), ..Default::default() }).await.map(|_| ())
+        self.propose(InternalRaftRequest { lease_checkpoint: Some(req), ..Default::default() }, &Requester::Member)
+            .await
+            .map(|_| ())
     }
 
-    /// Proposes one write through raft and returns what applying it produced.
-    pub async fn propose(&self, mut req: InternalRaftRequest) -> Result<Applied, EtcdError> {
+    pub fn auth_enabled(&self) -> bool {
+        self.auth_enabled.load(Ordering::Acquire)
+    }
+
+    pub fn auth_revision(&self) -> u64 {
+        self.auth_revision.load(Ordering::Acquire)
+    }
+
+    /// Proposes one write through raft on behalf of `who` and returns what applying it produced. The
+    /// entry's header carries the requester, so apply decides permissions at the entry's place in the log.
+    pub async fn propose(&self, mut req: InternalRaftRequest, who: &Requester) -> Result<Applied, EtcdError> {
         let id = self.next_id() as u64;
-        req.header = Some(RequestHeader { id, username: String::new(), auth_revision: 0 });
+        req.header = Some(match who {
+            Requester::Member => RequestHeader { id, member_internal: true, ..Default::default() },
+            Requester::Client { username, revision } => {
+                RequestHeader { id, username: username.clone(), auth_revision: *revision, member_internal: false }
+            }
+        });
         req.id = id;
         let req = RaftRequest(req);
         if req.encoded_len() > self.max_request_bytes {
@@ -182,12 +218,13 @@ impl Node {
         }
     }
 
-    /// Runs `read` on a consistent view of the applied state: linearizable (confirmed leadership and
-    /// applied up to the read index) or serializable (whatever this member has applied).
+    /// Runs `read` on a consistent view of the applied state — the kv store and the auth state of the
+    /// same transaction: linearizable (confirmed leadership and applied up to the read index) or
+    /// serializable (whatever this member has applied).
     pub async fn read<T: Send + 'static>(
         &self,
         linearizable: bool,
-        read: impl FnOnce(&ReadView) -> Result<T, EtcdError> + Send + 'static,
+        read: impl FnOnce(&ReadView, &Authorizer) -> Result<T, EtcdError> + Send + 'static,
     ) -> Result<T, EtcdError> {
         if linearizable {
             self.raft.ensure_linearizable().await.map_err(|e| match e {
@@ -195,14 +232,12 @@ impl Node {
                 RaftError::Fatal(_) => EtcdError::Stopped,
             })?;
         }
-        let state = self.state.clone();
-        tokio::task::spawn_blocking(move || {
-            let txn = state.env.read_txn()?;
-            let view = state.kv.view(&txn)?;
-            read(&view)
+        self.read_state(move |state, txn| {
+            let view = state.kv.view(txn)?;
+            let authz = Authorizer::new(&state.auth, txn)?;
+            read(&view, &authz)
         })
         .await
-        .map_err(|_| EtcdError::Internal)?
     }
 
     /// Completes a response header with this member's identity and the raft term.
@@ -250,7 +285,7 @@ async fn expire_leases(node: std::sync::Weak<Node>) {
             let node = node.clone();
             tokio::spawn(async move {
                 let revoke = LeaseRevokeRequest { id };
-                match node.propose(InternalRaftRequest { lease_revoke: Some(revoke), ..Default::default() }).await {
+                match node.propose(InternalRaftRequest { lease_revoke: Some(revoke), ..Default::default() }, &Requester::Member).await {
                     Ok(_) => tracing::debug!(lease = format!("{id:x}"), "lease expired and was revoked"),
                     // Revoked meanwhile by a client: nothing left to do.
                     Err(EtcdError::LeaseNotFound) => node.lessor.revoked(id),

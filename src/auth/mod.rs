@@ -1,8 +1,18 @@
 //! Authentication and role-based access control, as etcd v3 designs it (see `docs/architecture.md`).
 //!
+//! - `store.rs`: users, roles, the enabled flag and the auth revision, in LMDB (replicated state).
 //! - `permissions.rs`: a user's roles merged into sorted, coalesced key-interval sets, binary-searched.
-//! - `jwt.rs`, `token_config.rs`: `--auth-token` parsing and the JWT token provider.
+//! - `cache.rs`: merged permissions per user, valid at one auth revision.
+//! - `check.rs`: the decisions — may this requester touch these keys — for apply and reads.
+//! - `password.rs`: bcrypt, always off the async threads and never inside apply.
+//! - `simple.rs`, `jwt.rs`, `tokens.rs`, `token_config.rs`: `--auth-token` and the token providers.
 
+pub mod cache;
+pub mod check;
 pub mod jwt;
+pub mod password;
 pub mod permissions;
+pub mod simple;
+pub mod store;
 pub mod token_config;
+pub mod tokens;

@@ -15,7 +15,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::error::EtcdError;
 use crate::proto::etcdserverpb::{
     CompactionResponse, DeleteRangeResponse, InternalRaftRequest, LeaseCheckpointResponse, LeaseGrantResponse,
-    LeaseRevokeResponse, PutResponse, TxnResponse,
+    LeaseRevokeResponse, PutResponse, ResponseHeader, TxnResponse,
 };
 
 pub type NodeId = u64;
@@ -54,6 +54,29 @@ pub enum Applied {
     LeaseGrant(#[serde(with = "prost_bytes")] LeaseGrantResponse),
     LeaseRevoke(#[serde(with = "prost_bytes")] LeaseRevokeResponse),
     LeaseCheckpoint(#[serde(with = "prost_bytes")] LeaseCheckpointResponse),
+    /// A user/role/auth-config change was applied; the API layer builds the typed response.
+    AuthChanged {
+        #[serde(with = "prost_option")]
+        header: Option<ResponseHeader>,
+    },
+    /// A token was issued (empty for JWT: the API layer signs it) at this auth revision.
+    Authenticated { token: String, auth_revision: u64 },
+}
+
+/// serde for an optional protobuf message.
+mod prost_option {
+    use prost::Message;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<M: Message, S: Serializer>(m: &Option<M>, s: S) -> Result<S::Ok, S::Error> {
+        m.as_ref().map(|m| serde_bytes::ByteBuf::from(m.encode_to_vec())).serialize(s)
+    }
+
+    pub fn deserialize<'de, M: Message + Default, D: Deserializer<'de>>(d: D) -> Result<Option<M>, D::Error> {
+        Option::<serde_bytes::ByteBuf>::deserialize(d)?
+            .map(|b| M::decode(b.as_slice()).map_err(serde::de::Error::custom))
+            .transpose()
+    }
 }
 
 impl Serialize for RaftRequest {

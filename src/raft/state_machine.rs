@@ -14,6 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{any_error, blocking, ApplyResult, Entry, LogId, StorageError, StoredMembership, TypeConfig};
 use crate::apply::{Effects, Stores};
+use crate::auth::store::AuthStore;
+use crate::auth::tokens::Tokens;
 use crate::error::EtcdError;
 use crate::lease::store::LeaseStore;
 use crate::mvcc::KvStore;
@@ -29,6 +31,8 @@ pub struct State {
     pub env: LmdbEnv,
     pub kv: KvStore,
     pub leases: LeaseStore,
+    pub auth: AuthStore,
+    tokens: std::sync::OnceLock<Arc<Tokens>>,
     meta: Db,
     snap_dir: PathBuf,
     observer: std::sync::OnceLock<Observer>,
@@ -39,6 +43,9 @@ pub struct State {
 pub struct Committed {
     /// The store's revision after the batch.
     pub revision: i64,
+    /// Whether auth is enabled, and the auth revision, after the batch.
+    pub auth_enabled: bool,
+    pub auth_revision: u64,
     pub effects: Effects,
 }
 
@@ -69,13 +76,17 @@ impl StateMachine {
     pub fn open(kv_dir: &Path, snap_dir: &Path) -> Result<Self, heed::Error> {
         let [live, revs, index, kv_meta] = KvStore::TABLES;
         let [leases, lease_keys] = LeaseStore::TABLES;
-        let names = [live, revs, index, kv_meta, leases, lease_keys, "sm_meta"];
-        let (env, [live, revs, index, kv_meta, leases, lease_keys, meta]) = storage::open(kv_dir, names)?;
+        let [users, roles, auth_meta] = AuthStore::TABLES;
+        let names = [live, revs, index, kv_meta, leases, lease_keys, users, roles, auth_meta, "sm_meta"];
+        let (env, dbs) = storage::open(kv_dir, names)?;
+        let [live, revs, index, kv_meta, leases, lease_keys, users, roles, auth_meta, meta] = dbs;
         std::fs::create_dir_all(snap_dir)?;
         let state = State {
             env,
             kv: KvStore::new([live, revs, index, kv_meta]),
             leases: LeaseStore::new([leases, lease_keys]),
+            auth: AuthStore::new([users, roles, auth_meta]),
+            tokens: std::sync::OnceLock::new(),
             meta,
             snap_dir: snap_dir.to_path_buf(),
             observer: std::sync::OnceLock::new(),
@@ -94,9 +105,14 @@ impl State {
         let _ = self.observer.set(observer);
     }
 
+    /// Sets the token provider Authenticate entries issue simple tokens into (once).
+    pub fn use_tokens(&self, tokens: Arc<Tokens>) {
+        let _ = self.tokens.set(tokens);
+    }
+
     /// Every replicated table, in snapshot order.
     fn tables(&self) -> Vec<Db> {
-        self.kv.tables().into_iter().chain(self.leases.tables()).collect()
+        self.kv.tables().into_iter().chain(self.leases.tables()).chain(self.auth.tables()).collect()
     }
 
     pub fn page_size(&self) -> u64 {
@@ -119,17 +135,23 @@ impl State {
         let mut results = Vec::with_capacity(entries.len());
         let mut applied = None;
         let mut effects = Effects::default();
-        let stores = Stores { kv: &self.kv, leases: &self.leases };
+        let stores = Stores {
+            kv: &self.kv,
+            leases: &self.leases,
+            auth: &self.auth,
+            simple_tokens: self.tokens.get().and_then(|t| t.simple()),
+        };
         for entry in entries {
             applied = Some(entry.log_id);
             let result = match entry.payload {
                 EntryPayload::Blank => Ok(Applied::Nothing),
                 EntryPayload::Normal(req) => {
-                    match crate::apply::apply(&stores, &mut txn, &req.0) {
+                    match crate::apply::apply(&stores, &mut txn, &req.0, entry.log_id.index) {
                         Ok((applied, done)) => {
                             effects.events.extend(done.events);
                             effects.granted.extend(done.granted);
                             effects.revoked.extend(done.revoked);
+                            effects.auth = merge_affected(effects.auth.take(), done.auth);
                             Ok(applied)
                         }
                         // A storage failure leaves the transaction unusable: abort the batch, stop the node.
@@ -192,6 +214,8 @@ impl State {
         self.meta.put(&mut txn, APPLIED, &postcard::to_allocvec(&file.meta.last_log_id)?)?;
         self.meta.put(&mut txn, MEMBERSHIP, &postcard::to_allocvec(&file.meta.last_membership)?)?;
         txn.commit()?;
+        // Everything may have changed: no cached permission survives a snapshot install.
+        self.auth.cache.clear();
         self.save_snapshot(file)
     }
 
@@ -214,6 +238,19 @@ impl State {
             Ok(bytes) => Ok(Some(postcard::from_bytes(&bytes)?)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e.into()),
+        }
+    }
+}
+
+fn merge_affected(a: Option<crate::auth::store::Affected>, b: Option<crate::auth::store::Affected>) -> Option<crate::auth::store::Affected> {
+    use crate::auth::store::Affected;
+    match (a, b) {
+        (None, x) | (x, None) => x,
+        (Some(Affected::Everyone), _) | (_, Some(Affected::Everyone)) => Some(Affected::Everyone),
+        (Some(Affected::Nobody), x) | (x, Some(Affected::Nobody)) => x,
+        (Some(Affected::Users(mut a)), Some(Affected::Users(b))) => {
+            a.extend(b);
+            Some(Affected::Users(a))
         }
     }
 }

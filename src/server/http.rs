@@ -25,7 +25,7 @@ pub fn router(node: Arc<Node>) -> Router {
 async fn health(State(node): State<Arc<Node>>) -> impl IntoResponse {
     let has_leader = node.raft.metrics().borrow().current_leader.is_some();
     let read_ok = has_leader
-        && tokio::time::timeout(Duration::from_secs(1), node.read(true, |view| Ok(view.rev)))
+        && tokio::time::timeout(Duration::from_secs(1), node.read(true, |view, _| Ok(view.rev)))
             .await
             .is_ok_and(|r| r.is_ok());
     crate::metrics::HEALTH_CHECKS.with_label_values(&[if read_ok { "success" } else { "failed" }]).inc();

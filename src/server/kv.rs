@@ -4,7 +4,11 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
+use super::identity::requester;
+use crate::auth::check::{Authorizer, Requester};
+use crate::auth::permissions::Access;
 use crate::error::EtcdError;
+use crate::keyrange::KeyRange;
 use crate::mvcc::{kv, txn};
 use crate::node::Node;
 use crate::proto::etcdserverpb::kv_server::Kv;
@@ -23,9 +27,35 @@ impl KvService {
         KvService { node }
     }
 
-    async fn propose(&self, req: InternalRaftRequest) -> Result<Applied, Status> {
-        Ok(self.node.propose(req).await?)
+    async fn propose(&self, req: InternalRaftRequest, who: &Requester) -> Result<Applied, Status> {
+        Ok(self.node.propose(req, who).await?)
     }
+}
+
+/// A read-only txn needs read permission on every compare and range, on both branches, recursively.
+fn read_only_txn(
+    view: &crate::mvcc::ReadView,
+    authz: &Authorizer,
+    who: &Requester,
+    req: &TxnRequest,
+) -> Result<TxnResponse, EtcdError> {
+    fn check(authz: &Authorizer, who: &Requester, req: &TxnRequest) -> Result<(), EtcdError> {
+        use crate::proto::etcdserverpb::request_op::Request;
+        for c in &req.compare {
+            authz.check(who, "txn", Access::Read, &KeyRange::new(&c.key, &c.range_end))?;
+        }
+        for op in req.success.iter().chain(&req.failure) {
+            match &op.request {
+                Some(Request::RequestRange(r)) => authz.check(who, "txn", Access::Read, &KeyRange::new(&r.key, &r.range_end))?,
+                Some(Request::RequestTxn(inner)) => check(authz, who, inner)?,
+                // A read-only txn has no writes; anything else would not have reached this path.
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+    check(authz, who, req)?;
+    txn::txn_read_only(view, req)
 }
 
 /// An apply result of the wrong kind means the raft layer mixed up proposals: never expected.
@@ -37,19 +67,28 @@ fn mismatch(applied: Applied) -> Status {
 #[tonic::async_trait]
 impl Kv for KvService {
     async fn range(&self, request: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
         let req = request.into_inner();
         if req.key.is_empty() {
             return Err(EtcdError::EmptyKey.into());
         }
-        let mut resp = self.node.read(!req.serializable, move |view| kv::range(view, &req)).await?;
+        // Checked after the read index, against the auth state of the same read transaction.
+        let mut resp = self
+            .node
+            .read(!req.serializable, move |view, authz| {
+                authz.check(&who, "range", Access::Read, &KeyRange::new(&req.key, &req.range_end))?;
+                kv::range(view, &req)
+            })
+            .await?;
         self.node.fill(&mut resp.header);
         Ok(Response::new(resp))
     }
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
         let req = request.into_inner();
         txn::validate_put(&req)?;
-        match self.propose(InternalRaftRequest { put: Some(req), ..Default::default() }).await? {
+        match self.propose(InternalRaftRequest { put: Some(req), ..Default::default() }, &who).await? {
             Applied::Put(mut resp) => {
                 self.node.fill(&mut resp.header);
                 Ok(Response::new(resp))
@@ -62,11 +101,12 @@ impl Kv for KvService {
         &self,
         request: Request<DeleteRangeRequest>,
     ) -> Result<Response<DeleteRangeResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
         let req = request.into_inner();
         if req.key.is_empty() {
             return Err(EtcdError::EmptyKey.into());
         }
-        match self.propose(InternalRaftRequest { delete_range: Some(req), ..Default::default() }).await? {
+        match self.propose(InternalRaftRequest { delete_range: Some(req), ..Default::default() }, &who).await? {
             Applied::DeleteRange(mut resp) => {
                 self.node.fill(&mut resp.header);
                 Ok(Response::new(resp))
@@ -76,13 +116,14 @@ impl Kv for KvService {
     }
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
         let req = request.into_inner();
         txn::validate(&req, self.node.max_txn_ops)?;
         let mut resp = if txn::is_read_only(&req) {
             // Like etcd, a transaction that cannot write is served as a linearizable read.
-            self.node.read(true, move |view| txn::txn_read_only(view, &req)).await?
+            self.node.read(true, move |view, authz| read_only_txn(view, authz, &who, &req)).await?
         } else {
-            match self.propose(InternalRaftRequest { txn: Some(req), ..Default::default() }).await? {
+            match self.propose(InternalRaftRequest { txn: Some(req), ..Default::default() }, &who).await? {
                 Applied::Txn(resp) => resp,
                 other => return Err(mismatch(other)),
             }
@@ -92,8 +133,9 @@ impl Kv for KvService {
     }
 
     async fn compact(&self, request: Request<CompactionRequest>) -> Result<Response<CompactionResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
         let req = request.into_inner();
-        match self.propose(InternalRaftRequest { compaction: Some(req), ..Default::default() }).await? {
+        match self.propose(InternalRaftRequest { compaction: Some(req), ..Default::default() }, &who).await? {
             Applied::Compaction(mut resp) => {
                 self.node.fill(&mut resp.header);
                 Ok(Response::new(resp))

@@ -6,7 +6,11 @@ use std::sync::Arc;
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
+use super::identity::requester;
+use crate::auth::check::{Authorizer, Requester};
+use crate::auth::permissions::Access;
 use crate::error::EtcdError;
+use crate::keyrange::KeyRange;
 use crate::lease::MAX_LEASE_TTL;
 use crate::node::Node;
 use crate::proto::etcdserverpb::lease_server::Lease;
@@ -44,6 +48,7 @@ type KeepAliveStream = Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, 
 #[tonic::async_trait]
 impl Lease for LeaseService {
     async fn lease_grant(&self, request: Request<LeaseGrantRequest>) -> Result<Response<LeaseGrantResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
         let mut req = request.into_inner();
         if req.ttl > MAX_LEASE_TTL {
             return Err(EtcdError::LeaseTtlTooLarge.into());
@@ -51,7 +56,7 @@ impl Lease for LeaseService {
         if req.id == 0 {
             req.id = self.node.next_id();
         }
-        match self.node.propose(InternalRaftRequest { lease_grant: Some(req), ..Default::default() }).await? {
+        match self.node.propose(InternalRaftRequest { lease_grant: Some(req), ..Default::default() }, &who).await? {
             Applied::LeaseGrant(mut resp) => {
                 self.node.fill(&mut resp.header);
                 Ok(Response::new(resp))
@@ -64,8 +69,9 @@ impl Lease for LeaseService {
         &self,
         request: Request<LeaseRevokeRequest>,
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
         let req = request.into_inner();
-        match self.node.propose(InternalRaftRequest { lease_revoke: Some(req), ..Default::default() }).await? {
+        match self.node.propose(InternalRaftRequest { lease_revoke: Some(req), ..Default::default() }, &who).await? {
             Applied::LeaseRevoke(mut resp) => {
                 self.node.fill(&mut resp.header);
                 Ok(Response::new(resp))
@@ -78,15 +84,21 @@ impl Lease for LeaseService {
         &self,
         request: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<KeepAliveStream>, Status> {
+        let who = requester(&self.node, request.metadata())?;
         let node = self.node.clone();
-        let responses = request.into_inner().map(move |req| {
-            let req = req?;
-            if !node.is_leader() {
-                return Err(EtcdError::NotLeader.into());
+        let responses = request.into_inner().then(move |req| {
+            let (node, who) = (node.clone(), who.clone());
+            async move {
+                let req = req?;
+                if !node.is_leader() {
+                    return Err(EtcdError::NotLeader.into());
+                }
+                // Keeping a lease alive needs an authenticated user when auth is on (CVE-2026-33413).
+                authenticated(&node, &who, "lease_keep_alive").await?;
+                // An unknown or expired lease is answered with TTL 0, as etcd does.
+                let ttl = node.lessor.renew(req.id).unwrap_or(0);
+                Ok(LeaseKeepAliveResponse { header: header(&node), id: req.id, ttl })
             }
-            // An unknown or expired lease is answered with TTL 0, as etcd does.
-            let ttl = node.lessor.renew(req.id).unwrap_or(0);
-            Ok(LeaseKeepAliveResponse { header: header(&node), id: req.id, ttl })
         });
         Ok(Response::new(Box::pin(responses)))
     }
@@ -95,7 +107,9 @@ impl Lease for LeaseService {
         &self,
         request: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
         let req = request.into_inner();
+        authenticated(&self.node, &who, "lease_time_to_live").await?;
         let Some((granted_ttl, ttl)) = self.node.lessor.time_to_live(req.id) else {
             // etcd answers an unknown lease with TTL -1 rather than an error.
             return Ok(Response::new(LeaseTimeToLiveResponse {
@@ -106,9 +120,19 @@ impl Lease for LeaseService {
             }));
         };
         let keys = if req.keys {
-            let (node, id) = (self.node.clone(), req.id);
-            self.node.read(true, move |_| Ok(())).await?;
-            node.read_state(move |state, txn| state.leases.attached_keys(txn, id)).await?
+            let id = req.id;
+            // Listing the keys reveals them: the user must be allowed to read every one (CVE-2023-32082).
+            self.node.read(true, |_, _| Ok(())).await?;
+            self.node
+                .read_state(move |state, txn| {
+                    let authz = Authorizer::new(&state.auth, txn)?;
+                    let keys = state.leases.attached_keys(txn, id)?;
+                    for key in &keys {
+                        authz.check(&who, "lease_time_to_live", Access::Read, &KeyRange::Single(key.clone()))?;
+                    }
+                    Ok(keys)
+                })
+                .await?
         } else {
             Vec::new()
         };
@@ -119,9 +143,18 @@ impl Lease for LeaseService {
         &self,
         _request: Request<LeaseLeasesRequest>,
     ) -> Result<Response<LeaseLeasesResponse>, Status> {
-        self.node.read(true, |_| Ok(())).await?;
+        self.node.read(true, |_, _| Ok(())).await?;
         let leases = self.node.read_state(|state, txn| state.leases.all(txn)).await?;
         let leases = leases.into_iter().map(|(id, _)| LeaseStatus { id }).collect();
         Ok(Response::new(LeaseLeasesResponse { header: header(&self.node), leases }))
     }
+}
+
+/// Requires an authenticated user when auth is on, against the current auth state.
+async fn authenticated(node: &Node, who: &Requester, op: &'static str) -> Result<(), EtcdError> {
+    if !node.auth_enabled() {
+        return Ok(());
+    }
+    let who = who.clone();
+    node.read(false, move |_, authz| authz.check_user(&who, op)).await
 }

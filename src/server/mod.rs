@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod http;
+pub mod identity;
 pub mod kv;
 pub mod lease;
 pub mod maintenance;

@@ -1,0 +1,185 @@
+//! Permission decisions: may this requester touch these keys, decided against one transaction's auth
+//! state. Used by the apply phase (writes, at the revision they are ordered at) and by the read path
+//! (after the read index, against the current auth state).
+
+use std::sync::Arc;
+
+use heed::RoTxn;
+
+use super::cache::UserPermissions;
+use super::permissions::{Access, PermissionSet};
+use super::store::{is_root, AuthStore};
+use crate::error::EtcdError;
+use crate::keyrange::KeyRange;
+use crate::proto::etcdserverpb::RequestHeader;
+
+/// Who a request runs as.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Requester {
+    /// The member itself (lease expiry, checkpoints): never subject to permissions.
+    Member,
+    /// A client: the user it authenticated as (empty when none) and the auth revision its identity
+    /// was established at.
+    Client { username: String, revision: u64 },
+}
+
+impl Requester {
+    pub fn from_header(header: Option<&RequestHeader>) -> Requester {
+        match header {
+            Some(h) if h.member_internal => Requester::Member,
+            Some(h) => Requester::Client { username: h.username.clone(), revision: h.auth_revision },
+            None => Requester::Client { username: String::new(), revision: 0 },
+        }
+    }
+
+    pub fn anonymous() -> Requester {
+        Requester::Client { username: String::new(), revision: 0 }
+    }
+
+    fn describe(&self) -> &str {
+        match self {
+            Requester::Member => "<member>",
+            Requester::Client { username, .. } => username,
+        }
+    }
+}
+
+pub struct Authorizer<'t> {
+    store: &'t AuthStore,
+    txn: &'t RoTxn<'t>,
+    enabled: bool,
+    revision: u64,
+}
+
+impl<'t> Authorizer<'t> {
+    pub fn new(store: &'t AuthStore, txn: &'t RoTxn<'t>) -> Result<Self, EtcdError> {
+        Ok(Authorizer { store, txn, enabled: store.enabled(txn)?, revision: store.revision(txn)? })
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// The user's merged permissions at this revision (`None`: no such user).
+    fn permissions(&self, username: &str) -> Result<Option<Arc<UserPermissions>>, EtcdError> {
+        if let Some(cached) = self.store.cache.get(username, self.revision) {
+            return Ok(Some(cached));
+        }
+        let Some(user) = self.store.user(self.txn, username)? else { return Ok(None) };
+        let permissions = if is_root(&user) {
+            UserPermissions::Root
+        } else {
+            let mut perms = Vec::new();
+            for role in &user.roles {
+                if let Some(role) = self.store.role(self.txn, role)? {
+                    perms.extend(role.key_permission);
+                }
+            }
+            UserPermissions::Granted(PermissionSet::from_permissions(&perms))
+        };
+        let permissions = Arc::new(permissions);
+        self.store.cache.insert(username, self.revision, permissions.clone());
+        Ok(Some(permissions))
+    }
+
+    /// A known user at a current revision (etcd's `isOpPermitted` up to the key check).
+    fn authenticated(&self, who: &Requester) -> Result<Option<Arc<UserPermissions>>, EtcdError> {
+        let Requester::Client { username, revision } = who else { return Ok(Some(Arc::new(UserPermissions::Root))) };
+        if *revision == 0 || username.is_empty() {
+            return Err(EtcdError::UserEmpty);
+        }
+        if *revision < self.revision {
+            return Err(EtcdError::AuthOldRevision);
+        }
+        self.permissions(username)
+    }
+
+    /// May `who` read or write every key in `range`?
+    pub fn check(&self, who: &Requester, op: &'static str, access: Access, range: &KeyRange) -> Result<(), EtcdError> {
+        if !self.enabled || *who == Requester::Member {
+            return Ok(());
+        }
+        let allowed = match self.authenticated(who).inspect_err(|e| denied(who, op, Some(range), e))?.as_deref() {
+            Some(UserPermissions::Root) => true,
+            Some(UserPermissions::Granted(set)) => set.allows(access, range),
+            None => false,
+        };
+        if allowed {
+            Ok(())
+        } else {
+            denied(who, op, Some(range), &EtcdError::PermissionDenied);
+            Err(EtcdError::PermissionDenied)
+        }
+    }
+
+    /// Requires an authenticated, existing user when auth is on (APIs without key ranges: leases,
+    /// membership, alarms).
+    pub fn check_user(&self, who: &Requester, op: &'static str) -> Result<(), EtcdError> {
+        if !self.enabled || *who == Requester::Member {
+            return Ok(());
+        }
+        match self.authenticated(who).inspect_err(|e| denied(who, op, None, e))? {
+            Some(_) => Ok(()),
+            None => {
+                denied(who, op, None, &EtcdError::PermissionDenied);
+                Err(EtcdError::PermissionDenied)
+            }
+        }
+    }
+
+    /// Requires the root role when auth is on (etcd's `IsAdminPermitted`: no revision check).
+    pub fn check_admin(&self, who: &Requester, op: &'static str) -> Result<(), EtcdError> {
+        if !self.enabled || *who == Requester::Member {
+            return Ok(());
+        }
+        let result = match who {
+            Requester::Client { username, .. } if username.is_empty() => Err(EtcdError::UserEmpty),
+            Requester::Client { username, .. } => match self.store.user(self.txn, username)? {
+                None => Err(EtcdError::UserNotFound),
+                Some(user) if is_root(&user) => Ok(()),
+                Some(_) => Err(EtcdError::PermissionDenied),
+            },
+            Requester::Member => Ok(()),
+        };
+        result.inspect_err(|e| denied(who, op, None, e))
+    }
+
+    /// Whether `who` is the named user (users may read their own record).
+    pub fn is_user(&self, who: &Requester, name: &str) -> bool {
+        matches!(who, Requester::Client { username, .. } if username == name)
+    }
+
+    /// Whether `who` holds the named role (users may read their own roles).
+    pub fn has_role(&self, who: &Requester, role: &str) -> Result<bool, EtcdError> {
+        let Requester::Client { username, .. } = who else { return Ok(false) };
+        Ok(self.store.user(self.txn, username)?.is_some_and(|u| u.roles.iter().any(|r| r == role)))
+    }
+}
+
+/// Logs one refused request and counts it.
+fn denied(who: &Requester, op: &'static str, range: Option<&KeyRange>, reason: &EtcdError) {
+    let reason_label = match reason {
+        EtcdError::PermissionDenied => "permission_denied",
+        EtcdError::UserEmpty => "user_empty",
+        EtcdError::AuthOldRevision => "auth_old_revision",
+        EtcdError::UserNotFound => "user_not_found",
+        _ => "other",
+    };
+    crate::metrics::AUTH_DENIALS.with_label_values(&[op, reason_label]).inc();
+    match range {
+        Some(range) => tracing::warn!(user = who.describe(), op, range = %describe_range(range), reason = %reason, "request denied"),
+        None => tracing::warn!(user = who.describe(), op, reason = %reason, "request denied"),
+    }
+}
+
+fn describe_range(range: &KeyRange) -> String {
+    match range {
+        KeyRange::Single(k) => String::from_utf8_lossy(k).into_owned(),
+        KeyRange::Span { start, end } => format!("[{}, {})", String::from_utf8_lossy(start), String::from_utf8_lossy(end)),
+        KeyRange::From(start) => format!("[{}, <end>)", String::from_utf8_lossy(start)),
+    }
+}

@@ -1,0 +1,88 @@
+//! etcd's "simple" tokens: random strings mapped to `(user, auth revision)` in memory, issued by applying
+//! an Authenticate entry (so every member knows every token) and expiring after `--auth-token-ttl`
+//! without use. Not signed: etcd recommends JWT for production, and so does keyward.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+
+struct Entry {
+    user: String,
+    revision: u64,
+    expires: Instant,
+}
+
+pub struct SimpleTokens {
+    ttl: Duration,
+    tokens: Mutex<HashMap<String, Entry>>,
+}
+
+/// Length of the random part (etcd's `defaultSimpleTokenLength`).
+const PREFIX_LEN: usize = 16;
+
+impl SimpleTokens {
+    pub fn new(ttl: Duration) -> Self {
+        SimpleTokens { ttl, tokens: Mutex::new(HashMap::new()) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.tokens.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The random part of a new token, chosen by the API layer before proposing.
+    pub fn prefix() -> String {
+        const LETTERS: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+        let mut rng = rand::rng();
+        (0..PREFIX_LEN).map(|_| LETTERS[rng.random_range(0..LETTERS.len())] as char).collect()
+    }
+
+    /// Records a token (apply phase). Expired tokens are swept at the same time.
+    pub fn assign(&self, token: &str, user: &str, revision: u64) {
+        let now = Instant::now();
+        let mut tokens = self.lock();
+        tokens.retain(|_, e| e.expires > now);
+        tokens.insert(token.to_string(), Entry { user: user.to_string(), revision, expires: now + self.ttl });
+    }
+
+    /// The token's user and revision; using a token extends its life by the TTL.
+    pub fn info(&self, token: &str) -> Option<(String, u64)> {
+        let now = Instant::now();
+        let mut tokens = self.lock();
+        let entry = tokens.get_mut(token)?;
+        if entry.expires <= now {
+            tokens.remove(token);
+            return None;
+        }
+        entry.expires = now + self.ttl;
+        Some((entry.user.clone(), entry.revision))
+    }
+
+    pub fn invalidate_user(&self, user: &str) {
+        self.lock().retain(|_, e| e.user != user);
+    }
+
+    pub fn clear(&self) {
+        self.lock().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_resolve_until_invalidated_or_expired() {
+        let tokens = SimpleTokens::new(Duration::from_millis(50));
+        tokens.assign("t1.5", "alice", 3);
+        assert_eq!(tokens.info("t1.5"), Some(("alice".into(), 3)));
+        assert_eq!(tokens.info("t2.5"), None);
+        tokens.invalidate_user("alice");
+        assert_eq!(tokens.info("t1.5"), None);
+        tokens.assign("t3.6", "bob", 4);
+        std::thread::sleep(Duration::from_millis(80));
+        assert_eq!(tokens.info("t3.6"), None, "an unused token expires after the TTL");
+        assert_eq!(SimpleTokens::prefix().len(), 16);
+    }
+}
