@@ -1,6 +1,7 @@
 //! The client-facing front end: one listener per `--listen-client-urls` entry, serving etcd's gRPC
 //! services and the HTTP endpoints on the same port.
 
+pub mod auth;
 pub mod cluster;
 pub mod http;
 pub mod identity;
@@ -19,6 +20,7 @@ use tonic::transport::Server;
 
 use crate::config::Listener;
 use crate::node::Node;
+use crate::proto::etcdserverpb::auth_server::AuthServer;
 use crate::proto::etcdserverpb::cluster_server::ClusterServer;
 use crate::proto::etcdserverpb::kv_server::KvServer;
 use crate::proto::etcdserverpb::lease_server::LeaseServer;
@@ -75,10 +77,12 @@ fn routes(node: Arc<Node>) -> Routes {
     let cluster = ClusterServer::new(cluster::ClusterService::new(node.clone()));
     let lease = LeaseServer::new(lease::LeaseService::new(node.clone()));
     let watch = WatchServer::new(watch::WatchService::new(node.clone()));
+    let auth = AuthServer::new(auth::AuthService::new(node.clone()));
     Routes::from(http::router(node))
         .add_service(kv)
         .add_service(maintenance)
         .add_service(cluster)
         .add_service(lease)
         .add_service(watch)
+        .add_service(auth)
 }

@@ -21,6 +21,9 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::identity::requester;
+use crate::auth::check::{Authorizer, Requester};
+use crate::auth::permissions::Access;
 use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
 use crate::node::Node;
@@ -57,7 +60,9 @@ impl WatchService {
 impl Watch for WatchService {
     async fn watch(&self, request: Request<Streaming<WatchRequest>>) -> Result<Response<ResponseStream>, Status> {
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
-        let stream = WatchStream { node: self.node.clone(), out, watchers: HashMap::new(), next_id: 0 };
+        // The stream's identity comes from its metadata; a bad token refuses each create, as in etcd.
+        let who = requester(&self.node, request.metadata()).map_err(|s| s.message().to_string());
+        let stream = WatchStream { node: self.node.clone(), who, out, watchers: HashMap::new(), next_id: 0 };
         tokio::spawn(stream.run(request.into_inner()));
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
@@ -71,6 +76,7 @@ struct Running {
 /// One client stream: reads requests, starts and stops watchers.
 struct WatchStream {
     node: Arc<Node>,
+    who: Result<Requester, String>,
     out: Out,
     watchers: HashMap<i64, Running>,
     next_id: i64,
@@ -118,6 +124,18 @@ impl WatchStream {
         if range.is_empty() || matches!(&range, KeyRange::Span { start, end } if start == end) {
             return self.send(refuse("mvcc: watcher range is empty")).await;
         }
+        // Read permission on the whole watched range, at creation. A from-key watch needs a from-key
+        // permission (GHSA-xg4h-6gfc-h4m8), which the interval check enforces.
+        let who = match &self.who {
+            Ok(who) => who.clone(),
+            Err(reason) => return self.send(refuse(reason)).await,
+        };
+        let (checked, check_range) = (who.clone(), range.clone());
+        let permitted =
+            self.node.read(false, move |_, authz| authz.check(&checked, "watch", Access::Read, &check_range)).await;
+        if let Err(e) = permitted {
+            return self.send(refuse(&e.to_string())).await;
+        }
         let id = if req.watch_id != 0 {
             if self.watchers.contains_key(&req.watch_id) {
                 return self.send(refuse("mvcc: duplicate watch ID provided on the WatchStream")).await;
@@ -144,6 +162,8 @@ impl WatchStream {
             no_delete: req.filters.contains(&(FilterType::Nodelete as i32)),
             progress_notify: req.progress_notify,
             fragment: req.fragment,
+            who,
+            auth_checked: self.node.auth_revision(),
         };
         let (stop, stopped) = oneshot::channel();
         // Subscribe before the task starts: commits from here on reach it through the broadcast.
@@ -184,6 +204,9 @@ struct Watcher {
     no_delete: bool,
     progress_notify: bool,
     fragment: bool,
+    who: Requester,
+    /// The auth revision at which this watcher's permission was last confirmed.
+    auth_checked: u64,
 }
 
 /// Why a watcher stopped on its own.
@@ -192,6 +215,9 @@ enum End {
     Closed,
     /// `next` was compacted away; the client must be told.
     Compacted(i64),
+    /// The watcher's user lost read permission on its range (or was deleted): keyward cancels it with
+    /// the reason rather than keep streaming what the user may no longer read.
+    Denied(String),
 }
 
 impl Watcher {
@@ -203,16 +229,21 @@ impl Watcher {
         mut stopped: oneshot::Receiver<()>,
     ) {
         let end = self.deliver(&node, &mut live, &out, &mut stopped).await;
-        if let End::Compacted(compact_revision) = end {
-            let resp = WatchResponse {
-                header: header(&node, node.revision()),
-                watch_id: self.id,
-                canceled: true,
-                compact_revision,
-                ..Default::default()
-            };
-            let _ = out.send(Ok(resp)).await;
-        }
+        let canceled = WatchResponse {
+            header: header(&node, node.revision()),
+            watch_id: self.id,
+            canceled: true,
+            ..Default::default()
+        };
+        let resp = match end {
+            End::Closed => return,
+            End::Compacted(compact_revision) => WatchResponse { compact_revision, ..canceled },
+            End::Denied(reason) => {
+                tracing::info!(watch_id = self.id, reason = %reason, "watch canceled: permission no longer granted");
+                WatchResponse { cancel_reason: reason, ..canceled }
+            }
+        };
+        let _ = out.send(Ok(resp)).await;
     }
 
     async fn deliver(
@@ -225,6 +256,9 @@ impl Watcher {
         let mut progress = tokio::time::interval(PROGRESS_NOTIFY_INTERVAL);
         progress.tick().await;
         loop {
+            if let Err(e) = self.still_permitted(node).await {
+                return End::Denied(e.to_string());
+            }
             // Behind the store: replay from LMDB.
             if self.next <= node.revision() {
                 let (range, from, prev_kv) = (self.range.clone(), self.next, self.prev_kv);
@@ -244,6 +278,9 @@ impl Watcher {
                 match replay {
                     Ok(Ok((events, next, rev))) => {
                         self.next = next;
+                        if let Err(e) = self.still_permitted(node).await {
+                            return End::Denied(e.to_string());
+                        }
                         if !self.send_events(node, events, rev, out, stopped).await {
                             return End::Closed;
                         }
@@ -270,6 +307,9 @@ impl Watcher {
                             .cloned()
                             .collect();
                         self.next = batch.revision + 1;
+                        if let Err(e) = self.still_permitted(node).await {
+                            return End::Denied(e.to_string());
+                        }
                         if !self.send_events(node, events, batch.revision, out, stopped).await {
                             return End::Closed;
                         }
@@ -287,6 +327,28 @@ impl Watcher {
                 _ = &mut *stopped => return End::Closed,
             }
         }
+    }
+
+    /// Re-checks read permission on the range whenever the auth state has moved since the last check.
+    /// The check is of the user's permission now (a token issued before the change is not "old" here:
+    /// the stream stays open as long as the user may still read what it watches).
+    async fn still_permitted(&mut self, node: &Node) -> Result<(), EtcdError> {
+        let current = node.auth_revision();
+        if current == self.auth_checked {
+            return Ok(());
+        }
+        let (who, range) = (self.who.clone(), self.range.clone());
+        node.read_state(move |state, txn| {
+            let authz = Authorizer::new(&state.auth, txn)?;
+            let now = match who {
+                Requester::Client { username, .. } => Requester::Client { username, revision: authz.revision() },
+                member => member,
+            };
+            authz.check(&now, "watch", Access::Read, &range)
+        })
+        .await?;
+        self.auth_checked = current;
+        Ok(())
     }
 
     /// Sends the events this watcher's filters let through (nothing when none do).

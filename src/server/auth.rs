@@ -1,0 +1,313 @@
+//! The Auth service: etcd's 17 auth RPCs.
+//!
+//! Changes (enable/disable, users, roles, grants) are raft entries: apply checks that the requester is
+//! root and bumps the auth revision. Reads (status, get, list) are linearizable reads with the same
+//! checks against the current auth state. Passwords are hashed here, on the blocking pool, before
+//! anything is proposed: no plaintext password enters the raft log, a snapshot, or a log line.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use super::identity::requester;
+use crate::auth::check::Requester;
+use crate::auth::password;
+use crate::auth::simple::SimpleTokens;
+use crate::auth::tokens::Tokens;
+use crate::error::EtcdError;
+use crate::node::Node;
+use crate::proto::etcdserverpb::auth_server::Auth;
+use crate::proto::etcdserverpb::*;
+use crate::raft::Applied;
+
+/// How many times Authenticate re-checks a password whose auth revision moved meanwhile.
+const AUTHENTICATE_ATTEMPTS: usize = 8;
+
+pub struct AuthService {
+    node: Arc<Node>,
+}
+
+impl AuthService {
+    pub fn new(node: Arc<Node>) -> Self {
+        AuthService { node }
+    }
+
+    /// Proposes an auth change and returns the filled response header.
+    async fn change(&self, who: &Requester, req: InternalRaftRequest) -> Result<Option<ResponseHeader>, Status> {
+        match self.node.propose(req, who).await? {
+            Applied::AuthChanged { mut header } => {
+                self.node.fill(&mut header);
+                Ok(header)
+            }
+            other => {
+                tracing::error!(?other, "apply result does not match the auth proposal");
+                Err(EtcdError::Internal.into())
+            }
+        }
+    }
+
+    /// A linearizable read of auth state, returning the result and a filled header.
+    async fn read<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(
+                &crate::auth::check::Authorizer,
+                &crate::auth::store::AuthStore,
+                &heed::RoTxn,
+            ) -> Result<T, EtcdError>
+            + Send
+            + 'static,
+    ) -> Result<(T, Option<ResponseHeader>), Status> {
+        self.node.read(true, |_, _| Ok(())).await?;
+        let (value, revision) = self
+            .node
+            .read_state(move |state, txn| {
+                let authz = crate::auth::check::Authorizer::new(&state.auth, txn)?;
+                Ok((read(&authz, &state.auth, txn)?, state.kv.view(txn)?.rev))
+            })
+            .await?;
+        let mut header = Some(ResponseHeader { revision, ..Default::default() });
+        self.node.fill(&mut header);
+        Ok((value, header))
+    }
+}
+
+fn internal<T>(build: impl FnOnce(&mut InternalRaftRequest) -> T) -> InternalRaftRequest {
+    let mut req = InternalRaftRequest::default();
+    build(&mut req);
+    req
+}
+
+#[tonic::async_trait]
+impl Auth for AuthService {
+    async fn auth_enable(&self, request: Request<AuthEnableRequest>) -> Result<Response<AuthEnableResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
+        let header = self.change(&who, internal(|r| r.auth_enable = Some(AuthEnableRequest {}))).await?;
+        Ok(Response::new(AuthEnableResponse { header }))
+    }
+
+    async fn auth_disable(
+        &self,
+        request: Request<AuthDisableRequest>,
+    ) -> Result<Response<AuthDisableResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
+        let header = self.change(&who, internal(|r| r.auth_disable = Some(AuthDisableRequest {}))).await?;
+        Ok(Response::new(AuthDisableResponse { header }))
+    }
+
+    async fn auth_status(&self, _request: Request<AuthStatusRequest>) -> Result<Response<AuthStatusResponse>, Status> {
+        let ((enabled, auth_revision), header) =
+            self.read(|authz, _, _| Ok((authz.enabled(), authz.revision()))).await?;
+        Ok(Response::new(AuthStatusResponse { header, enabled, auth_revision }))
+    }
+
+    /// Checks the password here (bcrypt, in parallel, off the apply path) at the auth revision it read,
+    /// then proposes the token issue with that revision. Apply refuses it if the auth state moved in
+    /// between (for example the password changed), and the check runs again: a token is never issued
+    /// for a password that was no longer current when the token was ordered in the log.
+    async fn authenticate(
+        &self,
+        request: Request<AuthenticateRequest>,
+    ) -> Result<Response<AuthenticateResponse>, Status> {
+        let req = request.into_inner();
+        for _ in 0..AUTHENTICATE_ATTEMPTS {
+            let name = req.name.clone();
+            let (found, _) = self
+                .read(move |authz, auth, txn| {
+                    if !authz.enabled() {
+                        return Err(EtcdError::AuthNotEnabled);
+                    }
+                    let user = auth.user(txn, &name)?;
+                    Ok(user.map(|u| (u, authz.revision())))
+                })
+                .await?;
+            let Some((user, checked_at)) = found else {
+                tracing::info!(user = %req.name, "authentication failed: no such user");
+                return Err(EtcdError::AuthFailed.into());
+            };
+            if user.options.is_some_and(|o| o.no_password) {
+                tracing::info!(user = %req.name, "authentication failed: the user has no password (certificate only)");
+                return Err(EtcdError::AuthFailed.into());
+            }
+            if !password::verify(req.password.clone(), user.password).await {
+                tracing::info!(user = %req.name, "authentication failed: wrong password");
+                return Err(EtcdError::AuthFailed.into());
+            }
+            let issue = InternalAuthenticateRequest {
+                name: req.name.clone(),
+                simple_token: SimpleTokens::prefix(),
+                // Never filled: the password was checked above and must not enter the log.
+                password: String::new(),
+            };
+            let who = Requester::Client { username: req.name.clone(), revision: checked_at };
+            match self.node.propose(internal(|r| r.authenticate = Some(issue)), &who).await {
+                Ok(Applied::Authenticated { token, auth_revision }) => {
+                    let token = match self.node.tokens.as_ref() {
+                        Tokens::Simple(_) => token,
+                        Tokens::Jwt(jwt) => jwt.sign(&req.name, auth_revision)?,
+                    };
+                    let mut header = Some(ResponseHeader { revision: self.node.revision(), ..Default::default() });
+                    self.node.fill(&mut header);
+                    return Ok(Response::new(AuthenticateResponse { header, token }));
+                }
+                Ok(other) => {
+                    tracing::error!(?other, "apply result does not match the authenticate proposal");
+                    return Err(EtcdError::Internal.into());
+                }
+                Err(EtcdError::AuthOldRevision) => {
+                    tracing::info!(user = %req.name, "auth state changed while checking the password; checking again");
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(EtcdError::Timeout.into())
+    }
+
+    async fn user_add(&self, request: Request<AuthUserAddRequest>) -> Result<Response<AuthUserAddResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
+        let mut req = request.into_inner();
+        if req.name.is_empty() {
+            return Err(EtcdError::UserEmpty.into());
+        }
+        let no_password = req.options.is_some_and(|o| o.no_password);
+        let plaintext = std::mem::take(&mut req.password);
+        if !no_password {
+            req.hashed_password = password::hash(plaintext, self.node.bcrypt_cost).await?;
+        }
+        let header = self.change(&who, internal(|r| r.auth_user_add = Some(req))).await?;
+        Ok(Response::new(AuthUserAddResponse { header }))
+    }
+
+    async fn user_get(&self, request: Request<AuthUserGetRequest>) -> Result<Response<AuthUserGetResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
+        let name = request.into_inner().name;
+        let (roles, header) = self
+            .read(move |authz, auth, txn| {
+                // Users may read their own record; anything else is root's.
+                if !authz.is_user(&who, &name) {
+                    authz.check_admin(&who, "user_get")?;
+                }
+                Ok(auth.user(txn, &name)?.ok_or(EtcdError::UserNotFound)?.roles)
+            })
+            .await?;
+        Ok(Response::new(AuthUserGetResponse { header, roles }))
+    }
+
+    async fn user_list(&self, request: Request<AuthUserListRequest>) -> Result<Response<AuthUserListResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
+        let (users, header) = self
+            .read(move |authz, auth, txn| {
+                authz.check_admin(&who, "user_list")?;
+                auth.user_names(txn)
+            })
+            .await?;
+        Ok(Response::new(AuthUserListResponse { header, users }))
+    }
+
+    async fn user_delete(
+        &self,
+        request: Request<AuthUserDeleteRequest>,
+    ) -> Result<Response<AuthUserDeleteResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
+        let req = request.into_inner();
+        let header = self.change(&who, internal(|r| r.auth_user_delete = Some(req))).await?;
+        Ok(Response::new(AuthUserDeleteResponse { header }))
+    }
+
+    async fn user_change_password(
+        &self,
+        request: Request<AuthUserChangePasswordRequest>,
+    ) -> Result<Response<AuthUserChangePasswordResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
+        let mut req = request.into_inner();
+        let plaintext = std::mem::take(&mut req.password);
+        req.hashed_password = password::hash(plaintext, self.node.bcrypt_cost).await?;
+        let header = self.change(&who, internal(|r| r.auth_user_change_password = Some(req))).await?;
+        Ok(Response::new(AuthUserChangePasswordResponse { header }))
+    }
+
+    async fn user_grant_role(
+        &self,
+        request: Request<AuthUserGrantRoleRequest>,
+    ) -> Result<Response<AuthUserGrantRoleResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
+        let req = request.into_inner();
+        let header = self.change(&who, internal(|r| r.auth_user_grant_role = Some(req))).await?;
+        Ok(Response::new(AuthUserGrantRoleResponse { header }))
+    }
+
+    async fn user_revoke_role(
+        &self,
+        request: Request<AuthUserRevokeRoleRequest>,
+    ) -> Result<Response<AuthUserRevokeRoleResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
+        let req = request.into_inner();
+        let header = self.change(&who, internal(|r| r.auth_user_revoke_role = Some(req))).await?;
+        Ok(Response::new(AuthUserRevokeRoleResponse { header }))
+    }
+
+    async fn role_add(&self, request: Request<AuthRoleAddRequest>) -> Result<Response<AuthRoleAddResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
+        let req = request.into_inner();
+        if req.name.is_empty() {
+            return Err(EtcdError::RoleEmpty.into());
+        }
+        let header = self.change(&who, internal(|r| r.auth_role_add = Some(req))).await?;
+        Ok(Response::new(AuthRoleAddResponse { header }))
+    }
+
+    async fn role_get(&self, request: Request<AuthRoleGetRequest>) -> Result<Response<AuthRoleGetResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
+        let role = request.into_inner().role;
+        let (perm, header) = self
+            .read(move |authz, auth, txn| {
+                // Users may read the roles they hold; anything else is root's.
+                if !authz.has_role(&who, &role)? {
+                    authz.check_admin(&who, "role_get")?;
+                }
+                Ok(auth.role(txn, &role)?.ok_or(EtcdError::RoleNotFound)?.key_permission)
+            })
+            .await?;
+        Ok(Response::new(AuthRoleGetResponse { header, perm }))
+    }
+
+    async fn role_list(&self, request: Request<AuthRoleListRequest>) -> Result<Response<AuthRoleListResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
+        let (roles, header) = self
+            .read(move |authz, auth, txn| {
+                authz.check_admin(&who, "role_list")?;
+                auth.role_names(txn)
+            })
+            .await?;
+        Ok(Response::new(AuthRoleListResponse { header, roles }))
+    }
+
+    async fn role_delete(
+        &self,
+        request: Request<AuthRoleDeleteRequest>,
+    ) -> Result<Response<AuthRoleDeleteResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
+        let req = request.into_inner();
+        let header = self.change(&who, internal(|r| r.auth_role_delete = Some(req))).await?;
+        Ok(Response::new(AuthRoleDeleteResponse { header }))
+    }
+
+    async fn role_grant_permission(
+        &self,
+        request: Request<AuthRoleGrantPermissionRequest>,
+    ) -> Result<Response<AuthRoleGrantPermissionResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
+        let req = request.into_inner();
+        let header = self.change(&who, internal(|r| r.auth_role_grant_permission = Some(req))).await?;
+        Ok(Response::new(AuthRoleGrantPermissionResponse { header }))
+    }
+
+    async fn role_revoke_permission(
+        &self,
+        request: Request<AuthRoleRevokePermissionRequest>,
+    ) -> Result<Response<AuthRoleRevokePermissionResponse>, Status> {
+        let who = requester(&self.node, request.metadata())?;
+        let req = request.into_inner();
+        let header = self.change(&who, internal(|r| r.auth_role_revoke_permission = Some(req))).await?;
+        Ok(Response::new(AuthRoleRevokePermissionResponse { header }))
+    }
+}
