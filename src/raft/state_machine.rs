@@ -169,7 +169,13 @@ impl State {
             results.push(result);
         }
         self.meta.put(&mut txn, APPLIED, &postcard::to_allocvec(&applied)?)?;
+        let revision = self.kv.view(&txn)?.rev;
+        let (auth_enabled, auth_revision) = (self.auth.enabled(&txn)?, self.auth.revision(&txn)?);
         txn.commit()?;
+        // Only after the commit: observers must never see effects that a crash could undo.
+        if let Some(observer) = self.observer.get() {
+            observer(Committed { revision, auth_enabled, auth_revision, effects });
+        }
         Ok(results)
     }
 
