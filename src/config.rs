@@ -71,6 +71,39 @@ pub struct ServeArgs {
     /// Cost of bcrypt password hashing (4 to 31).
     #[arg(long, env = "ETCD_BCRYPT_COST", default_value_t = 10)]
     pub bcrypt_cost: u32,
+    /// Path to the client server TLS cert file.
+    #[arg(long, env = "ETCD_CERT_FILE")]
+    pub cert_file: Option<PathBuf>,
+    /// Path to the client server TLS key file.
+    #[arg(long, env = "ETCD_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
+    /// Path to the client server TLS trusted CA cert file.
+    #[arg(long, env = "ETCD_TRUSTED_CA_FILE")]
+    pub trusted_ca_file: Option<PathBuf>,
+    /// Require and verify client certificates; their Common Name becomes the user.
+    #[arg(long, env = "ETCD_CLIENT_CERT_AUTH", num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub client_cert_auth: bool,
+    /// Path to a CRL (PEM) of revoked client certificates, refused at the handshake.
+    #[arg(long, env = "ETCD_CLIENT_CRL_FILE")]
+    pub client_crl_file: Option<PathBuf>,
+    /// Allowed Common Names of client certificates (comma-separated); others are refused.
+    #[arg(long, env = "ETCD_CLIENT_CERT_ALLOWED_CN", value_delimiter = ',')]
+    pub client_cert_allowed_cn: Vec<String>,
+    /// Allowed host names of client certificates (SAN DNS names or CN; comma-separated).
+    #[arg(long, env = "ETCD_CLIENT_CERT_ALLOWED_HOSTNAME", value_delimiter = ',')]
+    pub client_cert_allowed_hostname: Vec<String>,
+    /// Path to the peer server TLS cert file.
+    #[arg(long, env = "ETCD_PEER_CERT_FILE")]
+    pub peer_cert_file: Option<PathBuf>,
+    /// Path to the peer server TLS key file.
+    #[arg(long, env = "ETCD_PEER_KEY_FILE")]
+    pub peer_key_file: Option<PathBuf>,
+    /// Path to the peer server TLS trusted CA file.
+    #[arg(long, env = "ETCD_PEER_TRUSTED_CA_FILE")]
+    pub peer_trusted_ca_file: Option<PathBuf>,
+    /// Require and verify peer client certificates.
+    #[arg(long, env = "ETCD_PEER_CLIENT_CERT_AUTH", num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub peer_client_cert_auth: bool,
     /// Log level: debug, info, warn, error, panic, or fatal.
     #[arg(long, env = "ETCD_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -90,6 +123,10 @@ pub struct Config {
     pub auth_token: crate::auth::token_config::TokenConfig,
     pub auth_token_ttl: std::time::Duration,
     pub bcrypt_cost: u32,
+    /// TLS for `https://` client listeners.
+    pub client_tls: Option<crate::tls::settings::TlsSettings>,
+    /// Peer TLS, validated now and used once members talk to each other.
+    pub peer_tls: Option<crate::tls::settings::TlsSettings>,
     pub log_filter: &'static str,
 }
 
@@ -97,6 +134,7 @@ pub struct Config {
 pub struct Listener {
     pub url: String,
     pub addr: SocketAddr,
+    pub tls: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -128,6 +166,49 @@ impl ServeArgs {
             .iter()
             .map(|u| parse_listener(u, "--listen-client-urls"))
             .collect::<Result<Vec<_>, _>>()?;
+        let client_tls = match (&self.cert_file, &self.key_file) {
+            (Some(cert), Some(key)) => Some(crate::tls::settings::TlsSettings {
+                cert_file: cert.clone(),
+                key_file: key.clone(),
+                trusted_ca_file: self.trusted_ca_file.clone(),
+                client_cert_auth: self.client_cert_auth,
+                crl_file: self.client_crl_file.clone(),
+                allowed_cns: self.client_cert_allowed_cn.clone(),
+                allowed_hostnames: self.client_cert_allowed_hostname.clone(),
+            }),
+            (None, None) => None,
+            _ => return Err(invalid("--cert-file and --key-file go together")),
+        };
+        if listen_client.iter().any(|l| l.tls) && client_tls.is_none() {
+            return Err(invalid("an https:// client URL needs --cert-file and --key-file"));
+        }
+        if self.client_cert_auth && self.trusted_ca_file.is_none() {
+            return Err(invalid("--client-cert-auth needs --trusted-ca-file"));
+        }
+        if let Some(tls) = &client_tls {
+            // Fail at startup, not at the first connection, when a file is missing or malformed.
+            tls.server_config().map_err(invalid)?;
+        }
+        let peer_tls = match (&self.peer_cert_file, &self.peer_key_file) {
+            (Some(cert), Some(key)) => {
+                let tls = crate::tls::settings::TlsSettings {
+                    cert_file: cert.clone(),
+                    key_file: key.clone(),
+                    trusted_ca_file: self.peer_trusted_ca_file.clone(),
+                    client_cert_auth: self.peer_client_cert_auth,
+                    crl_file: None,
+                    allowed_cns: Vec::new(),
+                    allowed_hostnames: Vec::new(),
+                };
+                tls.server_config().map_err(|e| invalid(format!("peer TLS: {e}")))?;
+                Some(tls)
+            }
+            (None, None) if self.peer_client_cert_auth || self.peer_trusted_ca_file.is_some() => {
+                return Err(invalid("peer TLS flags need --peer-cert-file and --peer-key-file"))
+            }
+            (None, None) => None,
+            _ => return Err(invalid("--peer-cert-file and --peer-key-file go together")),
+        };
         for url in
             self.advertise_client_urls.iter().chain(&self.listen_peer_urls).chain(&self.initial_advertise_peer_urls)
         {
@@ -177,7 +258,8 @@ impl ServeArgs {
                 members.len()
             )));
         }
-        let auth_token = crate::auth::token_config::parse(&self.auth_token).map_err(|e| invalid(format!("--auth-token: {e}")))?;
+        let auth_token =
+            crate::auth::token_config::parse(&self.auth_token).map_err(|e| invalid(format!("--auth-token: {e}")))?;
         if !(4..=31).contains(&self.bcrypt_cost) {
             return Err(invalid(format!("--bcrypt-cost {} is out of range [4, 31]", self.bcrypt_cost)));
         }
@@ -199,6 +281,8 @@ impl ServeArgs {
             auth_token,
             auth_token_ttl: std::time::Duration::from_secs(self.auth_token_ttl),
             bcrypt_cost: self.bcrypt_cost,
+            client_tls,
+            peer_tls,
             log_filter,
         })
     }
@@ -221,15 +305,15 @@ fn parse_url(url: &str) -> Result<(&str, &str), ConfigError> {
 
 fn parse_listener(url: &str, flag: &str) -> Result<Listener, ConfigError> {
     let (scheme, host_port) = parse_url(url)?;
-    if scheme != "http" {
-        return Err(invalid(format!("{flag}: {scheme}:// listeners are not supported yet (use http://)")));
+    if !matches!(scheme, "http" | "https") {
+        return Err(invalid(format!("{flag}: {scheme}:// listeners are not supported yet (use http:// or https://)")));
     }
     let addr = host_port
         .to_socket_addrs()
         .map_err(|e| invalid(format!("{flag}: cannot resolve {host_port:?}: {e}")))?
         .next()
         .ok_or_else(|| invalid(format!("{flag}: {host_port:?} resolves to no address")))?;
-    Ok(Listener { url: url.to_string(), addr })
+    Ok(Listener { url: url.to_string(), addr, tls: scheme == "https" })
 }
 
 #[cfg(test)]

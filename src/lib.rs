@@ -18,6 +18,7 @@ pub mod proto;
 pub mod raft;
 pub mod server;
 pub mod storage;
+pub mod tls;
 
 /// Runs a member until SIGINT or SIGTERM.
 pub async fn serve(config: config::Config) -> anyhow::Result<()> {
@@ -34,7 +35,7 @@ pub async fn serve(config: config::Config) -> anyhow::Result<()> {
         }
         tracing::info!("shutting down");
     };
-    server::serve(node.clone(), &config.listen_client, shutdown).await?;
+    server::serve(node.clone(), &config.listen_client, config.client_tls.as_ref(), shutdown).await?;
     node.raft.shutdown().await.map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?;
     Ok(())
 }

@@ -31,6 +31,16 @@ pub static AUTH_DENIALS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+pub static TLS_HANDSHAKE_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new("keyward_tls_handshake_failures_total", "Client TLS connections refused, by reason."),
+            &["reason"],
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
 pub static PROPOSALS_FAILED: LazyLock<IntCounter> = LazyLock::new(|| {
     register(
         IntCounter::new("etcd_server_proposals_failed_total", "Proposals that failed.")
@@ -63,6 +73,7 @@ pub fn render(node: &Node) -> String {
     LazyLock::force(&HEALTH_CHECKS);
     LazyLock::force(&PROPOSALS_FAILED);
     LazyLock::force(&AUTH_DENIALS);
+    LazyLock::force(&TLS_HANDSHAKE_FAILURES);
     if TextEncoder::new().encode(&REGISTRY.gather(), &mut buf).is_ok() {
         out.push_str(&String::from_utf8_lossy(&buf));
     }

@@ -38,6 +38,8 @@ pub struct Node {
     pub client_urls: Vec<String>,
     pub max_request_bytes: usize,
     pub max_txn_ops: usize,
+    /// `--client-cert-auth`: a verified certificate's Common Name names the user.
+    pub client_cert_auth: bool,
     pub bcrypt_cost: u32,
     pub tokens: Arc<Tokens>,
     /// Whether auth is enabled, and the auth revision, as of the latest applied batch.
@@ -138,6 +140,7 @@ impl Node {
             max_request_bytes: config.max_request_bytes,
             max_txn_ops: config.max_txn_ops,
             bcrypt_cost: config.bcrypt_cost,
+            client_cert_auth: config.client_tls.as_ref().is_some_and(|t| t.client_cert_auth),
             tokens,
             auth_enabled,
             auth_revision,

@@ -80,7 +80,7 @@ fn internal<T>(build: impl FnOnce(&mut InternalRaftRequest) -> T) -> InternalRaf
 #[tonic::async_trait]
 impl Auth for AuthService {
     async fn auth_enable(&self, request: Request<AuthEnableRequest>) -> Result<Response<AuthEnableResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let header = self.change(&who, internal(|r| r.auth_enable = Some(AuthEnableRequest {}))).await?;
         Ok(Response::new(AuthEnableResponse { header }))
     }
@@ -89,7 +89,7 @@ impl Auth for AuthService {
         &self,
         request: Request<AuthDisableRequest>,
     ) -> Result<Response<AuthDisableResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let header = self.change(&who, internal(|r| r.auth_disable = Some(AuthDisableRequest {}))).await?;
         Ok(Response::new(AuthDisableResponse { header }))
     }
@@ -163,7 +163,7 @@ impl Auth for AuthService {
     }
 
     async fn user_add(&self, request: Request<AuthUserAddRequest>) -> Result<Response<AuthUserAddResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let mut req = request.into_inner();
         if req.name.is_empty() {
             return Err(EtcdError::UserEmpty.into());
@@ -178,7 +178,7 @@ impl Auth for AuthService {
     }
 
     async fn user_get(&self, request: Request<AuthUserGetRequest>) -> Result<Response<AuthUserGetResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let name = request.into_inner().name;
         let (roles, header) = self
             .read(move |authz, auth, txn| {
@@ -193,7 +193,7 @@ impl Auth for AuthService {
     }
 
     async fn user_list(&self, request: Request<AuthUserListRequest>) -> Result<Response<AuthUserListResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let (users, header) = self
             .read(move |authz, auth, txn| {
                 authz.check_admin(&who, "user_list")?;
@@ -207,7 +207,7 @@ impl Auth for AuthService {
         &self,
         request: Request<AuthUserDeleteRequest>,
     ) -> Result<Response<AuthUserDeleteResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let req = request.into_inner();
         let header = self.change(&who, internal(|r| r.auth_user_delete = Some(req))).await?;
         Ok(Response::new(AuthUserDeleteResponse { header }))
@@ -217,7 +217,7 @@ impl Auth for AuthService {
         &self,
         request: Request<AuthUserChangePasswordRequest>,
     ) -> Result<Response<AuthUserChangePasswordResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let mut req = request.into_inner();
         let plaintext = std::mem::take(&mut req.password);
         req.hashed_password = password::hash(plaintext, self.node.bcrypt_cost).await?;
@@ -229,7 +229,7 @@ impl Auth for AuthService {
         &self,
         request: Request<AuthUserGrantRoleRequest>,
     ) -> Result<Response<AuthUserGrantRoleResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let req = request.into_inner();
         let header = self.change(&who, internal(|r| r.auth_user_grant_role = Some(req))).await?;
         Ok(Response::new(AuthUserGrantRoleResponse { header }))
@@ -239,14 +239,14 @@ impl Auth for AuthService {
         &self,
         request: Request<AuthUserRevokeRoleRequest>,
     ) -> Result<Response<AuthUserRevokeRoleResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let req = request.into_inner();
         let header = self.change(&who, internal(|r| r.auth_user_revoke_role = Some(req))).await?;
         Ok(Response::new(AuthUserRevokeRoleResponse { header }))
     }
 
     async fn role_add(&self, request: Request<AuthRoleAddRequest>) -> Result<Response<AuthRoleAddResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let req = request.into_inner();
         if req.name.is_empty() {
             return Err(EtcdError::RoleEmpty.into());
@@ -256,7 +256,7 @@ impl Auth for AuthService {
     }
 
     async fn role_get(&self, request: Request<AuthRoleGetRequest>) -> Result<Response<AuthRoleGetResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let role = request.into_inner().role;
         let (perm, header) = self
             .read(move |authz, auth, txn| {
@@ -271,7 +271,7 @@ impl Auth for AuthService {
     }
 
     async fn role_list(&self, request: Request<AuthRoleListRequest>) -> Result<Response<AuthRoleListResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let (roles, header) = self
             .read(move |authz, auth, txn| {
                 authz.check_admin(&who, "role_list")?;
@@ -285,7 +285,7 @@ impl Auth for AuthService {
         &self,
         request: Request<AuthRoleDeleteRequest>,
     ) -> Result<Response<AuthRoleDeleteResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let req = request.into_inner();
         let header = self.change(&who, internal(|r| r.auth_role_delete = Some(req))).await?;
         Ok(Response::new(AuthRoleDeleteResponse { header }))
@@ -295,7 +295,7 @@ impl Auth for AuthService {
         &self,
         request: Request<AuthRoleGrantPermissionRequest>,
     ) -> Result<Response<AuthRoleGrantPermissionResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let req = request.into_inner();
         let header = self.change(&who, internal(|r| r.auth_role_grant_permission = Some(req))).await?;
         Ok(Response::new(AuthRoleGrantPermissionResponse { header }))
@@ -305,7 +305,7 @@ impl Auth for AuthService {
         &self,
         request: Request<AuthRoleRevokePermissionRequest>,
     ) -> Result<Response<AuthRoleRevokePermissionResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let req = request.into_inner();
         let header = self.change(&who, internal(|r| r.auth_role_revoke_permission = Some(req))).await?;
         Ok(Response::new(AuthRoleRevokePermissionResponse { header }))

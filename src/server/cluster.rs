@@ -1,12 +1,27 @@
 //! The Cluster service: membership as etcd clients see it.
+//!
+//! keyward runs single-member clusters, so the membership is this member alone. `MemberList` reports it
+//! as etcd does; requests that would change the membership are refused with `Unsupported`, except where
+//! etcd's answer does not depend on membership changes being possible: removing or updating a member
+//! that does not exist is etcd's "member not found", and so is promoting one. With auth enabled, every
+//! membership change first requires the root role, as in etcd.
 
 use std::sync::Arc;
 
+use tonic::{Request, Response, Status};
+
+use super::identity::requester;
+use crate::auth::check::Authorizer;
+use crate::error::EtcdError;
 use crate::node::Node;
 use crate::proto::etcdserverpb::cluster_server::Cluster;
+use crate::proto::etcdserverpb::{
+    Member, MemberAddRequest, MemberAddResponse, MemberListRequest, MemberListResponse, MemberPromoteRequest,
+    MemberPromoteResponse, MemberRemoveRequest, MemberRemoveResponse, MemberUpdateRequest, MemberUpdateResponse,
+    ResponseHeader,
+};
 
 pub struct ClusterService {
-    #[allow(dead_code)]
     node: Arc<Node>,
 }
 
@@ -14,7 +29,90 @@ impl ClusterService {
     pub fn new(node: Arc<Node>) -> Self {
         ClusterService { node }
     }
+
+    /// This member as etcd describes a started one.
+    fn members(&self) -> Vec<Member> {
+        vec![Member {
+            id: self.node.member_id,
+            name: self.node.name.clone(),
+            peer_ur_ls: self.node.peer_urls.clone(),
+            client_ur_ls: self.node.client_urls.clone(),
+            is_learner: false,
+        }]
+    }
+
+    /// etcd's Cluster service header: cluster id, member id and raft term. etcd leaves the revision at 0
+    /// here (so `member list -w json` prints none), and keyward does the same.
+    fn header(&self) -> Option<ResponseHeader> {
+        let mut header = None;
+        self.node.fill(&mut header);
+        header
+    }
+
+    fn is_member(&self, id: u64) -> bool {
+        id == self.node.member_id
+    }
+
+    /// With auth enabled, membership changes are root's; etcd checks this before anything else about
+    /// the change (`checkMembershipOperationPermission`).
+    async fn require_admin<T>(&self, request: &Request<T>, op: &'static str) -> Result<(), Status> {
+        let who = requester(&self.node, request)?;
+        self.node.read_state(move |state, txn| Authorizer::new(&state.auth, txn)?.check_admin(&who, op)).await?;
+        Ok(())
+    }
+}
+
+fn unsupported() -> Status {
+    EtcdError::Unsupported("membership changes are not supported yet: keyward runs single-member clusters".into())
+        .into()
 }
 
 #[tonic::async_trait]
-impl Cluster for ClusterService {}
+impl Cluster for ClusterService {
+    async fn member_add(&self, request: Request<MemberAddRequest>) -> Result<Response<MemberAddResponse>, Status> {
+        self.require_admin(&request, "member_add").await?;
+        Err(unsupported())
+    }
+
+    async fn member_remove(
+        &self,
+        request: Request<MemberRemoveRequest>,
+    ) -> Result<Response<MemberRemoveResponse>, Status> {
+        self.require_admin(&request, "member_remove").await?;
+        if !self.is_member(request.get_ref().id) {
+            return Err(EtcdError::MemberNotFound.into());
+        }
+        // etcd itself refuses to remove the only member of a cluster ("re-configuration failed due to
+        // not enough started members"); keyward has no error for that yet and refuses as unsupported.
+        Err(unsupported())
+    }
+
+    async fn member_update(
+        &self,
+        request: Request<MemberUpdateRequest>,
+    ) -> Result<Response<MemberUpdateResponse>, Status> {
+        self.require_admin(&request, "member_update").await?;
+        let req = request.into_inner();
+        if !self.is_member(req.id) {
+            return Err(EtcdError::MemberNotFound.into());
+        }
+        Err(unsupported())
+    }
+
+    async fn member_list(&self, _request: Request<MemberListRequest>) -> Result<Response<MemberListResponse>, Status> {
+        Ok(Response::new(MemberListResponse { header: self.header(), members: self.members() }))
+    }
+
+    async fn member_promote(
+        &self,
+        request: Request<MemberPromoteRequest>,
+    ) -> Result<Response<MemberPromoteResponse>, Status> {
+        self.require_admin(&request, "member_promote").await?;
+        if !self.is_member(request.get_ref().id) {
+            return Err(EtcdError::MemberNotFound.into());
+        }
+        // etcd answers "etcdserver: can only promote a learner member" (FailedPrecondition) for a voter;
+        // keyward has no error for that yet and refuses as unsupported.
+        Err(unsupported())
+    }
+}

@@ -46,7 +46,9 @@ fn read_only_txn(
         }
         for op in req.success.iter().chain(&req.failure) {
             match &op.request {
-                Some(Request::RequestRange(r)) => authz.check(who, "txn", Access::Read, &KeyRange::new(&r.key, &r.range_end))?,
+                Some(Request::RequestRange(r)) => {
+                    authz.check(who, "txn", Access::Read, &KeyRange::new(&r.key, &r.range_end))?
+                }
                 Some(Request::RequestTxn(inner)) => check(authz, who, inner)?,
                 // A read-only txn has no writes; anything else would not have reached this path.
                 _ => {}
@@ -67,7 +69,7 @@ fn mismatch(applied: Applied) -> Status {
 #[tonic::async_trait]
 impl Kv for KvService {
     async fn range(&self, request: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let req = request.into_inner();
         if req.key.is_empty() {
             return Err(EtcdError::EmptyKey.into());
@@ -85,7 +87,7 @@ impl Kv for KvService {
     }
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let req = request.into_inner();
         txn::validate_put(&req)?;
         match self.propose(InternalRaftRequest { put: Some(req), ..Default::default() }, &who).await? {
@@ -101,7 +103,7 @@ impl Kv for KvService {
         &self,
         request: Request<DeleteRangeRequest>,
     ) -> Result<Response<DeleteRangeResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let req = request.into_inner();
         if req.key.is_empty() {
             return Err(EtcdError::EmptyKey.into());
@@ -116,7 +118,7 @@ impl Kv for KvService {
     }
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let req = request.into_inner();
         txn::validate(&req, self.node.max_txn_ops)?;
         let mut resp = if txn::is_read_only(&req) {
@@ -133,7 +135,7 @@ impl Kv for KvService {
     }
 
     async fn compact(&self, request: Request<CompactionRequest>) -> Result<Response<CompactionResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let req = request.into_inner();
         match self.propose(InternalRaftRequest { compaction: Some(req), ..Default::default() }, &who).await? {
             Applied::Compaction(mut resp) => {

@@ -48,7 +48,7 @@ type KeepAliveStream = Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, 
 #[tonic::async_trait]
 impl Lease for LeaseService {
     async fn lease_grant(&self, request: Request<LeaseGrantRequest>) -> Result<Response<LeaseGrantResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let mut req = request.into_inner();
         if req.ttl > MAX_LEASE_TTL {
             return Err(EtcdError::LeaseTtlTooLarge.into());
@@ -69,7 +69,7 @@ impl Lease for LeaseService {
         &self,
         request: Request<LeaseRevokeRequest>,
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let req = request.into_inner();
         match self.node.propose(InternalRaftRequest { lease_revoke: Some(req), ..Default::default() }, &who).await? {
             Applied::LeaseRevoke(mut resp) => {
@@ -84,7 +84,7 @@ impl Lease for LeaseService {
         &self,
         request: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<KeepAliveStream>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let node = self.node.clone();
         let responses = request.into_inner().then(move |req| {
             let (node, who) = (node.clone(), who.clone());
@@ -107,7 +107,7 @@ impl Lease for LeaseService {
         &self,
         request: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
-        let who = requester(&self.node, request.metadata())?;
+        let who = requester(&self.node, &request)?;
         let req = request.into_inner();
         authenticated(&self.node, &who, "lease_time_to_live").await?;
         let Some((granted_ttl, ttl)) = self.node.lessor.time_to_live(req.id) else {

@@ -1,15 +1,45 @@
-//! The Maintenance service: member status for `etcdctl endpoint status`.
+//! The Maintenance service: member status (`etcdctl endpoint status`), consistency hashes
+//! (`endpoint hashkv`), alarms, defragmentation, backups (`snapshot save`) and leadership transfer.
 
+use std::fs::File;
+use std::io::{Read, Seek};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status};
 
+use super::identity::requester;
+use crate::auth::check::Authorizer;
+
+use crate::error::EtcdError;
+use crate::mvcc::hash::Sha256;
 use crate::node::Node;
+use crate::proto::etcdserverpb::alarm_request::AlarmAction;
 use crate::proto::etcdserverpb::maintenance_server::Maintenance;
-use crate::proto::etcdserverpb::{StatusRequest, StatusResponse};
+use crate::proto::etcdserverpb::{
+    AlarmRequest, AlarmResponse, DefragmentRequest, DefragmentResponse, HashKvRequest, HashKvResponse, HashRequest,
+    HashResponse, MoveLeaderRequest, MoveLeaderResponse, ResponseHeader, SnapshotRequest, SnapshotResponse,
+    StatusRequest, StatusResponse,
+};
+use crate::storage::LmdbEnv;
 
 /// The etcd API version keyward speaks.
 pub const ETCD_API_VERSION: &str = "3.4.0";
+
+/// Bytes per snapshot chunk, as etcd's `snapshotSendBufferSize`.
+const SNAPSHOT_CHUNK: usize = 32 * 1024;
+
+/// `etcdctl snapshot save` accepts a stream only if its length is a multiple of 512 plus the 32-byte
+/// SHA-256 digest (`hasChecksum` in etcd's snapshot package).
+const SNAPSHOT_ALIGN: u64 = 512;
+
+/// Chunks read ahead of the client.
+const SNAPSHOT_QUEUE: usize = 4;
 
 pub struct MaintenanceService {
     node: Arc<Node>,
@@ -19,14 +49,46 @@ impl MaintenanceService {
     pub fn new(node: Arc<Node>) -> Self {
         MaintenanceService { node }
     }
+
+    /// This member's identity and raft term, with `revision`.
+    fn header(&self, revision: i64) -> Option<ResponseHeader> {
+        let mut header = Some(ResponseHeader { revision, ..Default::default() });
+        self.node.fill(&mut header);
+        header
+    }
+
+    /// With auth enabled, Defragment, Snapshot, Hash and HashKV are root's, as in etcd
+    /// (`authMaintenanceServer`: `IsAdminPermitted`).
+    async fn require_admin<T>(&self, request: &Request<T>, op: &'static str) -> Result<(), Status> {
+        let who = requester(&self.node, request).map_err(raw_auth_status)?;
+        self.node
+            .read_state(move |state, txn| Authorizer::new(&state.auth, txn)?.check_admin(&who, op))
+            .await
+            .map_err(|e| raw_auth_status(e.into()))
+    }
 }
 
 #[tonic::async_trait]
 impl Maintenance for MaintenanceService {
-    async fn status(
-        &self,
-        _request: Request<StatusRequest>,
-    ) -> Result<Response<StatusResponse>, Status> {
+    /// keyward raises no alarms yet, so GET lists none and DEACTIVATE finds nothing to clear — both
+    /// answer what etcd answers for a member with no alarms stored: an empty list and no header.
+    /// ACTIVATE is refused: in etcd an activated NOSPACE alarm turns the cluster read-only (and CORRUPT
+    /// stops it serving writes), which keyward does not implement.
+    async fn alarm(&self, request: Request<AlarmRequest>) -> Result<Response<AlarmResponse>, Status> {
+        let req = request.into_inner();
+        match AlarmAction::try_from(req.action) {
+            Ok(AlarmAction::Get) | Ok(AlarmAction::Deactivate) => Ok(Response::new(AlarmResponse::default())),
+            Ok(AlarmAction::Activate) => Err(EtcdError::Unsupported(
+                "alarms are not supported yet: keyward cannot activate an alarm (a NOSPACE alarm \
+                 would make the cluster refuse writes until disarmed)"
+                    .into(),
+            )
+            .into()),
+            Err(_) => Err(EtcdError::Unsupported(format!("unknown alarm action {}", req.action)).into()),
+        }
+    }
+
+    async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         let metrics = self.node.raft.metrics().borrow().clone();
         let env = &self.node.state().env;
         let db_size = env.real_disk_size().unwrap_or(0) as i64;
@@ -43,10 +105,172 @@ impl Maintenance for MaintenanceService {
             ..Default::default()
         };
         self.node.fill(&mut resp.header);
-        let rev = self.node.read(false, |view| Ok(view.rev)).await?;
+        let rev = self.node.read(false, |view, _| Ok(view.rev)).await?;
         if let Some(h) = resp.header.as_mut() {
             h.revision = rev;
         }
         Ok(Response::new(resp))
+    }
+
+    /// etcd's Defragment rewrites bbolt's file to give back the space of freed pages. LMDB reuses freed
+    /// pages in place for later writes, so there is no fragmentation of that kind to remove: keyward
+    /// answers success without touching the file (and logs that nothing was needed). The space freed by
+    /// compaction is reused, not returned to the file system; `snapshot save` writes a compacted copy.
+    async fn defragment(&self, request: Request<DefragmentRequest>) -> Result<Response<DefragmentResponse>, Status> {
+        self.require_admin(&request, "defragment").await?;
+        tracing::info!(
+            "defragment requested: nothing to do (LMDB reuses freed pages in place, there is no \
+             fragmentation to remove)"
+        );
+        Ok(Response::new(DefragmentResponse { header: self.header(0) }))
+    }
+
+    /// CRC-32C over every record of every kv table (see `ReadView::hash_all`); the header carries the
+    /// revision the hash was taken at.
+    async fn hash(&self, request: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+        self.require_admin(&request, "hash").await?;
+        let (hash, rev) = self.node.read(false, |view, _| Ok((view.hash_all()?, view.rev))).await?;
+        Ok(Response::new(HashResponse { header: self.header(rev), hash }))
+    }
+
+    /// etcd's HashKV: CRC-32C over the key-value history up to the requested revision (0 = current);
+    /// see `ReadView::hash_kv`. Not linearizable, as in etcd: it hashes what this member has applied.
+    async fn hash_kv(&self, request: Request<HashKvRequest>) -> Result<Response<HashKvResponse>, Status> {
+        self.require_admin(&request, "hash_kv").await?;
+        let requested = request.get_ref().revision;
+        let (hashed, rev) = self.node.read(false, move |view, _| Ok((view.hash_kv(requested)?, view.rev))).await?;
+        Ok(Response::new(HashKvResponse {
+            header: self.header(rev),
+            hash: hashed.hash,
+            compact_revision: hashed.compact_rev,
+        }))
+    }
+
+    /// A consistent copy of the kv LMDB environment (`<data-dir>/member/kv/data.mdb`, compacted: free
+    /// pages left out), streamed in 32 KiB chunks, followed — as etcd does — by one last chunk holding
+    /// the SHA-256 of everything sent before it. `remaining_bytes` counts the database bytes still to
+    /// come (0 on the last database chunk and on the digest). The copy's length is padded with zeros to
+    /// a multiple of 512 bytes if needed, since `etcdctl snapshot save` checks for that.
+    ///
+    /// The copy is written to a temp file under `<data-dir>/member/` that is unlinked as soon as it is
+    /// created: the open handle keeps it readable while streaming, and its space is freed when the
+    /// stream ends or the client goes away — a crash leaves nothing behind.
+    async fn snapshot(
+        &self,
+        request: Request<SnapshotRequest>,
+    ) -> Result<Response<BoxStream<SnapshotResponse>>, Status> {
+        self.require_admin(&request, "snapshot").await?;
+        let env = self.node.state().env.clone();
+        let (file, total) =
+            tokio::task::spawn_blocking(move || copy_env(&env)).await.map_err(|_| EtcdError::Internal)??;
+        let header = self.header(0);
+        let (tx, rx) = mpsc::channel(SNAPSHOT_QUEUE);
+        tokio::task::spawn_blocking(move || send_snapshot(file, total, header, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    /// Transfers leadership to `target`. The only member keyward has is this one, which is already the
+    /// leader: moving to it succeeds (as in etcd); any other target is not a member.
+    async fn move_leader(&self, request: Request<MoveLeaderRequest>) -> Result<Response<MoveLeaderResponse>, Status> {
+        if !self.node.is_leader() {
+            return Err(EtcdError::NotLeader.into());
+        }
+        if request.get_ref().target_id != self.node.member_id {
+            // etcd's ErrGRPCBadLeaderTransferee; to move into error.rs as an `EtcdError` variant.
+            return Err(Status::failed_precondition("etcdserver: bad leader transferee"));
+        }
+        Ok(Response::new(MoveLeaderResponse { header: self.header(0) }))
+    }
+}
+
+/// etcd's maintenance service returns its auth package's errors untranslated, so clients see them
+/// with code Unknown and an `auth: ` prefix (e.g. `auth: user name is empty`), unlike every other
+/// service ("etcdserver: user name is empty", InvalidArgument). `etcdctl defrag`, `endpoint hashkv` and
+/// `snapshot save` print that text, so keyward mirrors it here.
+/// To move into error.rs (e.g. `EtcdError::to_raw_auth_status`) so that no Status is built elsewhere.
+fn raw_auth_status(status: Status) -> Status {
+    let raw = [EtcdError::UserEmpty, EtcdError::UserNotFound, EtcdError::PermissionDenied, EtcdError::InvalidAuthToken];
+    match raw.iter().find(|e| e.to_string() == status.message()) {
+        Some(e) => Status::unknown(e.to_string().replacen("etcdserver: ", "auth: ", 1)),
+        None => status,
+    }
+}
+
+/// Where snapshot copies are written: `<data-dir>/member/`, next to the kv environment.
+fn snapshot_dir(env: &LmdbEnv) -> PathBuf {
+    let kv = env.path();
+    kv.parent().unwrap_or(kv).to_path_buf()
+}
+
+fn io_error(err: std::io::Error) -> EtcdError {
+    EtcdError::from(heed::Error::Io(err))
+}
+
+/// Copies the environment into an anonymous (already unlinked) file; returns it rewound, with the
+/// number of bytes to stream (the copy, padded to `SNAPSHOT_ALIGN`).
+fn copy_env(env: &LmdbEnv) -> Result<(File, u64), EtcdError> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let dir = snapshot_dir(env);
+    let path = dir.join(format!("snapshot-{}-{}.tmp", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+    let mut file = File::options().read(true).write(true).create_new(true).open(&path).map_err(io_error)?;
+    remove_temp(&path);
+    let start = Instant::now();
+    if let Err(err) = env.copy_to_file(&mut file, heed::CompactionOption::Enabled) {
+        // A compacting copy fails if the environment ever leaked a page; a plain copy still works.
+        tracing::warn!(error = %err, "compacting snapshot copy failed; copying without compaction");
+        file.set_len(0).map_err(io_error)?;
+        file.rewind().map_err(io_error)?;
+        env.copy_to_file(&mut file, heed::CompactionOption::Disabled)?;
+    }
+    let copied = file.metadata().map_err(io_error)?.len();
+    let total = copied.div_ceil(SNAPSHOT_ALIGN) * SNAPSHOT_ALIGN;
+    if total != copied {
+        file.set_len(total).map_err(io_error)?;
+    }
+    file.rewind().map_err(io_error)?;
+    tracing::info!(
+        total_bytes = total,
+        took = ?start.elapsed(),
+        "copied the kv database for a snapshot"
+    );
+    Ok((file, total))
+}
+
+fn remove_temp(path: &Path) {
+    if let Err(err) = std::fs::remove_file(path) {
+        tracing::warn!(path = %path.display(), error = %err, "cannot remove snapshot temp file");
+    }
+}
+
+/// Streams `total` bytes of `file` in chunks, then their SHA-256. Stops (dropping the file) as soon as
+/// the receiver is gone.
+fn send_snapshot(
+    mut file: File,
+    total: u64,
+    header: Option<ResponseHeader>,
+    tx: mpsc::Sender<Result<SnapshotResponse, Status>>,
+) {
+    let start = Instant::now();
+    tracing::info!(total_bytes = total, "sending database snapshot to client");
+    let mut sha = Sha256::new();
+    let mut buf = vec![0u8; SNAPSHOT_CHUNK];
+    let mut sent = 0u64;
+    while sent < total {
+        let n = (total - sent).min(SNAPSHOT_CHUNK as u64) as usize;
+        if let Err(err) = file.read_exact(&mut buf[..n]) {
+            let _ = tx.blocking_send(Err(io_error(err).into()));
+            return;
+        }
+        sent += n as u64;
+        sha.update(&buf[..n]);
+        let chunk = SnapshotResponse { header, remaining_bytes: total - sent, blob: buf[..n].to_vec() };
+        if tx.blocking_send(Ok(chunk)).is_err() {
+            tracing::info!(sent, total_bytes = total, "snapshot client went away");
+            return;
+        }
+    }
+    let digest = SnapshotResponse { header, remaining_bytes: 0, blob: sha.finish().to_vec() };
+    if tx.blocking_send(Ok(digest)).is_ok() {
+        tracing::info!(total_bytes = total, took = ?start.elapsed(), "sent database snapshot to client");
     }
 }

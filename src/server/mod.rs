@@ -26,6 +26,7 @@ use crate::proto::etcdserverpb::kv_server::KvServer;
 use crate::proto::etcdserverpb::lease_server::LeaseServer;
 use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::proto::etcdserverpb::watch_server::WatchServer;
+use crate::tls::settings::TlsSettings;
 
 /// gRPC overhead allowed on top of `--max-request-bytes` (etcd's `grpcOverheadBytes`), so an oversized
 /// request reaches the handler and gets etcd's "request is too large" rather than a transport error.
@@ -35,6 +36,7 @@ const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 pub async fn serve(
     node: Arc<Node>,
     listeners: &[Listener],
+    tls: Option<&TlsSettings>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let mut bound = Vec::new();
@@ -42,7 +44,7 @@ pub async fn serve(
         let socket =
             TcpListener::bind(listener.addr).await.map_err(|e| anyhow::anyhow!("listen on {}: {e}", listener.url))?;
         tracing::info!(url = %listener.url, "serving client traffic");
-        bound.push(socket);
+        bound.push((socket, listener.tls));
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -50,19 +52,24 @@ pub async fn serve(
         let _ = stop_tx.send(true);
     });
     let mut servers = Vec::new();
-    for socket in bound {
+    for (socket, is_tls) in bound {
         let routes = routes(node.clone());
         let mut stop = stop_rx.clone();
-        servers.push(tokio::spawn(async move {
-            Server::builder()
-                .accept_http1(true)
-                .tcp_nodelay(true)
-                .add_routes(routes)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(socket), async move {
-                    let _ = stop.wait_for(|stopped| *stopped).await;
-                })
-                .await
-        }));
+        let stopped = async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        };
+        let server = Server::builder().accept_http1(true).tcp_nodelay(true).add_routes(routes);
+        servers.push(match (is_tls, tls) {
+            (true, Some(tls)) => {
+                let accepted = crate::tls::listener::accept(socket, tls.clone()).map_err(|e| anyhow::anyhow!(e))?;
+                let incoming = tokio_stream::wrappers::ReceiverStream::new(accepted);
+                tokio::spawn(async move { server.serve_with_incoming_shutdown(incoming, stopped).await })
+            }
+            (true, None) => anyhow::bail!("an https:// listener needs --cert-file and --key-file"),
+            (false, _) => tokio::spawn(async move {
+                server.serve_with_incoming_shutdown(TcpListenerStream::new(socket), stopped).await
+            }),
+        });
     }
     for server in servers {
         server.await??;

@@ -61,7 +61,7 @@ impl Watch for WatchService {
     async fn watch(&self, request: Request<Streaming<WatchRequest>>) -> Result<Response<ResponseStream>, Status> {
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         // The stream's identity comes from its metadata; a bad token refuses each create, as in etcd.
-        let who = requester(&self.node, request.metadata()).map_err(|s| s.message().to_string());
+        let who = requester(&self.node, &request).map_err(|s| s.message().to_string());
         let stream = WatchStream { node: self.node.clone(), who, out, watchers: HashMap::new(), next_id: 0 };
         tokio::spawn(stream.run(request.into_inner()));
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Makes a development PKI for keyward in one command (openssl only):
+#   ca.pem/ca-key.pem                 a CA
+#   member{1,2,3}.pem/-key.pem        server+peer certificates, SANs 127.0.0.1 and localhost
+#   root.pem, alice.pem, bob.pem      client certificates with CN=root, CN=alice, CN=bob
+#   revoked.pem                       a client certificate (CN=mallory), revoked in crl.pem
+#   crl.pem                           the CA's certificate revocation list
+# Usage: certs/gen.sh [OUT_DIR]   (default: certs/dev). Never commit the keys it writes.
+set -euo pipefail
+out="${1:-$(dirname "$0")/dev}"
+mkdir -p "$out"
+cd "$out"
+days=825
+
+cat > openssl.cnf <<'CNF'
+[ ca ]
+default_ca = dev_ca
+[ dev_ca ]
+dir = .
+database = index.txt
+new_certs_dir = .
+serial = serial
+crlnumber = crlnumber
+default_md = sha256
+default_crl_days = 365
+policy = any
+[ any ]
+commonName = supplied
+[ server_ext ]
+basicConstraints = CA:FALSE
+keyUsage = digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth, clientAuth
+subjectAltName = IP:127.0.0.1, DNS:localhost
+[ client_ext ]
+basicConstraints = CA:FALSE
+keyUsage = digitalSignature, keyEncipherment
+extendedKeyUsage = clientAuth
+CNF
+: > index.txt
+echo 1000 > serial
+echo 1000 > crlnumber
+
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca-key.pem -out ca.pem \
+    -days "$days" -subj "/CN=keyward dev CA" -addext "basicConstraints=critical,CA:TRUE" \
+    -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
+
+issue() { # name cn extension
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$1-key.pem" -out "$1.csr" \
+        -subj "/CN=$2" 2>/dev/null
+    openssl ca -batch -config openssl.cnf -cert ca.pem -keyfile ca-key.pem -in "$1.csr" -out "$1.pem" \
+        -days "$days" -extensions "$3" -notext 2>/dev/null
+    rm -f "$1.csr"
+}
+
+for m in member1 member2 member3; do issue "$m" "$m" server_ext; done
+for u in root alice bob; do issue "$u" "$u" client_ext; done
+issue revoked mallory client_ext
+openssl ca -config openssl.cnf -cert ca.pem -keyfile ca-key.pem -revoke revoked.pem 2>/dev/null
+openssl ca -config openssl.cnf -cert ca.pem -keyfile ca-key.pem -gencrl -out crl.pem 2>/dev/null
+rm -f index.txt* serial* crlnumber* openssl.cnf ./*.pem.old 1000.pem 100?.pem 2>/dev/null || true
+chmod 600 ./*-key.pem
+echo "development PKI written to $out"

@@ -1,0 +1,201 @@
+//! The TLS accept loop for one client listener.
+//!
+//! Each accepted socket gets its own task: the handshake must finish within `HANDSHAKE_DEADLINE`
+//! (a client that connects and sends nothing costs a task for a few seconds, never forever —
+//! etcd's GHSA-6vch-q96h-7gc3), then the client certificate is checked against the allow-lists.
+//! Failures are logged at debug with the reason and counted; they never affect other connections.
+//! Certificates are re-read when their files change: new connections get the new configuration,
+//! connections already open keep theirs (and their identity).
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use rustls::ServerConfig;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+use tonic::transport::server::Connected;
+
+use super::identity::{cert_names, NoIdentity, PeerIdentity};
+use super::settings::TlsSettings;
+
+/// How long a client may take to complete the TLS handshake.
+pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
+/// How often certificate files are checked for changes.
+const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
+/// Established connections waiting for tonic to pick them up.
+const ACCEPTED_BACKLOG: usize = 128;
+
+/// An established TLS connection and the identity its certificate established.
+pub struct TlsConnection {
+    stream: TlsStream<TcpStream>,
+    identity: PeerIdentity,
+}
+
+impl Connected for TlsConnection {
+    type ConnectInfo = PeerIdentity;
+
+    fn connect_info(&self) -> PeerIdentity {
+        self.identity.clone()
+    }
+}
+
+impl AsyncRead for TlsConnection {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TlsConnection {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// Starts accepting on `listener`; established connections arrive on the returned channel.
+pub fn accept(
+    listener: TcpListener,
+    settings: TlsSettings,
+) -> Result<mpsc::Receiver<io::Result<TlsConnection>>, String> {
+    let (config_tx, config_rx) = watch::channel(settings.server_config()?);
+    let settings = Arc::new(settings);
+    tokio::spawn(reload(settings.clone(), config_tx));
+    let (tx, rx) = mpsc::channel(ACCEPTED_BACKLOG);
+    tokio::spawn(async move {
+        loop {
+            let (socket, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a client connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            if tx.is_closed() {
+                return;
+            }
+            let _ = socket.set_nodelay(true);
+            let acceptor = TlsAcceptor::from(config_rx.borrow().clone());
+            let (tx, settings) = (tx.clone(), settings.clone());
+            tokio::spawn(async move {
+                match handshake(acceptor, socket, &settings).await {
+                    Ok(conn) => {
+                        let _ = tx.send(Ok(conn)).await;
+                    }
+                    Err(reason) => {
+                        crate::metrics::TLS_HANDSHAKE_FAILURES.with_label_values(&[reason.label()]).inc();
+                        tracing::debug!(%peer, reason = %reason, "TLS connection refused");
+                    }
+                }
+            });
+        }
+    });
+    Ok(rx)
+}
+
+/// Why a connection was refused.
+#[derive(Debug, thiserror::Error)]
+enum Refused {
+    #[error("handshake not completed within {HANDSHAKE_DEADLINE:?}")]
+    Deadline,
+    #[error("handshake failed: {0}")]
+    Handshake(io::Error),
+    #[error("client certificate common name {0:?} is not in --client-cert-allowed-cn")]
+    CommonNameNotAllowed(Option<String>),
+    #[error("client certificate names no host in --client-cert-allowed-hostname")]
+    HostnameNotAllowed,
+}
+
+impl Refused {
+    fn label(&self) -> &'static str {
+        match self {
+            Refused::Deadline => "deadline",
+            Refused::Handshake(_) => "handshake",
+            Refused::CommonNameNotAllowed(_) => "cn_not_allowed",
+            Refused::HostnameNotAllowed => "hostname_not_allowed",
+        }
+    }
+}
+
+async fn handshake(acceptor: TlsAcceptor, socket: TcpStream, settings: &TlsSettings) -> Result<TlsConnection, Refused> {
+    let stream = tokio::time::timeout(HANDSHAKE_DEADLINE, acceptor.accept(socket))
+        .await
+        .map_err(|_| Refused::Deadline)?
+        .map_err(Refused::Handshake)?;
+    let leaf = stream.get_ref().1.peer_certificates().and_then(|certs| certs.first());
+    let identity = match leaf.and_then(cert_names) {
+        // rustls verified the chain (and the CRL) already; only the allow-lists remain.
+        Some(names) => {
+            if !settings.allowed_cns.is_empty()
+                && !names.common_name.as_ref().is_some_and(|cn| settings.allowed_cns.contains(cn))
+            {
+                return Err(Refused::CommonNameNotAllowed(names.common_name));
+            }
+            if !settings.allowed_hostnames.is_empty()
+                && !names
+                    .dns_names
+                    .iter()
+                    .chain(names.common_name.as_ref())
+                    .any(|host| settings.allowed_hostnames.iter().any(|allowed| allowed.eq_ignore_ascii_case(host)))
+            {
+                return Err(Refused::HostnameNotAllowed);
+            }
+            PeerIdentity::from_names(&names)
+        }
+        None => PeerIdentity::None(NoIdentity::NoClientCert),
+    };
+    Ok(TlsConnection { stream, identity })
+}
+
+/// Rebuilds the server configuration when any of its files changes; a broken new file keeps the old
+/// configuration in place (and says so).
+async fn reload(settings: Arc<TlsSettings>, config: watch::Sender<Arc<ServerConfig>>) {
+    let files: Vec<_> = [
+        Some(&settings.cert_file),
+        Some(&settings.key_file),
+        settings.trusted_ca_file.as_ref(),
+        settings.crl_file.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+    .cloned()
+    .collect();
+    let stamp = || -> Vec<Option<SystemTime>> {
+        files.iter().map(|f| std::fs::metadata(f).and_then(|m| m.modified()).ok()).collect()
+    };
+    let mut seen = stamp();
+    let mut tick = tokio::time::interval(RELOAD_INTERVAL);
+    loop {
+        tick.tick().await;
+        if config.is_closed() {
+            return;
+        }
+        let now = stamp();
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        match settings.server_config() {
+            Ok(new) => {
+                tracing::info!("TLS certificate files changed; new connections use the new configuration");
+                let _ = config.send(new);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "TLS certificate files changed but could not be loaded; keeping the previous configuration")
+            }
+        }
+    }
+}
