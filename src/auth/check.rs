@@ -171,7 +171,9 @@ fn denied(who: &Requester, op: &'static str, range: Option<&KeyRange>, reason: &
     };
     crate::metrics::AUTH_DENIALS.with_label_values(&[op, reason_label]).inc();
     match range {
-        Some(range) => tracing::warn!(user = who.describe(), op, range = %describe_range(range), reason = %reason, "request denied"),
+        Some(range) => {
+            tracing::warn!(user = who.describe(), op, range = %describe_range(range), reason = %reason, "request denied")
+        }
         None => tracing::warn!(user = who.describe(), op, reason = %reason, "request denied"),
     }
 }
@@ -179,7 +181,9 @@ fn denied(who: &Requester, op: &'static str, range: Option<&KeyRange>, reason: &
 fn describe_range(range: &KeyRange) -> String {
     match range {
         KeyRange::Single(k) => String::from_utf8_lossy(k).into_owned(),
-        KeyRange::Span { start, end } => format!("[{}, {})", String::from_utf8_lossy(start), String::from_utf8_lossy(end)),
+        KeyRange::Span { start, end } => {
+            format!("[{}, {})", String::from_utf8_lossy(start), String::from_utf8_lossy(end))
+        }
         KeyRange::From(start) => format!("[{}, <end>)", String::from_utf8_lossy(start)),
     }
 }

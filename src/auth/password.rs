@@ -6,13 +6,12 @@ use crate::error::EtcdError;
 pub const DEFAULT_COST: u32 = 10;
 
 pub async fn hash(password: String, cost: u32) -> Result<String, EtcdError> {
-    tokio::task::spawn_blocking(move || bcrypt::hash(password, cost))
-        .await
-        .map_err(|_| EtcdError::Internal)?
-        .map_err(|e| {
+    tokio::task::spawn_blocking(move || bcrypt::hash(password, cost)).await.map_err(|_| EtcdError::Internal)?.map_err(
+        |e| {
             tracing::error!(error = %e, "bcrypt hashing failed");
             EtcdError::Internal
-        })
+        },
+    )
 }
 
 /// Whether `password` matches `hash`; a malformed hash never matches.

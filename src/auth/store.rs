@@ -170,7 +170,12 @@ impl AuthStore {
         self.commit_revision(txn, Affected::Users(vec![name.to_string()]))
     }
 
-    pub fn user_change_password(&self, txn: &mut RwTxn, name: &str, hashed_password: &str) -> Result<Affected, EtcdError> {
+    pub fn user_change_password(
+        &self,
+        txn: &mut RwTxn,
+        name: &str,
+        hashed_password: &str,
+    ) -> Result<Affected, EtcdError> {
         let mut user = self.user(txn, name)?.ok_or(EtcdError::UserNotFound)?;
         user.password = hashed_password.as_bytes().to_vec();
         self.put_user(txn, &user)?;
@@ -247,10 +252,19 @@ impl AuthStore {
         }
         self.put_role(txn, &role)?;
         let users = self.users_with_role(txn, name)?;
-        self.commit_revision(txn, Affected::Users(users.iter().map(|u| String::from_utf8_lossy(&u.name).into_owned()).collect()))
+        self.commit_revision(
+            txn,
+            Affected::Users(users.iter().map(|u| String::from_utf8_lossy(&u.name).into_owned()).collect()),
+        )
     }
 
-    pub fn role_revoke_permission(&self, txn: &mut RwTxn, name: &str, key: &[u8], range_end: &[u8]) -> Result<Affected, EtcdError> {
+    pub fn role_revoke_permission(
+        &self,
+        txn: &mut RwTxn,
+        name: &str,
+        key: &[u8],
+        range_end: &[u8],
+    ) -> Result<Affected, EtcdError> {
         let mut role = self.role(txn, name)?.ok_or(EtcdError::RoleNotFound)?;
         let before = role.key_permission.len();
         role.key_permission.retain(|p| p.key != key || p.range_end != range_end);
@@ -259,7 +273,10 @@ impl AuthStore {
         }
         self.put_role(txn, &role)?;
         let users = self.users_with_role(txn, name)?;
-        self.commit_revision(txn, Affected::Users(users.iter().map(|u| String::from_utf8_lossy(&u.name).into_owned()).collect()))
+        self.commit_revision(
+            txn,
+            Affected::Users(users.iter().map(|u| String::from_utf8_lossy(&u.name).into_owned()).collect()),
+        )
     }
 }
 
