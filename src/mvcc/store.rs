@@ -139,6 +139,10 @@ impl ReadView<'_> {
         }
         if rev == self.rev {
             if let KeyRange::Single(key) = range {
+                // LMDB has no zero-length keys (and keyward never writes one): nothing to find.
+                if key.is_empty() {
+                    return Ok(result);
+                }
                 if let Some(bytes) = self.store.live.get(self.txn, key)? {
                     result.count = 1;
                     if wants(&result) {
@@ -148,7 +152,9 @@ impl ReadView<'_> {
                 return Ok(result);
             }
             let end = range.end();
-            let bounds = (Bound::Included(range.start()), end.as_deref().map_or(Bound::Unbounded, Bound::Excluded));
+            // An empty start is "from the first key"; LMDB refuses a zero-length bound, so say Unbounded.
+            let start = if range.start().is_empty() { Bound::Unbounded } else { Bound::Included(range.start()) };
+            let bounds = (start, end.as_deref().map_or(Bound::Unbounded, Bound::Excluded));
             for entry in self.store.live.range(self.txn, &bounds)? {
                 let (_, bytes) = entry?;
                 result.count += 1;
