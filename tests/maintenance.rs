@@ -1,0 +1,579 @@
+//! Cluster and Maintenance services: `member list`, `endpoint status/hashkv`, `defrag`, `alarm`,
+//! `move-leader`, `snapshot save` against etcd 3.4 (differential, through etcdctl), plus checks on
+//! keyward alone where the two legitimately differ (hash values, the snapshot file format) and an
+//! `etcd-client` crate test of the response fields.
+
+mod common;
+
+use std::path::Path;
+
+use common::{normalize, same_output, step, Kind, Output, Scenario, Server};
+use etcd_client::{AlarmAction, AlarmType, Client, Error};
+use tonic::Code;
+
+const MEMBER_NOT_FOUND: &str = "etcdserver: member not found";
+const BAD_TRANSFEREE: &str = "etcdserver: bad leader transferee";
+const COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
+const FUTURE_REV: &str = "etcdserver: mvcc: required revision is a future revision";
+
+/// The server the single-server tests run against: keyward, or etcd under `KEYWARD_HARNESS_SELFTEST=1`.
+fn kind() -> Kind {
+    if common::selftest() {
+        Kind::Etcd
+    } else {
+        Kind::Keyward
+    }
+}
+
+// ---------------------------------------------------------------------------
+// helpers
+// ---------------------------------------------------------------------------
+
+/// This server's member id, as etcdctl prints it (hex).
+fn member_id_hex(server: &Server) -> String {
+    let out = server.etcdctl(&["member", "list"]);
+    assert!(out.success(), "member list: {}{}", out.stdout, out.stderr);
+    out.stdout.split(", ").next().unwrap().trim().to_string()
+}
+
+/// Runs per-server arguments on both sides of `sc` and asserts equal exit status, stdout and stderr
+/// after `common::normalize` and then `mask(server, text)`.
+#[track_caller]
+fn same_each(sc: &Scenario, args: impl Fn(&Server) -> Vec<String>, mask: impl Fn(&Server, &str) -> String) {
+    let run = |s: &Server| {
+        let args = args(s);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = s.etcdctl(&args);
+        (out.success(), mask(s, &normalize(&out.stdout)), mask(s, &normalize(&out.stderr)), out)
+    };
+    let (a_ok, a_out, a_err, a) = run(&sc.reference);
+    let (b_ok, b_out, b_err, b) = run(&sc.candidate);
+    assert_eq!(
+        (a_ok, &a_out, &a_err),
+        (b_ok, &b_out, &b_err),
+        "etcdctl {:?} differs (left etcd, right candidate)\netcd raw: {a:?}\ncandidate raw: {b:?}\ncandidate log:\n{}",
+        args(&sc.candidate),
+        sc.candidate.log_tail(20)
+    );
+}
+
+/// Replaces a hash value printed by `endpoint hashkv` (simple, json, table) by `<HASH>`.
+fn mask_hash(text: &str) -> String {
+    let digits_after = |line: &str, prefix: &str| -> Option<String> {
+        let at = line.find(prefix)? + prefix.len();
+        let rest = &line[at..];
+        let n = rest.bytes().take_while(u8::is_ascii_digit).count();
+        (n > 0).then(|| format!("{}<HASH>{}", &line[..at], &rest[n..]))
+    };
+    text.split_inclusive('\n')
+        .map(|line| {
+            let mut line = line.to_string();
+            while let Some(masked) = digits_after(&line, "\"hash\":") {
+                line = masked;
+            }
+            if line.starts_with("127.0.0.1:") {
+                // simple output: "EP, HASH"
+                if let Some(masked) = digits_after(&line, ", ") {
+                    line = masked;
+                }
+            } else if line.starts_with("| 127.0.0.1:") {
+                // table row: "| EP | HASH |"
+                let cells: Vec<&str> = line.splitn(3, '|').collect();
+                if let Some(masked) = digits_after(&line, &format!("|{}| ", cells[1])) {
+                    line = masked;
+                }
+            }
+            line
+        })
+        .collect()
+}
+
+/// `endpoint hashkv --rev=REV -w json` on one server: (hash, header revision, compact revision).
+fn hashkv(server: &Server, rev: i64) -> (u64, i64, i64) {
+    let out = server.etcdctl(&["endpoint", "hashkv", &format!("--rev={rev}"), "-w", "json"]);
+    assert!(out.success(), "hashkv --rev={rev}: {}{}", out.stdout, out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("hashkv json");
+    let h = &v[0]["HashKV"];
+    (
+        h["hash"].as_u64().unwrap_or(0),
+        h["header"]["revision"].as_i64().unwrap_or(0),
+        h["compact_revision"].as_i64().unwrap_or(0),
+    )
+}
+
+fn ok(out: Output) -> Output {
+    assert!(out.success(), "etcdctl failed: {}{}", out.stdout, out.stderr);
+    out
+}
+
+/// Makes `etcdctl snapshot save` stderr comparable: its JSON log lines lose timestamps, durations and
+/// sizes, and the saved file's path becomes `<PATH>`.
+fn mask_snapshot_log(dir: &Path, text: &str) -> String {
+    let dir = dir.display().to_string();
+    text.lines()
+        .map(|line| match serde_json::from_str::<serde_json::Value>(line) {
+            Ok(serde_json::Value::Object(mut fields)) => {
+                for volatile in ["ts", "took", "size"] {
+                    if fields.contains_key(volatile) {
+                        fields.insert(volatile.into(), "<VOLATILE>".into());
+                    }
+                }
+                serde_json::Value::Object(fields).to_string().replace(&dir, "<DIR>") + "\n"
+            }
+            _ => line.replace(&dir, "<DIR>") + "\n",
+        })
+        .collect()
+}
+
+/// Opens an LMDB file (read-only, in a temp copy) and returns the names of its named databases and
+/// the keys of `kv_live`.
+fn lmdb_tables_and_live_keys(db_bytes: &[u8]) -> (Vec<String>, Vec<Vec<u8>>) {
+    use heed::types::Bytes;
+    use heed::{CommitOrAbort, EnvOpenOptions};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("data.mdb"), db_bytes).unwrap();
+    let mut options = EnvOpenOptions::new();
+    options.max_dbs(16);
+    // SAFETY: a private copy of the file in a fresh temp dir, opened once by this test only.
+    let env = unsafe { options.open(dir.path()) }.expect("the snapshot opens as an LMDB environment");
+    let rtxn = env.read_txn().unwrap();
+    let (main, live) = env
+        .open_databases_and_commit(rtxn, |dbo, rtxn| -> Result<_, heed::Error> {
+            let main = dbo.open_database::<Bytes, Bytes>(rtxn, None)?;
+            let live = dbo.open_database::<Bytes, Bytes>(rtxn, Some("kv_live"))?;
+            Ok(CommitOrAbort::<_, ()>::Commit((main, live)))
+        })
+        .unwrap()
+        .unwrap_commit();
+    let rtxn = env.read_txn().unwrap();
+    let names = main
+        .expect("unnamed database")
+        .iter(&rtxn)
+        .unwrap()
+        .map(|e| String::from_utf8_lossy(e.unwrap().0).into_owned())
+        .collect();
+    let keys = match live {
+        Some(live) => live.iter(&rtxn).unwrap().map(|e| e.unwrap().0.to_vec()).collect(),
+        None => Vec::new(),
+    };
+    (names, keys)
+}
+
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    let mut h = keyward::mvcc::hash::Sha256::new();
+    h.update(bytes);
+    h.finish()
+}
+
+fn grpc_code(err: Error) -> (Code, String) {
+    match err {
+        Error::GRpcStatus(status) => (status.code(), status.message().to_string()),
+        other => panic!("expected a gRPC status, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// etcdctl, differential
+// ---------------------------------------------------------------------------
+
+/// `member list` in every output format, and `endpoint status`.
+#[test]
+fn member_list_and_endpoint_status() {
+    same_output(&[
+        step(&["member", "list"]),
+        step(&["member", "list", "-w", "json"]),
+        step(&["member", "list", "-w", "table"]),
+        step(&["member", "list", "-w", "fields"]),
+        step(&["put", "a", "1"]),
+        step(&["endpoint", "status"]),
+        step(&["endpoint", "status", "-w", "json"]),
+        step(&["endpoint", "status", "-w", "table"]),
+    ]);
+}
+
+/// `defrag`, `alarm list/disarm`, hashkv revision errors, membership errors for an unknown member.
+#[test]
+fn defrag_alarms_and_errors() {
+    same_output(&[
+        step(&["defrag"]),
+        step(&["defrag", "-w", "json"]),
+        step(&["alarm", "list"]),
+        step(&["alarm", "list", "-w", "json"]),
+        step(&["alarm", "disarm"]),
+        step(&["alarm", "disarm", "-w", "json"]),
+        step(&["endpoint", "hashkv", "--rev=5"]), // future revision
+        step(&["put", "a", "1"]),
+        step(&["put", "a", "2"]),
+        step(&["compaction", "2"]),
+        step(&["endpoint", "hashkv", "--rev=2"]), // at the compacted revision: compacted (unlike Range)
+        step(&["endpoint", "hashkv", "--rev=1"]),
+        step(&["endpoint", "hashkv", "--rev=4"]),
+        step(&["member", "remove", "1234"]),
+        step(&["member", "update", "1234", "--peer-urls=http://127.0.0.1:1"]),
+        step(&["move-leader", "1234"]),
+    ]);
+}
+
+/// `endpoint hashkv` output, hash values masked (they differ between implementations), and
+/// `move-leader` to the member itself.
+#[test]
+fn hashkv_and_move_leader_shape() {
+    let sc = Scenario::start();
+    let no_mask = |_: &Server, s: &str| s.to_string();
+    let hash_mask = |_: &Server, s: &str| mask_hash(s);
+    let fixed = |args: &'static [&'static str]| move |_: &Server| args.iter().map(|a| a.to_string()).collect();
+    same_each(&sc, fixed(&["endpoint", "hashkv"]), hash_mask);
+    same_each(&sc, fixed(&["endpoint", "hashkv", "-w", "json"]), hash_mask);
+    same_each(&sc, fixed(&["put", "k", "v"]), no_mask);
+    same_each(&sc, fixed(&["endpoint", "hashkv", "-w", "table"]), hash_mask);
+    same_each(&sc, fixed(&["endpoint", "hashkv", "--rev=1", "-w", "json"]), hash_mask);
+    same_each(&sc, fixed(&["compaction", "1"]), no_mask);
+    same_each(&sc, fixed(&["endpoint", "hashkv", "-w", "json"]), hash_mask); // compact_revision 1
+    let (etcd_id, candidate_id) = (member_id_hex(&sc.reference), member_id_hex(&sc.candidate));
+    let own_id = |s: &Server| if s.endpoint() == sc.reference.endpoint() { &etcd_id } else { &candidate_id };
+    same_each(
+        &sc,
+        |s| vec!["move-leader".into(), own_id(s).clone()],
+        |s, text| text.replace(own_id(s).as_str(), "<ID>"),
+    );
+}
+
+/// `snapshot save`: same output apart from the path (and log timings); etcd's stream layout (a
+/// multiple of 512 bytes, then the SHA-256 of them); keyward's file is a copy of its kv LMDB environment.
+#[test]
+fn snapshot_save() {
+    let sc = Scenario::start();
+    for s in [&sc.reference, &sc.candidate] {
+        ok(s.etcdctl(&["put", "a", "1"]));
+        ok(s.etcdctl(&["put", "b", "2"]));
+    }
+    same_each(
+        &sc,
+        |s| vec!["snapshot".into(), "save".into(), s.dir().path().join("backup.db").display().to_string()],
+        |s, text| mask_snapshot_log(s.dir().path(), text),
+    );
+    for s in [&sc.reference, &sc.candidate] {
+        let bytes = std::fs::read(s.dir().path().join("backup.db")).unwrap();
+        assert!(bytes.len() > 32, "{}: snapshot too small", s.kind.label());
+        assert_eq!(bytes.len() % 512, 32, "{}: etcdctl's hasChecksum layout", s.kind.label());
+        let (db, digest) = bytes.split_at(bytes.len() - 32);
+        assert_eq!(sha256(db), digest, "{}: trailing SHA-256 of the database", s.kind.label());
+        assert!(!s.dir().path().join("backup.db.part").exists());
+    }
+    if sc.candidate.kind == Kind::Keyward {
+        let bytes = std::fs::read(sc.candidate.dir().path().join("backup.db")).unwrap();
+        let (names, keys) = lmdb_tables_and_live_keys(&bytes[..bytes.len() - 32]);
+        for table in ["kv_live", "kv_revs", "kv_index", "kv_meta", "sm_meta"] {
+            assert!(names.iter().any(|n| n == table), "table {table} missing from {names:?}");
+        }
+        assert_eq!(keys, vec![b"a".to_vec(), b"b".to_vec()]);
+        // Nothing of the temp copy is left in the data dir.
+        let member = sc.candidate.data_dir().join("member");
+        let leftovers: Vec<_> = std::fs::read_dir(&member)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "temp files left in {}: {leftovers:?}", member.display());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// keyward alone: hash values
+// ---------------------------------------------------------------------------
+
+/// The same data hashes the same; a write changes the hash; the hash at an old revision does not
+/// change with later writes; the header carries the current revision and compact_revision the
+/// compacted one.
+#[test]
+fn hashkv_values() {
+    let s = Server::start(kind());
+    let (h1, rev, compact) = hashkv(&s, 0);
+    assert_eq!((rev, compact), (1, -1));
+    assert_eq!(hashkv(&s, 0), (h1, 1, -1), "same hash twice");
+    ok(s.etcdctl(&["put", "a", "1"]));
+    let (h2, rev, _) = hashkv(&s, 0);
+    assert_eq!(rev, 2);
+    assert_ne!(h2, h1, "a put changes the hash");
+    assert_eq!(hashkv(&s, 1).0, h1, "hash at revision 1 is the empty store's");
+    ok(s.etcdctl(&["put", "b", "2"]));
+    ok(s.etcdctl(&["del", "a"]));
+    let (h4, rev, _) = hashkv(&s, 0);
+    assert_eq!(rev, 4);
+    assert_ne!(h4, h2);
+    assert_eq!(hashkv(&s, 2), (h2, 4, -1), "hash at revision 2 stable after later writes");
+    // Overwriting with the same value is still a new revision.
+    ok(s.etcdctl(&["put", "b", "2"]));
+    assert_ne!(hashkv(&s, 0).0, h4);
+    assert_eq!(hashkv(&s, 4).0, h4);
+}
+
+// ---------------------------------------------------------------------------
+// etcd-client crate
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn client_fields() {
+    let server = Server::start(kind());
+    let mut c = Client::connect([server.endpoint()], None).await.unwrap();
+
+    let members = c.member_list().await.unwrap();
+    let header = members.header().expect("member list header");
+    let me = header.member_id();
+    assert_ne!(header.cluster_id(), 0);
+    assert_ne!(me, 0);
+    assert_ne!(header.raft_term(), 0);
+    assert_eq!(members.members().len(), 1);
+    let m = &members.members()[0];
+    assert_eq!(m.id(), me);
+    assert_eq!(m.name(), common::MEMBER_NAME);
+    assert_eq!(m.peer_urls(), [format!("http://127.0.0.1:{}", server.peer_port)]);
+    assert_eq!(m.client_urls(), [format!("http://{}", server.endpoint())]);
+    assert!(!m.is_learner());
+
+    let status = c.status().await.unwrap();
+    assert_eq!(status.leader(), me);
+    assert!(status.version().starts_with("3.4."), "{}", status.version());
+    assert!(status.db_size() > 0);
+    assert!(status.raft_index() >= status.raft_applied_index() && status.raft_applied_index() > 0);
+    assert_eq!(status.header().unwrap().revision(), 1);
+
+    c.put("a", "1", None).await.unwrap();
+    let h = c.hash_kv(0).await.unwrap();
+    assert_eq!(h.header().unwrap().revision(), 2);
+    assert_eq!(h.header().unwrap().member_id(), me);
+    assert_eq!(h.compact_version(), -1);
+    assert_eq!(c.hash_kv(2).await.unwrap().hash(), h.hash());
+    assert_ne!(c.hash_kv(1).await.unwrap().hash(), h.hash());
+    assert_eq!(grpc_code(c.hash_kv(3).await.unwrap_err()), (Code::OutOfRange, FUTURE_REV.into()));
+    c.compact(1, None).await.unwrap();
+    assert_eq!(grpc_code(c.hash_kv(1).await.unwrap_err()), (Code::OutOfRange, COMPACTED.into()));
+    let h = c.hash_kv(0).await.unwrap();
+    assert_eq!(h.compact_version(), 1);
+    let whole = c.hash().await.unwrap();
+    assert_eq!(whole.header().unwrap().revision(), 2);
+    assert_eq!(c.hash().await.unwrap().hash(), whole.hash());
+
+    // Snapshot stream: database chunks with a decreasing remaining count, then the 32-byte digest.
+    let mut stream = c.snapshot().await.unwrap();
+    let mut chunks = Vec::new();
+    while let Some(chunk) = stream.message().await.unwrap() {
+        chunks.push((chunk.remaining_bytes(), chunk.blob().to_vec()));
+    }
+    assert!(chunks.len() >= 2);
+    let (digest_remaining, digest) = chunks.pop().unwrap();
+    assert_eq!((digest_remaining, digest.len()), (0, 32));
+    let total: usize = chunks.iter().map(|(_, b)| b.len()).sum();
+    assert_eq!(total % 512, 0);
+    let mut sent = 0;
+    for (remaining, blob) in &chunks {
+        assert!(blob.len() <= 32 * 1024 && !blob.is_empty());
+        sent += blob.len();
+        assert_eq!(*remaining as usize, total - sent);
+    }
+    let db: Vec<u8> = chunks.into_iter().flat_map(|(_, b)| b).collect();
+    assert_eq!(sha256(&db), digest[..]);
+    if kind() == Kind::Keyward {
+        let (names, keys) = lmdb_tables_and_live_keys(&db);
+        assert!(names.iter().any(|n| n == "kv_revs"), "{names:?}");
+        assert_eq!(keys, vec![b"a".to_vec()]);
+    }
+    // A client that stops reading early: the server must cope (and clean up); the member keeps serving.
+    let mut stream = c.snapshot().await.unwrap();
+    assert!(stream.message().await.unwrap().is_some());
+    drop(stream);
+    c.put("b", "2", None).await.unwrap();
+
+    let alarms = c.alarm(AlarmAction::Get, AlarmType::None, None).await.unwrap();
+    assert!(alarms.alarms().is_empty());
+    let disarmed = c.alarm(AlarmAction::Deactivate, AlarmType::Nospace, None).await.unwrap();
+    assert!(disarmed.alarms().is_empty());
+    c.defragment().await.unwrap();
+
+    c.move_leader(me).await.unwrap();
+    assert_eq!(
+        grpc_code(c.move_leader(me.wrapping_add(1)).await.unwrap_err()),
+        (Code::FailedPrecondition, BAD_TRANSFEREE.into())
+    );
+    let other = me.wrapping_add(1);
+    assert_eq!(grpc_code(c.member_remove(other).await.unwrap_err()), (Code::NotFound, MEMBER_NOT_FOUND.into()));
+    assert_eq!(
+        grpc_code(c.member_update(other, vec!["http://127.0.0.1:1".to_string()]).await.unwrap_err()),
+        (Code::NotFound, MEMBER_NOT_FOUND.into())
+    );
+    assert_eq!(grpc_code(c.member_promote(other).await.unwrap_err()), (Code::NotFound, MEMBER_NOT_FOUND.into()));
+}
+
+/// What keyward refuses (etcd would change the membership or raise an alarm).
+#[tokio::test]
+async fn unsupported_changes_are_refused() {
+    if common::selftest() {
+        return; // etcd supports these
+    }
+    let server = Server::start(Kind::Keyward);
+    let mut c = Client::connect([server.endpoint()], None).await.unwrap();
+    let me = c.member_list().await.unwrap().header().unwrap().member_id();
+    let membership = "etcdserver: membership changes are not supported yet: keyward runs single-member clusters";
+    let unsupported = (Code::Unimplemented, membership.to_string());
+    assert_eq!(grpc_code(c.member_add(["http://127.0.0.1:1"], None).await.unwrap_err()), unsupported);
+    assert_eq!(grpc_code(c.member_remove(me).await.unwrap_err()), unsupported);
+    assert_eq!(grpc_code(c.member_update(me, vec!["http://127.0.0.1:1".to_string()]).await.unwrap_err()), unsupported);
+    assert_eq!(grpc_code(c.member_promote(me).await.unwrap_err()), unsupported);
+    let (code, message) = grpc_code(c.alarm(AlarmAction::Activate, AlarmType::Nospace, None).await.unwrap_err());
+    assert_eq!(code, Code::Unimplemented);
+    assert!(message.starts_with("etcdserver: alarms are not supported yet"), "{message}");
+    // Still one member, still writable.
+    assert_eq!(c.member_list().await.unwrap().members().len(), 1);
+    c.put("a", "1", None).await.unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// restore (docs/snapshot-restore.md)
+// ---------------------------------------------------------------------------
+
+/// The shell procedure of docs/snapshot-restore.md, verbatim apart from taking SNAP and DATA_DIR as
+/// arguments.
+const RESTORE_SCRIPT: &str = r#"
+set -e
+SNAP=$1
+DATA_DIR=$2
+head -c -32 "$SNAP" > "$SNAP.mdb"
+[ "$(tail -c 32 "$SNAP" | od -An -tx1 | tr -d ' \n')" = "$(sha256sum "$SNAP.mdb" | cut -d' ' -f1)" ]
+mkdir -p "$DATA_DIR/member/kv"
+for t in $(mdb_dump -n -l "$SNAP.mdb"); do
+  [ "$t" = sm_meta ] && continue
+  mdb_dump -n -s "$t" "$SNAP.mdb" | mdb_load -n -s "$t" "$DATA_DIR/member/kv/data.mdb"
+done
+rm -f "$DATA_DIR/member/kv/data.mdb-lock" "$SNAP.mdb"
+"#;
+
+fn have_lmdb_utils() -> bool {
+    ["mdb_dump", "mdb_load"].iter().all(|tool| {
+        std::process::Command::new(tool)
+            .arg("-V")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok()
+    })
+}
+
+/// Without lmdb-utils: the same result with heed — the LMDB part as `member/kv/data.mdb`, `sm_meta`
+/// emptied.
+fn restore_with_heed(snapshot: &[u8], data_dir: &Path) {
+    use heed::types::Bytes;
+    use heed::{CommitOrAbort, EnvOpenOptions};
+    let (db, digest) = snapshot.split_at(snapshot.len() - 32);
+    assert_eq!(sha256(db), digest);
+    let kv_dir = data_dir.join("member").join("kv");
+    std::fs::create_dir_all(&kv_dir).unwrap();
+    std::fs::write(kv_dir.join("data.mdb"), db).unwrap();
+    let mut options = EnvOpenOptions::new();
+    options.max_dbs(16);
+    // SAFETY: the new data dir is not in use by anyone else; the env is closed before keyward starts.
+    let env = unsafe { options.open(&kv_dir) }.unwrap();
+    let wtxn = env.write_txn().unwrap();
+    let meta = env
+        .create_databases_and_commit(wtxn, |dbo, wtxn| {
+            dbo.database_options()
+                .types::<Bytes, Bytes>()
+                .name("sm_meta")
+                .create(wtxn)
+                .map(CommitOrAbort::<_, ()>::Commit)
+        })
+        .unwrap()
+        .unwrap_commit();
+    let mut wtxn = env.write_txn().unwrap();
+    meta.clear(&mut wtxn).unwrap();
+    wtxn.commit().unwrap();
+}
+
+/// A backup taken with `etcdctl snapshot save` becomes a new member's data: keys, history, revisions
+/// and later writes (also across a restart).
+#[test]
+fn snapshot_restore_by_hand() {
+    if common::selftest() {
+        return; // keyward's backup format
+    }
+    let s = Server::start(Kind::Keyward);
+    ok(s.etcdctl(&["put", "a", "1"]));
+    ok(s.etcdctl(&["put", "a", "2"]));
+    ok(s.etcdctl(&["put", "b", "3"])); // revision 4
+    let backup = s.dir().path().join("backup.db");
+    ok(s.etcdctl(&["snapshot", "save", &backup.display().to_string()]));
+    ok(s.etcdctl(&["put", "c", "after the backup"]));
+
+    let target = tempfile::Builder::new().prefix("harness-restored-").tempdir().unwrap();
+    let data_dir = target.path().join("data");
+    if have_lmdb_utils() {
+        let out = std::process::Command::new("bash")
+            .args(["-c", RESTORE_SCRIPT, "restore"])
+            .arg(&backup)
+            .arg(&data_dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "restore script: {}", String::from_utf8_lossy(&out.stderr));
+    } else {
+        eprintln!("lmdb-utils not installed: restoring with heed instead of the documented script");
+        restore_with_heed(&std::fs::read(&backup).unwrap(), &data_dir);
+    }
+    drop(s);
+
+    let mut r = Server::start_in(Kind::Keyward, target, &[]);
+    let get = |r: &Server, args: &[&str]| ok(r.etcdctl(args)).stdout;
+    assert_eq!(get(&r, &["get", "a", "--print-value-only"]), "2\n");
+    assert_eq!(get(&r, &["get", "a", "--rev=2", "--print-value-only"]), "1\n");
+    assert_eq!(get(&r, &["get", "c"]), "");
+    assert!(get(&r, &["put", "d", "4", "-w", "json"]).contains("\"revision\":5"));
+    assert_eq!(get(&r, &["member", "list"]).lines().count(), 1);
+    r.restart();
+    assert_eq!(get(&r, &["get", "", "--from-key", "--keys-only"]), "a\n\nb\n\nd\n\n");
+    assert!(get(&r, &["endpoint", "status", "-w", "json"]).contains("\"revision\":5"));
+}
+
+// ---------------------------------------------------------------------------
+// auth
+// ---------------------------------------------------------------------------
+
+/// With auth enabled, Defragment, Hash(KV), Snapshot and membership changes need the root role; etcd's
+/// maintenance service reports the refusal untranslated ("auth: user name is empty", code Unknown).
+/// Member list, alarms and status stay open.
+#[test]
+fn maintenance_needs_root_with_auth() {
+    let sc = Scenario::start();
+    let mask = |s: &Server, text: &str| mask_snapshot_log(s.dir().path(), &mask_hash(text));
+    let snapshot = |user: &'static str| {
+        move |s: &Server| {
+            let mut args =
+                vec!["snapshot".to_string(), "save".into(), s.dir().path().join("b.db").display().to_string()];
+            if !user.is_empty() {
+                args.push(format!("--user={user}"));
+            }
+            args
+        }
+    };
+    let fixed = |args: &'static [&'static str]| move |_: &Server| args.iter().map(|a| a.to_string()).collect();
+    for args in [
+        &["user", "add", "root:pw"][..],
+        &["user", "add", "bob:pw"],
+        &["auth", "enable"],
+        &["defrag"],
+        &["endpoint", "hashkv"],
+        &["member", "remove", "1234"],
+        &["member", "add", "x", "--peer-urls=http://127.0.0.1:1"],
+        &["member", "list"],
+        &["alarm", "list"],
+        &["endpoint", "status"],
+        &["defrag", "--user=bob:pw"],
+        &["endpoint", "hashkv", "--user=bob:pw"],
+        &["member", "remove", "1234", "--user=bob:pw"],
+        &["defrag", "--user=root:pw"],
+        &["endpoint", "hashkv", "--user=root:pw"],
+        &["member", "remove", "1234", "--user=root:pw"],
+    ] {
+        same_each(&sc, fixed(args), mask);
+    }
+    same_each(&sc, snapshot(""), mask);
+    same_each(&sc, snapshot("bob:pw"), mask);
+    same_each(&sc, snapshot("root:pw"), mask);
+}
