@@ -50,16 +50,11 @@ pub fn etcd_bin() -> PathBuf {
 }
 
 pub fn etcdctl_bin() -> PathBuf {
-    PathBuf::from(
-        std::env::var("KEYWARD_HARNESS_ETCDCTL").unwrap_or_else(|_| "/usr/bin/etcdctl".into()),
-    )
+    PathBuf::from(std::env::var("KEYWARD_HARNESS_ETCDCTL").unwrap_or_else(|_| "/usr/bin/etcdctl".into()))
 }
 
 fn env_flag(name: &str) -> bool {
-    matches!(
-        std::env::var(name).as_deref(),
-        Ok("1") | Ok("true") | Ok("yes")
-    )
+    matches!(std::env::var(name).as_deref(), Ok("1") | Ok("true") | Ok("yes"))
 }
 
 /// `KEYWARD_HARNESS_SELFTEST=1`: scenarios compare etcd against etcd.
@@ -166,21 +161,8 @@ impl Server {
     }
 
     /// Spawn the process without waiting for readiness.
-    fn spawn(
-        kind: Kind,
-        dir: TempDir,
-        client_port: u16,
-        peer_port: u16,
-        extra_args: Vec<String>,
-    ) -> Server {
-        let mut s = Server {
-            kind,
-            client_port,
-            peer_port,
-            extra_args,
-            child: None,
-            dir: Some(dir),
-        };
+    fn spawn(kind: Kind, dir: TempDir, client_port: u16, peer_port: u16, extra_args: Vec<String>) -> Server {
+        let mut s = Server { kind, client_port, peer_port, extra_args, child: None, dir: Some(dir) };
         s.spawn_child();
         s
     }
@@ -216,31 +198,14 @@ impl Server {
         ]);
         args.extend(self.extra_args.iter().cloned());
 
-        let mut log = File::options()
-            .create(true)
-            .append(true)
-            .open(self.log_path())
-            .expect("open server log");
-        let _ = writeln!(
-            log,
-            "=== harness: starting {} {}",
-            bin.display(),
-            args.join(" ")
-        );
+        let mut log = File::options().create(true).append(true).open(self.log_path()).expect("open server log");
+        let _ = writeln!(log, "=== harness: starting {} {}", bin.display(), args.join(" "));
         let log_err = log.try_clone().expect("clone log handle");
         let mut cmd = Command::new(&bin);
-        cmd.args(&args)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log_err);
+        cmd.args(&args).stdin(Stdio::null()).stdout(log).stderr(log_err);
         scrub_env(&mut cmd);
-        let child = cmd.spawn().unwrap_or_else(|e| {
-            panic!(
-                "cannot spawn {} ({}): {e}",
-                self.kind.label(),
-                bin.display()
-            )
-        });
+        let child =
+            cmd.spawn().unwrap_or_else(|e| panic!("cannot spawn {} ({}): {e}", self.kind.label(), bin.display()));
         self.child = Some(child);
     }
 
@@ -271,11 +236,7 @@ impl Server {
                 last = format!("etcdctl endpoint health: {}{}", out.stdout, out.stderr);
             }
             if Instant::now() >= deadline {
-                return Err(format!(
-                    "not ready after {:?}; last: {}",
-                    START_TIMEOUT,
-                    last.trim()
-                ));
+                return Err(format!("not ready after {:?}; last: {}", START_TIMEOUT, last.trim()));
             }
             thread::sleep(Duration::from_millis(100));
         }
@@ -377,10 +338,8 @@ impl Drop for Server {
 /// on new ports in a new dir (up to 3 tries).
 pub fn start_all(specs: &[(Kind, &[&str])]) -> Vec<Server> {
     let fresh = |kind: Kind, extra: &[&str]| {
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("harness-{}-", kind.label()))
-            .tempdir()
-            .expect("create temp dir");
+        let dir =
+            tempfile::Builder::new().prefix(&format!("harness-{}-", kind.label())).tempdir().expect("create temp dir");
         let extra = extra.iter().map(|s| s.to_string()).collect();
         Server::spawn(kind, dir, free_port(), free_port(), extra)
     };
@@ -457,16 +416,10 @@ fn run_etcdctl(endpoint: &str, args: &[&str], stdin: Option<&str>, wall: Duratio
         .arg(format!("--endpoints={endpoint}"))
         .arg("--dial-timeout=5s")
         .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot spawn etcdctl: {e}"));
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot spawn etcdctl: {e}"));
     let writer = stdin.map(|input| {
         let mut pipe = child.stdin.take().unwrap();
         let input = input.to_string();
@@ -504,11 +457,7 @@ fn run_etcdctl(endpoint: &str, args: &[&str], stdin: Option<&str>, wall: Duratio
     if timed_out {
         stderr.push_str(&format!("\n[harness: etcdctl killed after {wall:?}]\n"));
     }
-    Output {
-        status,
-        stdout,
-        stderr,
-    }
+    Output { status, stdout, stderr }
 }
 
 // ---------------------------------------------------------------------------
@@ -625,10 +574,8 @@ fn value_extent(s: &str, val: Val) -> (usize, bool) {
             (0, false)
         }
         Val::Token => {
-            let len = b
-                .iter()
-                .take_while(|c| !c.is_ascii_whitespace() && !matches!(c, b',' | b'"' | b'}' | b']'))
-                .count();
+            let len =
+                b.iter().take_while(|c| !c.is_ascii_whitespace() && !matches!(c, b',' | b'"' | b'}' | b']')).count();
             (len, len > 0)
         }
         Val::UpToSlash => match s.find('/') {
@@ -649,12 +596,12 @@ fn is_bool(s: &str) -> bool {
 /// Placeholder for a table cell, by column header (None = keep the cell).
 fn table_cell_placeholder(column: &str) -> Option<&'static str> {
     match column {
-        "ID" => Some("<MEMBER_ID>"), // endpoint status / member list member id (hex)
+        "ID" => Some("<MEMBER_ID>"),    // endpoint status / member list member id (hex)
         "VERSION" => Some("<VERSION>"), // endpoint status server version
-        "DB SIZE" => Some("<SIZE>"), // endpoint status db size ("20 kB")
-        "RAFT TERM" => Some("<TERM>"), // endpoint status raft term
+        "DB SIZE" => Some("<SIZE>"),    // endpoint status db size ("20 kB")
+        "RAFT TERM" => Some("<TERM>"),  // endpoint status raft term
         "RAFT INDEX" | "RAFT APPLIED INDEX" => Some("<INDEX>"), // endpoint status raft indexes
-        "TOOK" => Some("<DURATION>"), // endpoint health duration
+        "TOOK" => Some("<DURATION>"),   // endpoint health duration
         _ => None,
     }
 }
@@ -688,10 +635,7 @@ fn normalize_lines(s: &str) -> String {
         }
         // table row "| a |  b |": cells trimmed; cells of volatile columns replaced
         if t.len() > 1 && t.starts_with('|') && t.ends_with('|') {
-            let cells: Vec<String> = t[1..t.len() - 1]
-                .split('|')
-                .map(|c| c.trim().to_string())
-                .collect();
+            let cells: Vec<String> = t[1..t.len() - 1].split('|').map(|c| c.trim().to_string()).collect();
             let cells = if expect_header {
                 expect_header = false;
                 header = Some(cells.clone());
@@ -701,11 +645,7 @@ fn normalize_lines(s: &str) -> String {
                     .iter()
                     .enumerate()
                     .map(|(i, c)| {
-                        let col = header
-                            .as_ref()
-                            .and_then(|h| h.get(i))
-                            .map(String::as_str)
-                            .unwrap_or("");
+                        let col = header.as_ref().and_then(|h| h.get(i)).map(String::as_str).unwrap_or("");
                         match table_cell_placeholder(col) {
                             Some(ph) if !c.is_empty() => ph.to_string(),
                             _ => c.clone(),
@@ -732,11 +672,7 @@ fn normalize_lines(s: &str) -> String {
             f[8] = "<INDEX>".into();
             out.push_str(&f.join(", "));
         // `member list`: "ID, started|unstarted, name, peer urls, client urls, learner"
-        } else if f.len() == 6
-            && is_hex_id(&f[0])
-            && (f[1] == "started" || f[1] == "unstarted")
-            && is_bool(&f[5])
-        {
+        } else if f.len() == 6 && is_hex_id(&f[0]) && (f[1] == "started" || f[1] == "unstarted") && is_bool(&f[5]) {
             f[0] = "<MEMBER_ID>".into();
             out.push_str(&f.join(", "));
         } else {
@@ -761,10 +697,7 @@ pub struct Step {
 
 impl Step {
     pub fn new(args: &[&str]) -> Step {
-        Step {
-            args: args.iter().map(|s| s.to_string()).collect(),
-            stdin: None,
-        }
+        Step { args: args.iter().map(|s| s.to_string()).collect(), stdin: None }
     }
 
     pub fn with_stdin(mut self, stdin: &str) -> Step {
@@ -775,18 +708,13 @@ impl Step {
     /// Shell-like rendering for messages.
     pub fn display(&self) -> String {
         let quote = |a: &String| {
-            if a.is_empty()
-                || a.contains(|c: char| c.is_whitespace() || "\"'\\$`|&;<>()*?".contains(c))
-            {
+            if a.is_empty() || a.contains(|c: char| c.is_whitespace() || "\"'\\$`|&;<>()*?".contains(c)) {
                 format!("'{}'", a.replace('\'', "'\\''"))
             } else {
                 a.clone()
             }
         };
-        let mut s = format!(
-            "etcdctl {}",
-            self.args.iter().map(quote).collect::<Vec<_>>().join(" ")
-        );
+        let mut s = format!("etcdctl {}", self.args.iter().map(quote).collect::<Vec<_>>().join(" "));
         if let Some(input) = &self.stdin {
             s.push_str(&format!("  <<< {input:?}"));
         }
@@ -819,19 +747,11 @@ impl Scenario {
     }
 
     pub fn start_with(extra_args: &[&str]) -> Scenario {
-        let other = if selftest() {
-            Kind::Etcd
-        } else {
-            Kind::Keyward
-        };
+        let other = if selftest() { Kind::Etcd } else { Kind::Keyward };
         let mut v = start_all(&[(Kind::Etcd, extra_args), (other, extra_args)]);
         let candidate = v.pop().unwrap();
         let reference = v.pop().unwrap();
-        Scenario {
-            reference,
-            candidate,
-            steps_run: 0,
-        }
+        Scenario { reference, candidate, steps_run: 0 }
     }
 
     /// Run one step on both servers (reference first) and assert equal results.
@@ -863,22 +783,13 @@ impl Scenario {
         }
         let mut diffs = Vec::new();
         if a.success() != b.success() {
-            diffs.push(format!(
-                "exit status: {ref_label} {} vs {cand_label} {}",
-                a.status, b.status
-            ));
+            diffs.push(format!("exit status: {ref_label} {} vs {cand_label} {}", a.status, b.status));
         }
         if na_out != nb_out {
-            diffs.push(format!(
-                "stdout (- {ref_label}, + {cand_label}):\n{}",
-                line_diff(&na_out, &nb_out)
-            ));
+            diffs.push(format!("stdout (- {ref_label}, + {cand_label}):\n{}", line_diff(&na_out, &nb_out)));
         }
         if na_err != nb_err {
-            diffs.push(format!(
-                "stderr (- {ref_label}, + {cand_label}):\n{}",
-                line_diff(&na_err, &nb_err)
-            ));
+            diffs.push(format!("stderr (- {ref_label}, + {cand_label}):\n{}", line_diff(&na_err, &nb_err)));
         }
         if !diffs.is_empty() {
             let show = |s: &str| {
@@ -935,21 +846,13 @@ pub fn line_diff(a: &str, b: &str) -> String {
     let x: Vec<&str> = a.lines().collect();
     let y: Vec<&str> = b.lines().collect();
     if x.len() * y.len() > 4_000_000 {
-        return format!(
-            "(outputs too large for a diff: {} vs {} lines)",
-            x.len(),
-            y.len()
-        );
+        return format!("(outputs too large for a diff: {} vs {} lines)", x.len(), y.len());
     }
     let (n, m) = (x.len(), y.len());
     let mut lcs = vec![vec![0u32; m + 1]; n + 1];
     for i in (0..n).rev() {
         for j in (0..m).rev() {
-            lcs[i][j] = if x[i] == y[j] {
-                lcs[i + 1][j + 1] + 1
-            } else {
-                lcs[i + 1][j].max(lcs[i][j + 1])
-            };
+            lcs[i][j] = if x[i] == y[j] { lcs[i + 1][j + 1] + 1 } else { lcs[i + 1][j].max(lcs[i][j + 1]) };
         }
     }
     let mut out = String::new();
@@ -990,9 +893,7 @@ fn harness_normalize_rules() {
         "\"ClusterID\" : 0\n\"MemberID\" : <MEMBER_ID>\n\"Revision\" : 9\n\"RaftTerm\" : <TERM>\n\"Version\" : 2\n\"Version\" : \"<VERSION>\"\n"
     );
     assert_eq!(
-        normalize(
-            "127.0.0.1:23790 is healthy: successfully committed proposal: took = 1.540565ms\n"
-        ),
+        normalize("127.0.0.1:23790 is healthy: successfully committed proposal: took = 1.540565ms\n"),
         "127.0.0.1:<PORT> is healthy: successfully committed proposal: took = <DURATION>\n"
     );
     assert_eq!(
@@ -1002,10 +903,7 @@ fn harness_normalize_rules() {
     let a = "+-----------------+------------+\n|    ENDPOINT     |    TOOK    |\n+-----------------+------------+\n| 127.0.0.1:23790 | 1.226119ms |\n+-----------------+------------+\n";
     let b = "+-----------------+---------+\n|    ENDPOINT     |  TOOK   |\n+-----------------+---------+\n| 127.0.0.1:41234 | 993.1µs |\n+-----------------+---------+\n";
     assert_eq!(normalize(a), normalize(b));
-    assert_eq!(
-        normalize(a),
-        "+-+-+\n| ENDPOINT | TOOK |\n+-+-+\n| 127.0.0.1:<PORT> | <DURATION> |\n+-+-+\n"
-    );
+    assert_eq!(normalize(a), "+-+-+\n| ENDPOINT | TOOK |\n+-+-+\n| 127.0.0.1:<PORT> | <DURATION> |\n+-+-+\n");
     let warn = r#"{"level":"warn","ts":"2026-11-22T03:49:10.578Z","caller":"x.go:62","target":"endpoint://client-3c1d7b5b-85e4/127.0.0.1:23790","attempt":0}"#;
     assert_eq!(
         normalize(warn),

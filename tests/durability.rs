@@ -1,0 +1,408 @@
+//! Durability of `keyward serve` across crashes and restarts, through the `etcd-client` crate.
+//!
+//! * SIGKILL in the middle of a concurrent write load: every acknowledged put survives.
+//! * A graceful stop (SIGTERM) and restart keeps values, revisions, versions and the compaction.
+//! * SIGTERM with an open watch stream: the server must still exit promptly (as etcd does).
+//! * Enough writes to pass the raft snapshot policy (10,000 log entries) so the restart has to
+//!   come back from a snapshot plus the log after it.
+//!
+//! With `KEYWARD_HARNESS_SELFTEST=1` the tests run against a real etcd instead (to check the
+//! expectations themselves); the keyward-specific snapshot-file check is then skipped.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Kind, Server};
+use etcd_client::{Client, Error, GetOptions, KeyValue};
+use tonic::Code;
+
+const COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
+
+fn kind() -> Kind {
+    if common::selftest() {
+        Kind::Etcd
+    } else {
+        Kind::Keyward
+    }
+}
+
+async fn connect(server: &Server) -> Client {
+    Client::connect([server.endpoint()], None).await.unwrap_or_else(|e| panic!("connect to {}: {e}", server.endpoint()))
+}
+
+/// The store's current revision.
+async fn current_rev(c: &mut Client) -> i64 {
+    c.get("\u{1}revision-probe", None).await.expect("revision probe").header().expect("header").revision()
+}
+
+fn s(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Every kv whose key starts with `prefix`, read in pages at one revision.
+async fn all_with_prefix(c: &mut Client, prefix: &str) -> Vec<KeyValue> {
+    const PAGE: i64 = 2000;
+    let mut end = prefix.as_bytes().to_vec();
+    *end.last_mut().expect("non-empty prefix") += 1;
+    let rev = current_rev(c).await;
+    let mut from = prefix.as_bytes().to_vec();
+    let mut out: Vec<KeyValue> = Vec::new();
+    loop {
+        let opts = GetOptions::new().with_range(end.clone()).with_limit(PAGE).with_revision(rev);
+        let resp = c.get(from.clone(), Some(opts)).await.expect("range page");
+        out.extend(resp.kvs().iter().cloned());
+        if !resp.more() {
+            break;
+        }
+        from = resp.kvs().last().expect("a page with more").key().to_vec();
+        from.push(0);
+    }
+    out
+}
+
+/// Assert that `res` failed with gRPC status `code` and exactly `message`.
+#[track_caller]
+fn assert_status<T: std::fmt::Debug>(res: Result<T, Error>, code: Code, message: &str) {
+    match res {
+        Err(Error::GRpcStatus(status)) => {
+            assert_eq!((status.code(), status.message()), (code, message), "unexpected gRPC status: {status:?}")
+        }
+        other => panic!("expected gRPC status {code:?} {message:?}, got {other:?}"),
+    }
+}
+
+/// How long a server may take to exit after SIGTERM (etcd 3.4 takes ~50 ms).
+const SIGTERM_TIMEOUT_S: u64 = 10;
+
+/// Send SIGTERM and wait until the process has exited (it stays a zombie until the harness
+/// reaps it in `restart`). Async, so that this runtime's client connections can answer the
+/// server's graceful shutdown.
+async fn sigterm_and_wait(server: &Server) {
+    let pid = server.pid().expect("server is running");
+    let status = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().expect("run kill");
+    assert!(status.success(), "kill -TERM {pid} failed");
+    let deadline = Instant::now() + Duration::from_secs(SIGTERM_TIMEOUT_S);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // "pid (comm) S ...": the state follows the last ')'
+        let state = stat.rsplit(')').next().unwrap_or("").trim_start().chars().next();
+        if stat.is_empty() || state == Some('Z') || state == Some('X') {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "server did not exit within {SIGTERM_TIMEOUT_S} s of SIGTERM\n--- log ---\n{}",
+            server.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether any file named `*.snap` exists under `dir` (keyward's raft snapshot file).
+fn has_snapshot_file(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let path = e.path();
+        if path.is_dir() {
+            has_snapshot_file(&path)
+        } else {
+            path.extension().is_some_and(|x| x == "snap")
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------
+// SIGKILL under load
+// ---------------------------------------------------------------------------
+
+const WRITERS: usize = 8;
+
+struct WriterReport {
+    /// (key, value, header revision) of every acknowledged put
+    acked: Vec<(String, String, i64)>,
+    failed: usize,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acknowledged_puts_survive_kill_9_mid_load() {
+    let mut server = Server::start(kind());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let client = connect(&server).await;
+        let stop = stop.clone();
+        writers.push(tokio::spawn(async move {
+            let mut c = client;
+            let mut report = WriterReport { acked: Vec::new(), failed: 0 };
+            let mut n = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let key = format!("w/{w:02}/{n:08}");
+                let value = format!("value-{w}-{n}");
+                n += 1;
+                let put = c.put(key.as_str(), value.as_str(), None);
+                match tokio::time::timeout(Duration::from_secs(5), put).await {
+                    Ok(Ok(resp)) => {
+                        let rev = resp.header().expect("put header").revision();
+                        report.acked.push((key, value, rev));
+                    }
+                    _ => {
+                        report.failed += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+            report
+        }));
+    }
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::task::block_in_place(|| server.kill_9());
+    // let every writer see its in-flight put fail
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::SeqCst);
+    let mut acked: Vec<(String, String, i64)> = Vec::new();
+    let mut failed = 0;
+    for w in writers {
+        let report = w.await.expect("writer task");
+        acked.extend(report.acked);
+        failed += report.failed;
+    }
+    eprintln!(
+        "kill -9 under load: {} puts acknowledged by {WRITERS} writers in ~2 s, {failed} failed after the kill",
+        acked.len()
+    );
+    assert!(acked.len() > 100, "only {} puts acknowledged in 2 s", acked.len());
+    assert!(failed >= WRITERS, "writers kept writing after the kill");
+
+    tokio::task::block_in_place(|| server.restart());
+    let mut c = connect(&server).await;
+    let rev = current_rev(&mut c).await;
+    let kvs = all_with_prefix(&mut c, "w/").await;
+    let stored: HashMap<String, &KeyValue> = kvs.iter().map(|kv| (s(kv.key()), kv)).collect();
+
+    let max_acked = acked.iter().map(|a| a.2).max().unwrap();
+    assert!(rev >= max_acked, "store revision {rev} < max acknowledged {max_acked}");
+    let mut acked_revs = HashSet::new();
+    for (key, value, ack_rev) in &acked {
+        assert!(acked_revs.insert(*ack_rev), "revision {ack_rev} acknowledged twice");
+        let kv = stored.get(key).unwrap_or_else(|| panic!("acknowledged key {key} (revision {ack_rev}) lost"));
+        assert_eq!(s(kv.value()), *value, "value of {key}");
+        assert_eq!(
+            (kv.mod_revision(), kv.create_revision(), kv.version()),
+            (*ack_rev, *ack_rev, 1),
+            "revisions of {key}"
+        );
+    }
+    // every put wrote a new key, so the keys' revisions are exactly 2..=rev, each once
+    let mut revs: Vec<i64> = kvs.iter().map(|kv| kv.mod_revision()).collect();
+    revs.sort_unstable();
+    let expected: Vec<i64> = (2..=rev).collect();
+    assert!(
+        revs == expected,
+        "mod revisions of the {} stored keys are not exactly 2..={rev} (duplicates or holes)",
+        kvs.len()
+    );
+    eprintln!(
+        "after restart: revision {rev}, {} keys stored ({} acknowledged, {} written but unacknowledged)",
+        kvs.len(),
+        acked.len(),
+        kvs.len() - acked.len()
+    );
+
+    // and the store keeps going at the next revision
+    let r = c.put("after", "crash", None).await.expect("put after restart");
+    assert_eq!(r.header().unwrap().revision(), rev + 1);
+}
+
+// ---------------------------------------------------------------------------
+// graceful restart
+// ---------------------------------------------------------------------------
+
+type Meta = (String, i64, i64, i64);
+
+fn metas(kvs: &[KeyValue]) -> BTreeMap<String, Meta> {
+    kvs.iter().map(|kv| (s(kv.key()), (s(kv.value()), kv.create_revision(), kv.mod_revision(), kv.version()))).collect()
+}
+
+#[tokio::test]
+async fn clean_restart_keeps_data_and_revisions() {
+    let mut server = Server::start(kind());
+    let mut c = connect(&server).await;
+    // revisions 2, 3, 4, 5
+    for (k, v) in [("k/a", "1"), ("k/a", "2"), ("k/b", "1"), ("k/c", "1")] {
+        c.put(k, v, None).await.unwrap();
+    }
+    c.delete("k/c", None).await.unwrap(); // 6
+    c.put("k/d", "1", None).await.unwrap(); // 7
+    c.put("k/a", "3", None).await.unwrap(); // 8
+    c.put("k/c", "again", None).await.unwrap(); // 9
+    let nothing = c.delete("x", None).await.unwrap();
+    assert_eq!(nothing.header().unwrap().revision(), 9);
+    c.compact(7, None).await.unwrap();
+
+    let before = metas(&all_with_prefix(&mut c, "k/").await);
+    assert_eq!(current_rev(&mut c).await, 9);
+    let at7_before = metas(c.get("k/", Some(GetOptions::new().with_prefix().with_revision(7))).await.unwrap().kvs());
+
+    drop(c);
+    sigterm_and_wait(&server).await;
+    server.restart();
+    let mut c = connect(&server).await;
+
+    assert_eq!(current_rev(&mut c).await, 9, "revision after restart");
+    let after = metas(&all_with_prefix(&mut c, "k/").await);
+    assert_eq!(after, before, "data after restart");
+    let m = |v: &str, c: i64, m: i64, ver: i64| (v.to_string(), c, m, ver);
+    assert_eq!(after["k/a"], m("3", 2, 8, 3));
+    assert_eq!(after["k/b"], m("1", 4, 4, 1));
+    assert_eq!(after["k/c"], m("again", 9, 9, 1));
+    assert_eq!(after["k/d"], m("1", 7, 7, 1));
+
+    // the compaction survived: below it refused, at it the same view as before
+    assert_status(c.get("k/a", Some(GetOptions::new().with_revision(6))).await, Code::OutOfRange, COMPACTED);
+    assert_status(c.compact(7, None).await, Code::OutOfRange, COMPACTED);
+    let at7 = c.get("k/", Some(GetOptions::new().with_prefix().with_revision(7))).await.unwrap();
+    assert_eq!(metas(at7.kvs()), at7_before);
+    assert_eq!(at7_before.keys().collect::<Vec<_>>(), ["k/a", "k/b", "k/d"], "k/c was deleted at 6");
+    // history above the compaction is still readable
+    let at8 = c.get("k/a", Some(GetOptions::new().with_revision(8))).await.unwrap();
+    assert_eq!(s(at8.kvs()[0].value()), "3");
+
+    // new writes continue at the next revision, versions continue too
+    let r = c.put("k/a", "4", None).await.unwrap();
+    assert_eq!(r.header().unwrap().revision(), 10);
+    let r = c.put("k/e", "1", None).await.unwrap();
+    assert_eq!(r.header().unwrap().revision(), 11);
+    let a = c.get("k/a", None).await.unwrap();
+    assert_eq!(metas(a.kvs())["k/a"], m("4", 2, 10, 4), "k/a after a post-restart put");
+    c.compact(10, None).await.unwrap();
+    assert_status(c.get("k/a", Some(GetOptions::new().with_revision(9))).await, Code::OutOfRange, COMPACTED);
+}
+
+/// A graceful stop must not wait for long-lived streams to end on their own: etcd 3.4 ends open
+/// watch streams and exits within milliseconds of SIGTERM.
+#[tokio::test]
+async fn sigterm_with_an_open_watch_stream_exits_promptly() {
+    let mut server = Server::start(kind());
+    let mut c = connect(&server).await;
+    c.put("w", "1", None).await.unwrap();
+    let mut watch = c.watch("w", None).await.expect("watch");
+    let created = watch.message().await.expect("watch created").expect("a response");
+    assert!(created.created());
+    let (ended_tx, ended_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        while let Ok(Some(_)) = watch.message().await {}
+        let _ = ended_tx.send(());
+    });
+
+    let started = Instant::now();
+    sigterm_and_wait(&server).await;
+    eprintln!("exited {:.1?} after SIGTERM with a watch open", started.elapsed());
+    tokio::time::timeout(Duration::from_secs(5), ended_rx)
+        .await
+        .expect("the watch stream ends when the server stops")
+        .expect("watch task");
+
+    drop(c);
+    server.restart();
+    let mut c = connect(&server).await;
+    let kv = c.get("w", None).await.unwrap();
+    assert_eq!(s(kv.kvs()[0].value()), "1");
+    assert_eq!(current_rev(&mut c).await, 2);
+}
+
+// ---------------------------------------------------------------------------
+// restart after a raft snapshot
+// ---------------------------------------------------------------------------
+
+/// Just more puts (one raft log entry each) than keyward's snapshot policy of 10,000 logs
+/// (`SnapshotPolicy::LogsSinceLast(10_000)`; keyward has no `--snapshot-count` flag to lower it).
+/// A debug build on a busy 2-core machine writes ~120-370 puts/s, so this test takes ~30-90 s.
+const SNAPSHOT_PUTS: usize = 10_100;
+const SNAPSHOT_WRITERS: usize = 16;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn restart_after_a_raft_snapshot_keeps_all_data() {
+    let mut server = Server::start(kind());
+    let client = connect(&server).await;
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut writers = Vec::new();
+    for _ in 0..SNAPSHOT_WRITERS {
+        let mut c = client.clone();
+        let next = next.clone();
+        writers.push(tokio::spawn(async move {
+            let mut acked = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= SNAPSHOT_PUTS {
+                    break;
+                }
+                let key = format!("s/{i:05}");
+                let resp =
+                    c.put(key.as_str(), format!("v{i}"), None).await.unwrap_or_else(|e| panic!("put {key}: {e}"));
+                acked.push((i, resp.header().unwrap().revision()));
+            }
+            acked
+        }));
+    }
+    let mut rev_of = vec![0i64; SNAPSHOT_PUTS];
+    for w in writers {
+        for (i, rev) in w.await.expect("writer task") {
+            rev_of[i] = rev;
+        }
+    }
+    eprintln!("{SNAPSHOT_PUTS} puts with {SNAPSHOT_WRITERS} writers took {:.1?}", started.elapsed());
+    let last_rev = SNAPSHOT_PUTS as i64 + 1;
+    let mut c = client;
+    assert_eq!(current_rev(&mut c).await, last_rev);
+
+    if server.kind == Kind::Keyward {
+        // the snapshot is built in the background once 10,000 logs are applied
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !has_snapshot_file(&server.data_dir()) {
+            assert!(
+                Instant::now() < deadline,
+                "no raft snapshot (*.snap) under {} after {SNAPSHOT_PUTS} puts",
+                server.data_dir().display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    drop(c);
+    tokio::task::block_in_place(|| server.restart());
+    let mut c = connect(&server).await;
+    assert_eq!(current_rev(&mut c).await, last_rev, "revision after restart");
+    let count = c.get("s/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count();
+    assert_eq!(count, SNAPSHOT_PUTS as i64);
+    let kvs = all_with_prefix(&mut c, "s/").await;
+    assert_eq!(kvs.len(), SNAPSHOT_PUTS);
+    for (i, kv) in kvs.iter().enumerate() {
+        assert_eq!(s(kv.key()), format!("s/{i:05}"));
+        assert_eq!(s(kv.value()), format!("v{i}"), "value of s/{i:05}");
+        assert_eq!(
+            (kv.create_revision(), kv.mod_revision(), kv.version()),
+            (rev_of[i], rev_of[i], 1),
+            "revisions of s/{i:05}"
+        );
+    }
+    // history is still there, from before the snapshot as well as after it
+    for i in [0, 1, SNAPSHOT_PUTS / 2, SNAPSHOT_PUTS - 1] {
+        let key = format!("s/{i:05}");
+        let at = |r: i64| Some(GetOptions::new().with_prefix().with_revision(r).with_count_only());
+        let r = c.get("s/", at(rev_of[i])).await.unwrap();
+        assert_eq!(r.count(), rev_of[i] - 1, "keys at revision {}", rev_of[i]);
+        let r = c.get(key.as_str(), Some(GetOptions::new().with_revision(rev_of[i] - 1))).await.unwrap();
+        assert!(r.kvs().is_empty(), "{key} before its put");
+    }
+    let r = c.put("after", "snapshot", None).await.unwrap();
+    assert_eq!(r.header().unwrap().revision(), last_rev + 1);
+}
