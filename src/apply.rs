@@ -66,6 +66,10 @@ pub fn apply(
     if let Some(put) = &req.put {
         authorize(stores, txn, |authz| check_put(authz, stores.leases, txn, &who, put))?;
         write_kv(stores, txn, &[put.lease], |w, leases| {
+            // Outside a txn etcd looks the lease up before anything else.
+            if put.lease != 0 && !leases.exists(put.lease) {
+                return Err(EtcdError::LeaseNotFound);
+            }
             kv::check_put(&w.view(), put, leases)?;
             Ok(Applied::Put(kv::put(w, put)?))
         })
@@ -142,13 +146,23 @@ pub fn apply(
 }
 
 /// Runs permission checks against the auth state in `txn`, before anything is written.
-fn authorize(stores: &Stores, txn: &RoTxn, check: impl FnOnce(&Authorizer) -> Result<(), EtcdError>) -> Result<(), EtcdError> {
+fn authorize(
+    stores: &Stores,
+    txn: &RoTxn,
+    check: impl FnOnce(&Authorizer) -> Result<(), EtcdError>,
+) -> Result<(), EtcdError> {
     check(&Authorizer::new(stores.auth, txn)?)
 }
 
 /// A put needs write on its key; with `prev_kv` also read; attaching a lease also needs write on every
 /// key already attached to that lease, since revoking the lease will delete them all (CVE-2026-44283).
-fn check_put(authz: &Authorizer, leases: &LeaseStore, txn: &RoTxn, who: &Requester, put: &PutRequest) -> Result<(), EtcdError> {
+fn check_put(
+    authz: &Authorizer,
+    leases: &LeaseStore,
+    txn: &RoTxn,
+    who: &Requester,
+    put: &PutRequest,
+) -> Result<(), EtcdError> {
     if !authz.enabled() {
         return Ok(());
     }
@@ -167,7 +181,13 @@ fn check_put(authz: &Authorizer, leases: &LeaseStore, txn: &RoTxn, who: &Request
 
 /// A txn needs read on every compare and range, and the put/delete rules on every write, on both
 /// branches and recursively through nested txns (CVE-2026-33343): one denied op denies the whole txn.
-fn check_txn(authz: &Authorizer, leases: &LeaseStore, txn: &RoTxn, who: &Requester, t: &TxnRequest) -> Result<(), EtcdError> {
+fn check_txn(
+    authz: &Authorizer,
+    leases: &LeaseStore,
+    txn: &RoTxn,
+    who: &Requester,
+    t: &TxnRequest,
+) -> Result<(), EtcdError> {
     if !authz.enabled() {
         return Ok(());
     }
@@ -176,7 +196,9 @@ fn check_txn(authz: &Authorizer, leases: &LeaseStore, txn: &RoTxn, who: &Request
     }
     for op in t.success.iter().chain(&t.failure) {
         match &op.request {
-            Some(Request::RequestRange(r)) => authz.check(who, "txn", Access::Read, &KeyRange::new(&r.key, &r.range_end))?,
+            Some(Request::RequestRange(r)) => {
+                authz.check(who, "txn", Access::Read, &KeyRange::new(&r.key, &r.range_end))?
+            }
             Some(Request::RequestPut(p)) => check_put(authz, leases, txn, who, p)?,
             Some(Request::RequestDeleteRange(d)) => {
                 let range = KeyRange::new(&d.key, &d.range_end);
@@ -233,7 +255,12 @@ fn authenticate(
 }
 
 /// User and role management: root only when auth is on.
-fn apply_auth_admin(stores: &Stores, txn: &mut RwTxn, who: &Requester, req: &InternalRaftRequest) -> Result<(Applied, Effects), EtcdError> {
+fn apply_auth_admin(
+    stores: &Stores,
+    txn: &mut RwTxn,
+    who: &Requester,
+    req: &InternalRaftRequest,
+) -> Result<(Applied, Effects), EtcdError> {
     let auth = stores.auth;
     let op = admin_op_name(req).ok_or_else(|| EtcdError::Unsupported("request not supported by this member".into()))?;
     authorize(stores, txn, |authz| authz.check_admin(who, op))?;

@@ -58,6 +58,10 @@ pub struct ServeArgs {
     /// Maximum client request size in bytes the server will accept.
     #[arg(long, env = "ETCD_MAX_REQUEST_BYTES", default_value_t = 1_572_864)]
     pub max_request_bytes: u32,
+    /// Number of committed entries that trigger a snapshot of the state (and let the raft log be
+    /// compacted behind it).
+    #[arg(long, env = "ETCD_SNAPSHOT_COUNT", default_value_t = 100_000)]
+    pub snapshot_count: u64,
     /// Maximum number of operations permitted in a transaction.
     #[arg(long, env = "ETCD_MAX_TXN_OPS", default_value_t = 128)]
     pub max_txn_ops: u32,
@@ -120,6 +124,7 @@ pub struct Config {
     pub cluster_token: String,
     pub max_request_bytes: usize,
     pub max_txn_ops: usize,
+    pub snapshot_count: u64,
     pub auth_token: crate::auth::token_config::TokenConfig,
     pub auth_token_ttl: std::time::Duration,
     pub bcrypt_cost: u32,
@@ -278,6 +283,7 @@ impl ServeArgs {
             cluster_token: self.initial_cluster_token,
             max_request_bytes: self.max_request_bytes as usize,
             max_txn_ops: self.max_txn_ops as usize,
+            snapshot_count: self.snapshot_count.max(1),
             auth_token,
             auth_token_ttl: std::time::Duration::from_secs(self.auth_token_ttl),
             bcrypt_cost: self.bcrypt_cost,

@@ -14,10 +14,10 @@ use std::time::Duration;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::BasicNode;
 
-use crate::config::Config;
-use crate::error::EtcdError;
 use crate::auth::check::{Authorizer, Requester};
 use crate::auth::tokens::Tokens;
+use crate::config::Config;
+use crate::error::EtcdError;
 use crate::lease::lessor::Lessor;
 use crate::mvcc::ReadView;
 use crate::proto::etcdserverpb::{
@@ -78,7 +78,9 @@ impl Node {
         let sm = StateMachine::open(&member_dir.join("kv"), &member_dir.join("snap"))?;
         let state = sm.state();
         let lessor = Arc::new(Lessor::default());
-        let tokens = Arc::new(Tokens::new(&config.auth_token, config.auth_token_ttl).map_err(|e| anyhow::anyhow!("--auth-token: {e}"))?);
+        let tokens = Arc::new(
+            Tokens::new(&config.auth_token, config.auth_token_ttl).map_err(|e| anyhow::anyhow!("--auth-token: {e}"))?,
+        );
         state.use_tokens(tokens.clone());
         let (revision, auth_enabled, auth_revision) = {
             let txn = state.env.read_txn()?;
@@ -117,8 +119,9 @@ impl Node {
             heartbeat_interval: 100,
             election_timeout_min: 300,
             election_timeout_max: 600,
-            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(10_000),
-            max_in_snapshot_log_to_keep: 1_000,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.snapshot_count),
+            // etcd keeps 5,000 entries behind a snapshot for slow followers.
+            max_in_snapshot_log_to_keep: config.snapshot_count.min(5_000),
             ..Default::default()
         }
         .validate()?;
@@ -288,7 +291,13 @@ async fn expire_leases(node: std::sync::Weak<Node>) {
             let node = node.clone();
             tokio::spawn(async move {
                 let revoke = LeaseRevokeRequest { id };
-                match node.propose(InternalRaftRequest { lease_revoke: Some(revoke), ..Default::default() }, &Requester::Member).await {
+                match node
+                    .propose(
+                        InternalRaftRequest { lease_revoke: Some(revoke), ..Default::default() },
+                        &Requester::Member,
+                    )
+                    .await
+                {
                     Ok(_) => tracing::debug!(lease = format!("{id:x}"), "lease expired and was revoked"),
                     // Revoked meanwhile by a client: nothing left to do.
                     Err(EtcdError::LeaseNotFound) => node.lessor.revoked(id),

@@ -3,7 +3,7 @@
 //! * SIGKILL in the middle of a concurrent write load: every acknowledged put survives.
 //! * A graceful stop (SIGTERM) and restart keeps values, revisions, versions and the compaction.
 //! * SIGTERM with an open watch stream: the server must still exit promptly (as etcd does).
-//! * Enough writes to pass the raft snapshot policy (10,000 log entries) so the restart has to
+//! * Enough writes to pass the raft snapshot policy (`--snapshot-count`) so the restart has to
 //!   come back from a snapshot plus the log after it.
 //!
 //! With `KEYWARD_HARNESS_SELFTEST=1` the tests run against a real etcd instead (to check the
@@ -322,15 +322,15 @@ async fn sigterm_with_an_open_watch_stream_exits_promptly() {
 // restart after a raft snapshot
 // ---------------------------------------------------------------------------
 
-/// Just more puts (one raft log entry each) than keyward's snapshot policy of 10,000 logs
-/// (`SnapshotPolicy::LogsSinceLast(10_000)`; keyward has no `--snapshot-count` flag to lower it).
-/// A debug build on a busy 2-core machine writes ~120-370 puts/s, so this test takes ~30-90 s.
-const SNAPSHOT_PUTS: usize = 10_100;
+/// More puts (one raft log entry each) than the `--snapshot-count` the server runs with, so a
+/// snapshot is built and the log is purged behind it before the restart.
+const SNAPSHOT_COUNT: &str = "400";
+const SNAPSHOT_PUTS: usize = 1_000;
 const SNAPSHOT_WRITERS: usize = 16;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn restart_after_a_raft_snapshot_keeps_all_data() {
-    let mut server = Server::start(kind());
+    let mut server = Server::start_with(kind(), &["--snapshot-count", SNAPSHOT_COUNT]);
     let client = connect(&server).await;
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
@@ -365,7 +365,7 @@ async fn restart_after_a_raft_snapshot_keeps_all_data() {
     assert_eq!(current_rev(&mut c).await, last_rev);
 
     if server.kind == Kind::Keyward {
-        // the snapshot is built in the background once 10,000 logs are applied
+        // the snapshot is built in the background once --snapshot-count logs are applied
         let deadline = Instant::now() + Duration::from_secs(20);
         while !has_snapshot_file(&server.data_dir()) {
             assert!(

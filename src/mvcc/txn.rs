@@ -114,18 +114,28 @@ fn compare_kv(c: &Compare, target: Option<CompareTarget>, kv: &KeyValue) -> bool
     }
 }
 
-/// Checks every operation on the path against the state before the transaction (etcd's `checkRequests`).
+/// Which operations a checking pass looks at. etcd checks every put on the path first, then every
+/// range, so when both would fail the put's error is the one reported.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    Puts,
+    Ranges,
+}
+
+/// Checks the operations of one kind on the path against the state before the transaction
+/// (etcd's `checkRequests` with `checkPut` or `checkRange`).
 fn check(
     view: &ReadView,
     req: &TxnRequest,
     path: &mut std::slice::Iter<bool>,
     leases: &dyn Leases,
+    pass: Pass,
 ) -> Result<(), EtcdError> {
     let succeeded = *path.next().ok_or(EtcdError::Internal)?;
     for op in branch(req, succeeded) {
         match &op.request {
-            Some(Request::RequestPut(put)) => kv::check_put(view, put, leases)?,
-            Some(Request::RequestRange(range)) if range.revision != 0 => {
+            Some(Request::RequestPut(put)) if pass == Pass::Puts => kv::check_put(view, put, leases)?,
+            Some(Request::RequestRange(range)) if pass == Pass::Ranges && range.revision != 0 => {
                 if range.revision > view.rev {
                     return Err(EtcdError::FutureRev);
                 }
@@ -133,7 +143,7 @@ fn check(
                     return Err(EtcdError::Compacted);
                 }
             }
-            Some(Request::RequestTxn(inner)) => check(view, inner, path, leases)?,
+            Some(Request::RequestTxn(inner)) => check(view, inner, path, leases, pass)?,
             _ => {}
         }
     }
@@ -146,7 +156,8 @@ pub fn txn(wtxn: &mut WriteTxn, req: &TxnRequest, leases: &dyn Leases) -> Result
     {
         let view = wtxn.view();
         path(&view, req, &mut taken)?;
-        check(&view, req, &mut taken.iter(), leases)?;
+        check(&view, req, &mut taken.iter(), leases, Pass::Puts)?;
+        check(&view, req, &mut taken.iter(), leases, Pass::Ranges)?;
     }
     let mut resp = execute(wtxn, req, &mut taken.iter())?;
     resp.header = kv::header(wtxn.rev());
@@ -163,9 +174,9 @@ pub fn txn_read_only(view: &ReadView, req: &TxnRequest) -> Result<TxnResponse, E
             false
         }
     }
-    check(view, req, &mut taken.iter(), &NoLeases)?;
+    check(view, req, &mut taken.iter(), &NoLeases, Pass::Ranges)?;
     let mut resp = read_branch(view, req, &mut taken.iter())?;
-    resp.header = kv::header(view.committed_rev);
+    resp.header = kv::header(view.rev);
     Ok(resp)
 }
 

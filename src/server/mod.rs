@@ -71,11 +71,26 @@ pub async fn serve(
             }),
         });
     }
-    for server in servers {
-        server.await??;
+    // Graceful shutdown waits for open connections; watch and keep-alive streams never end on their
+    // own, so after a grace period the servers are simply dropped (as etcd exits promptly too).
+    let mut stop = stop_rx.clone();
+    let grace = async move {
+        let _ = stop.wait_for(|stopped| *stopped).await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::select! {
+        results = futures::future::join_all(servers) => {
+            for result in results {
+                result??;
+            }
+        }
+        _ = grace => tracing::info!("closing client connections still open after {SHUTDOWN_GRACE:?}"),
     }
     Ok(())
 }
+
+/// How long open client connections get to finish after a shutdown signal.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 fn routes(node: Arc<Node>) -> Routes {
     let limit = node.max_request_bytes + GRPC_OVERHEAD_BYTES;
