@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use heed::types::Bytes;
-use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, WithoutTls};
+use heed::{CommitOrAbort, Database, Env, EnvFlags, EnvOpenOptions, WithoutTls};
 
 /// Every keyward database maps raw bytes to raw bytes; encodings live with the code that owns each table.
 pub type Db = Database<'static, Bytes, Bytes>;
@@ -17,11 +17,31 @@ pub type LmdbEnv = Env<WithoutTls>;
 /// ceiling, not an allocation.
 const MAP_SIZE: usize = 64 << 30;
 
+/// How much a commit waits for the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Every commit is on disk when it returns (the raft log and vote: an acknowledged write must
+    /// survive power loss).
+    Full,
+    /// Data pages are synced on commit but the meta page is not: a power loss can undo the last
+    /// commit, never corrupt or half-apply one (LMDB's `MDB_NOMETASYNC`). Right for the state
+    /// machine, whose applied log id is in the same commit: raft replays an undone batch from the log.
+    LastCommitMayUndo,
+}
+
 /// Opens (creating if needed) the environment at `dir` and the named databases in it.
-pub fn open<const N: usize>(dir: &Path, names: [&str; N]) -> heed::Result<(LmdbEnv, [Db; N])> {
+pub fn open<const N: usize>(dir: &Path, names: [&str; N], durability: Durability) -> heed::Result<(LmdbEnv, [Db; N])> {
     std::fs::create_dir_all(dir)?;
     let mut options = EnvOpenOptions::new().read_txn_without_tls();
     options.map_size(MAP_SIZE).max_dbs(N as u32).max_readers(1024);
+    if durability == Durability::LastCommitMayUndo {
+        // SAFETY: MDB_NOMETASYNC only relaxes when the meta page reaches the disk; LMDB documents that
+        // it keeps atomicity, consistency and isolation (see `Durability`).
+        #[allow(unsafe_code)]
+        unsafe {
+            options.flags(EnvFlags::NO_META_SYNC);
+        }
+    }
     // SAFETY: LMDB requires that an environment is opened at most once per process and that the file is
     // not modified by other means while open. keyward opens each member directory exactly once
     // (`Node::start`), and the data dir belongs to one process at a time (LMDB's own lock file refuses

@@ -253,7 +253,7 @@ mod tests {
 
     fn store() -> (tempfile::TempDir, storage::LmdbEnv, KvStore) {
         let dir = tempfile::tempdir().unwrap();
-        let (env, dbs) = storage::open::<4>(dir.path(), KvStore::TABLES).unwrap();
+        let (env, dbs) = storage::open::<4>(dir.path(), KvStore::TABLES, storage::Durability::Full).unwrap();
         (dir, env, KvStore::new(dbs))
     }
 

@@ -17,7 +17,6 @@ use super::{any_error, blocking, Entry, LogId, NodeId, StorageError, TypeConfig}
 use crate::storage::{self, Db, LmdbEnv};
 
 const VOTE: &[u8] = b"vote";
-const COMMITTED: &[u8] = b"committed";
 const LAST_PURGED: &[u8] = b"last_purged";
 const IDENTITY: &[u8] = b"identity";
 
@@ -42,7 +41,7 @@ fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, postcard::Error> {
 
 impl LogStore {
     pub fn open(dir: &Path) -> Result<Self, heed::Error> {
-        let (env, [log, meta]) = storage::open(dir, ["log", "meta"])?;
+        let (env, [log, meta]) = storage::open(dir, ["log", "meta"], storage::Durability::Full)?;
         Ok(LogStore { inner: Arc::new(Inner { env, log, meta }) })
     }
 
@@ -141,16 +140,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
         let this = self.clone();
         blocking(move || this.read_meta(VOTE)).await
-    }
-
-    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        let this = self.clone();
-        blocking(move || this.write_meta(COMMITTED, &committed)).await
-    }
-
-    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        let this = self.clone();
-        blocking(move || Ok(this.read_meta::<Option<LogId>>(COMMITTED)?.flatten())).await
     }
 
     async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>

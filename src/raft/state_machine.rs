@@ -78,7 +78,7 @@ impl StateMachine {
         let [leases, lease_keys] = LeaseStore::TABLES;
         let [users, roles, auth_meta] = AuthStore::TABLES;
         let names = [live, revs, index, kv_meta, leases, lease_keys, users, roles, auth_meta, "sm_meta"];
-        let (env, dbs) = storage::open(kv_dir, names)?;
+        let (env, dbs) = storage::open(kv_dir, names, storage::Durability::LastCommitMayUndo)?;
         let [live, revs, index, kv_meta, leases, lease_keys, users, roles, auth_meta, meta] = dbs;
         std::fs::create_dir_all(snap_dir)?;
         let state = State {
@@ -180,6 +180,8 @@ impl State {
     }
 
     fn build_snapshot(&self) -> Result<SnapshotFile, BoxError> {
+        // The log is purged behind a snapshot: everything the snapshot covers must be durable first.
+        self.env.force_sync()?;
         let txn = self.env.read_txn()?;
         let last_log_id = self.read_meta::<Option<LogId>>(&txn, APPLIED)?.flatten();
         let last_membership: StoredMembership = self.read_meta(&txn, MEMBERSHIP)?.unwrap_or_default();
