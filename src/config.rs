@@ -19,6 +19,8 @@ pub struct Cli {
 pub enum Command {
     /// Run a cluster member.
     Serve(Box<ServeArgs>),
+    /// Load-generate against etcd v3 endpoints (keyward or etcd), like etcd's `benchmark` tool.
+    Bench(Box<crate::bench::BenchArgs>),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -190,6 +192,15 @@ impl ServeArgs {
         if self.client_cert_auth && self.trusted_ca_file.is_none() {
             return Err(invalid("--client-cert-auth needs --trusted-ca-file"));
         }
+        if client_tls.is_none()
+            && (self.client_crl_file.is_some()
+                || !self.client_cert_allowed_cn.is_empty()
+                || !self.client_cert_allowed_hostname.is_empty())
+        {
+            return Err(invalid(
+                "--client-crl-file, --client-cert-allowed-cn and --client-cert-allowed-hostname need client TLS (--cert-file, --key-file, --trusted-ca-file)",
+            ));
+        }
         if let Some(tls) = &client_tls {
             // Fail at startup, not at the first connection, when a file is missing or malformed.
             tls.server_config().map_err(invalid)?;
@@ -330,7 +341,7 @@ mod tests {
         let mut argv = vec!["keyward", "serve"];
         argv.extend_from_slice(args);
         let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
-        let Command::Serve(args) = cli.command;
+        let Command::Serve(args) = cli.command else { panic!("not serve") };
         args.into_config().map_err(|e| e.to_string())
     }
 

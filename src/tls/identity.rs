@@ -23,19 +23,23 @@ pub enum NoIdentity {
     NoClientCert,
     /// The verified certificate has no subject Common Name.
     NoCommonName,
+    /// The verified certificate has several subject Common Names: which one is the user is a guess
+    /// (etcd takes the last), so none is.
+    SeveralCommonNames,
 }
 
-/// What the leaf certificate names: its CN (if any) and its DNS names (for the hostname allow-list).
+/// What the leaf certificate names: its CNs and its DNS and IP SANs (for the hostname allow-list).
 pub struct CertNames {
-    pub common_name: Option<String>,
-    pub dns_names: Vec<String>,
+    pub common_names: Vec<String>,
+    pub san_hosts: Vec<String>,
 }
 
 /// Parses the names out of a (verified) leaf certificate; `None` if it does not parse.
 pub fn cert_names(leaf: &CertificateDer<'_>) -> Option<CertNames> {
     let (_, cert) = X509Certificate::from_der(leaf.as_ref()).ok()?;
-    let common_name = cert.subject().iter_common_name().next().and_then(|cn| cn.as_str().ok()).map(str::to_string);
-    let dns_names = cert
+    let common_names =
+        cert.subject().iter_common_name().filter_map(|cn| cn.as_str().ok()).map(str::to_string).collect();
+    let san_hosts = cert
         .subject_alternative_name()
         .ok()
         .flatten()
@@ -45,19 +49,29 @@ pub fn cert_names(leaf: &CertificateDer<'_>) -> Option<CertNames> {
                 .iter()
                 .filter_map(|name| match name {
                     GeneralName::DNSName(dns) => Some(dns.to_string()),
+                    GeneralName::IPAddress(bytes) => ip_string(bytes),
                     _ => None,
                 })
                 .collect()
         })
         .unwrap_or_default();
-    Some(CertNames { common_name, dns_names })
+    Some(CertNames { common_names, san_hosts })
+}
+
+fn ip_string(bytes: &[u8]) -> Option<String> {
+    match bytes.len() {
+        4 => Some(std::net::Ipv4Addr::from(<[u8; 4]>::try_from(bytes).ok()?).to_string()),
+        16 => Some(std::net::Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?).to_string()),
+        _ => None,
+    }
 }
 
 impl PeerIdentity {
     pub fn from_names(names: &CertNames) -> PeerIdentity {
-        match &names.common_name {
-            Some(cn) if !cn.is_empty() => PeerIdentity::Cert { common_name: cn.clone() },
-            _ => PeerIdentity::None(NoIdentity::NoCommonName),
+        match names.common_names.as_slice() {
+            [cn] if !cn.is_empty() => PeerIdentity::Cert { common_name: cn.clone() },
+            [] | [_] => PeerIdentity::None(NoIdentity::NoCommonName),
+            _ => PeerIdentity::None(NoIdentity::SeveralCommonNames),
         }
     }
 

@@ -117,6 +117,8 @@ enum Refused {
     CommonNameNotAllowed(Option<String>),
     #[error("client certificate names no host in --client-cert-allowed-hostname")]
     HostnameNotAllowed,
+    #[error("verified client certificate could not be parsed")]
+    Unreadable,
 }
 
 impl Refused {
@@ -126,6 +128,7 @@ impl Refused {
             Refused::Handshake(_) => "handshake",
             Refused::CommonNameNotAllowed(_) => "cn_not_allowed",
             Refused::HostnameNotAllowed => "hostname_not_allowed",
+            Refused::Unreadable => "unreadable_certificate",
         }
     }
 }
@@ -135,28 +138,27 @@ async fn handshake(acceptor: TlsAcceptor, socket: TcpStream, settings: &TlsSetti
         .await
         .map_err(|_| Refused::Deadline)?
         .map_err(Refused::Handshake)?;
-    let leaf = stream.get_ref().1.peer_certificates().and_then(|certs| certs.first());
-    let identity = match leaf.and_then(cert_names) {
-        // rustls verified the chain (and the CRL) already; only the allow-lists remain.
-        Some(names) => {
-            if !settings.allowed_cns.is_empty()
-                && !names.common_name.as_ref().is_some_and(|cn| settings.allowed_cns.contains(cn))
-            {
-                return Err(Refused::CommonNameNotAllowed(names.common_name));
-            }
-            if !settings.allowed_hostnames.is_empty()
-                && !names
-                    .dns_names
-                    .iter()
-                    .chain(names.common_name.as_ref())
-                    .any(|host| settings.allowed_hostnames.iter().any(|allowed| allowed.eq_ignore_ascii_case(host)))
-            {
-                return Err(Refused::HostnameNotAllowed);
-            }
-            PeerIdentity::from_names(&names)
-        }
-        None => PeerIdentity::None(NoIdentity::NoClientCert),
+    let Some(leaf) = stream.get_ref().1.peer_certificates().and_then(|certs| certs.first()) else {
+        return Ok(TlsConnection { stream, identity: PeerIdentity::None(NoIdentity::NoClientCert) });
     };
+    // rustls verified the chain (and the CRL) already; only the allow-lists remain. A verified
+    // certificate that cannot be read is refused: the allow-lists must never be skipped.
+    let names = cert_names(leaf).ok_or(Refused::Unreadable)?;
+    let identity = PeerIdentity::from_names(&names);
+    if !settings.allowed_cns.is_empty()
+        && !identity.common_name().is_some_and(|cn| settings.allowed_cns.iter().any(|a| a == cn))
+    {
+        return Err(Refused::CommonNameNotAllowed(identity.common_name().map(str::to_string)));
+    }
+    // Host names come from the SANs only, as Go's (and so etcd's) hostname check does.
+    if !settings.allowed_hostnames.is_empty()
+        && !names
+            .san_hosts
+            .iter()
+            .any(|host| settings.allowed_hostnames.iter().any(|allowed| allowed.eq_ignore_ascii_case(host)))
+    {
+        return Err(Refused::HostnameNotAllowed);
+    }
     Ok(TlsConnection { stream, identity })
 }
 

@@ -39,29 +39,36 @@ impl TlsSettings {
         let builder = ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| format!("TLS protocol versions: {e}"))?;
-        let builder = match (&self.trusted_ca_file, self.client_cert_auth) {
-            (Some(ca), true) => {
+        // As in etcd, a trusted CA means client certificates are required and verified; without
+        // `--client-cert-auth` their CN just does not name the user.
+        let builder = match &self.trusted_ca_file {
+            Some(ca) => {
                 let mut roots = RootCertStore::empty();
-                for cert in
-                    CertificateDer::pem_file_iter(ca).map_err(|e| format!("--trusted-ca-file {}: {e}", ca.display()))?
-                {
+                for cert in CertificateDer::pem_file_iter(ca).map_err(|e| format!("--trusted-ca-file {}: {e}", ca.display()))? {
                     let cert = cert.map_err(|e| format!("--trusted-ca-file {}: {e}", ca.display()))?;
                     roots.add(cert).map_err(|e| format!("--trusted-ca-file {}: {e}", ca.display()))?;
                 }
+                if roots.is_empty() {
+                    return Err(format!("--trusted-ca-file {}: no CA certificate found", ca.display()));
+                }
                 let mut verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone());
                 if let Some(crl) = &self.crl_file {
-                    let crls: Vec<CertificateRevocationListDer<'static>> =
-                        CertificateRevocationListDer::pem_file_iter(crl)
-                            .and_then(|crls| crls.collect())
-                            .map_err(|e| format!("--client-crl-file {}: {e}", crl.display()))?;
+                    let crls: Vec<CertificateRevocationListDer<'static>> = CertificateRevocationListDer::pem_file_iter(crl)
+                        .and_then(|crls| crls.collect())
+                        .map_err(|e| format!("--client-crl-file {}: {e}", crl.display()))?;
+                    // An unreadable CRL must never mean "nothing is revoked".
+                    if crls.is_empty() {
+                        return Err(format!("--client-crl-file {}: no CRL found", crl.display()));
+                    }
                     verifier = verifier.with_crls(crls);
                 }
-                builder.with_client_cert_verifier(
-                    verifier.build().map_err(|e| format!("client certificate verifier: {e}"))?,
-                )
+                builder.with_client_cert_verifier(verifier.build().map_err(|e| format!("client certificate verifier: {e}"))?)
             }
-            (None, true) => return Err("--client-cert-auth needs --trusted-ca-file".into()),
-            (_, false) => builder.with_no_client_auth(),
+            None if self.client_cert_auth => return Err("--client-cert-auth needs --trusted-ca-file".into()),
+            None if self.crl_file.is_some() || !self.allowed_cns.is_empty() || !self.allowed_hostnames.is_empty() => {
+                return Err("--client-crl-file, --client-cert-allowed-cn and --client-cert-allowed-hostname need --trusted-ca-file (client certificates)".into())
+            }
+            None => builder.with_no_client_auth(),
         };
         let mut config = builder.with_single_cert(certs, key).map_err(|e| format!("--cert-file/--key-file: {e}"))?;
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
