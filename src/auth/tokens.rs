@@ -10,14 +10,14 @@ use crate::error::EtcdError;
 
 pub enum Tokens {
     Simple(SimpleTokens),
-    Jwt(JwtTokens),
+    Jwt(Box<JwtTokens>),
 }
 
 impl Tokens {
     pub fn new(config: &TokenConfig, simple_ttl: Duration) -> Result<Self, String> {
         Ok(match config {
             TokenConfig::Simple => Tokens::Simple(SimpleTokens::new(simple_ttl)),
-            TokenConfig::Jwt(options) => Tokens::Jwt(JwtTokens::new(options)?),
+            TokenConfig::Jwt(options) => Tokens::Jwt(Box::new(JwtTokens::new(options)?)),
         })
     }
 
