@@ -57,6 +57,9 @@ pub enum EtcdError {
     RoleEmpty,
     #[error("etcdserver: authentication failed, invalid user ID or password")]
     AuthFailed,
+    /// etcd answers a password login to a `--no-password` user with its raw auth error (code Unknown).
+    #[error("auth: authentication failed, password was given for no password user")]
+    NoPasswordUser,
     #[error("etcdserver: permission denied")]
     PermissionDenied,
     #[error("etcdserver: role is not granted to the user")]
@@ -108,11 +111,19 @@ impl EtcdError {
                 Code::FailedPrecondition
             }
             PermissionDenied => Code::PermissionDenied,
+            NoPasswordUser => Code::Unknown,
             InvalidAuthToken => Code::Unauthenticated,
             NoLeader | LeaderChanged | Stopped | Timeout => Code::Unavailable,
             Unsupported(_) => Code::Unimplemented,
             Internal => Code::Internal,
         }
+    }
+}
+
+impl EtcdError {
+    /// The error as Go's gRPC status prints it; etcd puts this text in a watch's cancel reason.
+    pub fn go_status_text(&self) -> String {
+        format!("rpc error: code = {:?} desc = {self}", self.code())
     }
 }
 

@@ -64,10 +64,17 @@ impl AuthStore {
     }
 
     pub fn user(&self, txn: &RoTxn, name: &str) -> Result<Option<User>, EtcdError> {
+        // LMDB has no zero-length keys; no user has an empty name.
+        if name.is_empty() {
+            return Ok(None);
+        }
         self.users.get(txn, name.as_bytes())?.map(|b| User::decode(b).map_err(|_| corrupt())).transpose()
     }
 
     pub fn role(&self, txn: &RoTxn, name: &str) -> Result<Option<Role>, EtcdError> {
+        if name.is_empty() {
+            return Ok(None);
+        }
         self.roles.get(txn, name.as_bytes())?.map(|b| Role::decode(b).map_err(|_| corrupt())).transpose()
     }
 

@@ -126,7 +126,7 @@ impl Auth for AuthService {
             };
             if user.options.is_some_and(|o| o.no_password) {
                 tracing::info!(user = %req.name, "authentication failed: the user has no password (certificate only)");
-                return Err(EtcdError::AuthFailed.into());
+                return Err(EtcdError::NoPasswordUser.into());
             }
             if !password::verify(req.password.clone(), user.password).await {
                 tracing::info!(user = %req.name, "authentication failed: wrong password");

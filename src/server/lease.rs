@@ -141,11 +141,19 @@ impl Lease for LeaseService {
 
     async fn lease_leases(
         &self,
-        _request: Request<LeaseLeasesRequest>,
+        request: Request<LeaseLeasesRequest>,
     ) -> Result<Response<LeaseLeasesResponse>, Status> {
-        self.node.read(true, |_, _| Ok(())).await?;
+        let who = requester(&self.node, &request)?;
+        // Listing leases needs an authenticated user when auth is on (CVE-2026-33413).
+        self.node.read(true, move |_, authz| authz.check_user(&who, "lease_leases")).await?;
         let leases = self.node.read_state(|state, txn| state.leases.all(txn)).await?;
-        let leases = leases.into_iter().map(|(id, _)| LeaseStatus { id }).collect();
+        // etcd lists leases by expiry, soonest first.
+        let mut leases: Vec<_> = leases
+            .into_iter()
+            .map(|(id, _)| (self.node.lessor.time_to_live(id).map_or(i64::MAX, |(_, left)| left), id))
+            .collect();
+        leases.sort();
+        let leases = leases.into_iter().map(|(_, id)| LeaseStatus { id }).collect();
         Ok(Response::new(LeaseLeasesResponse { header: header(&self.node), leases }))
     }
 }

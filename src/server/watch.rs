@@ -61,7 +61,9 @@ impl Watch for WatchService {
     async fn watch(&self, request: Request<Streaming<WatchRequest>>) -> Result<Response<ResponseStream>, Status> {
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         // The stream's identity comes from its metadata; a bad token refuses each create, as in etcd.
-        let who = requester(&self.node, &request).map_err(|s| s.message().to_string());
+        // etcd puts Go's status text of the refusal in the cancel reason.
+        let who = requester(&self.node, &request)
+            .map_err(|s| format!("rpc error: code = {:?} desc = {}", s.code(), s.message()));
         let stream = WatchStream { node: self.node.clone(), who, out, watchers: HashMap::new(), next_id: 0 };
         tokio::spawn(stream.run(request.into_inner()));
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
@@ -98,6 +100,9 @@ impl WatchStream {
                 break;
             }
         }
+        // A client may half-close its side and keep reading events (etcd keeps sending): watchers
+        // stop only when the client is gone.
+        self.out.closed().await;
         for (_, running) in self.watchers.drain() {
             let _ = running.stop.send(());
             running.task.abort();
@@ -134,7 +139,7 @@ impl WatchStream {
         let permitted =
             self.node.read(false, move |_, authz| authz.check(&checked, "watch", Access::Read, &check_range)).await;
         if let Err(e) = permitted {
-            return self.send(refuse(&e.to_string())).await;
+            return self.send(refuse(&e.go_status_text())).await;
         }
         let id = if req.watch_id != 0 {
             if self.watchers.contains_key(&req.watch_id) {
@@ -237,7 +242,10 @@ impl Watcher {
         };
         let resp = match end {
             End::Closed => return,
-            End::Compacted(compact_revision) => WatchResponse { compact_revision, ..canceled },
+            // etcd's compaction cancel carries no revision in its header.
+            End::Compacted(compact_revision) => {
+                WatchResponse { header: header(&node, 0), compact_revision, ..canceled }
+            }
             End::Denied(reason) => {
                 tracing::info!(watch_id = self.id, reason = %reason, "watch canceled: permission no longer granted");
                 WatchResponse { cancel_reason: reason, ..canceled }
@@ -257,7 +265,7 @@ impl Watcher {
         progress.tick().await;
         loop {
             if let Err(e) = self.still_permitted(node).await {
-                return End::Denied(e.to_string());
+                return End::Denied(e.go_status_text());
             }
             // Behind the store: replay from LMDB.
             if self.next <= node.revision() {
@@ -279,7 +287,7 @@ impl Watcher {
                     Ok(Ok((events, next, rev))) => {
                         self.next = next;
                         if let Err(e) = self.still_permitted(node).await {
-                            return End::Denied(e.to_string());
+                            return End::Denied(e.go_status_text());
                         }
                         if !self.send_events(node, events, rev, out, stopped).await {
                             return End::Closed;
@@ -308,7 +316,7 @@ impl Watcher {
                             .collect();
                         self.next = batch.revision + 1;
                         if let Err(e) = self.still_permitted(node).await {
-                            return End::Denied(e.to_string());
+                            return End::Denied(e.go_status_text());
                         }
                         if !self.send_events(node, events, batch.revision, out, stopped).await {
                             return End::Closed;
@@ -400,24 +408,33 @@ fn attach_prev_kvs(view: &crate::mvcc::ReadView, events: &mut [Event]) -> Result
     Ok(())
 }
 
-/// Splits events into responses of at most `limit` bytes (at least one event each); every response but
-/// the last has `fragment` set, as etcd's watch fragmentation does.
+/// etcd's watch fragmentation: a response whose encoded size reaches `limit` (with two or more events)
+/// is split so each part stays under `limit` (a single oversized event travels alone); every part but
+/// the last has `fragment` set.
 fn fragments(id: i64, header: Option<ResponseHeader>, events: Vec<Event>, limit: usize) -> Vec<WatchResponse> {
-    let mut out = Vec::new();
+    let whole = WatchResponse { header, watch_id: id, events, ..Default::default() };
+    if whole.encoded_len() < limit || whole.events.len() < 2 {
+        return vec![whole];
+    }
+    /// `WatchResponse.events` is field 11.
+    const EVENTS_FIELD: u32 = 11;
+    let base = WatchResponse { header, watch_id: id, fragment: true, ..Default::default() }.encoded_len();
+    let mut parts = Vec::new();
     let mut current = Vec::new();
-    let mut size = 0;
-    for event in events {
-        let len = event.encoded_len();
-        if !current.is_empty() && size + len > limit {
-            out.push(std::mem::take(&mut current));
-            size = 0;
+    let mut size = base;
+    for event in whole.events {
+        let len = prost::encoding::message::encoded_len(EVENTS_FIELD, &event);
+        if !current.is_empty() && size + len >= limit {
+            parts.push(std::mem::take(&mut current));
+            size = base;
         }
         size += len;
         current.push(event);
     }
-    out.push(current);
-    let last = out.len() - 1;
-    out.into_iter()
+    parts.push(current);
+    let last = parts.len() - 1;
+    parts
+        .into_iter()
         .enumerate()
         .map(|(i, events)| WatchResponse { header, watch_id: id, events, fragment: i != last, ..Default::default() })
         .collect()

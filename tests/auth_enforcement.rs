@@ -1,0 +1,971 @@
+//! One test per permission rule keyward enforces (in `src/apply.rs` for writes, in the read path for
+//! reads, watches, leases and auth reads), each with its twin: the same request succeeding once the
+//! permission is present. Every test starts its own keyward with auth enabled (`--bcrypt-cost 4`) and
+//! drives it with the `etcd-client` crate, or with keyward's own generated gRPC clients where a test
+//! must choose the token a request carries.
+//!
+//! Tokens carry the auth revision they were issued at, and any auth change makes older tokens
+//! "revision of auth store is old" (as in etcd). `etcd-client` does not re-authenticate on that error,
+//! so after changing permissions a test refreshes the affected clients' tokens explicitly
+//! ([`refresh`]); a denial is therefore always asserted with a fresh token, never a stale one.
+//!
+//! With `KEYWARD_HARNESS_SELFTEST=1` the same bodies run against a real etcd 3.4.23, which checks the
+//! expectations themselves. etcd 3.4.23 predates several fixes these tests require, so there the
+//! rules for nested txns, txn puts with prev_kv/lease, LeaseTimeToLive keys (CVE-2023-32082), the
+//! lease APIs' authentication, from-key watches and the canceling of live watches fail by design.
+
+#[path = "common/auth.rs"]
+mod auth_helpers;
+mod common;
+
+use std::time::Duration;
+
+use auth_helpers::*;
+use common::Server;
+use etcd_client::{
+    Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, LeaseTimeToLiveOptions, Permission, PutOptions,
+    Txn, TxnOp, WatchOptions, WatchResponse, WatchStream,
+};
+use tonic::Code;
+
+// ---------------------------------------------------------------------------
+// helpers
+// ---------------------------------------------------------------------------
+
+/// Gets a fresh token for a client after an auth change made its old one stale.
+async fn refresh(c: &Client) {
+    assert_ok("re-authenticate", c.refresh_token().await);
+}
+
+/// The value of `key` as root sees it (`None`: no such key).
+async fn root_get(s: &mut AuthServer, key: &str) -> Option<String> {
+    refresh(&s.root).await;
+    let resp = assert_ok("root get", s.root.get(key, None).await);
+    resp.kvs().first().map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+}
+
+async fn root_put(s: &mut AuthServer, key: &str, value: &str, opts: Option<PutOptions>) {
+    refresh(&s.root).await;
+    assert_ok("root put", s.root.put(key, value, opts).await);
+}
+
+/// A lease granted by root with `keys` attached (values "v").
+async fn root_lease_with_keys(s: &mut AuthServer, keys: &[&str]) -> i64 {
+    refresh(&s.root).await;
+    let id = assert_ok("root lease grant", s.root.lease_grant(60, None).await).id();
+    for k in keys {
+        assert_ok("root put with lease", s.root.put(*k, "v", Some(PutOptions::new().with_lease(id))).await);
+    }
+    id
+}
+
+/// Grants `perm` to `role` and refreshes the given clients' tokens.
+async fn grant(s: &mut AuthServer, role: &str, perm: Permission, clients: &[&Client]) {
+    s.grant(role, perm).await;
+    for c in clients {
+        refresh(c).await;
+    }
+}
+
+/// The next watch response within `wait` (`None`: nothing arrived, or the stream ended).
+async fn next(stream: &mut WatchStream, wait: Duration) -> Option<WatchResponse> {
+    match tokio::time::timeout(wait, stream.message()).await {
+        Ok(Ok(resp)) => resp,
+        Ok(Err(e)) => panic!("watch stream failed: {e:?}"),
+        Err(_) => None,
+    }
+}
+
+/// Opens a watch and returns the stream with its creation response.
+async fn watch(c: &mut Client, key: &str, opts: Option<WatchOptions>) -> (WatchStream, WatchResponse) {
+    let mut stream = assert_ok("watch", c.watch(key, opts).await);
+    let created = next(&mut stream, Duration::from_secs(5)).await.expect("a watch creation response");
+    assert!(created.created(), "first watch response must be the creation: {created:?}");
+    (stream, created)
+}
+
+#[track_caller]
+fn assert_watch_refused(what: &str, created: &WatchResponse) {
+    assert!(created.canceled(), "{what}: the watch must be refused at creation, got {created:?}");
+    assert!(
+        created.cancel_reason().contains(PERMISSION_DENIED),
+        "{what}: cancel reason must say permission denied, got {:?}",
+        created.cancel_reason()
+    );
+}
+
+/// Waits for the next response carrying events and returns their keys.
+async fn next_event_keys(stream: &mut WatchStream) -> Vec<String> {
+    loop {
+        let resp = next(stream, Duration::from_secs(5)).await.expect("a watch event");
+        assert!(!resp.canceled(), "watch canceled unexpectedly: {resp:?}");
+        if !resp.events().is_empty() {
+            return resp
+                .events()
+                .iter()
+                .filter(|e| e.event_type() == EventType::Put || e.event_type() == EventType::Delete)
+                .map(|e| String::from_utf8_lossy(e.kv().unwrap().key()).into_owned())
+                .collect();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// put
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn put_needs_write_on_key() {
+    let mut s = AuthServer::start().await;
+    let mut alice = s.user("alice", &[Permission::read("k")]).await;
+    assert_denied("put with read-only permission", alice.put("k", "v", None).await);
+    assert_denied("put on a key without permission", alice.put("other", "v", None).await);
+    assert_eq!(root_get(&mut s, "k").await, None, "a denied put must not write");
+    // twin: write granted
+    grant(&mut s, "alice-role", Permission::read_write("k"), &[&alice]).await;
+    assert_ok("put with write permission", alice.put("k", "v", None).await);
+    assert_eq!(root_get(&mut s, "k").await.as_deref(), Some("v"));
+}
+
+#[tokio::test]
+async fn put_with_prev_kv_needs_read() {
+    let mut s = AuthServer::start().await;
+    let mut alice = s.user("alice", &[Permission::write("k")]).await;
+    assert_ok("plain put with write-only permission", alice.put("k", "v1", None).await);
+    assert_denied("put with prev_kv and no read", alice.put("k", "v2", Some(PutOptions::new().with_prev_key())).await);
+    assert_eq!(root_get(&mut s, "k").await.as_deref(), Some("v1"), "a denied put must not write");
+    // twin: read granted as well
+    grant(&mut s, "alice-role", Permission::read_write("k"), &[&alice]).await;
+    let resp =
+        assert_ok("put with prev_kv and read", alice.put("k", "v2", Some(PutOptions::new().with_prev_key())).await);
+    assert_eq!(resp.prev_key().map(|kv| kv.value().to_vec()), Some(b"v1".to_vec()));
+}
+
+#[tokio::test]
+async fn put_with_lease_needs_write_on_keys_already_attached_to_lease() {
+    let mut s = AuthServer::start().await;
+    let lease = root_lease_with_keys(&mut s, &["secret"]).await;
+    let mut alice = s.user("alice", &[Permission::read_write("a")]).await;
+    // Attaching "a" to a lease that also holds "secret" would let alice delete "secret" by revoking it.
+    assert_denied(
+        "put attaching a lease that holds a key without write permission",
+        alice.put("a", "v", Some(PutOptions::new().with_lease(lease))).await,
+    );
+    assert_eq!(root_get(&mut s, "a").await, None, "a denied put must not write");
+    // a lease of alice's own, with nothing else attached, is fine
+    let own = assert_ok("lease grant", alice.lease_grant(60, None).await).id();
+    assert_ok("put with an own lease", alice.put("a", "v", Some(PutOptions::new().with_lease(own))).await);
+    // twin: write on the attached key
+    grant(&mut s, "alice-role", Permission::write("secret"), &[&alice]).await;
+    assert_ok("put with the shared lease", alice.put("a", "v2", Some(PutOptions::new().with_lease(lease))).await);
+}
+
+// ---------------------------------------------------------------------------
+// txn
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn txn_put_with_lease_needs_write_on_attached_keys() {
+    let mut s = AuthServer::start().await;
+    let lease = root_lease_with_keys(&mut s, &["secret"]).await;
+    let mut alice = s.user("alice", &[Permission::read_write("a")]).await;
+    let txn = || Txn::new().and_then([TxnOp::put("a", "v", Some(PutOptions::new().with_lease(lease)))]);
+    assert_denied("txn put attaching a lease holding an unwritable key", alice.txn(txn()).await);
+    assert_eq!(root_get(&mut s, "a").await, None, "a denied txn must not write");
+    // twin
+    grant(&mut s, "alice-role", Permission::write("secret"), &[&alice]).await;
+    assert_ok("txn put with the shared lease", alice.txn(txn()).await);
+    assert_eq!(root_get(&mut s, "a").await.as_deref(), Some("v"));
+}
+
+#[tokio::test]
+async fn txn_put_with_prev_kv_needs_read() {
+    let mut s = AuthServer::start().await;
+    root_put(&mut s, "k", "v0", None).await;
+    let mut alice = s.user("alice", &[Permission::write("k")]).await;
+    let txn = || Txn::new().and_then([TxnOp::put("k", "v1", Some(PutOptions::new().with_prev_key()))]);
+    assert_denied("txn put with prev_kv and no read", alice.txn(txn()).await);
+    assert_eq!(root_get(&mut s, "k").await.as_deref(), Some("v0"), "a denied txn must not write");
+    assert_ok("txn put without prev_kv", alice.txn(Txn::new().and_then([TxnOp::put("k", "v1", None)])).await);
+    // twin
+    grant(&mut s, "alice-role", Permission::read_write("k"), &[&alice]).await;
+    assert_ok("txn put with prev_kv and read", alice.txn(txn()).await);
+}
+
+#[tokio::test]
+async fn txn_delete_with_prev_kv_needs_read() {
+    let mut s = AuthServer::start().await;
+    root_put(&mut s, "k", "v0", None).await;
+    let mut alice = s.user("alice", &[Permission::write("k")]).await;
+    let txn = || Txn::new().and_then([TxnOp::delete("k", Some(DeleteOptions::new().with_prev_key()))]);
+    assert_denied("txn delete with prev_kv and no read", alice.txn(txn()).await);
+    assert_eq!(root_get(&mut s, "k").await.as_deref(), Some("v0"), "a denied txn must not delete");
+    // twin
+    grant(&mut s, "alice-role", Permission::read_write("k"), &[&alice]).await;
+    assert_ok("txn delete with prev_kv and read", alice.txn(txn()).await);
+    assert_eq!(root_get(&mut s, "k").await, None);
+}
+
+#[tokio::test]
+async fn txn_compare_needs_read() {
+    let mut s = AuthServer::start().await;
+    root_put(&mut s, "c", "x", None).await;
+    let mut alice = s.user("alice", &[Permission::read_write("a")]).await;
+    // the compare leaks whether c == "x" even though nothing of c is returned
+    let txn = || Txn::new().when([Compare::value("c", CompareOp::Equal, "x")]).and_then([TxnOp::put("a", "1", None)]);
+    assert_denied("txn comparing an unreadable key", alice.txn(txn()).await);
+    assert_eq!(root_get(&mut s, "a").await, None, "a denied txn must not write");
+    // a range compare over keys alice cannot read is denied too
+    let ranged = Txn::new()
+        .when([Compare::version("a", CompareOp::Greater, 0).with_range("d")])
+        .and_then([TxnOp::put("a", "1", None)]);
+    assert_denied("txn with a range compare over an unreadable key", alice.txn(ranged).await);
+    // twin
+    grant(&mut s, "alice-role", Permission::read("c"), &[&alice]).await;
+    let resp = assert_ok("txn comparing a readable key", alice.txn(txn()).await);
+    assert!(resp.succeeded());
+}
+
+#[tokio::test]
+async fn txn_range_needs_read() {
+    let mut s = AuthServer::start().await;
+    root_put(&mut s, "c", "x", None).await;
+    let mut alice = s.user("alice", &[Permission::read_write("a")]).await;
+    let txn = || Txn::new().and_then([TxnOp::put("a", "1", None), TxnOp::get("c", None)]);
+    assert_denied("txn reading an unreadable key", alice.txn(txn()).await);
+    assert_eq!(root_get(&mut s, "a").await, None, "a denied txn must not write");
+    // twin
+    grant(&mut s, "alice-role", Permission::read("c"), &[&alice]).await;
+    assert_ok("txn reading a readable key", alice.txn(txn()).await);
+    assert_eq!(root_get(&mut s, "a").await.as_deref(), Some("1"));
+}
+
+#[tokio::test]
+async fn txn_denied_op_in_failure_branch_denies_whole_txn() {
+    let mut s = AuthServer::start().await;
+    root_put(&mut s, "a", "1", None).await;
+    let mut alice = s.user("alice", &[Permission::read_write("a")]).await;
+    // the compare holds, so the failure branch would not run: it is checked all the same
+    let txn = || {
+        Txn::new()
+            .when([Compare::value("a", CompareOp::Equal, "1")])
+            .and_then([TxnOp::put("a", "2", None)])
+            .or_else([TxnOp::put("b", "x", None)])
+    };
+    assert_denied("txn whose failure branch writes an unwritable key", alice.txn(txn()).await);
+    assert_eq!(root_get(&mut s, "a").await.as_deref(), Some("1"), "the success branch must not have run");
+    // a delete or a read in the failure branch likewise
+    let del = Txn::new()
+        .when([Compare::value("a", CompareOp::Equal, "1")])
+        .and_then([TxnOp::put("a", "2", None)])
+        .or_else([TxnOp::delete("b", None)]);
+    assert_denied("txn whose failure branch deletes an unwritable key", alice.txn(del).await);
+    // twin
+    grant(&mut s, "alice-role", Permission::write("b"), &[&alice]).await;
+    let resp = assert_ok("txn with every branch permitted", alice.txn(txn()).await);
+    assert!(resp.succeeded());
+    assert_eq!(root_get(&mut s, "a").await.as_deref(), Some("2"));
+    assert_eq!(root_get(&mut s, "b").await, None);
+}
+
+/// CVE-2026-33343: the ops of a nested txn must be checked like top-level ones.
+#[tokio::test]
+async fn nested_txn_write_needs_write() {
+    let mut s = AuthServer::start().await;
+    root_put(&mut s, "secret", "s", None).await;
+    let mut alice = s.user("alice", &[Permission::read_write("a")]).await;
+    let nested_put = || Txn::new().and_then([TxnOp::txn(Txn::new().and_then([TxnOp::put("secret", "hacked", None)]))]);
+    assert_denied("nested txn putting an unwritable key", alice.txn(nested_put()).await);
+    let nested_del = Txn::new().and_then([TxnOp::txn(Txn::new().and_then([TxnOp::delete("secret", None)]))]);
+    assert_denied("nested txn deleting an unwritable key", alice.txn(nested_del).await);
+    let in_failure = Txn::new()
+        .when([Compare::value("a", CompareOp::Equal, "never")])
+        .or_else([TxnOp::put("a", "1", None), TxnOp::txn(Txn::new().and_then([TxnOp::put("secret", "hacked", None)]))]);
+    assert_denied("nested txn in the failure branch", alice.txn(in_failure).await);
+    let deep = Txn::new().and_then([
+        TxnOp::put("a", "1", None),
+        TxnOp::txn(Txn::new().and_then([TxnOp::txn(Txn::new().and_then([TxnOp::put("secret", "hacked", None)]))])),
+    ]);
+    assert_denied("doubly nested txn", alice.txn(deep).await);
+    let nested_read = Txn::new()
+        .and_then([TxnOp::put("a", "1", None), TxnOp::txn(Txn::new().and_then([TxnOp::get("secret", None)]))]);
+    assert_denied("nested txn reading an unreadable key", alice.txn(nested_read).await);
+    let nested_compare = Txn::new().and_then([
+        TxnOp::put("a", "1", None),
+        TxnOp::txn(
+            Txn::new().when([Compare::value("secret", CompareOp::Equal, "s")]).and_then([TxnOp::get("a", None)]),
+        ),
+    ]);
+    assert_denied("nested txn comparing an unreadable key", alice.txn(nested_compare).await);
+    assert_eq!(root_get(&mut s, "secret").await.as_deref(), Some("s"), "denied nested txns must not write");
+    assert_eq!(root_get(&mut s, "a").await, None, "denied nested txns must not write");
+    // twin
+    grant(&mut s, "alice-role", Permission::write("secret"), &[&alice]).await;
+    assert_ok("nested txn with write permission", alice.txn(nested_put()).await);
+    assert_eq!(root_get(&mut s, "secret").await.as_deref(), Some("hacked"));
+}
+
+#[tokio::test]
+async fn read_only_txn_needs_read() {
+    let mut s = AuthServer::start().await;
+    root_put(&mut s, "a", "1", None).await;
+    root_put(&mut s, "secret", "s", None).await;
+    let mut alice = s.user("alice", &[Permission::read("a")]).await;
+    assert_denied(
+        "read-only txn reading an unreadable key",
+        alice.txn(Txn::new().and_then([TxnOp::get("secret", None)])).await,
+    );
+    assert_denied(
+        "read-only txn comparing an unreadable key",
+        alice
+            .txn(Txn::new().when([Compare::value("secret", CompareOp::Equal, "s")]).and_then([TxnOp::get("a", None)]))
+            .await,
+    );
+    assert_denied(
+        "read-only txn reading an unreadable key in the failure branch",
+        alice.txn(Txn::new().and_then([TxnOp::get("a", None)]).or_else([TxnOp::get("secret", None)])).await,
+    );
+    assert_denied(
+        "read-only nested txn",
+        alice.txn(Txn::new().and_then([TxnOp::txn(Txn::new().and_then([TxnOp::get("secret", None)]))])).await,
+    );
+    assert_denied(
+        "read-only txn reading a range",
+        alice.txn(Txn::new().and_then([TxnOp::get("a", Some(GetOptions::new().with_prefix()))])).await,
+    );
+    assert_ok("read-only txn on a readable key", alice.txn(Txn::new().and_then([TxnOp::get("a", None)])).await);
+    // twin
+    grant(&mut s, "alice-role", Permission::read("secret"), &[&alice]).await;
+    assert_ok("read-only txn with read permission", alice.txn(Txn::new().and_then([TxnOp::get("secret", None)])).await);
+}
+
+// ---------------------------------------------------------------------------
+// delete
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn delete_needs_write() {
+    let mut s = AuthServer::start().await;
+    root_put(&mut s, "k", "v", None).await;
+    root_put(&mut s, "k5", "v", None).await;
+    let mut alice = s.user("alice", &[Permission::read("k"), Permission::read_write("k1").with_range_end("k5")]).await;
+    assert_denied("delete with read-only permission", alice.delete("k", None).await);
+    assert_denied(
+        "delete of a range reaching past the permission",
+        alice.delete("k1", Some(DeleteOptions::new().with_range("k6"))).await,
+    );
+    assert_eq!(root_get(&mut s, "k").await.as_deref(), Some("v"), "a denied delete must not delete");
+    assert_eq!(root_get(&mut s, "k5").await.as_deref(), Some("v"), "a denied delete must not delete");
+    assert_ok(
+        "delete of a range inside the permission",
+        alice.delete("k1", Some(DeleteOptions::new().with_range("k5"))).await,
+    );
+    // twin
+    grant(&mut s, "alice-role", Permission::read_write("k"), &[&alice]).await;
+    assert_ok("delete with write permission", alice.delete("k", None).await);
+    assert_eq!(root_get(&mut s, "k").await, None);
+}
+
+#[tokio::test]
+async fn delete_with_prev_kv_needs_read() {
+    let mut s = AuthServer::start().await;
+    root_put(&mut s, "k", "v", None).await;
+    let mut alice = s.user("alice", &[Permission::write("k")]).await;
+    assert_denied(
+        "delete with prev_kv and no read",
+        alice.delete("k", Some(DeleteOptions::new().with_prev_key())).await,
+    );
+    assert_eq!(root_get(&mut s, "k").await.as_deref(), Some("v"), "a denied delete must not delete");
+    assert_ok("plain delete with write-only permission", alice.delete("k", None).await);
+    // twin
+    root_put(&mut s, "k", "v2", None).await;
+    grant(&mut s, "alice-role", Permission::read_write("k"), &[&alice]).await;
+    let resp =
+        assert_ok("delete with prev_kv and read", alice.delete("k", Some(DeleteOptions::new().with_prev_key())).await);
+    assert_eq!(resp.prev_kvs().len(), 1);
+    assert_eq!(resp.prev_kvs()[0].value(), b"v2");
+}
+
+// ---------------------------------------------------------------------------
+// leases
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn lease_revoke_needs_write_on_attached_keys() {
+    let mut s = AuthServer::start().await;
+    let lease = root_lease_with_keys(&mut s, &["secret", "a"]).await;
+    let mut alice = s.user("alice", &[Permission::read_write("a")]).await;
+    assert_denied("revoking a lease holding an unwritable key", alice.lease_revoke(lease).await);
+    assert_eq!(root_get(&mut s, "secret").await.as_deref(), Some("v"), "a denied revoke must not delete");
+    let ttl = assert_ok("ttl", s.root.lease_time_to_live(lease, None).await);
+    assert!(ttl.ttl() > 0, "a denied revoke must leave the lease alive");
+    // twin
+    grant(&mut s, "alice-role", Permission::write("secret"), &[&alice]).await;
+    assert_ok("revoking with write on every attached key", alice.lease_revoke(lease).await);
+    assert_eq!(root_get(&mut s, "secret").await, None);
+    assert_eq!(root_get(&mut s, "a").await, None);
+}
+
+/// CVE-2023-32082: listing a lease's keys reveals them, so it needs read on every one.
+#[tokio::test]
+async fn lease_time_to_live_with_keys_needs_read_on_all_keys() {
+    let mut s = AuthServer::start().await;
+    let lease = root_lease_with_keys(&mut s, &["a", "secret"]).await;
+    let mut alice = s.user("alice", &[Permission::read("a")]).await;
+    assert_denied(
+        "time-to-live with keys, one unreadable",
+        alice.lease_time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys())).await,
+    );
+    let plain = assert_ok("time-to-live without keys", alice.lease_time_to_live(lease, None).await);
+    assert!(plain.keys().is_empty());
+    // twin
+    grant(&mut s, "alice-role", Permission::read("secret"), &[&alice]).await;
+    let resp = assert_ok(
+        "time-to-live with keys, all readable",
+        alice.lease_time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys())).await,
+    );
+    let mut keys: Vec<Vec<u8>> = resp.keys().to_vec();
+    keys.sort();
+    assert_eq!(keys, vec![b"a".to_vec(), b"secret".to_vec()]);
+}
+
+#[tokio::test]
+async fn lease_grant_requires_authenticated_user() {
+    let mut s = AuthServer::start().await;
+    let mut anonymous = connect(&s.ep()).await;
+    assert_err("anonymous lease grant", anonymous.lease_grant(60, None).await, USER_EMPTY);
+    // twin: any authenticated user, even one without permissions
+    let mut alice = s.user("alice", &[]).await;
+    assert_ok("authenticated lease grant", alice.lease_grant(60, None).await);
+}
+
+#[tokio::test]
+async fn lease_revoke_requires_authenticated_user() {
+    let mut s = AuthServer::start().await;
+    let lease = root_lease_with_keys(&mut s, &[]).await;
+    let mut anonymous = connect(&s.ep()).await;
+    assert_err("anonymous lease revoke", anonymous.lease_revoke(lease).await, USER_EMPTY);
+    let mut alice = s.user("alice", &[]).await;
+    assert_ok("authenticated revoke of a lease without keys", alice.lease_revoke(lease).await);
+}
+
+#[tokio::test]
+async fn lease_time_to_live_requires_authenticated_user() {
+    let mut s = AuthServer::start().await;
+    let lease = root_lease_with_keys(&mut s, &[]).await;
+    let mut anonymous = connect(&s.ep()).await;
+    assert_err("anonymous time-to-live", anonymous.lease_time_to_live(lease, None).await, USER_EMPTY);
+    let mut alice = s.user("alice", &[]).await;
+    assert_ok("authenticated time-to-live", alice.lease_time_to_live(lease, None).await);
+}
+
+#[tokio::test]
+async fn lease_leases_requires_authenticated_user() {
+    let mut s = AuthServer::start().await;
+    root_lease_with_keys(&mut s, &[]).await;
+    let mut anonymous = connect(&s.ep()).await;
+    assert_err("anonymous lease list", anonymous.leases().await, USER_EMPTY);
+    let mut alice = s.user("alice", &[]).await;
+    let resp = assert_ok("authenticated lease list", alice.leases().await);
+    assert_eq!(resp.leases().len(), 1);
+}
+
+#[tokio::test]
+async fn keep_alive_requires_authenticated_user() {
+    let mut s = AuthServer::start().await;
+    let lease = root_lease_with_keys(&mut s, &[]).await;
+    let mut anonymous = connect(&s.ep()).await;
+    match anonymous.lease_keep_alive(lease).await {
+        Ok(_) => panic!("anonymous keep-alive must be refused"),
+        Err(e) => assert_eq!(msg(&e), USER_EMPTY, "anonymous keep-alive: {e:?}"),
+    }
+    // twin
+    let mut alice = s.user("alice", &[]).await;
+    let (mut keeper, mut responses) = assert_ok("authenticated keep-alive", alice.lease_keep_alive(lease).await);
+    assert_ok("second keep-alive", keeper.keep_alive().await);
+    let resp = assert_ok("keep-alive response", responses.message().await).expect("a keep-alive response");
+    assert!(resp.ttl() > 0);
+}
+
+// ---------------------------------------------------------------------------
+// compaction
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn compaction_is_root_only() {
+    let mut s = AuthServer::start().await;
+    root_put(&mut s, "a", "1", None).await;
+    root_put(&mut s, "a", "2", None).await;
+    let rev = assert_ok("get", s.root.get("a", None).await).header().unwrap().revision();
+    // even full read-write on every key does not make a user an administrator
+    let mut alice = s.user("alice", &[Permission::read_write("\0").with_from_key()]).await;
+    assert_denied("compaction by a non-root user", alice.compact(rev - 1, None).await);
+    let old = alice.get("a", Some(GetOptions::new().with_revision(rev - 1))).await;
+    assert_eq!(
+        assert_ok("read of the old revision", old).kvs()[0].value(),
+        b"1",
+        "a denied compaction must not compact"
+    );
+    // twin: root, and a user granted the root role
+    refresh(&s.root).await;
+    assert_ok("compaction by root", s.root.compact(rev - 1, None).await);
+    assert_ok("user grant root role", s.root.user_grant_role("alice", "root").await);
+    refresh(&alice).await;
+    assert_ok("compaction by a user with the root role", alice.compact(rev, None).await);
+}
+
+// ---------------------------------------------------------------------------
+// range
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn range_needs_read() {
+    let mut s = AuthServer::start().await;
+    root_put(&mut s, "k", "v", None).await;
+    let mut alice = s.user("alice", &[Permission::write("k"), Permission::read("k1")]).await;
+    assert_denied("linearizable get without read", alice.get("k", None).await);
+    assert_denied("serializable get without read", alice.get("k", Some(GetOptions::new().with_serializable())).await);
+    assert_denied(
+        "range reaching past the permission",
+        alice.get("k1", Some(GetOptions::new().with_range("k3"))).await,
+    );
+    assert_denied(
+        "prefix get over more than the permission",
+        alice.get("k", Some(GetOptions::new().with_prefix())).await,
+    );
+    assert_denied(
+        "keys-only and count-only gets are reads too",
+        alice.get("k", Some(GetOptions::new().with_keys_only().with_count_only())).await,
+    );
+    // twin
+    grant(&mut s, "alice-role", Permission::read_write("k"), &[&alice]).await;
+    let lin = assert_ok("linearizable get with read", alice.get("k", None).await);
+    assert_eq!(lin.kvs()[0].value(), b"v");
+    let ser =
+        assert_ok("serializable get with read", alice.get("k", Some(GetOptions::new().with_serializable())).await);
+    assert_eq!(ser.kvs()[0].value(), b"v");
+}
+
+#[tokio::test]
+async fn from_key_range_needs_from_key_permission() {
+    let mut s = AuthServer::start().await;
+    root_put(&mut s, "a", "1", None).await;
+    root_put(&mut s, "zz", "2", None).await;
+    // a prefix and a range ending at the last one-byte key: neither covers every key from "a" on
+    let mut alice =
+        s.user("alice", &[Permission::read("a").with_prefix(), Permission::read("a").with_range_end(vec![0xff])]).await;
+    assert_ok("get of the prefix", alice.get("a", Some(GetOptions::new().with_prefix())).await);
+    assert_denied("from-key get", alice.get("a", Some(GetOptions::new().with_from_key())).await);
+    assert_denied("all-keys get", alice.get("", Some(GetOptions::new().with_all_keys())).await);
+    // twin
+    grant(&mut s, "alice-role", Permission::read("a").with_from_key(), &[&alice]).await;
+    let resp = assert_ok(
+        "from-key get with a from-key permission",
+        alice.get("a", Some(GetOptions::new().with_from_key())).await,
+    );
+    assert_eq!(resp.kvs().len(), 2);
+}
+
+// ---------------------------------------------------------------------------
+// watch
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn watch_needs_read_at_create() {
+    let mut s = AuthServer::start().await;
+    let mut alice = s.user("alice", &[Permission::write("k"), Permission::read("w").with_prefix()]).await;
+    let (_stream, created) = watch(&mut alice, "k", None).await;
+    assert_watch_refused("watch of a write-only key", &created);
+    let (_stream, created) = watch(&mut alice, "w", Some(WatchOptions::new().with_range("y"))).await;
+    assert_watch_refused("watch of a range reaching past the permission", &created);
+    // twin
+    grant(&mut s, "alice-role", Permission::read_write("k"), &[&alice]).await;
+    let (mut stream, created) = watch(&mut alice, "k", None).await;
+    assert!(!created.canceled(), "watch with read permission: {created:?}");
+    root_put(&mut s, "k", "v", None).await;
+    assert_eq!(next_event_keys(&mut stream).await, vec!["k"]);
+}
+
+/// etcd refuses a watch it does not permit with `cancel_reason` set to the gRPC error's full text,
+/// e.g. "rpc error: code = PermissionDenied desc = etcdserver: permission denied" (etcdctl prints it
+/// as "watch was canceled (...)"), not the bare "etcdserver: ..." message.
+#[tokio::test]
+async fn watch_refusal_reason_matches_etcd() {
+    let mut s = AuthServer::start().await;
+    let mut alice = s.user("alice", &[Permission::write("k")]).await;
+    let (_stream, created) = watch(&mut alice, "k", None).await;
+    assert!(created.canceled(), "{created:?}");
+    assert_eq!(created.cancel_reason(), "rpc error: code = PermissionDenied desc = etcdserver: permission denied");
+    // an anonymous watch: the same form, with that error's code and text
+    let mut anonymous = connect(&s.ep()).await;
+    let (_stream, created) = watch(&mut anonymous, "k", None).await;
+    assert!(created.canceled(), "{created:?}");
+    assert_eq!(created.cancel_reason(), "rpc error: code = InvalidArgument desc = etcdserver: user name is empty");
+}
+
+/// GHSA-xg4h-6gfc-h4m8: a from-key watch needs a from-key permission.
+#[tokio::test]
+async fn from_key_watch_needs_from_key_permission() {
+    let mut s = AuthServer::start().await;
+    let mut alice =
+        s.user("alice", &[Permission::read("a").with_prefix(), Permission::read("a").with_range_end(vec![0xff])]).await;
+    let (_stream, created) = watch(&mut alice, "a", Some(WatchOptions::new().with_from_key())).await;
+    assert_watch_refused("from-key watch with prefix/range permissions", &created);
+    let (_stream, created) = watch(&mut alice, "", Some(WatchOptions::new().with_all_keys())).await;
+    assert_watch_refused("all-keys watch", &created);
+    // twin
+    grant(&mut s, "alice-role", Permission::read("a").with_from_key(), &[&alice]).await;
+    let (mut stream, created) = watch(&mut alice, "a", Some(WatchOptions::new().with_from_key())).await;
+    assert!(!created.canceled(), "from-key watch with a from-key permission: {created:?}");
+    root_put(&mut s, "zz", "v", None).await;
+    assert_eq!(next_event_keys(&mut stream).await, vec!["zz"]);
+}
+
+/// Two users watch the same prefix; alice's permission is revoked. Her watch must end with a
+/// cancel carrying the reason, and deliver nothing written after the revoke; bob's (whose
+/// permission stands, though the auth revision moved) must go on delivering.
+#[tokio::test]
+async fn revoked_permission_cancels_live_watch_with_reason() {
+    let mut s = AuthServer::start().await;
+    let mut alice = s.user("alice", &[Permission::read("w/").with_prefix()]).await;
+    let mut bob = s.user("bob", &[Permission::read("w/").with_prefix()]).await;
+    refresh(&alice).await; // adding bob made alice's token stale
+    let (mut a_stream, created) = watch(&mut alice, "w/", Some(WatchOptions::new().with_prefix())).await;
+    assert!(!created.canceled());
+    let (mut b_stream, created) = watch(&mut bob, "w/", Some(WatchOptions::new().with_prefix())).await;
+    assert!(!created.canceled());
+    root_put(&mut s, "w/1", "v", None).await;
+    assert_eq!(next_event_keys(&mut a_stream).await, vec!["w/1"]);
+    assert_eq!(next_event_keys(&mut b_stream).await, vec!["w/1"]);
+
+    let revoke = s
+        .root
+        .role_revoke_permission("alice-role", "w/", Some(etcd_client::RoleRevokePermissionOptions::new().with_prefix()))
+        .await;
+    assert_ok("revoke alice's permission", revoke);
+    root_put(&mut s, "w/2", "v", None).await;
+
+    // alice: a cancel with the reason, and no event of w/2 before it
+    let mut canceled = None;
+    while let Some(resp) = next(&mut a_stream, Duration::from_secs(5)).await {
+        assert!(
+            resp.events().is_empty(),
+            "alice's watch delivered {:?} after her permission was revoked",
+            resp.events()
+        );
+        if resp.canceled() {
+            canceled = Some(resp);
+            break;
+        }
+    }
+    let canceled = canceled.expect("alice's watch must be canceled once her read permission is revoked");
+    assert!(
+        canceled.cancel_reason().contains(PERMISSION_DENIED),
+        "cancel reason must say permission denied: {:?}",
+        canceled.cancel_reason()
+    );
+    // twin: bob keeps watching
+    assert_eq!(next_event_keys(&mut b_stream).await, vec!["w/2"]);
+    root_put(&mut s, "w/3", "v", None).await;
+    assert_eq!(next_event_keys(&mut b_stream).await, vec!["w/3"]);
+}
+
+#[tokio::test]
+async fn deleted_user_watch_is_canceled() {
+    let mut s = AuthServer::start().await;
+    let mut alice = s.user("alice", &[Permission::read("w/").with_prefix()]).await;
+    let mut bob = s.user("bob", &[Permission::read("w/").with_prefix()]).await;
+    refresh(&alice).await; // adding bob made alice's token stale
+    let (mut a_stream, _) = watch(&mut alice, "w/", Some(WatchOptions::new().with_prefix())).await;
+    let (mut b_stream, _) = watch(&mut bob, "w/", Some(WatchOptions::new().with_prefix())).await;
+    assert_ok("delete alice", s.root.user_delete("alice").await);
+    root_put(&mut s, "w/1", "v", None).await;
+    let mut canceled = false;
+    while let Some(resp) = next(&mut a_stream, Duration::from_secs(5)).await {
+        assert!(resp.events().is_empty(), "a deleted user's watch delivered {:?}", resp.events());
+        if resp.canceled() {
+            canceled = true;
+            break;
+        }
+    }
+    assert!(canceled, "the watch of a deleted user must be canceled");
+    // twin: bob's watch goes on
+    assert_eq!(next_event_keys(&mut b_stream).await, vec!["w/1"]);
+}
+
+// ---------------------------------------------------------------------------
+// auth management and auth reads
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn only_root_may_change_auth() {
+    let mut s = AuthServer::start().await;
+    s.add_user("bob", "bobpw", &[]).await;
+    let mut alice = s.user("alice", &[Permission::read_write("\0").with_from_key()]).await;
+    assert_denied("user add", alice.user_add("mallory", "x", None).await);
+    assert_denied("user delete", alice.user_delete("bob").await);
+    assert_denied("user change password", alice.user_change_password("bob", "x").await);
+    assert_denied("user grant role", alice.user_grant_role("alice", "root").await);
+    assert_denied("user revoke role", alice.user_revoke_role("bob", "bob-role").await);
+    assert_denied("role add", alice.role_add("r2").await);
+    assert_denied("role delete", alice.role_delete("bob-role").await);
+    assert_denied("role grant permission", alice.role_grant_permission("alice-role", Permission::read("x")).await);
+    assert_denied(
+        "role revoke permission",
+        alice
+            .role_revoke_permission(
+                "alice-role",
+                "\0",
+                Some(etcd_client::RoleRevokePermissionOptions::new().with_from_key()),
+            )
+            .await,
+    );
+    assert_denied("user list", alice.user_list().await);
+    assert_denied("role list", alice.role_list().await);
+    assert_denied("auth disable", alice.auth_disable().await);
+    let mut anonymous = connect(&s.ep()).await;
+    assert_err("anonymous user add", anonymous.user_add("mallory", "x", None).await, USER_EMPTY);
+    assert_err("anonymous auth disable", anonymous.auth_disable().await, USER_EMPTY);
+    // nothing changed
+    refresh(&s.root).await;
+    let users = assert_ok("user list", s.root.user_list().await);
+    assert_eq!(users.users(), ["alice", "bob", "root"]);
+    // twin: root may, and so may a user granted the root role
+    assert_ok("root user add", s.root.user_add("mallory", "x", None).await);
+    assert_ok("root role add", s.root.role_add("r2").await);
+    assert_ok("grant alice root", s.root.user_grant_role("alice", "root").await);
+    refresh(&alice).await;
+    assert_ok("user add by a root-role user", alice.user_add("trent", "x", None).await);
+    assert_ok("user list by a root-role user", alice.user_list().await);
+}
+
+#[tokio::test]
+async fn user_may_get_own_record_but_not_others() {
+    let mut s = AuthServer::start().await;
+    s.add_user("bob", "bobpw", &[]).await;
+    let mut alice = s.user("alice", &[]).await;
+    let own = assert_ok("own record", alice.user_get("alice").await);
+    assert_eq!(own.roles(), ["alice-role"]);
+    assert_denied("another user's record", alice.user_get("bob").await);
+    assert_denied("root's record", alice.user_get("root").await);
+    assert_denied("a missing user's record (no existence oracle)", alice.user_get("nobody").await);
+    // twin
+    let bob = assert_ok("root reads bob", s.root.user_get("bob").await);
+    assert_eq!(bob.roles(), ["bob-role"]);
+}
+
+#[tokio::test]
+async fn user_may_get_roles_it_holds() {
+    let mut s = AuthServer::start().await;
+    s.add_user("bob", "bobpw", &[Permission::read("b")]).await;
+    let mut alice = s.user("alice", &[Permission::read("a")]).await;
+    let own = assert_ok("a role alice holds", alice.role_get("alice-role").await);
+    assert_eq!(own.permissions().len(), 1);
+    assert_eq!(own.permissions()[0].key(), b"a");
+    assert_denied("a role alice does not hold", alice.role_get("bob-role").await);
+    assert_denied("the root role", alice.role_get("root").await);
+    assert_denied("a missing role (no existence oracle)", alice.role_get("nosuchrole").await);
+    // twin
+    let bob_role = assert_ok("root reads bob-role", s.root.role_get("bob-role").await);
+    assert_eq!(bob_role.permissions()[0].key(), b"b");
+}
+
+// Lookups of an empty user name must answer like etcd: LMDB refuses zero-length keys, so a lookup
+// that reaches it fails with "internal error" instead. Anonymous requests have an empty user name.
+
+#[tokio::test]
+async fn authenticate_with_empty_name_fails_like_a_wrong_password() {
+    let s = AuthServer::start().await;
+    let status = raw_token(&s.ep(), "", "x").await.expect_err("Authenticate with an empty name");
+    assert_eq!(status.message(), AUTH_FAILED, "{status:?}");
+}
+
+#[tokio::test]
+async fn anonymous_auth_reads_are_user_empty() {
+    let mut s = AuthServer::start().await;
+    s.add_user("alice", "alicepw", &[]).await;
+    let mut anonymous = connect(&s.ep()).await;
+    assert_err("anonymous user get", anonymous.user_get("alice").await, USER_EMPTY);
+    assert_err("anonymous role get", anonymous.role_get("alice-role").await, USER_EMPTY);
+    assert_err("anonymous user list", anonymous.user_list().await, USER_EMPTY);
+    // twin
+    assert_ok("root role get", s.root.role_get("alice-role").await);
+}
+
+#[tokio::test]
+async fn empty_user_and_role_names_are_not_found() {
+    let mut s = AuthServer::start().await;
+    assert_err("root user get of an empty name", s.root.user_get("").await, USER_NOT_FOUND);
+    assert_err("root role get of an empty name", s.root.role_get("").await, ROLE_NOT_FOUND);
+    assert_ok("root role get", s.root.role_get("root").await);
+}
+
+/// With auth disabled anyone may read users and roles (etcdctl's `user get --detail` and `role get`).
+#[tokio::test]
+async fn role_get_without_auth_is_allowed() {
+    let server = Server::start_with(kind(), &FAST_BCRYPT);
+    let mut c = connect(&server.endpoint()).await;
+    assert_ok("role add", c.role_add("r").await);
+    assert_ok("grant", c.role_grant_permission("r", Permission::read("k")).await);
+    let role = assert_ok("role get with auth disabled", c.role_get("r").await);
+    assert_eq!(role.permissions().len(), 1);
+    assert_err("role get of a missing role", c.role_get("nosuchrole").await, ROLE_NOT_FOUND);
+}
+
+// ---------------------------------------------------------------------------
+// tokens
+// ---------------------------------------------------------------------------
+
+/// A token issued before an auth change is refused with "revision of auth store is old" on reads
+/// (read path) and writes (apply); a token issued after works. With JWTs this is etcd 3.4's behaviour
+/// too (the token carries its revision); keyward's simple tokens also carry the revision they were
+/// issued at, where etcd 3.4 resolves a simple token to the *current* revision (so an etcd simple
+/// token never goes stale).
+async fn stale_token(token_kind: TokenKind) {
+    let (args, _keys) = token_args(token_kind);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut s = AuthServer::start_with(kind(), &args).await;
+    s.add_user("alice", "alicepw", &[Permission::read_write("k")]).await;
+    let ep = s.ep();
+    let ch = channel(&ep).await;
+    let old = raw_token(&ep, "alice", "alicepw").await.expect("authenticate");
+    raw_put(&ch, &old, "k", "1").await.expect("put with a current token");
+    raw_get(&ch, &old, "k").await.expect("get with a current token");
+    // any auth change moves the auth revision, here one unrelated to alice
+    assert_ok("user add", s.root.user_add("zed", "x", None).await);
+    for (what, result) in
+        [("get", raw_get(&ch, &old, "k").await.map(|_| ())), ("put", raw_put(&ch, &old, "k", "2").await.map(|_| ()))]
+    {
+        let status = result.expect_err(&format!("{token_kind:?}: {what} with a token from before the auth change"));
+        assert_eq!(status.message(), AUTH_OLD_REVISION, "{token_kind:?}: {what}: {status:?}");
+        assert_eq!(status.code(), Code::InvalidArgument, "{token_kind:?}: {what}: {status:?}");
+    }
+    // twin: a fresh token
+    let fresh = raw_token(&ep, "alice", "alicepw").await.expect("authenticate again");
+    raw_put(&ch, &fresh, "k", "3").await.expect("put with a fresh token");
+    let resp = raw_get(&ch, &fresh, "k").await.expect("get with a fresh token");
+    assert_eq!(resp.kvs[0].value, b"3");
+}
+
+#[tokio::test]
+async fn stale_token_gets_auth_old_revision() {
+    stale_token(TokenKind::Simple).await;
+}
+
+#[tokio::test]
+async fn stale_jwt_gets_auth_old_revision() {
+    stale_token(TokenKind::Jwt).await;
+}
+
+#[tokio::test]
+async fn invalid_token_is_rejected() {
+    let mut s = AuthServer::start().await;
+    s.add_user("alice", "alicepw", &[Permission::read_write("k")]).await;
+    let ep = s.ep();
+    let ch = channel(&ep).await;
+    let good = raw_token(&ep, "alice", "alicepw").await.expect("authenticate");
+    let tampered = format!("{good}x");
+    for token in ["bogus", "", tampered.as_str()] {
+        for (what, result) in [
+            ("get", raw_get(&ch, token, "k").await.map(|_| ())),
+            ("put", raw_put(&ch, token, "k", "v").await.map(|_| ())),
+        ] {
+            let status = result.expect_err(&format!("{what} with token {token:?}"));
+            assert_eq!(status.message(), INVALID_AUTH_TOKEN, "{what} with token {token:?}: {status:?}");
+            assert_eq!(status.code(), Code::Unauthenticated, "{what} with token {token:?}: {status:?}");
+        }
+    }
+    // twin
+    raw_put(&ch, &good, "k", "v").await.expect("put with a valid token");
+}
+
+/// A JWT signed with another key pair is refused (and a JWT server refuses simple-looking tokens).
+#[tokio::test]
+async fn jwt_from_another_key_is_rejected() {
+    let keys = JwtKeys::generate();
+    let other_keys = JwtKeys::generate();
+    let args = |k: &JwtKeys| {
+        let mut a: Vec<String> = FAST_BCRYPT.iter().map(|s| s.to_string()).collect();
+        a.extend(k.args());
+        a
+    };
+    let (a1, a2) = (args(&keys), args(&other_keys));
+    let a1: Vec<&str> = a1.iter().map(String::as_str).collect();
+    let a2: Vec<&str> = a2.iter().map(String::as_str).collect();
+    let mut s = AuthServer::start_with(kind(), &a1).await;
+    let mut other = AuthServer::start_with(kind(), &a2).await;
+    s.add_user("alice", "alicepw", &[Permission::read_write("k")]).await;
+    other.add_user("alice", "alicepw", &[Permission::read_write("k")]).await;
+    let foreign = raw_token(&other.ep(), "alice", "alicepw").await.expect("authenticate on the other server");
+    let ch = channel(&s.ep()).await;
+    let status = raw_put(&ch, &foreign, "k", "v").await.expect_err("a token signed with another key");
+    assert_eq!(status.message(), INVALID_AUTH_TOKEN, "{status:?}");
+    let status = raw_get(&ch, "abcdefghijklmnop.7", "k").await.expect_err("a simple-token-shaped token");
+    assert_eq!(status.message(), INVALID_AUTH_TOKEN, "{status:?}");
+    // twin
+    let own = raw_token(&s.ep(), "alice", "alicepw").await.expect("authenticate");
+    raw_put(&ch, &own, "k", "v").await.expect("put with a token of this server");
+}
+
+/// Tokens expire: a JWT after its `ttl` (checked at every use), a simple token after
+/// `--auth-token-ttl` seconds without use.
+#[tokio::test]
+async fn expired_tokens_are_rejected() {
+    let keys = JwtKeys::generate();
+    let jwt_flag = keys.auth_token().replace("ttl=5m", "ttl=1s");
+    let jwt_args = ["--bcrypt-cost", "4", "--auth-token", jwt_flag.as_str()];
+    let simple_args = ["--bcrypt-cost", "4", "--auth-token-ttl", "1"];
+    for args in [&jwt_args[..], &simple_args[..]] {
+        let mut s = AuthServer::start_with(kind(), args).await;
+        s.add_user("alice", "alicepw", &[Permission::read_write("k")]).await;
+        let ch = channel(&s.ep()).await;
+        let token = raw_token(&s.ep(), "alice", "alicepw").await.expect("authenticate");
+        raw_put(&ch, &token, "k", "v").await.expect("put with a fresh token");
+        tokio::time::sleep(Duration::from_millis(2600)).await;
+        let status = raw_put(&ch, &token, "k", "v").await.expect_err("put with an expired token");
+        assert_eq!(status.message(), INVALID_AUTH_TOKEN, "{args:?}: {status:?}");
+        // twin: a new token works
+        let token = raw_token(&s.ep(), "alice", "alicepw").await.expect("authenticate again");
+        raw_put(&ch, &token, "k", "v").await.expect("put with a new token");
+    }
+}
+
+/// etcd 3.4 clients send the token as `token`; newer ones as `authorization`.
+#[tokio::test]
+async fn authorization_metadata_header_is_accepted() {
+    let mut s = AuthServer::start().await;
+    s.add_user("alice", "alicepw", &[Permission::read_write("k")]).await;
+    let ep = s.ep();
+    let token = raw_token(&ep, "alice", "alicepw").await.expect("authenticate");
+    let mut kv = pb::kv_client::KvClient::new(channel(&ep).await);
+    let put = |v: &str| pb::PutRequest { key: b"k".to_vec(), value: v.as_bytes().to_vec(), ..Default::default() };
+    kv.put(with_token(put("1"), "authorization", &token)).await.expect("put with the authorization header");
+    let get = pb::RangeRequest { key: b"k".to_vec(), ..Default::default() };
+    let resp = kv.range(with_token(get.clone(), "authorization", &token)).await.expect("get with authorization");
+    assert_eq!(resp.into_inner().kvs[0].value, b"1");
+    // the header is checked like `token`: a bad one is refused, none at all is anonymous
+    let status = kv.range(with_token(get.clone(), "authorization", "bogus")).await.expect_err("bogus authorization");
+    assert_eq!(status.message(), INVALID_AUTH_TOKEN);
+    let status = kv.range(tonic::Request::new(get)).await.expect_err("no token at all");
+    assert_eq!(status.message(), USER_EMPTY);
+    // a watch stream carrying the header is alice's
+    let mut watch = pb::watch_client::WatchClient::new(channel(&ep).await);
+    let create = pb::WatchRequest {
+        request_union: Some(pb::watch_request::RequestUnion::CreateRequest(pb::WatchCreateRequest {
+            key: b"k".to_vec(),
+            ..Default::default()
+        })),
+    };
+    let requests = tokio_stream::iter(vec![create]);
+    let mut responses = watch
+        .watch(with_token(requests, "authorization", &token))
+        .await
+        .expect("watch with authorization")
+        .into_inner();
+    let created = tokio::time::timeout(Duration::from_secs(5), responses.message())
+        .await
+        .expect("watch creation in time")
+        .expect("watch stream")
+        .expect("a creation response");
+    assert!(created.created && !created.canceled, "watch with the authorization header: {created:?}");
+}
