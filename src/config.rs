@@ -333,6 +333,19 @@ fn parse_listener(url: &str, flag: &str) -> Result<Listener, ConfigError> {
     Ok(Listener { url: url.to_string(), addr, tls: scheme == "https" })
 }
 
+/// Go's flag package (and so etcd) accepts `-name value` as well as `--name value`; operators' scripts
+/// use both. Rewrites single-dash long flags to the double-dash form clap expects.
+pub fn etcd_style_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    args.into_iter()
+        .map(|arg| match arg.to_str() {
+            Some(s) if s.len() > 2 && s.starts_with('-') && s.as_bytes()[1].is_ascii_alphabetic() => {
+                format!("-{s}").into()
+            }
+            _ => arg,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,17 +392,4 @@ mod tests {
         let args = etcd_style_args(["keyward", "serve", "-name", "n1", "--data-dir=d", "-h"].map(Into::into));
         assert_eq!(args, ["keyward", "serve", "--name", "n1", "--data-dir=d", "-h"].map(std::ffi::OsString::from));
     }
-}
-
-/// Go's flag package (and so etcd) accepts `-name value` as well as `--name value`; operators' scripts
-/// use both. Rewrites single-dash long flags to the double-dash form clap expects.
-pub fn etcd_style_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    args.into_iter()
-        .map(|arg| match arg.to_str() {
-            Some(s) if s.len() > 2 && s.starts_with('-') && s.as_bytes()[1].is_ascii_alphabetic() => {
-                format!("-{s}").into()
-            }
-            _ => arg,
-        })
-        .collect()
 }

@@ -812,6 +812,88 @@ async fn role_get_without_auth_is_allowed() {
     assert_err("role get of a missing role", c.role_get("nosuchrole").await, ROLE_NOT_FOUND);
 }
 
+/// Auth changes naming an empty user or role are refused with etcd's errors, and the server keeps
+/// serving, also after a restart (which re-applies the committed entry). The requests are sent with
+/// auth disabled, where anyone may send them (with auth enabled only root may).
+#[tokio::test]
+async fn auth_changes_naming_an_empty_user_or_role_fail_cleanly() {
+    use keyward::proto::authpb;
+    type Call = for<'a> fn(
+        &'a mut pb::auth_client::AuthClient<tonic::transport::Channel>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tonic::Status>> + 'a>>;
+    let cases: [(&str, &str, Call); 8] = [
+        ("grant the role \"\" to alice", ROLE_NOT_FOUND, |a| {
+            Box::pin(async move {
+                a.user_grant_role(pb::AuthUserGrantRoleRequest { user: "alice".into(), role: "".into() })
+                    .await
+                    .map(|_| ())
+            })
+        }),
+        ("grant role r to the user \"\"", USER_NOT_FOUND, |a| {
+            Box::pin(async move {
+                a.user_grant_role(pb::AuthUserGrantRoleRequest { user: "".into(), role: "r".into() }).await.map(|_| ())
+            })
+        }),
+        ("revoke the role \"\" from alice", "etcdserver: role is not granted to the user", |a| {
+            Box::pin(async move {
+                a.user_revoke_role(pb::AuthUserRevokeRoleRequest { name: "alice".into(), role: "".into() })
+                    .await
+                    .map(|_| ())
+            })
+        }),
+        ("delete the user \"\"", USER_NOT_FOUND, |a| {
+            Box::pin(async move { a.user_delete(pb::AuthUserDeleteRequest { name: "".into() }).await.map(|_| ()) })
+        }),
+        ("change the password of the user \"\"", USER_NOT_FOUND, |a| {
+            Box::pin(async move {
+                let req =
+                    pb::AuthUserChangePasswordRequest { name: "".into(), password: "x".into(), ..Default::default() };
+                a.user_change_password(req).await.map(|_| ())
+            })
+        }),
+        ("delete the role \"\"", ROLE_NOT_FOUND, |a| {
+            Box::pin(async move { a.role_delete(pb::AuthRoleDeleteRequest { role: "".into() }).await.map(|_| ()) })
+        }),
+        ("grant a permission to the role \"\"", ROLE_NOT_FOUND, |a| {
+            Box::pin(async move {
+                let perm = Some(authpb::Permission { perm_type: 0, key: b"k".to_vec(), range_end: vec![] });
+                a.role_grant_permission(pb::AuthRoleGrantPermissionRequest { name: "".into(), perm }).await.map(|_| ())
+            })
+        }),
+        ("revoke a permission of the role \"\"", ROLE_NOT_FOUND, |a| {
+            Box::pin(async move {
+                let req =
+                    pb::AuthRoleRevokePermissionRequest { role: "".into(), key: b"k".to_vec(), range_end: vec![] };
+                a.role_revoke_permission(req).await.map(|_| ())
+            })
+        }),
+    ];
+    let mut failures = Vec::new();
+    for (what, expected, call) in cases {
+        let mut server = Server::start_with(kind(), &FAST_BCRYPT);
+        let ep = server.endpoint();
+        let mut c = connect(&ep).await;
+        assert_ok("user add", c.user_add("alice", "alicepw", None).await);
+        assert_ok("role add", c.role_add("r").await);
+        let mut auth = pb::auth_client::AuthClient::new(channel(&ep).await);
+        match call(&mut auth).await {
+            Ok(()) => failures.push(format!("{what}: accepted, expected {expected:?}")),
+            Err(status) if status.message() != expected => {
+                failures.push(format!("{what}: {:?}, expected {expected:?}", status.message()))
+            }
+            Err(_) => {}
+        }
+        if let Err(e) = c.put("after", "v", None).await {
+            failures.push(format!("{what}: the server no longer serves: put -> {:?}", msg(&e)));
+        }
+        let restarted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.restart()));
+        if restarted.is_err() {
+            failures.push(format!("{what}: the server does not start again on its data dir"));
+        }
+    }
+    assert!(failures.is_empty(), "{} of 8 requests went wrong:\n{}", failures.len(), failures.join("\n"));
+}
+
 // ---------------------------------------------------------------------------
 // tokens
 // ---------------------------------------------------------------------------

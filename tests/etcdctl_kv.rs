@@ -38,9 +38,9 @@ fn put_get_basics() {
         step(&["get", "nope", "-w", "fields"]),
         step(&["put", "d", "4", "-w", "json"]),
         step(&["put", "d", "5", "-w", "fields"]),
-        step(&["get", "a", "-w", "table"]), // client-side error: table not supported
+        step(&["get", "a", "-w", "table"]),  // client-side error: table not supported
         step(&["get", "a", "--count-only"]), // etcdctl 3.4 has no --count-only: usage error on both
-        step(&["put", "", "v"]),            // error: key is not provided
+        step(&["put", "", "v"]),             // error: key is not provided
         step(&["get", ""]),
         step(&["del", ""]),
         step(&["get", "", "--from-key", "-w", "json"]),
@@ -104,32 +104,14 @@ fn get_sort_orders() {
             let sort = format!("--sort-by={target}");
             let ord = format!("--order={order}");
             steps.push(step(&["get", "s/", "--prefix", &sort, &ord]));
-            steps.push(step(&[
-                "get", "s/", "--prefix", &sort, &ord, "--limit", "2", "-w", "json",
-            ]));
+            steps.push(step(&["get", "s/", "--prefix", &sort, &ord, "--limit", "2", "-w", "json"]));
         }
     }
     steps.extend([
         step(&["get", "s/", "--prefix", "--sort-by=MODIFY"]), // order defaults to ascend
         step(&["get", "s/", "--prefix", "--order=DESCEND"]),  // target defaults to key
-        step(&[
-            "get",
-            "s/",
-            "--prefix",
-            "--order=DESCEND",
-            "--keys-only",
-            "--limit",
-            "3",
-        ]),
-        step(&[
-            "get",
-            "",
-            "--from-key",
-            "--sort-by=VERSION",
-            "--order=DESCEND",
-            "-w",
-            "fields",
-        ]),
+        step(&["get", "s/", "--prefix", "--order=DESCEND", "--keys-only", "--limit", "3"]),
+        step(&["get", "", "--from-key", "--sort-by=VERSION", "--order=DESCEND", "-w", "fields"]),
         step(&["get", "s/", "--prefix", "--sort-by=BOGUS"]), // client-side error
         step(&["get", "s/", "--prefix", "--order=SIDEWAYS"]), // client-side error
     ]);
@@ -154,14 +136,7 @@ fn historical_revisions() {
         step(&["get", "h2", "--rev=5"]), // still there at 5
         step(&["get", "h2", "--rev=6"]), // deleted at 6
         step(&["get", "h", "--prefix", "--rev=4", "-w", "json"]),
-        step(&[
-            "get",
-            "h",
-            "--prefix",
-            "--rev=4",
-            "--sort-by=VALUE",
-            "--order=DESCEND",
-        ]),
+        step(&["get", "h", "--prefix", "--rev=4", "--sort-by=VALUE", "--order=DESCEND"]),
         step(&["get", "", "--from-key", "--rev=3", "--keys-only"]),
         step(&["get", "h", "--rev=6"]), // current revision
         step(&["get", "h", "--rev=7"]), // error: future revision
@@ -221,8 +196,8 @@ fn delete_variants() {
         step(&["get", "", "--from-key", "-w", "json"]),
         step(&["put", "k", "y"]),
         step(&["del", "", "--from-key", "-w", "json"]), // everything
-        step(&["del", "", "--prefix"]), // etcdctl: "" --prefix = all keys; none left
-        step(&["get", "k", "--rev=20", "-w", "json"]), // still readable in history
+        step(&["del", "", "--prefix"]),                 // etcdctl: "" --prefix = all keys; none left
+        step(&["get", "k", "--rev=20", "-w", "json"]),  // still readable in history
     ]);
     same_output(&steps);
 }

@@ -298,7 +298,8 @@ struct Harness {
 impl Harness {
     fn new() -> Result<Self, TestCaseError> {
         let dir = tempfile::tempdir().map_err(|e| fail("tempdir", e))?;
-        let (env, dbs) = storage::open(dir.path(), KvStore::TABLES, storage::Durability::Full).map_err(|e| fail("open", e))?;
+        let (env, dbs) =
+            storage::open(dir.path(), KvStore::TABLES, storage::Durability::Full).map_err(|e| fail("open", e))?;
         Ok(Harness { env, store: KvStore::new(dbs), model: Model::new(), keys: Vec::new(), _dir: dir })
     }
 

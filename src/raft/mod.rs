@@ -64,7 +64,10 @@ pub enum Applied {
         header: Option<ResponseHeader>,
     },
     /// A token was issued (empty for JWT: the API layer signs it) at this auth revision.
-    Authenticated { token: String, auth_revision: u64 },
+    Authenticated {
+        token: String,
+        auth_revision: u64,
+    },
 }
 
 /// serde for an optional protobuf message.

@@ -250,7 +250,10 @@ impl State {
     }
 }
 
-fn merge_affected(a: Option<crate::auth::store::Affected>, b: Option<crate::auth::store::Affected>) -> Option<crate::auth::store::Affected> {
+fn merge_affected(
+    a: Option<crate::auth::store::Affected>,
+    b: Option<crate::auth::store::Affected>,
+) -> Option<crate::auth::store::Affected> {
     use crate::auth::store::Affected;
     match (a, b) {
         (None, x) | (x, None) => x,
