@@ -11,9 +11,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={f}");
     }
     let fds = protox::compile(files, ["proto"])?;
-    tonic_prost_build::configure()
-        .build_client(true)
-        .generate_default_stubs(true)
-        .compile_fds(fds)?;
+    tonic_prost_build::configure().build_client(true).generate_default_stubs(true).compile_fds(fds)?;
     Ok(())
 }
