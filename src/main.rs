@@ -33,6 +33,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Bench(args) => keyward::bench::run(*args),
     }
 }
 

@@ -1,0 +1,319 @@
+#!/usr/bin/env bash
+# Compares keyward with the real etcd (Debian's etcd-server, /usr/bin/etcd) under the same load.
+#
+# Both servers are started in this run with the same flags on free loopback ports, data dirs in one
+# temp dir, and killed by PID at the end. `keyward bench` (the client; it speaks etcd's v3 API) runs
+# the same matrix against each, keyward first and then etcd for every cell:
+#   (a) no auth                              (b/f) auth, simple token, a user with one permission
+#   (c) auth, JWT RS256                      (e)   auth, simple token, a user with 10,000 permissions
+#   (d) TLS, client-cert-auth, CN user       (g)   Authenticate throughput (bcrypt cost 10)
+# cells: put and linearizable range at 1 client (1 conn) and at 100 clients over 10 conns, txn-put at
+# 100 clients (and a watch cell in (a)). It prints a Markdown report (also written to $OUT): every
+# cell's absolute numbers, keyward/etcd ratios, peak RSS (VmHWM) of each server, the local bcrypt
+# rate, and the targets of the performance issue, each met or not.
+#
+# Usage: benches/compare.sh
+# Environment: DURATION (per cell, default 5s), PERMS (grants of the (e) user, default 10000),
+#   OUT (report path, default target/compare.md), ETCD (etcd binary), KEEP_TMP=1 (keep the temp dir),
+#   PROFILE=1 (also record a perf profile of keyward's put path at 100 clients, if perf works).
+set -uo pipefail
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+DURATION="${DURATION:-5s}"
+PERMS="${PERMS:-10000}"
+OUT="${OUT:-$root/target/compare.md}"
+ETCD="${ETCD:-/usr/bin/etcd}"
+KW="$root/target/release/keyward"
+PREFIX="bench/"
+SHAPE=(--prefix "$PREFIX" --key-size 16 --val-size 256)
+SIZES=("${SHAPE[@]}" --key-space 10000)
+
+die() { echo "compare.sh: $*" >&2; exit 1; }
+for tool in openssl jq python3; do command -v "$tool" >/dev/null || die "$tool is needed"; done
+[ -x "$ETCD" ] || die "no etcd at $ETCD (apt-get install etcd-server)"
+
+echo "building keyward (release)..." >&2
+(cd "$root" && cargo build --release --quiet) || die "cargo build --release failed"
+
+tmp="$(mktemp -d "${TMPDIR:-/tmp}/keyward-compare.XXXXXX")"
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+    done
+    if [ "${KEEP_TMP:-0}" = 1 ]; then echo "kept $tmp" >&2; else rm -rf "$tmp"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+results="$tmp/results.tsv"   # config cell server throughput p50 p90 p99 max ok errors load
+: > "$results"
+rss="$tmp/rss.tsv"           # config server VmHWM_kB
+: > "$rss"
+
+# The server of each kind for the current configuration.
+declare -A PID EP
+
+# start KIND CONFIG SCHEME EXTRA_FLAGS... : same flags for keyward and etcd
+start() {
+    local kind="$1" config="$2" scheme="$3"
+    shift 3
+    local port peer dir
+    port="$(free_port)"
+    peer="$(free_port)"
+    dir="$tmp/$config-$kind"
+    local flags=(--name bench --data-dir "$dir"
+        --listen-client-urls "$scheme://127.0.0.1:$port" --advertise-client-urls "$scheme://127.0.0.1:$port"
+        --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer"
+        --initial-cluster "bench=http://127.0.0.1:$peer" --bcrypt-cost 10 --log-level warn "$@")
+    if [ "$kind" = keyward ]; then
+        "$KW" serve "${flags[@]}" > "$dir.log" 2>&1 &
+    else
+        "$ETCD" "${flags[@]}" > "$dir.log" 2>&1 &
+    fi
+    PID[$kind]=$!
+    pids+=("$!")
+    EP[$kind]="$scheme://127.0.0.1:$port"
+}
+
+# wait_ready KIND CLIENT_FLAGS... : a range succeeds (auth is not enabled yet)
+wait_ready() {
+    local kind="$1"
+    shift
+    for _ in $(seq 100); do
+        if "$KW" bench --endpoints "${EP[$kind]}" "$@" --dial-timeout 1s range --total 1 > /dev/null 2>&1; then
+            return 0
+        fi
+        kill -0 "${PID[$kind]}" 2>/dev/null || { tail -20 "$tmp"/*-"$kind".log >&2; die "$kind exited"; }
+        sleep 0.2
+    done
+    die "$kind did not become ready at ${EP[$kind]}"
+}
+
+stop_all() {
+    local config="$1"
+    for kind in keyward etcd; do
+        local pid="${PID[$kind]}"
+        echo -e "$config\t$kind\t$(awk '/^VmHWM/ {print $2}' "/proc/$pid/status")" >> "$rss"
+        kill "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+    done
+}
+
+# cell CONFIG CELL CLIENTS CONNS CLIENT_FLAGS... -- WORKLOAD ARGS... : run on keyward, then etcd
+cell() {
+    local config="$1" name="$2" clients="$3" conns="$4"
+    shift 4
+    local flags=()
+    while [ "$1" != -- ]; do flags+=("$1"); shift; done
+    shift
+    for kind in keyward etcd; do
+        local json="$tmp/$config-$name-$kind.json" load
+        load="$(cut -d' ' -f1 /proc/loadavg)"
+        if ! "$KW" bench --endpoints "${EP[$kind]}" "${flags[@]}" --clients "$clients" --conns "$conns" \
+            --duration "$DURATION" "${SIZES[@]}" -w json "$@" > "$json" 2> "$json.err"; then
+            echo "  $config $name $kind: FAILED: $(tail -1 "$json.err")" >&2
+        fi
+        if [ -s "$json" ]; then
+            jq -r --arg c "$config" --arg n "$name" --arg k "$kind" --arg l "$load" \
+                '[$c, $n, $k, .throughput, .latency_us.p50, .latency_us.p90, .latency_us.p99, .latency_us.max, .ok, .errors, $l] | @tsv' \
+                "$json" >> "$results"
+            jq -r --arg c "$config" --arg n "$name" --arg k "$kind" \
+                '"  \($c) \($n) \($k): \(.throughput | floor)/s p99 \(.latency_us.p99)us errors \(.errors) \(.error_kinds | keys | join("; "))"' \
+                "$json" >&2
+        else
+            echo -e "$config\t$name\t$kind\t0\t0\t0\t0\t0\t0\t-1\t$load" >> "$results"
+        fi
+    done
+}
+
+# seed CLIENT_FLAGS... : the key the range cells read (index 0 of the key space) exists on both
+seed() {
+    for kind in keyward etcd; do
+        "$KW" bench --endpoints "${EP[$kind]}" "$@" "${SHAPE[@]}" --key-space 1 put --total 1 > /dev/null \
+            || die "seeding the range key on $kind failed"
+    done
+}
+
+# standard_cells CONFIG CLIENT_FLAGS...
+standard_cells() {
+    local config="$1"
+    shift
+    seed "$@"
+    cell "$config" put-c1 1 1 "$@" -- put
+    cell "$config" put-c100 100 10 "$@" -- put
+    cell "$config" range-l-c1 1 1 "$@" -- range --consistency l
+    cell "$config" range-l-c100 100 10 "$@" -- range --consistency l
+    cell "$config" txn-put-c100 100 10 "$@" -- txn-put
+}
+
+started_at=$(date +%s)
+
+# --- local bcrypt capacity (the ceiling for Authenticate) -------------------------------------------
+echo "bcrypt capacity at cost 10..." >&2
+"$KW" bench bcrypt --cost 10 --clients 1 --duration "$DURATION" -w json > "$tmp/bcrypt-1.json"
+"$KW" bench bcrypt --cost 10 --clients "$(nproc)" --duration "$DURATION" -w json > "$tmp/bcrypt-n.json"
+
+# --- (a) no auth ----------------------------------------------------------------------------------
+echo "(a) no auth" >&2
+for kind in keyward etcd; do start "$kind" none http; done
+for kind in keyward etcd; do wait_ready "$kind"; done
+standard_cells none
+cell none watch-c10 10 10 -- watch --streams 10 --watchers-per-stream 10
+if [ "${PROFILE:-0}" = 1 ] && perf stat -e task-clock true > /dev/null 2>&1; then
+    # System-wide cpu-clock sampling (attaching with -p records nothing in some containers), then
+    # only keyward's samples are reported.
+    echo "  perf record (system-wide, keyward's samples reported) under put at 100 clients..." >&2
+    perf record -e cpu-clock -F 499 -a --call-graph dwarf,16384 -o "$tmp/perf.data" -- sleep 5 > /dev/null 2>&1 &
+    perf_pid=$!
+    "$KW" bench --endpoints "${EP[keyward]}" --clients 100 --conns 10 --duration 5s "${SIZES[@]}" put > "$tmp/perf-put.txt"
+    wait "$perf_pid"
+    perf report -i "$tmp/perf.data" --pid "${PID[keyward]}" --no-children --stdio --sort dso,symbol \
+        --percent-limit 0.7 -g none 2> /dev/null | grep -E '^ +[0-9.]+%' | sed 's/ *$//' | cut -c1-160 | head -40 > "$tmp/perf-top.txt"
+    perf report -i "$tmp/perf.data" --pid "${PID[keyward]}" --children --stdio --sort symbol \
+        --percent-limit 3 -g none 2> /dev/null | grep -E '^ +[0-9.]+%' | grep -E 'keyward::|heed|mdb_|fdatasync|tonic|h2::|hyper' \
+        | sed 's/ *$//' | cut -c1-200 | head -40 > "$tmp/perf-children.txt"
+fi
+stop_all none
+
+# --- (b/f), (e), (g) simple token -----------------------------------------------------------------
+echo "(b/f, e, g) auth, simple token" >&2
+for kind in keyward etcd; do start "$kind" simple http --auth-token simple; done
+for kind in keyward etcd; do wait_ready "$kind"; done
+for kind in keyward etcd; do
+    "$KW" bench --endpoints "${EP[$kind]}" --clients 20 --conns 2 --prefix "$PREFIX" setup-auth \
+        --root-password rootpw --new-user bench1:pw1:0 --new-user "bench10k:pw10k:$PERMS" --enable \
+        2> "$tmp/setup-simple-$kind.txt" || { cat "$tmp/setup-simple-$kind.txt" >&2; die "auth setup on $kind failed"; }
+    sed "s/^/  $kind: /" "$tmp/setup-simple-$kind.txt" >&2
+done
+standard_cells simple --user bench1 --password pw1
+seed --user bench10k --password pw10k
+cell perms10k put-c1 1 1 --user bench10k --password pw10k -- put
+cell perms10k put-c100 100 10 --user bench10k --password pw10k -- put
+cell perms10k range-l-c1 1 1 --user bench10k --password pw10k -- range --consistency l
+cell perms10k range-l-c100 100 10 --user bench10k --password pw10k -- range --consistency l
+cell perms10k txn-put-c100 100 10 --user bench10k --password pw10k -- txn-put
+cell simple authenticate-c1 1 1 --user bench1 --password pw1 -- authenticate
+cell simple authenticate-c100 100 10 --user bench1 --password pw1 -- authenticate
+stop_all simple
+
+# --- (c) JWT RS256 --------------------------------------------------------------------------------
+echo "(c) auth, JWT RS256" >&2
+mkdir -p "$tmp/jwt"
+openssl genrsa -out "$tmp/jwt/priv.pem" 2048 2> /dev/null
+openssl rsa -in "$tmp/jwt/priv.pem" -pubout -out "$tmp/jwt/pub.pem" 2> /dev/null
+jwt="jwt,pub-key=$tmp/jwt/pub.pem,priv-key=$tmp/jwt/priv.pem,sign-method=RS256"
+for kind in keyward etcd; do start "$kind" jwt http --auth-token "$jwt"; done
+for kind in keyward etcd; do wait_ready "$kind"; done
+for kind in keyward etcd; do
+    "$KW" bench --endpoints "${EP[$kind]}" --prefix "$PREFIX" setup-auth --root-password rootpw \
+        --new-user bench1:pw1:0 --enable 2> /dev/null || die "auth setup on $kind failed"
+done
+standard_cells jwt --user bench1 --password pw1
+stop_all jwt
+
+# --- (d) TLS with client-cert-auth, the CN is the user --------------------------------------------
+echo "(d) TLS, client certificate CN" >&2
+bash "$root/certs/gen.sh" "$tmp/pki" > /dev/null || die "certs/gen.sh failed"
+pki="$tmp/pki"
+for kind in keyward etcd; do
+    start "$kind" tls https --cert-file "$pki/member1.pem" --key-file "$pki/member1-key.pem" \
+        --trusted-ca-file "$pki/ca.pem" --client-cert-auth
+done
+as_root=(--cacert "$pki/ca.pem" --cert "$pki/root.pem" --key "$pki/root-key.pem")
+as_alice=(--cacert "$pki/ca.pem" --cert "$pki/alice.pem" --key "$pki/alice-key.pem")
+for kind in keyward etcd; do wait_ready "$kind" "${as_root[@]}"; done
+for kind in keyward etcd; do
+    "$KW" bench --endpoints "${EP[$kind]}" "${as_root[@]}" --prefix "$PREFIX" setup-auth \
+        --root-password rootpw --new-user alice:alicepw:0 --enable 2> /dev/null || die "auth setup on $kind failed"
+done
+standard_cells tls "${as_alice[@]}"
+stop_all tls
+
+elapsed=$(( $(date +%s) - started_at ))
+
+# --- report ---------------------------------------------------------------------------------------
+{
+    echo "Produced by \`benches/compare.sh\` (DURATION=$DURATION per cell, PERMS=$PERMS) on $(date -u +%Y-%m-%d) in ${elapsed} s."
+    echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'),"
+    echo "$(awk '/MemTotal/ {printf "%.0f GiB RAM", $2/1048576}' /proc/meminfo); $("$ETCD" --version | head -1); keyward $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?') (+ working tree)."
+    echo "Both servers and the client share the same cores; each cell runs on one server at a time (keyward first)."
+    echo
+    echo "| config | cell | keyward req/s | etcd req/s | ratio | keyward p50 / p90 / p99 / max ms | etcd p50 / p90 / p99 / max ms | p99 ratio | errors kw / etcd | load 1m kw / etcd |"
+    echo "| --- | --- | ---: | ---: | ---: | --- | --- | ---: | --- | --- |"
+    awk -F'\t' '
+        function ms(us) { return sprintf("%.2f", us / 1000) }
+        $3 == "keyward" { k[$1 SUBSEP $2] = $0; order[++n] = $1 SUBSEP $2 }
+        $3 == "etcd" { e[$1 SUBSEP $2] = $0 }
+        END {
+            for (i = 1; i <= n; i++) {
+                split(k[order[i]], a, "\t"); split(e[order[i]], b, "\t")
+                ratio = (b[4] > 0) ? sprintf("%.2f", a[4] / b[4]) : "n/a"
+                p99 = (b[7] > 0) ? sprintf("%.2f", a[7] / b[7]) : "n/a"
+                printf "| %s | %s | %.0f | %.0f | %s | %s / %s / %s / %s | %s / %s / %s / %s | %s | %s / %s | %s / %s |\n",
+                    a[1], a[2], a[4], b[4], ratio, ms(a[5]), ms(a[6]), ms(a[7]), ms(a[8]),
+                    ms(b[5]), ms(b[6]), ms(b[7]), ms(b[8]), p99, a[10], b[10], a[11], b[11]
+            }
+        }' "$results"
+    echo
+    echo "The watch cell counts events delivered (10 streams x 10 watchers on the prefix, 10 clients putting); its latency is put-send to event-receipt."
+    echo
+    echo "Peak RSS (VmHWM at the end of each configuration):"
+    echo
+    echo "| config | keyward MiB | etcd MiB | ratio |"
+    echo "| --- | ---: | ---: | ---: |"
+    awk -F'\t' '$2 == "keyward" { k[$1] = $3; order[++n] = $1 } $2 == "etcd" { e[$1] = $3 }
+        END { for (i = 1; i <= n; i++) { c = order[i]; printf "| %s | %.1f | %.1f | %.2f |\n", c, k[c] / 1024, e[c] / 1024, k[c] / e[c] } }' "$rss"
+    echo
+    b1=$(jq .throughput "$tmp/bcrypt-1.json"); bn=$(jq .throughput "$tmp/bcrypt-n.json")
+    echo "bcrypt cost 10 on this machine (\`keyward bench bcrypt\`, the bcrypt crate keyward uses): $b1 hashes/s on 1 thread, $bn hashes/s on $(nproc) threads; 1 thread x $(nproc) cores = $(echo "$b1 * $(nproc)" | bc -l | xargs printf '%.2f') hashes/s."
+    echo
+    echo "Targets:"
+    echo
+    get() { awk -F'\t' -v c="$1" -v n="$2" -v k="$3" -v f="$4" '$1 == c && $2 == n && $3 == k { print $f }' "$results"; }
+    verdict() { if [ "$(echo "$1" | bc -l)" = 1 ]; then echo met; else echo "NOT met"; fi; }
+    for config in jwt tls; do
+        kt=$(get "$config" put-c100 keyward 4); et=$(get "$config" put-c100 etcd 4)
+        kp=$(get "$config" put-c100 keyward 7); ep=$(get "$config" put-c100 etcd 7)
+        r=$(echo "$kt / $et" | bc -l); p=$(echo "$kp / $ep" | bc -l)
+        printf -- "- put, 100 clients, %s: throughput %.2fx (target >= 2.0: %s), p99 %.2fx (target <= 0.5: %s)\n" \
+            "$config" "$r" "$(verdict "$r >= 2.0")" "$p" "$(verdict "$p <= 0.5")"
+    done
+    for config in simple jwt tls; do
+        r=$(echo "$(get "$config" range-l-c100 keyward 4) / $(get "$config" range-l-c100 etcd 4)" | bc -l)
+        printf -- "- linearizable range, 100 clients, %s: %.2fx (target >= 1.5: %s)\n" "$config" "$r" "$(verdict "$r >= 1.5")"
+    done
+    for c in put-c1 put-c100 range-l-c1 range-l-c100 txn-put-c100; do
+        r=$(echo "$(get perms10k "$c" keyward 4) / $(get simple "$c" keyward 4)" | bc -l)
+        printf -- "- keyward %s, 10,000-permission user / one-permission user: %.3f (target >= 0.95: %s)\n" "$c" "$r" "$(verdict "$r >= 0.95")"
+    done
+    a=$(get simple authenticate-c100 keyward 4)
+    r=$(echo "$a / ($b1 * $(nproc))" | bc -l)
+    printf -- "- Authenticate, 100 clients: keyward %.2f/s = %.3f of 1-thread bcrypt x %s cores (target >= 0.95: %s); etcd %.2f/s\n" \
+        "$a" "$r" "$(nproc)" "$(verdict "$r >= 0.95")" "$(get simple authenticate-c100 etcd 4)"
+    worst=$(awk -F'\t' '$2 == "keyward" { k[$1] = $3 } $2 == "etcd" { e[$1] = $3 } END { m = 0; for (c in k) if (k[c] / e[c] > m) m = k[c] / e[c]; print m }' "$rss")
+    printf -- "- peak RSS: worst keyward/etcd ratio over the configurations %.2f (target <= 0.5: %s)\n" "$worst" "$(verdict "$worst <= 0.5")"
+    if [ -s "$tmp/perf-top.txt" ]; then
+        echo
+        echo "perf profile of keyward under put at 100 clients (self time, top symbols):"
+        echo
+        echo '```'
+        cat "$tmp/perf-top.txt"
+        echo '```'
+        echo
+        echo "Inclusive (children) time, top entries:"
+        echo
+        echo '```'
+        cat "$tmp/perf-children.txt"
+        echo '```'
+    fi
+} > "$tmp/report.md"
+mkdir -p "$(dirname "$OUT")"
+cp "$tmp/report.md" "$OUT"
+cp "$results" "${OUT%.md}.tsv"
+cat "$tmp/report.md"
+echo "report written to $OUT" >&2

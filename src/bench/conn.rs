@@ -1,0 +1,212 @@
+//! Connections for `keyward bench`: tonic channels over plain TCP or tokio-rustls TLS (a custom
+//! connector, since tonic's own TLS feature is not enabled), and the per-connection auth token.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll};
+
+use anyhow::{anyhow, bail, Context as _};
+use hyper_util::rt::TokioIo;
+use rustls::{ClientConfig, RootCertStore};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tonic::codegen::Service;
+use tonic::metadata::{AsciiMetadataValue, MetadataMap};
+use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::{Code, Status};
+
+use super::BenchArgs;
+use crate::proto::etcdserverpb::auth_client::AuthClient;
+use crate::proto::etcdserverpb::AuthenticateRequest;
+
+/// One gRPC connection and, with `--user`, the token every request on it carries.
+pub struct Conn {
+    pub channel: Channel,
+    pub auth: Option<ConnAuth>,
+}
+
+pub struct ConnAuth {
+    name: String,
+    password: String,
+    /// The token and a generation number that grows with each re-authentication.
+    token: RwLock<(u64, AsciiMetadataValue)>,
+    refresh: tokio::sync::Mutex<()>,
+    pub reauths: AtomicU64,
+}
+
+impl Conn {
+    /// The current token generation (0 without auth) to pass to `reauthenticate` after a failure.
+    pub fn attach(&self, metadata: &mut MetadataMap) -> u64 {
+        match &self.auth {
+            Some(auth) => {
+                let guard = auth.token.read().unwrap_or_else(|e| e.into_inner());
+                metadata.insert("token", guard.1.clone());
+                guard.0
+            }
+            None => 0,
+        }
+    }
+
+    /// Whether a failed request should be retried after authenticating again: the server refused the
+    /// token as stale (etcd: "revision of auth store is old") or unknown (an expired simple token).
+    pub fn should_reauthenticate(&self, status: &Status) -> bool {
+        self.auth.is_some()
+            && (status.message().contains("revision of auth store is old")
+                || status.message().contains("invalid auth token"))
+    }
+
+    /// Authenticates again unless another client on this connection already did since `generation`.
+    pub async fn reauthenticate(&self, generation: u64) -> Result<(), Status> {
+        let Some(auth) = &self.auth else { return Ok(()) };
+        let _one_at_a_time = auth.refresh.lock().await;
+        if auth.token.read().unwrap_or_else(|e| e.into_inner()).0 != generation {
+            return Ok(());
+        }
+        let token = authenticate(&self.channel, &auth.name, &auth.password).await?;
+        let mut guard = auth.token.write().unwrap_or_else(|e| e.into_inner());
+        *guard = (generation + 1, token);
+        auth.reauths.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+async fn authenticate(channel: &Channel, name: &str, password: &str) -> Result<AsciiMetadataValue, Status> {
+    let response = AuthClient::new(channel.clone())
+        .authenticate(AuthenticateRequest { name: name.to_string(), password: password.to_string() })
+        .await?
+        .into_inner();
+    AsciiMetadataValue::try_from(response.token)
+        .map_err(|_| Status::new(Code::Internal, "the server returned a token that is not valid metadata"))
+}
+
+/// Opens `--conns` connections over the endpoints (round-robin); with `authenticate` and `--user`,
+/// authenticates each once.
+pub async fn connect_all(args: &BenchArgs, authenticate_each: bool) -> anyhow::Result<Vec<Arc<Conn>>> {
+    let tls = tls_config(args)?;
+    let credentials = if authenticate_each { super::credentials(args) } else { None };
+    let endpoints: Vec<&String> = args.endpoints.iter().filter(|e| !e.is_empty()).collect();
+    let mut conns = Vec::with_capacity(args.conns);
+    for i in 0..args.conns {
+        let endpoint = endpoints[i % endpoints.len()];
+        let channel = connect(endpoint, tls.clone(), args).await?;
+        let auth = match &credentials {
+            Some((name, password)) => {
+                let token = authenticate(&channel, name, password)
+                    .await
+                    .map_err(|s| anyhow!("authenticate as {name:?} at {endpoint}: {}", s.message()))?;
+                Some(ConnAuth {
+                    name: name.clone(),
+                    password: password.clone(),
+                    token: RwLock::new((1, token)),
+                    refresh: tokio::sync::Mutex::new(()),
+                    reauths: AtomicU64::new(0),
+                })
+            }
+            None => None,
+        };
+        conns.push(Arc::new(Conn { channel, auth }));
+    }
+    Ok(conns)
+}
+
+fn tls_config(args: &BenchArgs) -> anyhow::Result<Option<Arc<ClientConfig>>> {
+    if args.cacert.is_none() && args.cert.is_none() {
+        return Ok(None);
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?;
+    let mut roots = RootCertStore::empty();
+    match &args.cacert {
+        Some(path) => {
+            for cert in CertificateDer::pem_file_iter(path).with_context(|| format!("--cacert {}", path.display()))? {
+                roots
+                    .add(cert.with_context(|| format!("--cacert {}", path.display()))?)
+                    .with_context(|| format!("--cacert {}", path.display()))?;
+            }
+        }
+        None => bail!("TLS needs --cacert (the CA that signs the server certificate)"),
+    }
+    let builder = builder.with_root_certificates(roots);
+    let mut config = match (&args.cert, &args.key) {
+        (Some(cert), Some(key)) => {
+            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+                .and_then(|certs| certs.collect())
+                .with_context(|| format!("--cert {}", cert.display()))?;
+            let key = PrivateKeyDer::from_pem_file(key).with_context(|| format!("--key {}", key.display()))?;
+            builder.with_client_auth_cert(certs, key).context("--cert/--key")?
+        }
+        _ => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Some(Arc::new(config)))
+}
+
+async fn connect(endpoint: &str, tls: Option<Arc<ClientConfig>>, args: &BenchArgs) -> anyhow::Result<Channel> {
+    let (scheme, host_port) = match endpoint.split_once("://") {
+        Some((scheme @ ("http" | "https"), rest)) => (scheme, rest.trim_end_matches('/')),
+        Some((scheme, _)) => bail!("endpoint {endpoint:?}: scheme {scheme:?} is not http or https"),
+        None if tls.is_some() => ("https", endpoint),
+        None => ("http", endpoint),
+    };
+    let uri: Uri = format!("{scheme}://{host_port}").parse().with_context(|| format!("endpoint {endpoint:?}"))?;
+    let ep = Endpoint::from(uri.clone()).connect_timeout(args.dial_timeout).tcp_nodelay(true);
+    let channel = if scheme == "https" {
+        let Some(config) = tls else { bail!("endpoint {endpoint:?} is https:// but --cacert is not given") };
+        let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_string();
+        let server_name = ServerName::try_from(host.clone()).with_context(|| format!("server name {host:?}"))?;
+        ep.connect_with_connector(TlsConnector { config, server_name }).await
+    } else {
+        ep.connect().await
+    };
+    channel.map_err(|e| anyhow!("connect to {endpoint}: {}", error_chain(&e)))
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// A tower connector for tonic: TCP (no Nagle) then a rustls client handshake with ALPN h2.
+#[derive(Clone)]
+struct TlsConnector {
+    config: Arc<ClientConfig>,
+    server_name: ServerName<'static>,
+}
+
+type ConnectFuture = Pin<Box<dyn Future<Output = std::io::Result<TokioIo<TlsStream<TcpStream>>>> + Send>>;
+
+impl Service<Uri> for TlsConnector {
+    type Response = TokioIo<TlsStream<TcpStream>>;
+    type Error = std::io::Error;
+    type Future = ConnectFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connector = tokio_rustls::TlsConnector::from(self.config.clone());
+        let server_name = self.server_name.clone();
+        Box::pin(async move {
+            let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_string();
+            let port = uri.port_u16().unwrap_or(443);
+            let tcp = TcpStream::connect((host.as_str(), port)).await?;
+            tcp.set_nodelay(true)?;
+            // HTTP/2 with prior knowledge follows, whether or not the server answered the ALPN offer.
+            let tls = connector.connect(server_name, tcp).await?;
+            Ok(TokioIo::new(tls))
+        })
+    }
+}

@@ -1,0 +1,288 @@
+//! Latency recording and the final report (text or JSON), plus the terminal progress line.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Write as _};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One client's measurements: every successful request's latency in microseconds, and the failures
+/// by message.
+#[derive(Default)]
+pub struct Recorder {
+    pub latencies_us: Vec<u32>,
+    pub errors: BTreeMap<String, u64>,
+}
+
+impl Recorder {
+    pub fn with_capacity(n: usize) -> Self {
+        Recorder { latencies_us: Vec::with_capacity(n), errors: BTreeMap::new() }
+    }
+
+    pub fn ok(&mut self, latency: Duration) {
+        self.latencies_us.push(u32::try_from(latency.as_micros()).unwrap_or(u32::MAX));
+    }
+
+    pub fn error(&mut self, message: String) {
+        *self.errors.entry(message).or_default() += 1;
+    }
+
+    pub fn merge(&mut self, other: Recorder) {
+        self.latencies_us.extend_from_slice(&other.latencies_us);
+        for (message, n) in other.errors {
+            *self.errors.entry(message).or_default() += n;
+        }
+    }
+}
+
+/// The result of one run.
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    pub workload: String,
+    pub endpoints: Vec<String>,
+    pub conns: usize,
+    pub clients: usize,
+    /// What one "request" is for this workload (`requests`, `events`, `hashes`).
+    pub unit: &'static str,
+    pub ok: u64,
+    pub errors: u64,
+    pub elapsed: Duration,
+    pub latency: Percentiles,
+    pub error_kinds: BTreeMap<String, u64>,
+    /// Extra workload-specific counters (`puts`, `expected_events`, `reauthentications`, ...).
+    pub extra: Vec<(&'static str, f64)>,
+}
+
+/// Latency distribution in microseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Percentiles {
+    pub mean: f64,
+    pub p50: u32,
+    pub p90: u32,
+    pub p99: u32,
+    pub max: u32,
+}
+
+impl Percentiles {
+    /// Nearest-rank percentiles of the samples (sorted here).
+    pub fn of(samples: &mut [u32]) -> Percentiles {
+        if samples.is_empty() {
+            return Percentiles::default();
+        }
+        samples.sort_unstable();
+        let rank = |q: f64| samples[((q * samples.len() as f64).ceil() as usize).clamp(1, samples.len()) - 1];
+        let sum: u64 = samples.iter().map(|&v| u64::from(v)).sum();
+        Percentiles {
+            mean: sum as f64 / samples.len() as f64,
+            p50: rank(0.50),
+            p90: rank(0.90),
+            p99: rank(0.99),
+            max: samples[samples.len() - 1],
+        }
+    }
+}
+
+impl Summary {
+    pub fn new(workload: &str, args: &super::BenchArgs, unit: &'static str) -> Summary {
+        Summary {
+            workload: workload.to_string(),
+            endpoints: args.endpoints.clone(),
+            conns: args.conns,
+            clients: args.clients,
+            unit,
+            ..Summary::default()
+        }
+    }
+
+    /// Fills counts and percentiles from the merged recorder.
+    pub fn record(&mut self, mut merged: Recorder, elapsed: Duration) {
+        self.ok = merged.latencies_us.len() as u64;
+        self.errors = merged.errors.values().sum();
+        self.elapsed = elapsed;
+        self.latency = Percentiles::of(&mut merged.latencies_us);
+        self.error_kinds = merged.errors;
+    }
+
+    pub fn throughput(&self) -> f64 {
+        if self.elapsed.is_zero() {
+            0.0
+        } else {
+            self.ok as f64 / self.elapsed.as_secs_f64()
+        }
+    }
+
+    pub fn to_text(&self) -> String {
+        let ms = |us: f64| us / 1000.0;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{} against {} ({} conns, {} clients)",
+            self.workload,
+            self.endpoints.join(","),
+            self.conns,
+            self.clients
+        );
+        let _ = writeln!(out, "  {:<19}{} ok, {} errors", format!("{}:", self.unit), self.ok, self.errors);
+        let _ = writeln!(out, "  {:<19}{:.3} s", "elapsed:", self.elapsed.as_secs_f64());
+        let _ = writeln!(out, "  {:<19}{:.1} {}/s", "throughput:", self.throughput(), self.unit);
+        let l = &self.latency;
+        let _ = writeln!(
+            out,
+            "  {:<19}p50 {:.3} ms, p90 {:.3} ms, p99 {:.3} ms, max {:.3} ms, mean {:.3} ms",
+            "latency:",
+            ms(f64::from(l.p50)),
+            ms(f64::from(l.p90)),
+            ms(f64::from(l.p99)),
+            ms(f64::from(l.max)),
+            ms(l.mean)
+        );
+        for (name, value) in &self.extra {
+            let _ = writeln!(out, "  {:<19}{}", format!("{name}:"), trim_float(*value));
+        }
+        if !self.error_kinds.is_empty() {
+            let _ = writeln!(out, "  errors by message:");
+            for (message, n) in &self.error_kinds {
+                let _ = writeln!(out, "    {n:>8}  {message}");
+            }
+        }
+        out
+    }
+
+    pub fn to_json(&self) -> String {
+        let mut out = String::from("{");
+        let _ = write!(out, "\"workload\":{},", json_str(&self.workload));
+        let endpoints: Vec<String> = self.endpoints.iter().map(|e| json_str(e)).collect();
+        let _ = write!(out, "\"endpoints\":[{}],", endpoints.join(","));
+        let _ = write!(out, "\"conns\":{},\"clients\":{},", self.conns, self.clients);
+        let _ = write!(out, "\"unit\":{},", json_str(self.unit));
+        let _ = write!(out, "\"ok\":{},\"errors\":{},", self.ok, self.errors);
+        let _ = write!(out, "\"elapsed_s\":{},", json_f64(self.elapsed.as_secs_f64()));
+        let _ = write!(out, "\"throughput\":{},", json_f64(self.throughput()));
+        let l = &self.latency;
+        let _ = write!(
+            out,
+            "\"latency_us\":{{\"mean\":{},\"p50\":{},\"p90\":{},\"p99\":{},\"max\":{}}},",
+            json_f64(l.mean),
+            l.p50,
+            l.p90,
+            l.p99,
+            l.max
+        );
+        let kinds: Vec<String> = self.error_kinds.iter().map(|(m, n)| format!("{}:{n}", json_str(m))).collect();
+        let _ = write!(out, "\"error_kinds\":{{{}}}", kinds.join(","));
+        for (name, value) in &self.extra {
+            let _ = write!(out, ",{}:{}", json_str(name), json_f64(*value));
+        }
+        out.push('}');
+        out
+    }
+}
+
+fn trim_float(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+fn json_f64(v: f64) -> String {
+    if v.is_finite() {
+        let s = format!("{v:.3}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        "null".into()
+    }
+}
+
+fn json_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Shared counters the clients bump and the progress line reads.
+#[derive(Default)]
+pub struct Counters {
+    pub ok: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+/// Prints `\r<label>: N ok, E errors, R/s` to stderr every 200 ms while `running`, only when stderr
+/// is a terminal; clears the line when stopped.
+pub fn spawn_progress(
+    label: String,
+    target: Option<u64>,
+    counters: Arc<Counters>,
+    running: Arc<AtomicBool>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    Some(tokio::spawn(async move {
+        let start = Instant::now();
+        let mut ticker = tokio::time::interval(Duration::from_millis(200));
+        while running.load(Ordering::Relaxed) {
+            ticker.tick().await;
+            let ok = counters.ok.load(Ordering::Relaxed);
+            let errors = counters.errors.load(Ordering::Relaxed);
+            let rate = ok as f64 / start.elapsed().as_secs_f64().max(1e-9);
+            let of = target.map(|t| format!("/{t}")).unwrap_or_default();
+            let mut stderr = std::io::stderr().lock();
+            let _ = write!(
+                stderr,
+                "\r\x1b[K{label}: {ok}{of} ok, {errors} errors, {rate:.0}/s, {:.1} s",
+                start.elapsed().as_secs_f64()
+            );
+            let _ = stderr.flush();
+        }
+        let mut stderr = std::io::stderr().lock();
+        let _ = write!(stderr, "\r\x1b[K");
+        let _ = stderr.flush();
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let mut samples: Vec<u32> = (1..=100).rev().collect();
+        let p = Percentiles::of(&mut samples);
+        assert_eq!((p.p50, p.p90, p.p99, p.max), (50, 90, 99, 100));
+        assert_eq!(p.mean, 50.5);
+        assert_eq!(Percentiles::of(&mut []), Percentiles::default());
+        assert_eq!(Percentiles::of(&mut [7]).p99, 7);
+    }
+
+    #[test]
+    fn json_is_escaped_and_complete() {
+        let mut summary = Summary { workload: "put".into(), unit: "requests", ..Summary::default() };
+        let mut recorder = Recorder::default();
+        recorder.ok(Duration::from_micros(1500));
+        recorder.error("etcdserver: \"denied\"\n".into());
+        summary.record(recorder, Duration::from_secs(2));
+        summary.extra.push(("puts", 3.0));
+        let json = summary.to_json();
+        assert!(json.contains("\"ok\":1,\"errors\":1,"), "{json}");
+        assert!(json.contains("\"throughput\":0.5,"), "{json}");
+        assert!(json.contains("\"etcdserver: \\\"denied\\\"\\n\":1"), "{json}");
+        assert!(json.ends_with(",\"puts\":3}"), "{json}");
+    }
+}
