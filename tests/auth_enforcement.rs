@@ -10,9 +10,12 @@
 //! ([`refresh`]); a denial is therefore always asserted with a fresh token, never a stale one.
 //!
 //! With `KEYWARD_HARNESS_SELFTEST=1` the same bodies run against a real etcd 3.4.23, which checks the
-//! expectations themselves. etcd 3.4.23 predates several fixes these tests require, so there the
-//! rules for nested txns, txn puts with prev_kv/lease, LeaseTimeToLive keys (CVE-2023-32082), the
-//! lease APIs' authentication, from-key watches and the canceling of live watches fail by design.
+//! expectations themselves. etcd 3.4.23 predates several fixes these tests require, so there these
+//! fail by design: nested txns (also read-only ones), txn puts with prev_kv or a lease, LeaseTimeToLive
+//! keys (CVE-2023-32082), the lease APIs' authentication (GHSA-q8m4-xhhv-38mg), from-key watches
+//! (GHSA-xg4h-6gfc-h4m8), compaction by non-root users, the canceling of live watches, and stale
+//! *simple* tokens (etcd 3.4 resolves a simple token to the current auth revision). Everything else,
+//! including the exact error texts and watch cancel reasons, passes against etcd 3.4.23.
 
 #[path = "common/auth.rs"]
 mod auth_helpers;
@@ -869,26 +872,30 @@ async fn auth_changes_naming_an_empty_user_or_role_fail_cleanly() {
         }),
     ];
     let mut failures = Vec::new();
-    for (what, expected, call) in cases {
+    for (i, (what, expected, call)) in cases.into_iter().enumerate() {
         let mut server = Server::start_with(kind(), &FAST_BCRYPT);
         let ep = server.endpoint();
         let mut c = connect(&ep).await;
         assert_ok("user add", c.user_add("alice", "alicepw", None).await);
         assert_ok("role add", c.role_add("r").await);
         let mut auth = pb::auth_client::AuthClient::new(channel(&ep).await);
+        let mut problems = Vec::new();
         match call(&mut auth).await {
-            Ok(()) => failures.push(format!("{what}: accepted, expected {expected:?}")),
+            Ok(()) => problems.push(format!("accepted, expected {expected:?}")),
             Err(status) if status.message() != expected => {
-                failures.push(format!("{what}: {:?}, expected {expected:?}", status.message()))
+                problems.push(format!("answered {:?}, expected {expected:?}", status.message()))
             }
             Err(_) => {}
         }
         if let Err(e) = c.put("after", "v", None).await {
-            failures.push(format!("{what}: the server no longer serves: put -> {:?}", msg(&e)));
+            problems.push(format!("the server no longer serves (put: {:?})", msg(&e)));
         }
-        let restarted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.restart()));
-        if restarted.is_err() {
-            failures.push(format!("{what}: the server does not start again on its data dir"));
+        // a restart that fails takes the harness's whole start timeout: check it for the first case only
+        if i == 0 && std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.restart())).is_err() {
+            problems.push("the server does not start again on its data dir".to_string());
+        }
+        if !problems.is_empty() {
+            failures.push(format!("{what}: {}", problems.join("; ")));
         }
     }
     assert!(failures.is_empty(), "{} of 8 requests went wrong:\n{}", failures.len(), failures.join("\n"));

@@ -346,6 +346,42 @@ fn enable_edge_cases_jwt() {
     run_all(TokenKind::Jwt, "enable_edge_cases", &enable_edge_cases_steps());
 }
 
+// ---------------------------------------------------------------------------
+// scenario 4: names that are empty
+// ---------------------------------------------------------------------------
+
+fn empty_names_steps() -> Vec<Step> {
+    vec![
+        step(&["user", "add", "alice:alicepw"]),
+        step(&["role", "add", "r"]),
+        step(&["role", "add", ""]),
+        step(&["user", "add", ":pw"]),
+        step(&["user", "get", ""]),
+        step(&["role", "get", ""]),
+        step(&["user", "grant-role", "alice", ""]),
+        step(&["put", "after", "1"]),
+        step(&["user", "grant-role", "", "r"]),
+        step(&["user", "revoke-role", "alice", ""]),
+        step(&["user", "delete", ""]),
+        step(&["role", "delete", ""]),
+        step(&["role", "grant-permission", "", "read", "k"]),
+        step(&["role", "revoke-permission", "", "k"]),
+        step_stdin(&["user", "passwd", "", "--interactive=false"], "x\n"),
+        step(&["get", "after"]),
+        step(&["user", "list"]),
+    ]
+}
+
+#[test]
+fn empty_names_simple() {
+    run_all(TokenKind::Simple, "empty_names", &empty_names_steps());
+}
+
+#[test]
+fn empty_names_jwt() {
+    run_all(TokenKind::Jwt, "empty_names", &empty_names_steps());
+}
+
 #[test]
 fn enable_and_enforce_simple() {
     run_all(TokenKind::Simple, "enable_and_enforce", &enable_and_enforce_steps());

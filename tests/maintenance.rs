@@ -44,7 +44,11 @@ fn same_each(sc: &Scenario, args: impl Fn(&Server) -> Vec<String>, mask: impl Fn
         let args = args(s);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = s.etcdctl(&args);
-        (out.success(), mask(s, &normalize(&out.stdout)), mask(s, &normalize(&out.stderr)), out)
+        // etcdctl logs from concurrent goroutines (e.g. "fetching snapshot" vs "opened snapshot stream"),
+        // so stderr is compared as a sorted list of lines.
+        let mut err_lines: Vec<String> = mask(s, &normalize(&out.stderr)).lines().map(str::to_string).collect();
+        err_lines.sort();
+        (out.success(), mask(s, &normalize(&out.stdout)), err_lines.join("\n"), out)
     };
     let (a_ok, a_out, a_err, a) = run(&sc.reference);
     let (b_ok, b_out, b_err, b) = run(&sc.candidate);
