@@ -67,7 +67,14 @@ pub async fn serve(
             }
             (true, None) => anyhow::bail!("an https:// listener needs --cert-file and --key-file"),
             (false, _) => tokio::spawn(async move {
-                server.serve_with_incoming_shutdown(TcpListenerStream::new(socket), stopped).await
+                // tonic ignores `tcp_nodelay` for custom incoming streams: set it per socket, or Nagle's
+                // algorithm delays small responses (watch events) by tens of milliseconds.
+                let incoming = futures::StreamExt::map(TcpListenerStream::new(socket), |conn| {
+                    conn.inspect(|tcp| {
+                        let _ = tcp.set_nodelay(true);
+                    })
+                });
+                server.serve_with_incoming_shutdown(incoming, stopped).await
             }),
         });
     }
