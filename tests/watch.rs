@@ -1178,7 +1178,6 @@ async fn fragment_scenario(server: &Server) -> Shape {
 /// limit is --max-request-bytes plus 512 KiB of gRPC overhead allowance, so with
 /// --max-request-bytes=4096 a ~620 KB revision comes in two fragments.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "known gap: etcd splits a 200-key delete with prev_kv into 173+27 events (limit --max-request-bytes + 512 KiB gRPC overhead); keyward sends 200 one-event fragments (limit --max-request-bytes alone); open work in issue 3"]
 async fn fragmented_watch_responses() {
     let (etcd, cand) = start_pair_with(&["--max-request-bytes=4096"]).await;
     let (a, b) = tokio::join!(fragment_scenario(&etcd), fragment_scenario(&cand));
