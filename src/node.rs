@@ -1,7 +1,8 @@
 //! A cluster member: the raft engine, the applied state it drives, and the two ways requests reach them.
 //!
-//! - `propose`: a write becomes one raft entry (`InternalRaftRequest` with its request header), is
-//!   committed, and is applied by the state machine; the apply result comes back to the caller.
+//! - `propose`: a write becomes an `InternalRaftRequest` with its request header; the proposer puts it
+//!   in the next raft entry (with whatever else arrived meanwhile: group commit), which is committed
+//!   and applied by the state machine; the request's own apply result comes back to the caller.
 //! - `read`: a linearizable read first confirms leadership and waits until the read index is applied
 //!   (openraft's `ensure_linearizable`), then reads from an LMDB read transaction; a serializable read
 //!   skips the wait.
@@ -11,8 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::error::RaftError;
 use openraft::BasicNode;
+use prost::Message;
 
 use crate::auth::check::{Authorizer, Requester};
 use crate::auth::tokens::Tokens;
@@ -25,11 +27,13 @@ use crate::proto::etcdserverpb::{
 };
 use crate::raft::log_store::LogStore;
 use crate::raft::network::PeerNetwork;
+use crate::raft::proposer::Proposer;
 use crate::raft::state_machine::{Committed, State, StateMachine};
-use crate::raft::{Applied, Raft, RaftRequest};
+use crate::raft::{Applied, Raft};
 
 pub struct Node {
     pub raft: Raft,
+    proposer: Proposer,
     state: Arc<State>,
     pub member_id: u64,
     pub cluster_id: u64,
@@ -133,6 +137,7 @@ impl Node {
         let seed =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let node = Arc::new(Node {
+            proposer: Proposer::start(raft.clone(), config.max_request_bytes),
             raft,
             state,
             member_id,
@@ -204,24 +209,10 @@ impl Node {
             }
         });
         req.id = id;
-        let req = RaftRequest(req);
         if req.encoded_len() > self.max_request_bytes {
             return Err(EtcdError::RequestTooLarge);
         }
-        match self.raft.client_write(req).await {
-            Ok(written) => written.data,
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(to))) => {
-                Err(if to.leader_id.is_some() { EtcdError::NotLeader } else { EtcdError::NoLeader })
-            }
-            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
-                tracing::error!(error = %e, "unexpected membership error on a client write");
-                Err(EtcdError::Internal)
-            }
-            Err(RaftError::Fatal(fatal)) => {
-                tracing::error!(error = %fatal, "raft stopped");
-                Err(EtcdError::Stopped)
-            }
-        }
+        self.proposer.propose(req).await
     }
 
     /// Runs `read` on a consistent view of the applied state — the kv store and the auth state of the

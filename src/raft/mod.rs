@@ -1,7 +1,8 @@
 //! The raft engine's types: what a log entry carries and what applying it returns.
 //!
-//! An entry's payload is etcd's `InternalRaftRequest` (request header + exactly one operation), stored
-//! protobuf-encoded so the on-disk log format evolves the way etcd's wire format does.
+//! An entry's payload is a batch of etcd's `InternalRaftRequest`s (each a request header + exactly one
+//! operation) proposed together, stored protobuf-encoded so the on-disk log format evolves the way
+//! etcd's wire format does. Applying an entry applies its requests in order and returns one result each.
 
 // openraft's storage traits fix `StorageError` (large) as the error type; boxing it locally would only
 // move the allocation to every call site.
@@ -9,16 +10,16 @@
 
 pub mod log_store;
 pub mod network;
+pub mod proposer;
 pub mod state_machine;
 
 use std::io::Cursor;
 
-use prost::Message;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::EtcdError;
 use crate::proto::etcdserverpb::{
-    CompactionResponse, DeleteRangeResponse, InternalRaftRequest, LeaseCheckpointResponse, LeaseGrantResponse,
+    CompactionResponse, DeleteRangeResponse, InternalRaftBatch, LeaseCheckpointResponse, LeaseGrantResponse,
     LeaseRevokeResponse, PutResponse, ResponseHeader, TxnResponse,
 };
 
@@ -26,8 +27,8 @@ pub type NodeId = u64;
 
 openraft::declare_raft_types!(
     pub TypeConfig:
-        D = RaftRequest,
-        R = ApplyResult,
+        D = RaftBatch,
+        R = BatchResults,
         NodeId = NodeId,
         Node = openraft::BasicNode,
         SnapshotData = Cursor<Vec<u8>>,
@@ -39,17 +40,22 @@ pub type LogId = openraft::LogId<NodeId>;
 pub type StorageError = openraft::StorageError<NodeId>;
 pub type StoredMembership = openraft::StoredMembership<NodeId, openraft::BasicNode>;
 
-/// One proposed operation with the identity of who asked (`header.username`, `header.auth_revision`).
+/// The requests of one raft entry, each with the identity of who asked (`header.username`,
+/// `header.auth_revision`).
 #[derive(Clone, Debug, PartialEq)]
-pub struct RaftRequest(pub InternalRaftRequest);
+pub struct RaftBatch(pub InternalRaftBatch);
 
-/// What applying one entry produced: a response for the proposer, or the etcd error the apply phase
+/// What applying one entry produced: one result per request of its batch, in order (none for blank and
+/// membership entries).
+pub type BatchResults = Vec<ApplyResult>;
+
+/// What applying one request produced: a response for the proposer, or the etcd error the apply phase
 /// decided (permission denied, compacted, ...). Storage failures are not here: they stop the node.
 pub type ApplyResult = Result<Applied, EtcdError>;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Applied {
-    /// Entries without a client operation (blank and membership entries).
+    /// No response of its own (a step inside a larger operation).
     Nothing,
     Put(#[serde(with = "prost_bytes")] PutResponse),
     DeleteRange(#[serde(with = "prost_bytes")] DeleteRangeResponse),
@@ -86,15 +92,15 @@ mod prost_option {
     }
 }
 
-impl Serialize for RaftRequest {
+impl Serialize for RaftBatch {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         prost_bytes::serialize(&self.0, s)
     }
 }
 
-impl<'de> Deserialize<'de> for RaftRequest {
+impl<'de> Deserialize<'de> for RaftBatch {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        prost_bytes::deserialize(d).map(RaftRequest)
+        prost_bytes::deserialize(d).map(RaftBatch)
     }
 }
 
@@ -111,12 +117,6 @@ mod prost_bytes {
     pub fn deserialize<'de, M: Message + Default, D: Deserializer<'de>>(d: D) -> Result<M, D::Error> {
         let bytes: serde_bytes::ByteBuf = serde_bytes::deserialize(d)?;
         M::decode(bytes.as_slice()).map_err(D::Error::custom)
-    }
-}
-
-impl RaftRequest {
-    pub fn encoded_len(&self) -> usize {
-        self.0.encoded_len()
     }
 }
 

@@ -12,14 +12,13 @@ use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
 use openraft::{EntryPayload, RaftSnapshotBuilder, StorageIOError};
 use serde::{Deserialize, Serialize};
 
-use super::{any_error, blocking, ApplyResult, Entry, LogId, StorageError, StoredMembership, TypeConfig};
+use super::{any_error, blocking, BatchResults, Entry, LogId, StorageError, StoredMembership, TypeConfig};
 use crate::apply::{Effects, Stores};
 use crate::auth::store::AuthStore;
 use crate::auth::tokens::Tokens;
 use crate::error::EtcdError;
 use crate::lease::store::LeaseStore;
 use crate::mvcc::KvStore;
-use crate::raft::Applied;
 use crate::storage::{self, Db, LmdbEnv};
 
 const APPLIED: &[u8] = b"applied";
@@ -130,7 +129,7 @@ impl State {
         Ok((applied, membership))
     }
 
-    fn apply_batch(&self, entries: Vec<Entry>) -> Result<Vec<ApplyResult>, BoxError> {
+    fn apply_batch(&self, entries: Vec<Entry>) -> Result<Vec<BatchResults>, BoxError> {
         let mut txn = self.env.write_txn()?;
         let mut results = Vec::with_capacity(entries.len());
         let mut applied = None;
@@ -143,30 +142,34 @@ impl State {
         };
         for entry in entries {
             applied = Some(entry.log_id);
-            let result = match entry.payload {
-                EntryPayload::Blank => Ok(Applied::Nothing),
-                EntryPayload::Normal(req) => {
-                    match crate::apply::apply(&stores, &mut txn, &req.0, entry.log_id.index) {
-                        Ok((applied, done)) => {
-                            effects.events.extend(done.events);
-                            effects.granted.extend(done.granted);
-                            effects.revoked.extend(done.revoked);
-                            effects.auth = merge_affected(effects.auth.take(), done.auth);
-                            Ok(applied)
-                        }
-                        // A storage failure leaves the transaction unusable: abort the batch, stop the node.
-                        Err(EtcdError::Internal) => return Err("storage failure while applying".into()),
-                        Err(EtcdError::NoSpace) => return Err("database space exceeded while applying".into()),
-                        Err(refused) => Err(refused),
+            let entry_results = match entry.payload {
+                EntryPayload::Blank => Vec::new(),
+                EntryPayload::Normal(batch) => {
+                    let mut entry_results = Vec::with_capacity(batch.0.requests.len());
+                    for req in &batch.0.requests {
+                        entry_results.push(match crate::apply::apply(&stores, &mut txn, req, entry.log_id.index) {
+                            Ok((applied, done)) => {
+                                effects.events.extend(done.events);
+                                effects.granted.extend(done.granted);
+                                effects.revoked.extend(done.revoked);
+                                effects.auth = merge_affected(effects.auth.take(), done.auth);
+                                Ok(applied)
+                            }
+                            // A storage failure leaves the transaction unusable: abort the batch, stop the node.
+                            Err(EtcdError::Internal) => return Err("storage failure while applying".into()),
+                            Err(EtcdError::NoSpace) => return Err("database space exceeded while applying".into()),
+                            Err(refused) => Err(refused),
+                        });
                     }
+                    entry_results
                 }
                 EntryPayload::Membership(membership) => {
                     let stored = StoredMembership::new(Some(entry.log_id), membership);
                     self.meta.put(&mut txn, MEMBERSHIP, &postcard::to_allocvec(&stored)?)?;
-                    Ok(Applied::Nothing)
+                    Vec::new()
                 }
             };
-            results.push(result);
+            results.push(entry_results);
         }
         self.meta.put(&mut txn, APPLIED, &postcard::to_allocvec(&applied)?)?;
         let revision = self.kv.view(&txn)?.rev;
@@ -288,7 +291,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .await
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<ApplyResult>, StorageError>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<BatchResults>, StorageError>
     where
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
