@@ -10,11 +10,11 @@
 //! Batching does not weaken ordering or auth: each request keeps its own header (requester and auth
 //! revision), and apply takes the requests in order, each exactly as it would take an entry of its own.
 
-use std::sync::Arc;
-
+use futures::stream::FuturesOrdered;
+use futures::StreamExt;
 use openraft::error::ClientWriteError;
 use prost::Message;
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 
 use super::{Applied, BatchResults, NodeId, Raft, RaftBatch};
 use crate::error::EtcdError;
@@ -60,54 +60,65 @@ impl Proposer {
 }
 
 async fn batch_and_propose(raft: Raft, mut pending: mpsc::Receiver<Proposal>, max_entry_bytes: usize) {
-    let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    // Entries in flight, completing in log order; the same task delivers their results, so no task is
+    // spawned per entry.
+    let mut in_flight = FuturesOrdered::new();
     let mut next: Option<Proposal> = None;
+    let mut accepting = true;
     loop {
-        let first = match next.take() {
-            Some(first) => first,
-            None => match pending.recv().await {
-                Some(first) => first,
-                None => return, // the node is gone
-            },
-        };
-        // Wait for a free slot before gathering: everything that queues meanwhile joins this entry.
-        let Ok(permit) = in_flight.clone().acquire_owned().await else { return };
-        let mut bytes = first.req.encoded_len();
-        let mut batch = vec![first];
-        while batch.len() < MAX_REQUESTS_PER_ENTRY {
-            let Ok(proposal) = pending.try_recv() else { break };
-            let len = proposal.req.encoded_len();
-            if bytes + len > max_entry_bytes {
-                next = Some(proposal);
-                break;
+        tokio::select! {
+            biased;
+            Some((outcome, replies)) = in_flight.next(), if !in_flight.is_empty() => deliver(outcome, replies),
+            first = take_or_recv(&mut next, &mut pending), if accepting && in_flight.len() < MAX_IN_FLIGHT => {
+                let Some(first) = first else {
+                    accepting = false; // the node is gone: finish what is in flight
+                    continue;
+                };
+                // Everything that queued while the slot was taken joins this entry.
+                let mut bytes = first.req.encoded_len();
+                let mut batch = vec![first];
+                while batch.len() < MAX_REQUESTS_PER_ENTRY {
+                    let Ok(proposal) = pending.try_recv() else { break };
+                    let len = proposal.req.encoded_len();
+                    if bytes + len > max_entry_bytes {
+                        next = Some(proposal);
+                        break;
+                    }
+                    bytes += len;
+                    batch.push(proposal);
+                }
+                let (requests, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|p| (p.req, p.reply)).unzip();
+                match raft.client_write_ff(RaftBatch(InternalRaftBatch { requests })).await {
+                    Ok(written) => in_flight.push_back(async move {
+                        let outcome = match written.await {
+                            Ok(Ok(response)) => Ok(response.data),
+                            Ok(Err(refused)) => Err(write_error(refused)),
+                            Err(_dropped) => Err(EtcdError::Stopped),
+                        };
+                        (outcome, replies)
+                    }),
+                    Err(fatal) => {
+                        tracing::error!(error = %fatal, "raft stopped");
+                        deliver(Err(EtcdError::Stopped), replies);
+                        accepting = false;
+                    }
+                }
             }
-            bytes += len;
-            batch.push(proposal);
-        }
-        let (requests, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|p| (p.req, p.reply)).unzip();
-        match raft.client_write_ff(RaftBatch(InternalRaftBatch { requests })).await {
-            Ok(written) => {
-                tokio::spawn(async move {
-                    let outcome = match written.await {
-                        Ok(Ok(response)) => Ok(response.data),
-                        Ok(Err(refused)) => Err(write_error(refused)),
-                        Err(_dropped) => Err(EtcdError::Stopped),
-                    };
-                    deliver(outcome, replies, permit);
-                });
-            }
-            Err(fatal) => {
-                tracing::error!(error = %fatal, "raft stopped");
-                deliver(Err(EtcdError::Stopped), replies, permit);
-                return;
-            }
+            else => return,
         }
     }
 }
 
+/// The request held back from the previous entry (it did not fit), else the next queued one.
+async fn take_or_recv(next: &mut Option<Proposal>, pending: &mut mpsc::Receiver<Proposal>) -> Option<Proposal> {
+    match next.take() {
+        Some(held) => Some(held),
+        None => pending.recv().await,
+    }
+}
+
 /// Hands each request its own result, or the entry's error to all of them.
-fn deliver(outcome: Result<BatchResults, EtcdError>, replies: Vec<Reply>, permit: OwnedSemaphorePermit) {
-    drop(permit);
+fn deliver(outcome: Result<BatchResults, EtcdError>, replies: Vec<Reply>) {
     match outcome {
         Ok(results) => {
             debug_assert_eq!(results.len(), replies.len(), "one result per request");
