@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use auth_helpers::*;
+use common::etcd_errors::{AUTH_FAILED, AUTH_OLD_REVISION, INVALID_AUTH_TOKEN, PERMISSION_DENIED};
 use common::{Kind, Server};
 use etcd_client::{Client, ConnectOptions, GetOptions, Permission, RoleRevokePermissionOptions};
 
@@ -89,9 +90,7 @@ async fn toctou(token_kind: TokenKind) {
     const ITERATIONS: usize = 40;
     const AUTHENTICATORS: usize = 8;
     let _heavy = HEAVY.lock().await;
-    let (args, _keys) = token_args(token_kind);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut s = AuthServer::start_with(kind(), &args).await;
+    let mut s = AuthServer::start_with_token(token_kind).await;
     s.add_user("alice", "pw0", &[Permission::read("k")]).await;
     let ep = s.ep();
     let ch = channel(&ep).await;
@@ -308,9 +307,7 @@ async fn go_style_put(c: &mut Client, key: &str, value: &str) -> Result<(), etcd
 async fn go_client_style_reauth_flow() {
     let _heavy = HEAVY.lock().await;
     for token in [TokenKind::Simple, TokenKind::Jwt] {
-        let (args, _keys) = token_args(token);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut s = AuthServer::start_with(kind(), &args).await;
+        let mut s = AuthServer::start_with_token(token).await;
         s.add_user("alice", "alicepw", &[Permission::read_write("k")]).await;
         let ep = s.ep();
         let mut alice = connect_as(&ep, "alice", "alicepw").await;
@@ -471,7 +468,7 @@ async fn bcrypt_runs_outside_apply() {
     const PUTS: usize = 20;
     let _heavy = HEAVY.lock().await;
     // the one test at the default cost: no --bcrypt-cost
-    let mut s = AuthServer::start_with(kind(), &[]).await;
+    let mut s = AuthServer::start_with(Kind::under_test(), &[]).await;
     s.add_user("alice", "alicepw", &[]).await;
     let ep = s.ep();
     let mut root = connect_as(&ep, "root", ROOT_PW).await;

@@ -24,7 +24,10 @@ mod common;
 use std::time::Duration;
 
 use auth_helpers::*;
-use common::Server;
+use common::etcd_errors::{
+    AUTH_FAILED, AUTH_OLD_REVISION, INVALID_AUTH_TOKEN, PERMISSION_DENIED, ROLE_NOT_FOUND, USER_EMPTY, USER_NOT_FOUND,
+};
+use common::{Kind, Server};
 use etcd_client::{
     Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, LeaseTimeToLiveOptions, Permission, PutOptions,
     Txn, TxnOp, WatchOptions, WatchResponse, WatchStream,
@@ -806,7 +809,7 @@ async fn empty_user_and_role_names_are_not_found() {
 /// With auth disabled anyone may read users and roles (etcdctl's `user get --detail` and `role get`).
 #[tokio::test]
 async fn role_get_without_auth_is_allowed() {
-    let server = Server::start_with(kind(), &FAST_BCRYPT);
+    let server = Server::start_with(Kind::under_test(), &FAST_BCRYPT);
     let mut c = connect(&server.endpoint()).await;
     assert_ok("role add", c.role_add("r").await);
     assert_ok("grant", c.role_grant_permission("r", Permission::read("k")).await);
@@ -873,7 +876,7 @@ async fn auth_changes_naming_an_empty_user_or_role_fail_cleanly() {
     ];
     let mut failures = Vec::new();
     for (i, (what, expected, call)) in cases.into_iter().enumerate() {
-        let mut server = Server::start_with(kind(), &FAST_BCRYPT);
+        let mut server = Server::start_with(Kind::under_test(), &FAST_BCRYPT);
         let ep = server.endpoint();
         let mut c = connect(&ep).await;
         assert_ok("user add", c.user_add("alice", "alicepw", None).await);
@@ -911,9 +914,7 @@ async fn auth_changes_naming_an_empty_user_or_role_fail_cleanly() {
 /// issued at, where etcd 3.4 resolves a simple token to the *current* revision (so an etcd simple
 /// token never goes stale).
 async fn stale_token(token_kind: TokenKind) {
-    let (args, _keys) = token_args(token_kind);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut s = AuthServer::start_with(kind(), &args).await;
+    let mut s = AuthServer::start_with_token(token_kind).await;
     s.add_user("alice", "alicepw", &[Permission::read_write("k")]).await;
     let ep = s.ep();
     let ch = channel(&ep).await;
@@ -971,18 +972,9 @@ async fn invalid_token_is_rejected() {
 /// A JWT signed with another key pair is refused (and a JWT server refuses simple-looking tokens).
 #[tokio::test]
 async fn jwt_from_another_key_is_rejected() {
-    let keys = JwtKeys::generate();
-    let other_keys = JwtKeys::generate();
-    let args = |k: &JwtKeys| {
-        let mut a: Vec<String> = FAST_BCRYPT.iter().map(|s| s.to_string()).collect();
-        a.extend(k.args());
-        a
-    };
-    let (a1, a2) = (args(&keys), args(&other_keys));
-    let a1: Vec<&str> = a1.iter().map(String::as_str).collect();
-    let a2: Vec<&str> = a2.iter().map(String::as_str).collect();
-    let mut s = AuthServer::start_with(kind(), &a1).await;
-    let mut other = AuthServer::start_with(kind(), &a2).await;
+    // each server signs with a fresh key pair of its own
+    let mut s = AuthServer::start_with_token(TokenKind::Jwt).await;
+    let mut other = AuthServer::start_with_token(TokenKind::Jwt).await;
     s.add_user("alice", "alicepw", &[Permission::read_write("k")]).await;
     other.add_user("alice", "alicepw", &[Permission::read_write("k")]).await;
     let foreign = raw_token(&other.ep(), "alice", "alicepw").await.expect("authenticate on the other server");
@@ -1005,7 +997,7 @@ async fn expired_tokens_are_rejected() {
     let jwt_args = ["--bcrypt-cost", "4", "--auth-token", jwt_flag.as_str()];
     let simple_args = ["--bcrypt-cost", "4", "--auth-token-ttl", "1"];
     for args in [&jwt_args[..], &simple_args[..]] {
-        let mut s = AuthServer::start_with(kind(), args).await;
+        let mut s = AuthServer::start_with(Kind::under_test(), args).await;
         s.add_user("alice", "alicepw", &[Permission::read_write("k")]).await;
         let ch = channel(&s.ep()).await;
         let token = raw_token(&s.ep(), "alice", "alicepw").await.expect("authenticate");

@@ -17,28 +17,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Kind, Server};
-use etcd_client::{Client, Error, GetOptions, KeyValue};
+use common::etcd_errors::COMPACTED;
+use common::{assert_status, current_revision, Kind, Server};
+use etcd_client::{Client, GetOptions, KeyValue};
 use tonic::Code;
-
-const COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
-
-fn kind() -> Kind {
-    if common::selftest() {
-        Kind::Etcd
-    } else {
-        Kind::Keyward
-    }
-}
-
-async fn connect(server: &Server) -> Client {
-    Client::connect([server.endpoint()], None).await.unwrap_or_else(|e| panic!("connect to {}: {e}", server.endpoint()))
-}
-
-/// The store's current revision.
-async fn current_rev(c: &mut Client) -> i64 {
-    c.get("\u{1}revision-probe", None).await.expect("revision probe").header().expect("header").revision()
-}
 
 fn s(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -49,7 +31,7 @@ async fn all_with_prefix(c: &mut Client, prefix: &str) -> Vec<KeyValue> {
     const PAGE: i64 = 2000;
     let mut end = prefix.as_bytes().to_vec();
     *end.last_mut().expect("non-empty prefix") += 1;
-    let rev = current_rev(c).await;
+    let rev = current_revision(c).await;
     let mut from = prefix.as_bytes().to_vec();
     let mut out: Vec<KeyValue> = Vec::new();
     loop {
@@ -63,17 +45,6 @@ async fn all_with_prefix(c: &mut Client, prefix: &str) -> Vec<KeyValue> {
         from.push(0);
     }
     out
-}
-
-/// Assert that `res` failed with gRPC status `code` and exactly `message`.
-#[track_caller]
-fn assert_status<T: std::fmt::Debug>(res: Result<T, Error>, code: Code, message: &str) {
-    match res {
-        Err(Error::GRpcStatus(status)) => {
-            assert_eq!((status.code(), status.message()), (code, message), "unexpected gRPC status: {status:?}")
-        }
-        other => panic!("expected gRPC status {code:?} {message:?}, got {other:?}"),
-    }
 }
 
 /// How long a server may take to exit after SIGTERM (etcd 3.4 takes ~50 ms).
@@ -132,11 +103,11 @@ struct WriterReport {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn acknowledged_puts_survive_kill_9_mid_load() {
-    let mut server = Server::start(kind());
+    let mut server = Server::start(Kind::under_test());
     let stop = Arc::new(AtomicBool::new(false));
     let mut writers = Vec::new();
     for w in 0..WRITERS {
-        let client = connect(&server).await;
+        let client = server.client().await;
         let stop = stop.clone();
         writers.push(tokio::spawn(async move {
             let mut c = client;
@@ -182,8 +153,8 @@ async fn acknowledged_puts_survive_kill_9_mid_load() {
     assert!(failed >= WRITERS, "writers kept writing after the kill");
 
     tokio::task::block_in_place(|| server.restart());
-    let mut c = connect(&server).await;
-    let rev = current_rev(&mut c).await;
+    let mut c = server.client().await;
+    let rev = current_revision(&mut c).await;
     let kvs = all_with_prefix(&mut c, "w/").await;
     let stored: HashMap<String, &KeyValue> = kvs.iter().map(|kv| (s(kv.key()), kv)).collect();
 
@@ -233,8 +204,8 @@ fn metas(kvs: &[KeyValue]) -> BTreeMap<String, Meta> {
 
 #[tokio::test]
 async fn clean_restart_keeps_data_and_revisions() {
-    let mut server = Server::start(kind());
-    let mut c = connect(&server).await;
+    let mut server = Server::start(Kind::under_test());
+    let mut c = server.client().await;
     // revisions 2, 3, 4, 5
     for (k, v) in [("k/a", "1"), ("k/a", "2"), ("k/b", "1"), ("k/c", "1")] {
         c.put(k, v, None).await.unwrap();
@@ -248,15 +219,15 @@ async fn clean_restart_keeps_data_and_revisions() {
     c.compact(7, None).await.unwrap();
 
     let before = metas(&all_with_prefix(&mut c, "k/").await);
-    assert_eq!(current_rev(&mut c).await, 9);
+    assert_eq!(current_revision(&mut c).await, 9);
     let at7_before = metas(c.get("k/", Some(GetOptions::new().with_prefix().with_revision(7))).await.unwrap().kvs());
 
     drop(c);
     sigterm_and_wait(&server).await;
     server.restart();
-    let mut c = connect(&server).await;
+    let mut c = server.client().await;
 
-    assert_eq!(current_rev(&mut c).await, 9, "revision after restart");
+    assert_eq!(current_revision(&mut c).await, 9, "revision after restart");
     let after = metas(&all_with_prefix(&mut c, "k/").await);
     assert_eq!(after, before, "data after restart");
     let m = |v: &str, c: i64, m: i64, ver: i64| (v.to_string(), c, m, ver);
@@ -290,8 +261,8 @@ async fn clean_restart_keeps_data_and_revisions() {
 /// watch streams and exits within milliseconds of SIGTERM.
 #[tokio::test]
 async fn sigterm_with_an_open_watch_stream_exits_promptly() {
-    let mut server = Server::start(kind());
-    let mut c = connect(&server).await;
+    let mut server = Server::start(Kind::under_test());
+    let mut c = server.client().await;
     c.put("w", "1", None).await.unwrap();
     let mut watch = c.watch("w", None).await.expect("watch");
     let created = watch.message().await.expect("watch created").expect("a response");
@@ -312,10 +283,10 @@ async fn sigterm_with_an_open_watch_stream_exits_promptly() {
 
     drop(c);
     server.restart();
-    let mut c = connect(&server).await;
+    let mut c = server.client().await;
     let kv = c.get("w", None).await.unwrap();
     assert_eq!(s(kv.kvs()[0].value()), "1");
-    assert_eq!(current_rev(&mut c).await, 2);
+    assert_eq!(current_revision(&mut c).await, 2);
 }
 
 // ---------------------------------------------------------------------------
@@ -330,8 +301,8 @@ const SNAPSHOT_WRITERS: usize = 16;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn restart_after_a_raft_snapshot_keeps_all_data() {
-    let mut server = Server::start_with(kind(), &["--snapshot-count", SNAPSHOT_COUNT]);
-    let client = connect(&server).await;
+    let mut server = Server::start_with(Kind::under_test(), &["--snapshot-count", SNAPSHOT_COUNT]);
+    let client = server.client().await;
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let mut writers = Vec::new();
@@ -362,7 +333,7 @@ async fn restart_after_a_raft_snapshot_keeps_all_data() {
     eprintln!("{SNAPSHOT_PUTS} puts with {SNAPSHOT_WRITERS} writers took {:.1?}", started.elapsed());
     let last_rev = SNAPSHOT_PUTS as i64 + 1;
     let mut c = client;
-    assert_eq!(current_rev(&mut c).await, last_rev);
+    assert_eq!(current_revision(&mut c).await, last_rev);
 
     if server.kind == Kind::Keyward {
         // the snapshot is built in the background once --snapshot-count logs are applied
@@ -379,8 +350,8 @@ async fn restart_after_a_raft_snapshot_keeps_all_data() {
 
     drop(c);
     tokio::task::block_in_place(|| server.restart());
-    let mut c = connect(&server).await;
-    assert_eq!(current_rev(&mut c).await, last_rev, "revision after restart");
+    let mut c = server.client().await;
+    assert_eq!(current_revision(&mut c).await, last_rev, "revision after restart");
     let count = c.get("s/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count();
     assert_eq!(count, SNAPSHOT_PUTS as i64);
     let kvs = all_with_prefix(&mut c, "s/").await;

@@ -7,11 +7,13 @@
 
 mod common;
 
-use std::fmt::Debug;
-
-use common::{Kind, Server};
+use common::etcd_errors::{
+    COMPACTED, DUPLICATE_KEY, EMPTY_KEY, FUTURE_REV, KEY_NOT_FOUND, LEASE_NOT_FOUND, LEASE_PROVIDED, TOO_LARGE,
+    TOO_MANY_OPS, VALUE_PROVIDED,
+};
+use common::{assert_status, current_revision, Kind, Server};
 use etcd_client::{
-    Client, CompactionOptions, Compare, CompareOp, DeleteOptions, Error, GetOptions, GetResponse, KeyValue, PutOptions,
+    Client, CompactionOptions, Compare, CompareOp, DeleteOptions, GetOptions, GetResponse, KeyValue, PutOptions,
     SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use tonic::Code;
@@ -19,27 +21,6 @@ use tonic::Code;
 // ---------------------------------------------------------------------------
 // helpers
 // ---------------------------------------------------------------------------
-
-const EMPTY_KEY: &str = "etcdserver: key is not provided";
-const KEY_NOT_FOUND: &str = "etcdserver: key not found";
-const VALUE_PROVIDED: &str = "etcdserver: value is provided";
-const LEASE_PROVIDED: &str = "etcdserver: lease is provided";
-const TOO_MANY_OPS: &str = "etcdserver: too many operations in txn request";
-const DUPLICATE_KEY: &str = "etcdserver: duplicate key given in txn request";
-const TOO_LARGE: &str = "etcdserver: request is too large";
-const LEASE_NOT_FOUND: &str = "etcdserver: requested lease not found";
-const COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
-const FUTURE_REV: &str = "etcdserver: mvcc: required revision is a future revision";
-
-/// The server the test bodies run against: keyward, or a real etcd under
-/// `KEYWARD_HARNESS_SELFTEST=1` (to check the expectations themselves).
-fn kind() -> Kind {
-    if common::selftest() {
-        Kind::Etcd
-    } else {
-        Kind::Keyward
-    }
-}
 
 /// A running server and a client connected to it (the server is killed on drop).
 struct Fixture {
@@ -53,15 +34,8 @@ async fn start(kind: Kind) -> Fixture {
 
 async fn start_with(kind: Kind, args: &[&str]) -> Fixture {
     let server = Server::start_with(kind, args);
-    let c = Client::connect([server.endpoint()], None)
-        .await
-        .unwrap_or_else(|e| panic!("connect to {}: {e}", server.endpoint()));
+    let c = server.client().await;
     Fixture { server, c }
-}
-
-/// The store's current revision (header of a read of a key nobody writes).
-async fn rev(c: &mut Client) -> i64 {
-    c.get("\u{1}revision-probe", None).await.expect("revision probe").header().expect("header").revision()
 }
 
 /// Put and return the header revision.
@@ -106,18 +80,6 @@ fn m(key: &str, value: &str, create: i64, modr: i64, version: i64) -> (String, S
     (key.to_string(), value.to_string(), create, modr, version, 0)
 }
 
-/// Assert that `res` failed with gRPC status `code` and exactly `message`.
-#[track_caller]
-fn assert_status<T: Debug>(res: Result<T, Error>, code: Code, message: &str) {
-    match res {
-        Err(Error::GRpcStatus(status)) => {
-            assert_eq!((status.code(), status.message()), (code, message), "unexpected gRPC status: {status:?}");
-        }
-        Err(other) => panic!("expected gRPC status {code:?} {message:?}, got error {other:?}"),
-        Ok(v) => panic!("expected gRPC status {code:?} {message:?}, got success {v:?}"),
-    }
-}
-
 /// Run a txn that has only `compare` and no operations; return whether it succeeded.
 async fn holds(c: &mut Client, compares: Vec<Compare>) -> bool {
     c.txn(Txn::new().when(compares)).await.expect("compare-only txn").succeeded()
@@ -152,12 +114,12 @@ async fn check_revisions_start_at_1_and_first_put_gets_revision_2(kind: Kind) {
     let kv = get_kv(&mut c, "a").await.expect("a exists");
     assert_eq!(meta(&kv), m("a", "1", 2, 2, 1));
     assert_eq!(put(&mut c, "b", "x").await, 3, "each put is one revision");
-    assert_eq!(rev(&mut c).await, 3);
+    assert_eq!(current_revision(&mut c).await, 3);
 }
 
 #[tokio::test]
 async fn revisions_start_at_1_and_first_put_gets_revision_2() {
-    check_revisions_start_at_1_and_first_put_gets_revision_2(kind()).await;
+    check_revisions_start_at_1_and_first_put_gets_revision_2(Kind::under_test()).await;
 }
 
 async fn check_create_mod_revision_and_version_across_update_delete_recreate(kind: Kind) {
@@ -200,7 +162,7 @@ async fn check_create_mod_revision_and_version_across_update_delete_recreate(kin
 
 #[tokio::test]
 async fn create_mod_revision_and_version_across_update_delete_recreate() {
-    check_create_mod_revision_and_version_across_update_delete_recreate(kind()).await;
+    check_create_mod_revision_and_version_across_update_delete_recreate(Kind::under_test()).await;
 }
 
 // ---------------------------------------------------------------------------
@@ -258,7 +220,7 @@ async fn check_range_single_key_key_end_prefix_and_from_key(kind: Kind) {
 
 #[tokio::test]
 async fn range_single_key_key_end_prefix_and_from_key() {
-    check_range_single_key_key_end_prefix_and_from_key(kind()).await;
+    check_range_single_key_key_end_prefix_and_from_key(Kind::under_test()).await;
 }
 
 async fn check_range_limit_sets_more_and_count_is_the_total(kind: Kind) {
@@ -298,7 +260,7 @@ async fn check_range_limit_sets_more_and_count_is_the_total(kind: Kind) {
 
 #[tokio::test]
 async fn range_limit_sets_more_and_count_is_the_total() {
-    check_range_limit_sets_more_and_count_is_the_total(kind()).await;
+    check_range_limit_sets_more_and_count_is_the_total(Kind::under_test()).await;
 }
 
 async fn check_range_at_historical_revision(kind: Kind) {
@@ -339,7 +301,7 @@ async fn check_range_at_historical_revision(kind: Kind) {
 
 #[tokio::test]
 async fn range_at_historical_revision() {
-    check_range_at_historical_revision(kind()).await;
+    check_range_at_historical_revision(Kind::under_test()).await;
 }
 
 /// Three keys whose orders by key, version, create, mod and value are five different permutations:
@@ -401,7 +363,7 @@ async fn check_range_sort_by_every_target_and_order(kind: Kind) {
 
 #[tokio::test]
 async fn range_sort_by_every_target_and_order() {
-    check_range_sort_by_every_target_and_order(kind()).await;
+    check_range_sort_by_every_target_and_order(Kind::under_test()).await;
 }
 
 async fn check_range_keys_only_and_count_only(kind: Kind) {
@@ -437,7 +399,7 @@ async fn check_range_keys_only_and_count_only(kind: Kind) {
 
 #[tokio::test]
 async fn range_keys_only_and_count_only() {
-    check_range_keys_only_and_count_only(kind()).await;
+    check_range_keys_only_and_count_only(Kind::under_test()).await;
 }
 
 async fn check_range_min_max_mod_and_create_revision_filters(kind: Kind) {
@@ -488,7 +450,7 @@ async fn check_range_min_max_mod_and_create_revision_filters(kind: Kind) {
 
 #[tokio::test]
 async fn range_min_max_mod_and_create_revision_filters() {
-    check_range_min_max_mod_and_create_revision_filters(kind()).await;
+    check_range_min_max_mod_and_create_revision_filters(Kind::under_test()).await;
 }
 
 async fn check_range_serializable_reads_the_latest_applied_data(kind: Kind) {
@@ -508,7 +470,7 @@ async fn check_range_serializable_reads_the_latest_applied_data(kind: Kind) {
 
 #[tokio::test]
 async fn range_serializable_reads_the_latest_applied_data() {
-    check_range_serializable_reads_the_latest_applied_data(kind()).await;
+    check_range_serializable_reads_the_latest_applied_data(Kind::under_test()).await;
 }
 
 // ---------------------------------------------------------------------------
@@ -532,7 +494,7 @@ async fn check_put_prev_kv_returns_the_previous_pair(kind: Kind) {
 
 #[tokio::test]
 async fn put_prev_kv_returns_the_previous_pair() {
-    check_put_prev_kv_returns_the_previous_pair(kind()).await;
+    check_put_prev_kv_returns_the_previous_pair(Kind::under_test()).await;
 }
 
 async fn check_put_ignore_value_keeps_the_value_and_bumps_version(kind: Kind) {
@@ -546,7 +508,7 @@ async fn check_put_ignore_value_keeps_the_value_and_bumps_version(kind: Kind) {
 
 #[tokio::test]
 async fn put_ignore_value_keeps_the_value_and_bumps_version() {
-    check_put_ignore_value_keeps_the_value_and_bumps_version(kind()).await;
+    check_put_ignore_value_keeps_the_value_and_bumps_version(Kind::under_test()).await;
 }
 
 async fn check_put_ignore_lease_keeps_the_lease_and_sets_the_value(kind: Kind) {
@@ -581,7 +543,7 @@ async fn check_put_ignore_lease_keeps_the_lease_and_sets_the_value(kind: Kind) {
 
 #[tokio::test]
 async fn put_ignore_lease_keeps_the_lease_and_sets_the_value() {
-    check_put_ignore_lease_keeps_the_lease_and_sets_the_value(kind()).await;
+    check_put_ignore_lease_keeps_the_lease_and_sets_the_value(Kind::under_test()).await;
 }
 
 async fn check_put_ignore_value_or_lease_on_a_missing_key_is_key_not_found(kind: Kind) {
@@ -616,14 +578,14 @@ async fn check_put_ignore_value_or_lease_on_a_missing_key_is_key_not_found(kind:
         KEY_NOT_FOUND,
     );
     // nothing was written by the failed requests
-    assert_eq!(rev(&mut c).await, 4);
+    assert_eq!(current_revision(&mut c).await, 4);
     assert!(get_kv(&mut c, "missing").await.is_none());
     assert!(get_kv(&mut c, "fresh").await.is_none());
 }
 
 #[tokio::test]
 async fn put_ignore_value_or_lease_on_a_missing_key_is_key_not_found() {
-    check_put_ignore_value_or_lease_on_a_missing_key_is_key_not_found(kind()).await;
+    check_put_ignore_value_or_lease_on_a_missing_key_is_key_not_found(Kind::under_test()).await;
 }
 
 // ---------------------------------------------------------------------------
@@ -660,7 +622,7 @@ async fn check_delete_single_range_and_prefix(kind: Kind) {
 
 #[tokio::test]
 async fn delete_single_range_and_prefix() {
-    check_delete_single_range_and_prefix(kind()).await;
+    check_delete_single_range_and_prefix(Kind::under_test()).await;
 }
 
 async fn check_delete_prev_kv_returns_the_deleted_pairs(kind: Kind) {
@@ -681,7 +643,7 @@ async fn check_delete_prev_kv_returns_the_deleted_pairs(kind: Kind) {
 
 #[tokio::test]
 async fn delete_prev_kv_returns_the_deleted_pairs() {
-    check_delete_prev_kv_returns_the_deleted_pairs(kind()).await;
+    check_delete_prev_kv_returns_the_deleted_pairs(Kind::under_test()).await;
 }
 
 async fn check_delete_of_nothing_does_not_bump_the_revision(kind: Kind) {
@@ -694,13 +656,13 @@ async fn check_delete_of_nothing_does_not_bump_the_revision(kind: Kind) {
     c.delete("a", None).await.unwrap();
     let d = c.delete("a", None).await.unwrap();
     assert_eq!((d.deleted(), d.header().unwrap().revision()), (0, 3), "a deleted key");
-    assert_eq!(rev(&mut c).await, 3);
+    assert_eq!(current_revision(&mut c).await, 3);
     assert_eq!(put(&mut c, "b", "1").await, 4, "the next write takes the next revision");
 }
 
 #[tokio::test]
 async fn delete_of_nothing_does_not_bump_the_revision() {
-    check_delete_of_nothing_does_not_bump_the_revision(kind()).await;
+    check_delete_of_nothing_does_not_bump_the_revision(Kind::under_test()).await;
 }
 
 // ---------------------------------------------------------------------------
@@ -780,12 +742,12 @@ async fn check_txn_compare_every_target_with_every_result(kind: Kind) {
     );
     // with no compares at all, the txn succeeds
     assert!(holds(&mut c, vec![]).await);
-    assert_eq!(rev(&mut c).await, 4, "compare-only txns write nothing");
+    assert_eq!(current_revision(&mut c).await, 4, "compare-only txns write nothing");
 }
 
 #[tokio::test]
 async fn txn_compare_every_target_with_every_result() {
-    check_txn_compare_every_target_with_every_result(kind()).await;
+    check_txn_compare_every_target_with_every_result(Kind::under_test()).await;
 }
 
 async fn check_txn_compare_over_a_range_requires_every_key_to_match(kind: Kind) {
@@ -831,7 +793,7 @@ async fn check_txn_compare_over_a_range_requires_every_key_to_match(kind: Kind) 
 
 #[tokio::test]
 async fn txn_compare_over_a_range_requires_every_key_to_match() {
-    check_txn_compare_over_a_range_requires_every_key_to_match(kind()).await;
+    check_txn_compare_over_a_range_requires_every_key_to_match(Kind::under_test()).await;
 }
 
 async fn check_txn_compare_on_a_missing_key_value_fails_but_version_0_holds(kind: Kind) {
@@ -878,7 +840,7 @@ async fn check_txn_compare_on_a_missing_key_value_fails_but_version_0_holds(kind
 
 #[tokio::test]
 async fn txn_compare_on_a_missing_key_value_fails_but_version_0_holds() {
-    check_txn_compare_on_a_missing_key_value_fails_but_version_0_holds(kind()).await;
+    check_txn_compare_on_a_missing_key_value_fails_but_version_0_holds(Kind::under_test()).await;
 }
 
 async fn check_txn_runs_the_success_or_the_failure_branch(kind: Kind) {
@@ -939,12 +901,12 @@ async fn check_txn_runs_the_success_or_the_failure_branch(kind: Kind) {
     assert!(!r.succeeded());
     assert!(r.op_responses().is_empty());
     assert_eq!(txn_rev(&r), 5);
-    assert_eq!(rev(&mut c).await, 5);
+    assert_eq!(current_revision(&mut c).await, 5);
 }
 
 #[tokio::test]
 async fn txn_runs_the_success_or_the_failure_branch() {
-    check_txn_runs_the_success_or_the_failure_branch(kind()).await;
+    check_txn_runs_the_success_or_the_failure_branch(Kind::under_test()).await;
 }
 
 async fn check_txn_nested_txns_run_their_own_branches(kind: Kind) {
@@ -1025,7 +987,7 @@ async fn check_txn_nested_txns_run_their_own_branches(kind: Kind) {
 
 #[tokio::test]
 async fn txn_nested_txns_run_their_own_branches() {
-    check_txn_nested_txns_run_their_own_branches(kind()).await;
+    check_txn_nested_txns_run_their_own_branches(Kind::under_test()).await;
 }
 
 async fn check_txn_range_sees_the_txns_own_earlier_writes(kind: Kind) {
@@ -1056,7 +1018,7 @@ async fn check_txn_range_sees_the_txns_own_earlier_writes(kind: Kind) {
 
 #[tokio::test]
 async fn txn_range_sees_the_txns_own_earlier_writes() {
-    check_txn_range_sees_the_txns_own_earlier_writes(kind()).await;
+    check_txn_range_sees_the_txns_own_earlier_writes(Kind::under_test()).await;
 }
 
 async fn check_txn_op_response_headers_carry_the_revision_seen_by_each_op(kind: Kind) {
@@ -1100,7 +1062,7 @@ async fn check_txn_op_response_headers_carry_the_revision_seen_by_each_op(kind: 
 
 #[tokio::test]
 async fn txn_op_response_headers_carry_the_revision_seen_by_each_op() {
-    check_txn_op_response_headers_carry_the_revision_seen_by_each_op(kind()).await;
+    check_txn_op_response_headers_carry_the_revision_seen_by_each_op(Kind::under_test()).await;
 }
 
 async fn check_txn_writes_share_one_revision_and_read_only_txns_do_not_bump_it(kind: Kind) {
@@ -1134,7 +1096,7 @@ async fn check_txn_writes_share_one_revision_and_read_only_txns_do_not_bump_it(k
     // a txn whose only write is a delete of nothing does not bump the revision either
     let r = c.txn(Txn::new().and_then([TxnOp::delete("missing", None)])).await.unwrap();
     assert_eq!(txn_rev(&r), 3);
-    assert_eq!(rev(&mut c).await, 3);
+    assert_eq!(current_revision(&mut c).await, 3);
     // a txn with a put and a delete: one revision
     let r = c.txn(Txn::new().and_then([TxnOp::put("d", "1", None), TxnOp::delete("a", None)])).await.unwrap();
     assert_eq!(txn_rev(&r), 4);
@@ -1143,7 +1105,7 @@ async fn check_txn_writes_share_one_revision_and_read_only_txns_do_not_bump_it(k
 
 #[tokio::test]
 async fn txn_writes_share_one_revision_and_read_only_txns_do_not_bump_it() {
-    check_txn_writes_share_one_revision_and_read_only_txns_do_not_bump_it(kind()).await;
+    check_txn_writes_share_one_revision_and_read_only_txns_do_not_bump_it(Kind::under_test()).await;
 }
 
 // ---------------------------------------------------------------------------
@@ -1160,7 +1122,7 @@ async fn compacted_store(c: &mut Client) {
     assert_eq!(put(c, "c", "1").await, 7);
     let r = c.compact(6, None).await.unwrap();
     assert_eq!(r.header().unwrap().revision(), 7, "compact response header: current revision");
-    assert_eq!(rev(c).await, 7, "a compaction is not a revision");
+    assert_eq!(current_revision(c).await, 7, "a compaction is not a revision");
 }
 
 async fn check_compact_reads_below_the_compacted_revision_fail(kind: Kind) {
@@ -1191,12 +1153,12 @@ async fn check_compact_reads_below_the_compacted_revision_fail(kind: Kind) {
         COMPACTED,
     );
     assert!(get_kv(&mut c, "w").await.is_none());
-    assert_eq!(rev(&mut c).await, 7);
+    assert_eq!(current_revision(&mut c).await, 7);
 }
 
 #[tokio::test]
 async fn compact_reads_below_the_compacted_revision_fail() {
-    check_compact_reads_below_the_compacted_revision_fail(kind()).await;
+    check_compact_reads_below_the_compacted_revision_fail(Kind::under_test()).await;
 }
 
 async fn check_compact_keeps_the_latest_value_of_each_key_at_the_compacted_revision(kind: Kind) {
@@ -1228,7 +1190,7 @@ async fn check_compact_keeps_the_latest_value_of_each_key_at_the_compacted_revis
 
 #[tokio::test]
 async fn compact_keeps_the_latest_value_of_each_key_at_the_compacted_revision() {
-    check_compact_keeps_the_latest_value_of_each_key_at_the_compacted_revision(kind()).await;
+    check_compact_keeps_the_latest_value_of_each_key_at_the_compacted_revision(Kind::under_test()).await;
 }
 
 async fn check_compact_twice_or_below_is_compacted_and_future_revisions_fail(kind: Kind) {
@@ -1259,7 +1221,7 @@ async fn check_compact_twice_or_below_is_compacted_and_future_revisions_fail(kin
 
 #[tokio::test]
 async fn compact_twice_or_below_is_compacted_and_future_revisions_fail() {
-    check_compact_twice_or_below_is_compacted_and_future_revisions_fail(kind()).await;
+    check_compact_twice_or_below_is_compacted_and_future_revisions_fail(Kind::under_test()).await;
 }
 
 // ---------------------------------------------------------------------------
@@ -1288,12 +1250,12 @@ async fn check_error_empty_key_is_not_provided(kind: Kind) {
         ia,
         EMPTY_KEY,
     );
-    assert_eq!(rev(&mut c).await, 1);
+    assert_eq!(current_revision(&mut c).await, 1);
 }
 
 #[tokio::test]
 async fn error_empty_key_is_not_provided() {
-    check_error_empty_key_is_not_provided(kind()).await;
+    check_error_empty_key_is_not_provided(Kind::under_test()).await;
 }
 
 async fn check_error_ignore_value_with_a_value_and_ignore_lease_with_a_lease(kind: Kind) {
@@ -1324,12 +1286,12 @@ async fn check_error_ignore_value_with_a_value_and_ignore_lease_with_a_lease(kin
         ia,
         LEASE_PROVIDED,
     );
-    assert_eq!(rev(&mut c).await, 2);
+    assert_eq!(current_revision(&mut c).await, 2);
 }
 
 #[tokio::test]
 async fn error_ignore_value_with_a_value_and_ignore_lease_with_a_lease() {
-    check_error_ignore_value_with_a_value_and_ignore_lease_with_a_lease(kind()).await;
+    check_error_ignore_value_with_a_value_and_ignore_lease_with_a_lease(Kind::under_test()).await;
 }
 
 fn puts(n: usize) -> Vec<TxnOp> {
@@ -1343,7 +1305,7 @@ async fn check_error_txn_with_more_than_128_ops_is_too_many_operations(kind: Kin
     assert_status(c.txn(Txn::new().or_else(puts(129))).await, ia, TOO_MANY_OPS);
     let compares: Vec<Compare> = (0..129).map(|i| Compare::version(format!("c/{i}"), CompareOp::Equal, 0)).collect();
     assert_status(c.txn(Txn::new().when(compares)).await, ia, TOO_MANY_OPS);
-    assert_eq!(rev(&mut c).await, 1);
+    assert_eq!(current_revision(&mut c).await, 1);
 
     // 128 in each of compare, success and failure is fine
     let compares: Vec<Compare> = (0..128).map(|i| Compare::version(format!("c/{i}"), CompareOp::Equal, 0)).collect();
@@ -1356,7 +1318,7 @@ async fn check_error_txn_with_more_than_128_ops_is_too_many_operations(kind: Kin
 
 #[tokio::test]
 async fn error_txn_with_more_than_128_ops_is_too_many_operations() {
-    check_error_txn_with_more_than_128_ops_is_too_many_operations(kind()).await;
+    check_error_txn_with_more_than_128_ops_is_too_many_operations(Kind::under_test()).await;
 }
 
 async fn check_error_max_txn_ops_flag_limits_the_ops_per_txn(kind: Kind) {
@@ -1368,7 +1330,7 @@ async fn check_error_max_txn_ops_flag_limits_the_ops_per_txn(kind: Kind) {
 
 #[tokio::test]
 async fn error_max_txn_ops_flag_limits_the_ops_per_txn() {
-    check_error_max_txn_ops_flag_limits_the_ops_per_txn(kind()).await;
+    check_error_max_txn_ops_flag_limits_the_ops_per_txn(Kind::under_test()).await;
 }
 
 async fn check_error_duplicate_key_in_txn(kind: Kind) {
@@ -1439,7 +1401,7 @@ async fn check_error_duplicate_key_in_txn(kind: Kind) {
         ia,
         DUPLICATE_KEY,
     );
-    assert_eq!(rev(&mut c).await, 1);
+    assert_eq!(current_revision(&mut c).await, 1);
 
     // not duplicates: the same key in the two branches, gets, overlapping deletes, a put just
     // outside a delete range, and the same key in the two branches of a nested txn
@@ -1466,7 +1428,7 @@ async fn check_error_duplicate_key_in_txn(kind: Kind) {
 
 #[tokio::test]
 async fn error_duplicate_key_in_txn() {
-    check_error_duplicate_key_in_txn(kind()).await;
+    check_error_duplicate_key_in_txn(Kind::under_test()).await;
 }
 
 async fn check_error_request_larger_than_max_request_bytes_is_too_large(kind: Kind) {
@@ -1475,7 +1437,7 @@ async fn check_error_request_larger_than_max_request_bytes_is_too_large(kind: Ki
     let ia = Code::InvalidArgument;
     assert_status(c.put("big", big.as_str(), None).await, ia, TOO_LARGE);
     assert_status(c.txn(Txn::new().and_then([TxnOp::put("big", big.as_str(), None)])).await, ia, TOO_LARGE);
-    assert_eq!(rev(&mut c).await, 1);
+    assert_eq!(current_revision(&mut c).await, 1);
     let small = "y".repeat(500);
     assert_eq!(put(&mut c, "small", &small).await, 2);
     assert_eq!(s(get_kv(&mut c, "small").await.unwrap().value()), small);
@@ -1483,7 +1445,7 @@ async fn check_error_request_larger_than_max_request_bytes_is_too_large(kind: Ki
 
 #[tokio::test]
 async fn error_request_larger_than_max_request_bytes_is_too_large() {
-    check_error_request_larger_than_max_request_bytes_is_too_large(kind()).await;
+    check_error_request_larger_than_max_request_bytes_is_too_large(Kind::under_test()).await;
 }
 
 async fn check_error_put_with_an_unknown_lease_is_lease_not_found(kind: Kind) {
@@ -1500,13 +1462,13 @@ async fn check_error_put_with_an_unknown_lease_is_lease_not_found(kind: Kind) {
         Code::NotFound,
         LEASE_NOT_FOUND,
     );
-    assert_eq!(rev(&mut c).await, 1);
+    assert_eq!(current_revision(&mut c).await, 1);
     assert!(get_kv(&mut c, "a").await.is_none());
 }
 
 #[tokio::test]
 async fn error_put_with_an_unknown_lease_is_lease_not_found() {
-    check_error_put_with_an_unknown_lease_is_lease_not_found(kind()).await;
+    check_error_put_with_an_unknown_lease_is_lease_not_found(Kind::under_test()).await;
 }
 
 async fn check_error_precedence_too_many_ops_then_empty_key_then_duplicate(kind: Kind) {
@@ -1561,7 +1523,7 @@ async fn check_error_precedence_too_many_ops_then_empty_key_then_duplicate(kind:
 
 #[tokio::test]
 async fn error_precedence_too_many_ops_then_empty_key_then_duplicate() {
-    check_error_precedence_too_many_ops_then_empty_key_then_duplicate(kind()).await;
+    check_error_precedence_too_many_ops_then_empty_key_then_duplicate(Kind::under_test()).await;
 }
 
 async fn check_error_put_checks_the_lease_before_ignore_value_on_a_missing_key(kind: Kind) {
@@ -1576,7 +1538,7 @@ async fn check_error_put_checks_the_lease_before_ignore_value_on_a_missing_key(k
 
 #[tokio::test]
 async fn error_put_checks_the_lease_before_ignore_value_on_a_missing_key() {
-    check_error_put_checks_the_lease_before_ignore_value_on_a_missing_key(kind()).await;
+    check_error_put_checks_the_lease_before_ignore_value_on_a_missing_key(Kind::under_test()).await;
 }
 
 async fn check_error_write_txn_checks_its_puts_before_its_ranges(kind: Kind) {
@@ -1598,5 +1560,5 @@ async fn check_error_write_txn_checks_its_puts_before_its_ranges(kind: Kind) {
 
 #[tokio::test]
 async fn error_write_txn_checks_its_puts_before_its_ranges() {
-    check_error_write_txn_checks_its_puts_before_its_ranges(kind()).await;
+    check_error_write_txn_checks_its_puts_before_its_ranges(Kind::under_test()).await;
 }

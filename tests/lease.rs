@@ -15,28 +15,15 @@ use std::fmt::Debug;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{line_diff, normalize, Kind, Output, Scenario, Server};
+use common::etcd_errors::{KEY_NOT_FOUND, LEASE_EXISTS, LEASE_NOT_FOUND, LEASE_PROVIDED, TTL_TOO_LARGE};
+use common::{differences, line_diff, normalize, start_pair, Kind, Output, Scenario, Server};
 use etcd_client::{
     Client, Error, GetOptions, LeaseGrantOptions, LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
 use tonic::Code;
 
-const LEASE_NOT_FOUND: &str = "etcdserver: requested lease not found";
-const LEASE_EXISTS: &str = "etcdserver: lease already exists";
-const TTL_TOO_LARGE: &str = "etcdserver: too large lease TTL";
-const KEY_NOT_FOUND: &str = "etcdserver: key not found";
-const LEASE_PROVIDED: &str = "etcdserver: lease is provided";
 /// etcd's largest accepted TTL (seconds).
 const MAX_TTL: i64 = 9_000_000_000;
-
-/// The server under test: keyward, or a second etcd under `KEYWARD_HARNESS_SELFTEST=1`.
-fn candidate() -> Kind {
-    if common::selftest() {
-        Kind::Etcd
-    } else {
-        Kind::Keyward
-    }
-}
 
 // ---------------------------------------------------------------------------
 // etcdctl differential tests with server-chosen lease ids
@@ -155,27 +142,23 @@ impl LeaseScenario {
             ids_a.push(ia);
             ids_b.push(ib);
         }
-        let clean = |o: &str, ids: &[i64]| normalize(&sort_attached_keys(&replace_ids(o, ids)));
-        let (ao, ae) = (clean(&a.stdout, &ids_a), clean(&a.stderr, &ids_a));
-        let (bo, be) = (clean(&b.stdout, &ids_b), clean(&b.stderr, &ids_b));
-        let (bo, be) = (align_remaining(&ao, &bo), align_remaining(&ae, &be));
+        let clean = |o: &Output, ids: &[i64]| o.map_text(|t| normalize(&sort_attached_keys(&replace_ids(t, ids))));
+        let (ca, cb) = (clean(&a, &ids_a), clean(&b, &ids_b));
+        let cb = Output {
+            status: cb.status,
+            stdout: align_remaining(&ca.stdout, &cb.stdout),
+            stderr: align_remaining(&ca.stderr, &cb.stderr),
+        };
         let label = self.sc.candidate.kind.label();
-        let mut diffs = Vec::new();
-        if a.success() != b.success() {
-            diffs.push(format!("exit status: etcd {} vs {label} {}", a.status, b.status));
-        }
-        if ao != bo {
-            diffs.push(format!("stdout (- etcd, + {label}):\n{}", line_diff(&ao, &bo)));
-        }
-        if ae != be {
-            diffs.push(format!("stderr (- etcd, + {label}):\n{}", line_diff(&ae, &be)));
-        }
+        let diffs = differences("etcd", &ca, label, &cb);
         if !diffs.is_empty() {
             panic!(
-                "step {idx}: `etcdctl {}` differs\n\n{}\n=== etcd stdout:\n{ao}=== etcd stderr:\n{ae}\n\
+                "step {idx}: `etcdctl {}` differs\n\n{}\n=== etcd stdout:\n{}=== etcd stderr:\n{}\n\
                  === last lines of {label} log:\n{}",
                 args.join(" "),
                 diffs.join("\n"),
+                ca.stdout,
+                ca.stderr,
                 self.sc.candidate.log_tail(15)
             );
         }
@@ -283,20 +266,6 @@ fn etcdctl_lease_list_order() {
 // etcd-client helpers
 // ---------------------------------------------------------------------------
 
-async fn start_pair() -> (Server, Server) {
-    let mut v = tokio::task::spawn_blocking(|| common::start_all(&[(Kind::Etcd, &[]), (candidate(), &[])]))
-        .await
-        .expect("start servers");
-    let cand = v.pop().unwrap();
-    (v.pop().unwrap(), cand)
-}
-
-async fn connect(server: &Server) -> Client {
-    Client::connect([server.endpoint()], None)
-        .await
-        .unwrap_or_else(|e| panic!("connect to {} {}: {e}", server.kind.label(), server.endpoint()))
-}
-
 /// (code, message) of a gRPC error, or the Debug form of anything else.
 fn err_of<T: Debug, E: std::borrow::Borrow<Error>>(res: &Result<T, E>) -> String {
     match res {
@@ -366,12 +335,8 @@ async fn wait_deleted(c: &mut Client, key: &str, limit: Duration) -> Duration {
 fn assert_same<T: Debug + PartialEq>(what: &str, etcd: &T, cand: &T) {
     if etcd != cand {
         let (a, b) = (format!("{etcd:#?}\n"), format!("{cand:#?}\n"));
-        panic!(
-            "{what}: {} differs from etcd (- etcd, + {}):\n{}",
-            candidate().label(),
-            candidate().label(),
-            line_diff(&a, &b)
-        );
+        let label = Kind::under_test().label();
+        panic!("{what}: {label} differs from etcd (- etcd, + {label}):\n{}", line_diff(&a, &b));
     }
 }
 
@@ -381,7 +346,7 @@ fn assert_same<T: Debug + PartialEq>(what: &str, etcd: &T, cand: &T) {
 
 async fn grant_scenario(server: &Server) -> Vec<String> {
     let label = server.kind.label();
-    let mut c = connect(server).await;
+    let mut c = server.client().await;
     let mut t = Vec::new();
 
     // server-chosen id
@@ -463,7 +428,7 @@ async fn grant_ids_limits_and_unknown_leases() {
 
 async fn keep_alive_scenario(server: &Server) -> Vec<String> {
     let label = server.kind.label();
-    let mut c = connect(server).await;
+    let mut c = server.client().await;
     let mut t = Vec::new();
     let id = grant(&mut c, 3, None).await;
     put_lease(&mut c, "ka", "v", id).await;
@@ -519,7 +484,7 @@ async fn keep_alive_keeps_lease_past_its_ttl() {
 
 async fn attachment_scenario(server: &Server) -> Vec<String> {
     let label = server.kind.label();
-    let mut c = connect(server).await;
+    let mut c = server.client().await;
     let mut t = Vec::new();
     let a = grant(&mut c, 60, None).await;
     let b = grant(&mut c, 60, None).await;
@@ -594,7 +559,7 @@ async fn attachment_rules_ignore_lease_and_moves() {
 
 async fn txn_scenario(server: &Server) -> Vec<String> {
     let label = server.kind.label();
-    let mut c = connect(server).await;
+    let mut c = server.client().await;
     let mut t = Vec::new();
     let id = grant(&mut c, 60, None).await;
     let txn = Txn::new().and_then(vec![
@@ -655,7 +620,7 @@ async fn restart_scenario(server: &mut Server) -> Vec<String> {
     let label = server.kind.label();
     let mut t = Vec::new();
     let (long, short) = {
-        let mut c = connect(server).await;
+        let mut c = server.client().await;
         let long = grant(&mut c, 30, None).await;
         put_lease(&mut c, "long", "v", long).await;
         let short = grant(&mut c, 3, None).await;
@@ -663,7 +628,7 @@ async fn restart_scenario(server: &mut Server) -> Vec<String> {
         (long, short)
     };
     tokio::task::block_in_place(|| server.restart());
-    let mut c = connect(server).await;
+    let mut c = server.client().await;
     let (ttl, granted, keys) = ttl_of(&mut c, long).await;
     assert!(ttl > 0 && ttl <= 30, "{label}: remaining TTL {ttl} of a 30 s lease after a restart");
     assert_eq!((granted, keys.as_slice()), (30, &["long".to_string()][..]), "{label}");

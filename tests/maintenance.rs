@@ -7,23 +7,10 @@ mod common;
 
 use std::path::Path;
 
+use common::etcd_errors::{BAD_TRANSFEREE, COMPACTED, FUTURE_REV, MEMBER_NOT_FOUND};
 use common::{normalize, same_output, step, Kind, Output, Scenario, Server};
-use etcd_client::{AlarmAction, AlarmType, Client, Error};
+use etcd_client::{AlarmAction, AlarmType, Error};
 use tonic::Code;
-
-const MEMBER_NOT_FOUND: &str = "etcdserver: member not found";
-const BAD_TRANSFEREE: &str = "etcdserver: bad leader transferee";
-const COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
-const FUTURE_REV: &str = "etcdserver: mvcc: required revision is a future revision";
-
-/// The server the single-server tests run against: keyward, or etcd under `KEYWARD_HARNESS_SELFTEST=1`.
-fn kind() -> Kind {
-    if common::selftest() {
-        Kind::Etcd
-    } else {
-        Kind::Keyward
-    }
-}
 
 // ---------------------------------------------------------------------------
 // helpers
@@ -291,7 +278,7 @@ fn snapshot_save() {
 /// compacted one.
 #[test]
 fn hashkv_values() {
-    let s = Server::start(kind());
+    let s = Server::start(Kind::under_test());
     let (h1, rev, compact) = hashkv(&s, 0);
     assert_eq!((rev, compact), (1, -1));
     assert_eq!(hashkv(&s, 0), (h1, 1, -1), "same hash twice");
@@ -318,8 +305,8 @@ fn hashkv_values() {
 
 #[tokio::test]
 async fn client_fields() {
-    let server = Server::start(kind());
-    let mut c = Client::connect([server.endpoint()], None).await.unwrap();
+    let server = Server::start(Kind::under_test());
+    let mut c = server.client().await;
 
     let members = c.member_list().await.unwrap();
     let header = members.header().expect("member list header");
@@ -377,7 +364,7 @@ async fn client_fields() {
     }
     let db: Vec<u8> = chunks.into_iter().flat_map(|(_, b)| b).collect();
     assert_eq!(sha256(&db), digest[..]);
-    if kind() == Kind::Keyward {
+    if Kind::under_test() == Kind::Keyward {
         let (names, keys) = lmdb_tables_and_live_keys(&db);
         assert!(names.iter().any(|n| n == "kv_revs"), "{names:?}");
         assert_eq!(keys, vec![b"a".to_vec()]);
@@ -415,7 +402,7 @@ async fn unsupported_changes_are_refused() {
         return; // etcd supports these
     }
     let server = Server::start(Kind::Keyward);
-    let mut c = Client::connect([server.endpoint()], None).await.unwrap();
+    let mut c = server.client().await;
     let me = c.member_list().await.unwrap().header().unwrap().member_id();
     let membership = "etcdserver: membership changes are not supported yet: keyward runs single-member clusters";
     let unsupported = (Code::Unimplemented, membership.to_string());

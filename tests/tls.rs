@@ -20,6 +20,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::etcd_errors::{AUTH_FAILED, PERMISSION_DENIED, USER_EMPTY, USER_NOT_FOUND};
 use common::{Kind, Output};
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateRevocationListParams, DistinguishedName, DnType,
@@ -30,20 +31,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tempfile::TempDir;
 
-const PERMISSION_DENIED: &str = "etcdserver: permission denied";
-const AUTH_FAILED: &str = "etcdserver: authentication failed, invalid user ID or password";
-const USER_EMPTY: &str = "etcdserver: user name is empty";
-const USER_NOT_FOUND: &str = "etcdserver: user name not found";
 const HANDSHAKE_FAILURES: &str = "keyward_tls_handshake_failures_total";
-
-/// The server the bodies run against: keyward, or etcd 3.4 under `KEYWARD_HARNESS_SELFTEST=1`.
-fn kind() -> Kind {
-    if common::selftest() {
-        Kind::Etcd
-    } else {
-        Kind::Keyward
-    }
-}
 
 // ---------------------------------------------------------------------------
 // PKI, generated with rcgen at run time
@@ -270,40 +258,14 @@ impl TlsServer {
         let peer_port = common::free_port();
         let client_url = format!("https://127.0.0.1:{port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let (bin, mut args) = match kind {
-            Kind::Keyward => (common::keyward_bin(), vec!["serve".to_string()]),
-            Kind::Etcd => (common::etcd_bin(), Vec::new()),
-        };
-        args.extend(
-            [
-                "--name",
-                common::MEMBER_NAME,
-                "--data-dir",
-                dir.path().join("data").to_str().unwrap(),
-                "--listen-client-urls",
-                &client_url,
-                "--advertise-client-urls",
-                &client_url,
-                "--listen-peer-urls",
-                &peer_url,
-                "--initial-advertise-peer-urls",
-                &peer_url,
-                "--initial-cluster",
-                &format!("{}={peer_url}", common::MEMBER_NAME),
-                "--bcrypt-cost",
-                "4",
-            ]
-            .map(String::from),
-        );
+        let (bin, mut args) = kind.program();
+        args.extend(common::member_flags(&dir.path().join("data"), &client_url, &peer_url));
+        args.extend(["--bcrypt-cost", "4"].map(String::from));
         args.extend(flags.iter().cloned());
         let log = fs::File::create(dir.path().join("server.log")).unwrap();
         let mut cmd = Command::new(&bin);
         cmd.args(&args).stdin(Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log);
-        for (k, _) in std::env::vars() {
-            if k.starts_with("ETCD_") || k.starts_with("ETCDCTL_") {
-                cmd.env_remove(k);
-            }
-        }
+        common::scrub_env(&mut cmd);
         let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
         TlsServer { kind, port, ca: pki.ca_file(), child: Some(child), dir }
     }
@@ -456,7 +418,7 @@ fn assert_refused(server: &TlsServer, cert: Option<&Cert>, what: &str) {
 /// Refusal test body: a server started with `extra` refuses `bad` at the handshake (etcdctl fails and
 /// the counter moves) while `good` keeps working.
 fn refused_at_handshake(extra: &[&str], bad: Option<&Cert>, good: &Cert, pki: &Pki, what: &str) {
-    let server = TlsServer::start_cert_auth(kind(), pki, extra, good);
+    let server = TlsServer::start_cert_auth(Kind::under_test(), pki, extra, good);
     let before = server.handshake_failures(good);
     assert_refused(&server, bad, what);
     if let Some(before) = before {
@@ -587,7 +549,7 @@ async fn cert_client(server: &TlsServer, cert: &Cert) -> etcd_client::Client {
 #[test]
 fn cn_root_cert_acts_as_root() {
     let pki = Pki::new();
-    let server = TlsServer::start_cert_auth(kind(), &pki, &[], &pki.root);
+    let server = TlsServer::start_cert_auth(Kind::under_test(), &pki, &[], &pki.root);
     enable_auth_as_root(&server, &pki.root);
     // Data anywhere, and administration: users, roles, grants.
     server.ok(&pki.root, &["put", "/anywhere/k", "v1"]);
@@ -611,7 +573,7 @@ fn cn_root_cert_acts_as_root() {
 #[test]
 fn cn_alice_cert_has_exactly_alices_permissions() {
     let pki = Pki::new();
-    let server = TlsServer::start_cert_auth(kind(), &pki, &[], &pki.root);
+    let server = TlsServer::start_cert_auth(Kind::under_test(), &pki, &[], &pki.root);
     user_with_prefix(&server, &pki.root, "alice", None);
     // bob: alice's twin, with the same kind of role but no grant on /alice/.
     user_with_prefix(&server, &pki.root, "bob", None);
@@ -636,7 +598,7 @@ fn cn_alice_cert_has_exactly_alices_permissions() {
 #[test]
 fn no_password_user_works_via_cert_and_password_login_fails() {
     let pki = Pki::new();
-    let server = TlsServer::start_cert_auth(kind(), &pki, &[], &pki.root);
+    let server = TlsServer::start_cert_auth(Kind::under_test(), &pki, &[], &pki.root);
     user_with_prefix(&server, &pki.root, "alice", None);
     enable_auth_as_root(&server, &pki.root);
 
@@ -653,7 +615,7 @@ fn no_password_user_works_via_cert_and_password_login_fails() {
 #[test]
 fn password_wins_over_cert() {
     let pki = Pki::new();
-    let server = TlsServer::start_cert_auth(kind(), &pki, &[], &pki.root);
+    let server = TlsServer::start_cert_auth(Kind::under_test(), &pki, &[], &pki.root);
     user_with_prefix(&server, &pki.root, "alice", None);
     user_with_prefix(&server, &pki.root, "bob", Some("pw"));
     enable_auth_as_root(&server, &pki.root);
@@ -679,7 +641,7 @@ fn password_wins_over_cert() {
 fn cert_without_cn_has_no_user_and_is_denied_once_auth_is_enabled() {
     let pki = Pki::new();
     let no_cn = pki.issue("no-cn", client_params(None));
-    let server = TlsServer::start_cert_auth(kind(), &pki, &[], &pki.root);
+    let server = TlsServer::start_cert_auth(Kind::under_test(), &pki, &[], &pki.root);
     // Before auth is enabled, anyone with a valid certificate may use the store.
     server.ok(&no_cn, &["put", "/k", "v"]);
     assert_eq!(server.ok(&no_cn, &["get", "/k", "--print-value-only"]).trim(), "v");
@@ -687,7 +649,7 @@ fn cert_without_cn_has_no_user_and_is_denied_once_auth_is_enabled() {
     // A certificate without CN names nobody, like a request without credentials. etcd 3.4 instead
     // looks up a user named "" at the current auth revision for key-value requests and answers
     // "permission denied" there (admin requests get "user name is empty" on both).
-    let kv_refusal = match kind() {
+    let kv_refusal = match Kind::under_test() {
         Kind::Etcd => PERMISSION_DENIED,
         Kind::Keyward => USER_EMPTY,
     };
@@ -701,7 +663,7 @@ fn cert_without_cn_has_no_user_and_is_denied_once_auth_is_enabled() {
 fn cn_naming_no_user_is_denied() {
     let pki = Pki::new();
     let ghost = pki.issue("ghost", client_params(Some("ghost")));
-    let server = TlsServer::start_cert_auth(kind(), &pki, &[], &pki.root);
+    let server = TlsServer::start_cert_auth(Kind::under_test(), &pki, &[], &pki.root);
     server.ok(&pki.root, &["put", "/k", "v"]);
     enable_auth_as_root(&server, &pki.root);
     server.fails_with(&ghost, &["get", "/k"], PERMISSION_DENIED);
@@ -717,7 +679,7 @@ fn cn_naming_no_user_is_denied() {
 #[test]
 fn revoked_permission_applies_to_next_request_on_same_long_lived_connection() {
     let pki = Pki::new();
-    let server = TlsServer::start_cert_auth(kind(), &pki, &[], &pki.root);
+    let server = TlsServer::start_cert_auth(Kind::under_test(), &pki, &[], &pki.root);
     user_with_prefix(&server, &pki.root, "alice", None);
     enable_auth_as_root(&server, &pki.root);
     let rt = runtime();
@@ -746,7 +708,7 @@ fn revoked_permission_applies_to_next_request_on_same_long_lived_connection() {
 fn cn_identity_applies_to_watch() {
     use etcd_client::WatchOptions;
     let pki = Pki::new();
-    let server = TlsServer::start_cert_auth(kind(), &pki, &[], &pki.root);
+    let server = TlsServer::start_cert_auth(Kind::under_test(), &pki, &[], &pki.root);
     user_with_prefix(&server, &pki.root, "alice", None);
     enable_auth_as_root(&server, &pki.root);
     let rt = runtime();
@@ -806,11 +768,12 @@ fn revoked_cert_refused_with_crl() {
 
 #[test]
 fn cert_outside_allowed_cn_refused() {
-    if kind() == Kind::Etcd {
+    if Kind::under_test() == Kind::Etcd {
         return; // etcd 3.4 has no --client-cert-allowed-cn (only --peer-cert-allowed-cn)
     }
     let pki = Pki::new();
-    let server = TlsServer::start_cert_auth(kind(), &pki, &["--client-cert-allowed-cn", "root,alice"], &pki.root);
+    let server =
+        TlsServer::start_cert_auth(Kind::under_test(), &pki, &["--client-cert-allowed-cn", "root,alice"], &pki.root);
     let before = server.handshake_failures(&pki.root).unwrap();
     assert_refused(&server, Some(&pki.bob), "CN=bob outside --client-cert-allowed-cn root,alice");
     let no_cn = pki.issue("no-cn", client_params(None));
@@ -829,8 +792,12 @@ fn cert_outside_allowed_hostname_refused() {
     let mut params = client_params(Some("root"));
     params.subject_alt_names = vec![SanType::DnsName("elsewhere.example.com".try_into().unwrap())];
     let elsewhere = pki.issue("other-host", params);
-    let server =
-        TlsServer::start_cert_auth(kind(), &pki, &["--client-cert-allowed-hostname", "client.example.com"], &allowed);
+    let server = TlsServer::start_cert_auth(
+        Kind::under_test(),
+        &pki,
+        &["--client-cert-allowed-hostname", "client.example.com"],
+        &allowed,
+    );
     let before = server.handshake_failures(&allowed);
     assert_refused(&server, Some(&elsewhere), "a certificate for elsewhere.example.com");
     assert_refused(&server, Some(&pki.bob), "a certificate naming no host");
@@ -851,8 +818,12 @@ fn allowed_hostname_only_in_cn_is_refused() {
     params.subject_alt_names = vec![SanType::DnsName("client.example.com".try_into().unwrap())];
     let allowed = pki.issue("allowed-host", params);
     let cn_only = pki.issue("cn-host", client_params(Some("client.example.com")));
-    let server =
-        TlsServer::start_cert_auth(kind(), &pki, &["--client-cert-allowed-hostname", "client.example.com"], &allowed);
+    let server = TlsServer::start_cert_auth(
+        Kind::under_test(),
+        &pki,
+        &["--client-cert-allowed-hostname", "client.example.com"],
+        &allowed,
+    );
     assert_refused(&server, Some(&cn_only), "CN=client.example.com without a SAN");
 }
 
@@ -868,7 +839,7 @@ fn no_client_cert_refused() {
 fn trusted_ca_without_client_cert_auth_still_requires_a_client_cert() {
     let pki = Pki::new();
     let flags: Vec<String> = cert_auth_flags(&pki).into_iter().filter(|f| f != "--client-cert-auth").collect();
-    let server = TlsServer::start(kind(), &pki, &flags, Some(&pki.root));
+    let server = TlsServer::start(Kind::under_test(), &pki, &flags, Some(&pki.root));
     server.ok(&pki.root, &["put", "/k", "v"]);
     assert_refused(&server, None, "no client certificate, --trusted-ca-file without --client-cert-auth");
 }
@@ -880,7 +851,7 @@ fn trusted_ca_without_client_cert_auth_still_requires_a_client_cert() {
 #[test]
 fn server_cert_rotation_without_restart() {
     let pki = Pki::new();
-    let server = TlsServer::start_cert_auth(kind(), &pki, &[], &pki.root);
+    let server = TlsServer::start_cert_auth(Kind::under_test(), &pki, &[], &pki.root);
     let (serial_a, cn_a) = serial_and_cn(&server_leaf(&server.addr(), &pki.ca_file(), &pki.root));
     assert_eq!((serial_a.clone(), cn_a.as_str()), (pki.server.serial.clone(), "keyward test server A"));
 
@@ -914,11 +885,11 @@ fn server_cert_rotation_without_restart() {
 
 #[test]
 fn server_cert_rotation_keeps_the_old_certificate_while_the_new_files_are_broken() {
-    if kind() == Kind::Etcd {
+    if Kind::under_test() == Kind::Etcd {
         return; // etcd 3.4 reads the files at every handshake, so broken files break new connections
     }
     let pki = Pki::new();
-    let server = TlsServer::start_cert_auth(kind(), &pki, &[], &pki.root);
+    let server = TlsServer::start_cert_auth(Kind::under_test(), &pki, &[], &pki.root);
     let original = fs::read(&pki.server.cert).unwrap();
     let leaf_serial = || serial_and_cn(&server_leaf(&server.addr(), &pki.ca_file(), &pki.root)).0;
     // 1. A certificate file that does not parse.
@@ -948,7 +919,8 @@ fn server_cert_rotation_keeps_the_old_certificate_while_the_new_files_are_broken
 fn crl_update_refuses_new_connections_without_restart() {
     let pki = Pki::new();
     let crl = pki.crl(1, &[]);
-    let server = TlsServer::start_cert_auth(kind(), &pki, &["--client-crl-file", crl.to_str().unwrap()], &pki.root);
+    let server =
+        TlsServer::start_cert_auth(Kind::under_test(), &pki, &["--client-crl-file", crl.to_str().unwrap()], &pki.root);
     server.ok(&pki.alice, &["put", "/k", "by-alice"]);
     let before = server.handshake_failures(&pki.root);
     pki.crl(2, &[&pki.alice]);
@@ -974,7 +946,8 @@ fn crl_update_refuses_new_connections_without_restart() {
 fn crl_file_replaced_by_garbage_keeps_revoked_certs_out() {
     let pki = Pki::new();
     let crl = pki.crl(1, &[&pki.alice]);
-    let server = TlsServer::start_cert_auth(kind(), &pki, &["--client-crl-file", crl.to_str().unwrap()], &pki.root);
+    let server =
+        TlsServer::start_cert_auth(Kind::under_test(), &pki, &["--client-crl-file", crl.to_str().unwrap()], &pki.root);
     assert_refused(&server, Some(&pki.alice), "alice's revoked certificate");
     replace_file(&crl, b"not a CRL\n");
     thread::sleep(Duration::from_millis(2600));
@@ -986,7 +959,7 @@ fn crl_file_replaced_by_garbage_keeps_revoked_certs_out() {
 /// without a certificate are.
 #[test]
 fn allowed_cn_without_client_cert_auth_is_not_silently_ignored() {
-    if kind() == Kind::Etcd {
+    if Kind::under_test() == Kind::Etcd {
         return; // etcd 3.4 has no --client-cert-allowed-cn
     }
     let pki = Pki::new();
@@ -995,7 +968,7 @@ fn allowed_cn_without_client_cert_auth_is_not_silently_ignored() {
         .chain(["--client-cert-allowed-cn", "root"])
         .map(String::from)
         .collect();
-    let mut server = TlsServer::spawn(kind(), &pki, &flags);
+    let mut server = TlsServer::spawn(Kind::under_test(), &pki, &flags);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Some(status) = server.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
@@ -1016,11 +989,11 @@ fn allowed_cn_without_client_cert_auth_is_not_silently_ignored() {
 
 #[test]
 fn silent_tcp_client_is_dropped_after_handshake_deadline() {
-    if kind() == Kind::Etcd {
+    if Kind::under_test() == Kind::Etcd {
         return; // keyward's handshake deadline (5 s); etcd 3.4 waits far longer
     }
     let pki = Pki::new();
-    let server = TlsServer::start_cert_auth(kind(), &pki, &[], &pki.root);
+    let server = TlsServer::start_cert_auth(Kind::under_test(), &pki, &[], &pki.root);
     let before = server.handshake_failures(&pki.root).unwrap();
     // Alongside, a client that trickles its ClientHello a byte every 200 ms: the deadline is for the
     // whole handshake, not for each read.
@@ -1067,7 +1040,7 @@ fn silent_tcp_client_is_dropped_after_handshake_deadline() {
 #[test]
 fn garbage_handshakes_leave_the_node_serving() {
     let pki = Pki::new();
-    let mut server = TlsServer::start_cert_auth(kind(), &pki, &[], &pki.root);
+    let mut server = TlsServer::start_cert_auth(Kind::under_test(), &pki, &[], &pki.root);
     let before = server.handshake_failures(&pki.root);
     let hello = Arc::new(client_hello(&pki.ca_file()));
     const CONNECTIONS: usize = 200;
@@ -1116,7 +1089,7 @@ fn garbage_handshakes_leave_the_node_serving() {
 
 #[test]
 fn plain_http_listener_keeps_working_without_tls() {
-    let server = common::Server::start_with(kind(), &["--bcrypt-cost", "4"]);
+    let server = common::Server::start_with(Kind::under_test(), &["--bcrypt-cost", "4"]);
     server.etcdctl(&["put", "/plain", "v"]).assert_ok();
     let out = server.etcdctl(&["get", "/plain", "--print-value-only"]);
     assert_eq!(out.assert_ok().stdout.trim(), "v");

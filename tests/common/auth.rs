@@ -16,30 +16,13 @@ use etcd_client::{Client, ConnectOptions, Permission};
 use tempfile::TempDir;
 use tonic::transport::Channel;
 
+use super::common::etcd_errors::PERMISSION_DENIED;
 use super::common::{Kind, Server};
 
 pub const ROOT_PW: &str = "rootpw";
 
 /// Fast bcrypt for servers whose tests do not measure hashing (both etcd 3.4 and keyward take it).
 pub const FAST_BCRYPT: [&str; 2] = ["--bcrypt-cost", "4"];
-
-pub const USER_EMPTY: &str = "etcdserver: user name is empty";
-pub const AUTH_FAILED: &str = "etcdserver: authentication failed, invalid user ID or password";
-pub const PERMISSION_DENIED: &str = "etcdserver: permission denied";
-pub const AUTH_OLD_REVISION: &str = "etcdserver: revision of auth store is old";
-pub const INVALID_AUTH_TOKEN: &str = "etcdserver: invalid auth token";
-pub const USER_NOT_FOUND: &str = "etcdserver: user name not found";
-pub const ROLE_NOT_FOUND: &str = "etcdserver: role name not found";
-
-/// The server the client-level test bodies run against: keyward, or a real etcd 3.4 under
-/// `KEYWARD_HARNESS_SELFTEST=1` (to check the expectations themselves against etcd).
-pub fn kind() -> Kind {
-    if super::common::selftest() {
-        Kind::Etcd
-    } else {
-        Kind::Keyward
-    }
-}
 
 // ---------------------------------------------------------------------------
 // JWT keys
@@ -181,13 +164,25 @@ pub async fn enable_auth(ep: &str) -> Client {
 pub struct AuthServer {
     pub server: Server,
     pub root: Client,
+    /// The JWT key pair the server was started with, if any. Declared after `server`, so the key
+    /// files outlive the process that reads them.
     pub keys: Option<JwtKeys>,
 }
 
 impl AuthServer {
     /// keyward (or etcd under self-test) with `--bcrypt-cost 4` and auth enabled.
     pub async fn start() -> AuthServer {
-        AuthServer::start_with(kind(), &FAST_BCRYPT).await
+        AuthServer::start_with(Kind::under_test(), &FAST_BCRYPT).await
+    }
+
+    /// keyward (or etcd under self-test) with auth enabled and the flags of [`token_args`]: simple
+    /// tokens, or JWTs signed with a fresh key pair of its own (kept in `keys` while it runs).
+    pub async fn start_with_token(token: TokenKind) -> AuthServer {
+        let (args, keys) = token_args(token);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut s = AuthServer::start_with(Kind::under_test(), &args).await;
+        s.keys = keys;
+        s
     }
 
     pub async fn start_with(kind: Kind, args: &[&str]) -> AuthServer {

@@ -7,6 +7,10 @@
 //! * [`normalize`] makes etcdctl output of two different servers comparable.
 //! * [`same_output`] / [`Scenario`] run the same etcdctl steps against a real etcd
 //!   and keyward and assert that the outputs match, step by step.
+//! * [`Kind::under_test`], [`start_pair`], [`Server::client`], [`current_revision`] and
+//!   [`assert_status`]: setup and checks of the tests that drive a server through the
+//!   `etcd-client` crate.
+//! * [`etcd_errors`]: etcd's error messages the tests expect.
 //!
 //! Environment knobs:
 //! * `KEYWARD_HARNESS_SELFTEST=1` — the "keyward" side of a scenario is a second
@@ -18,16 +22,19 @@
 //!   (default `/usr/bin/etcd`, `/usr/bin/etcdctl`).
 #![allow(dead_code)]
 
+use std::fmt::Debug;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use etcd_client::Client;
 use tempfile::TempDir;
+use tonic::Code;
 
 /// How long a server may take to become ready.
 pub const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -35,6 +42,37 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(20);
 pub const ETCDCTL_WALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Member name given to every server (same on both sides so `member list` compares).
 pub const MEMBER_NAME: &str = "node1";
+
+/// etcd's client-visible error messages, spelled once for every test that expects them. They are
+/// etcd 3.4's strings, written out here rather than taken from keyward's `error.rs`, so that a test
+/// pins what etcd says and not what keyward happens to say.
+pub mod etcd_errors {
+    // kv and txn
+    pub const EMPTY_KEY: &str = "etcdserver: key is not provided";
+    pub const KEY_NOT_FOUND: &str = "etcdserver: key not found";
+    pub const VALUE_PROVIDED: &str = "etcdserver: value is provided";
+    pub const LEASE_PROVIDED: &str = "etcdserver: lease is provided";
+    pub const TOO_MANY_OPS: &str = "etcdserver: too many operations in txn request";
+    pub const DUPLICATE_KEY: &str = "etcdserver: duplicate key given in txn request";
+    pub const TOO_LARGE: &str = "etcdserver: request is too large";
+    pub const COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
+    pub const FUTURE_REV: &str = "etcdserver: mvcc: required revision is a future revision";
+    // leases
+    pub const LEASE_NOT_FOUND: &str = "etcdserver: requested lease not found";
+    pub const LEASE_EXISTS: &str = "etcdserver: lease already exists";
+    pub const TTL_TOO_LARGE: &str = "etcdserver: too large lease TTL";
+    // cluster and maintenance
+    pub const MEMBER_NOT_FOUND: &str = "etcdserver: member not found";
+    pub const BAD_TRANSFEREE: &str = "etcdserver: bad leader transferee";
+    // auth
+    pub const USER_EMPTY: &str = "etcdserver: user name is empty";
+    pub const AUTH_FAILED: &str = "etcdserver: authentication failed, invalid user ID or password";
+    pub const PERMISSION_DENIED: &str = "etcdserver: permission denied";
+    pub const AUTH_OLD_REVISION: &str = "etcdserver: revision of auth store is old";
+    pub const INVALID_AUTH_TOKEN: &str = "etcdserver: invalid auth token";
+    pub const USER_NOT_FOUND: &str = "etcdserver: user name not found";
+    pub const ROLE_NOT_FOUND: &str = "etcdserver: role name not found";
+}
 
 // ---------------------------------------------------------------------------
 // binaries and environment
@@ -68,7 +106,7 @@ fn verbose() -> bool {
 
 /// Drop ETCD_* / ETCDCTL_* variables inherited from the developer's shell: etcd and
 /// etcdctl read them as flags, which would make runs machine-dependent.
-fn scrub_env(cmd: &mut Command) {
+pub fn scrub_env(cmd: &mut Command) {
     for (k, _) in std::env::vars_os() {
         if let Some(k) = k.to_str() {
             if k.starts_with("ETCD_") || k.starts_with("ETCDCTL_") {
@@ -114,12 +152,54 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// The server the tests run against: keyward, or a real etcd 3.4 under
+    /// `KEYWARD_HARNESS_SELFTEST=1` (to check the expectations themselves).
+    pub fn under_test() -> Kind {
+        if selftest() {
+            Kind::Etcd
+        } else {
+            Kind::Keyward
+        }
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             Kind::Keyward => "keyward",
             Kind::Etcd => "etcd",
         }
     }
+
+    /// The binary that runs a member of this kind and the arguments before its flags
+    /// (`keyward serve`, `etcd`).
+    pub fn program(self) -> (PathBuf, Vec<String>) {
+        match self {
+            Kind::Keyward => (keyward_bin(), vec!["serve".to_string()]),
+            Kind::Etcd => (etcd_bin(), Vec::new()),
+        }
+    }
+}
+
+/// The flags of a fresh single-member cluster whose one member, [`MEMBER_NAME`], keeps its data in
+/// `data_dir` and listens on `client_url` and `peer_url` (etcd's flag names, which keyward shares).
+pub fn member_flags(data_dir: &Path, client_url: &str, peer_url: &str) -> Vec<String> {
+    [
+        "--name",
+        MEMBER_NAME,
+        "--data-dir",
+        &data_dir.display().to_string(),
+        "--listen-client-urls",
+        client_url,
+        "--advertise-client-urls",
+        client_url,
+        "--listen-peer-urls",
+        peer_url,
+        "--initial-advertise-peer-urls",
+        peer_url,
+        "--initial-cluster",
+        &format!("{MEMBER_NAME}={peer_url}"),
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 /// One running single-node server. Killed (SIGKILL + wait) on drop.
@@ -171,31 +251,8 @@ impl Server {
         assert!(self.child.is_none(), "spawn_child while a child is running");
         let client_url = format!("http://127.0.0.1:{}", self.client_port);
         let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
-        let data_dir = self.data_dir();
-        let mut args: Vec<String> = Vec::new();
-        let bin = match self.kind {
-            Kind::Keyward => {
-                args.push("serve".into());
-                keyward_bin()
-            }
-            Kind::Etcd => etcd_bin(),
-        };
-        args.extend([
-            "--name".to_string(),
-            MEMBER_NAME.to_string(),
-            "--data-dir".to_string(),
-            data_dir.display().to_string(),
-            "--listen-client-urls".to_string(),
-            client_url.clone(),
-            "--advertise-client-urls".to_string(),
-            client_url,
-            "--listen-peer-urls".to_string(),
-            peer_url.clone(),
-            "--initial-advertise-peer-urls".to_string(),
-            peer_url.clone(),
-            "--initial-cluster".to_string(),
-            format!("{MEMBER_NAME}={peer_url}"),
-        ]);
+        let (bin, mut args) = self.kind.program();
+        args.extend(member_flags(&self.data_dir(), &client_url, &peer_url));
         args.extend(self.extra_args.iter().cloned());
 
         let mut log = File::options().create(true).append(true).open(self.log_path()).expect("open server log");
@@ -365,6 +422,60 @@ pub fn start_all(specs: &[(Kind, &[&str])]) -> Vec<Server> {
     servers
 }
 
+/// Starts a reference etcd and the server under test ([`Kind::under_test`]) concurrently, both with
+/// `extra_args`: `(etcd, candidate)`. Blocks the calling thread; async tests use [`start_pair`].
+pub fn start_pair_blocking(extra_args: &[&str]) -> (Server, Server) {
+    let mut v = start_all(&[(Kind::Etcd, extra_args), (Kind::under_test(), extra_args)]);
+    let candidate = v.pop().unwrap();
+    (v.pop().unwrap(), candidate)
+}
+
+/// [`start_pair_blocking`] without extra flags, off the async runtime's threads.
+pub async fn start_pair() -> (Server, Server) {
+    start_pair_with(&[]).await
+}
+
+/// [`start_pair_blocking`] with `extra_args`, off the async runtime's threads.
+pub async fn start_pair_with(extra_args: &[&str]) -> (Server, Server) {
+    let args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        start_pair_blocking(&args)
+    })
+    .await
+    .expect("start servers")
+}
+
+// ---------------------------------------------------------------------------
+// etcd-client
+// ---------------------------------------------------------------------------
+
+impl Server {
+    /// An `etcd-client` connected to this server, without credentials.
+    pub async fn client(&self) -> Client {
+        Client::connect([self.endpoint()], None)
+            .await
+            .unwrap_or_else(|e| panic!("connect to {} {}: {e}", self.kind.label(), self.endpoint()))
+    }
+}
+
+/// The store's current revision: the header of a read of a key nobody writes.
+pub async fn current_revision(c: &mut Client) -> i64 {
+    c.get("\u{1}revision-probe", None).await.expect("revision probe").header().expect("header").revision()
+}
+
+/// Asserts that `res` failed with gRPC status `code` and exactly `message`.
+#[track_caller]
+pub fn assert_status<T: Debug>(res: Result<T, etcd_client::Error>, code: Code, message: &str) {
+    match res {
+        Err(etcd_client::Error::GRpcStatus(status)) => {
+            assert_eq!((status.code(), status.message()), (code, message), "unexpected gRPC status: {status:?}");
+        }
+        Err(other) => panic!("expected gRPC status {code:?} {message:?}, got error {other:?}"),
+        Ok(v) => panic!("expected gRPC status {code:?} {message:?}, got success {v:?}"),
+    }
+}
+
 // ---------------------------------------------------------------------------
 // etcdctl
 // ---------------------------------------------------------------------------
@@ -393,6 +504,29 @@ impl Output {
         );
         self
     }
+
+    /// The same run with stdout and stderr passed through `f` (e.g. [`normalize`]).
+    pub fn map_text(&self, f: impl Fn(&str) -> String) -> Output {
+        Output { status: self.status, stdout: f(&self.stdout), stderr: f(&self.stderr) }
+    }
+}
+
+/// How `candidate`'s run of an etcdctl step differs from `reference`'s, one message per difference:
+/// exit status (success or failure), stdout, stderr. The texts are compared as given, so callers
+/// normalize them first. Empty when the runs agree.
+pub fn differences(ref_label: &str, reference: &Output, cand_label: &str, candidate: &Output) -> Vec<String> {
+    let (a, b) = (reference, candidate);
+    let mut diffs = Vec::new();
+    if a.success() != b.success() {
+        diffs.push(format!("exit status: {ref_label} {} vs {cand_label} {}", a.status, b.status));
+    }
+    if a.stdout != b.stdout {
+        diffs.push(format!("stdout (- {ref_label}, + {cand_label}):\n{}", line_diff(&a.stdout, &b.stdout)));
+    }
+    if a.stderr != b.stderr {
+        diffs.push(format!("stderr (- {ref_label}, + {cand_label}):\n{}", line_diff(&a.stderr, &b.stderr)));
+    }
+    diffs
 }
 
 /// `ETCDCTL_API=3 etcdctl --endpoints=EP --command-timeout=5s --dial-timeout=5s ARGS...`
@@ -747,10 +881,7 @@ impl Scenario {
     }
 
     pub fn start_with(extra_args: &[&str]) -> Scenario {
-        let other = if selftest() { Kind::Etcd } else { Kind::Keyward };
-        let mut v = start_all(&[(Kind::Etcd, extra_args), (other, extra_args)]);
-        let candidate = v.pop().unwrap();
-        let reference = v.pop().unwrap();
+        let (reference, candidate) = start_pair_blocking(extra_args);
         Scenario { reference, candidate, steps_run: 0 }
     }
 
@@ -767,8 +898,7 @@ impl Scenario {
         };
         let a = run(&self.reference);
         let b = run(&self.candidate);
-        let (na_out, nb_out) = (normalize(&a.stdout), normalize(&b.stdout));
-        let (na_err, nb_err) = (normalize(&a.stderr), normalize(&b.stderr));
+        let (na, nb) = (a.map_text(normalize), b.map_text(normalize));
         let ref_label = "etcd";
         let cand_label = match self.candidate.kind {
             Kind::Etcd => "etcd#2 (selftest)",
@@ -776,21 +906,14 @@ impl Scenario {
         };
         if verbose() {
             eprintln!(
-                "--- step {idx}: {}\n[{ref_label} {}] stdout:\n{na_out}[{ref_label}] stderr:\n{na_err}",
+                "--- step {idx}: {}\n[{ref_label} {}] stdout:\n{}[{ref_label}] stderr:\n{}",
                 st.display(),
-                a.status
+                a.status,
+                na.stdout,
+                na.stderr
             );
         }
-        let mut diffs = Vec::new();
-        if a.success() != b.success() {
-            diffs.push(format!("exit status: {ref_label} {} vs {cand_label} {}", a.status, b.status));
-        }
-        if na_out != nb_out {
-            diffs.push(format!("stdout (- {ref_label}, + {cand_label}):\n{}", line_diff(&na_out, &nb_out)));
-        }
-        if na_err != nb_err {
-            diffs.push(format!("stderr (- {ref_label}, + {cand_label}):\n{}", line_diff(&na_err, &nb_err)));
-        }
+        let diffs = differences(ref_label, &na, cand_label, &nb);
         if !diffs.is_empty() {
             let show = |s: &str| {
                 if s.is_empty() {
@@ -807,11 +930,11 @@ impl Scenario {
                 st.display(),
                 diffs.join("\n"),
                 a.status,
-                show(&na_out),
-                show(&na_err),
+                show(&na.stdout),
+                show(&na.stderr),
                 b.status,
-                show(&nb_out),
-                show(&nb_err),
+                show(&nb.stdout),
+                show(&nb.stderr),
                 self.candidate.log_path().display(),
                 self.candidate.log_tail(20),
             );
