@@ -61,7 +61,7 @@ pub struct ServeArgs {
     #[arg(long, env = "ETCD_MAX_REQUEST_BYTES", default_value_t = 1_572_864)]
     pub max_request_bytes: u32,
     /// Number of committed entries that trigger a snapshot of the state (and let the raft log be
-    /// compacted behind it). Requests committed together (group commit) are one entry.
+    /// compacted behind it). Counts requests, also when several share one entry (group commit).
     #[arg(long, env = "ETCD_SNAPSHOT_COUNT", default_value_t = 100_000)]
     pub snapshot_count: u64,
     /// Maximum number of operations permitted in a transaction.

@@ -96,10 +96,19 @@ impl Node {
             )
         };
         let (committed, _) = tokio::sync::broadcast::channel(COMMITTED_BACKLOG);
+        let snapshot_due = Arc::new(tokio::sync::Notify::new());
         {
             let (lessor, committed, revision) = (lessor.clone(), committed.clone(), revision.clone());
             let (auth_enabled, auth_revision) = (auth_enabled.clone(), auth_revision.clone());
+            let (snapshot_due, snapshot_count) = (snapshot_due.clone(), config.snapshot_count);
+            let since_snapshot = AtomicU64::new(0);
             state.observe(Box::new(move |batch: Committed| {
+                // Only the apply thread calls this: load and store need not be one atomic step.
+                let applied = since_snapshot.load(Ordering::Relaxed) + batch.requests;
+                if applied >= snapshot_count {
+                    snapshot_due.notify_one();
+                }
+                since_snapshot.store(if applied >= snapshot_count { 0 } else { applied }, Ordering::Relaxed);
                 revision.store(batch.revision, Ordering::Release);
                 auth_enabled.store(batch.auth_enabled, Ordering::Release);
                 auth_revision.store(batch.auth_revision, Ordering::Release);
@@ -123,7 +132,9 @@ impl Node {
             heartbeat_interval: 100,
             election_timeout_min: 300,
             election_timeout_max: 600,
-            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.snapshot_count),
+            // --snapshot-count counts requests, as etcd's does, not entries (which group-commit
+            // requests): the observer above triggers snapshots.
+            snapshot_policy: openraft::SnapshotPolicy::Never,
             // etcd keeps 5,000 entries behind a snapshot for slow followers.
             max_in_snapshot_log_to_keep: config.snapshot_count.min(5_000),
             ..Default::default()
@@ -159,6 +170,7 @@ impl Node {
             committed,
         });
         node.raft.wait(Some(Duration::from_secs(10))).metrics(|m| m.current_leader.is_some(), "leader elected").await?;
+        tokio::spawn(snapshot_when_due(node.raft.clone(), snapshot_due));
         tokio::spawn(expire_leases(Arc::downgrade(&node)));
         tokio::spawn(checkpoint_leases(Arc::downgrade(&node)));
         Ok(node)
@@ -270,6 +282,18 @@ impl Node {
 }
 
 /// The leader revokes expired leases through raft, so their keys are deleted at an ordered revision.
+/// Builds a snapshot each time the apply observer says `--snapshot-count` requests were applied since
+/// the last one; openraft then purges the log behind it.
+async fn snapshot_when_due(raft: Raft, due: Arc<tokio::sync::Notify>) {
+    loop {
+        due.notified().await;
+        if let Err(fatal) = raft.trigger().snapshot().await {
+            tracing::debug!(error = %fatal, "raft stopped: no more snapshots");
+            return;
+        }
+    }
+}
+
 async fn expire_leases(node: std::sync::Weak<Node>) {
     let mut tick = tokio::time::interval(LEASE_EXPIRY_TICK);
     loop {

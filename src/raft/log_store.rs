@@ -13,6 +13,7 @@ use openraft::{RaftLogReader, StorageIOError, Vote};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::log_cache::LogCache;
 use super::{any_error, blocking, Entry, LogId, NodeId, StorageError, TypeConfig};
 use crate::storage::{self, Db, LmdbEnv};
 
@@ -29,6 +30,8 @@ struct Inner {
     env: LmdbEnv,
     log: Db,
     meta: Db,
+    /// The newest entries, so applying them does not read them back from LMDB.
+    recent: std::sync::Mutex<LogCache>,
 }
 
 fn index_key(index: u64) -> [u8; 8] {
@@ -42,7 +45,7 @@ fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, postcard::Error> {
 impl LogStore {
     pub fn open(dir: &Path) -> Result<Self, heed::Error> {
         let (env, [log, meta]) = storage::open(dir, ["log", "meta"], storage::Durability::Full)?;
-        Ok(LogStore { inner: Arc::new(Inner { env, log, meta }) })
+        Ok(LogStore { inner: Arc::new(Inner { env, log, meta, recent: Default::default() }) })
     }
 
     /// This member's `(member_id, cluster_id)`: chosen once at bootstrap and kept, so that a later change
@@ -54,6 +57,11 @@ impl LogStore {
         let ids = bootstrap();
         self.write_meta(IDENTITY, &ids)?;
         Ok(ids)
+    }
+
+    fn recent(&self) -> std::sync::MutexGuard<'_, LogCache> {
+        // The cache holds no invariant a panicking holder could break halfway: keep using it.
+        self.inner.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn read_meta<T: DeserializeOwned>(&self, name: &[u8]) -> Result<Option<T>, StorageError> {
@@ -80,6 +88,9 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
+        if let Some(entries) = self.recent().get(&range) {
+            return Ok(entries);
+        }
         let this = self.clone();
         let start = match range.start_bound() {
             Bound::Included(&i) => Bound::Included(i),
@@ -147,11 +158,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
+        let entries: Vec<Entry> = entries.into_iter().collect();
         let encoded: Vec<([u8; 8], Vec<u8>)> = entries
-            .into_iter()
-            .map(|e| Ok((index_key(e.log_id.index), encode(&e)?)))
+            .iter()
+            .map(|e| Ok((index_key(e.log_id.index), encode(e)?)))
             .collect::<Result<_, postcard::Error>>()
             .map_err(|e| StorageIOError::write_logs(any_error(e)))?;
+        // Readable at once: openraft reads only entries it knows are flushed, or ships them to peers.
+        self.recent().append(entries);
         let this = self.clone();
         blocking(move || {
             let write = || -> Result<(), heed::Error> {
@@ -170,6 +184,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        self.recent().truncate(log_id.index);
         let this = self.clone();
         blocking(move || {
             let write = || -> Result<(), heed::Error> {
@@ -184,6 +199,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        self.recent().purge(log_id.index);
         let this = self.clone();
         blocking(move || {
             let write = || -> Result<(), Box<dyn std::error::Error>> {

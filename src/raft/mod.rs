@@ -8,6 +8,7 @@
 // move the allocation to every call site.
 #![allow(clippy::result_large_err)]
 
+pub mod log_cache;
 pub mod log_store;
 pub mod network;
 pub mod proposer;

@@ -46,6 +46,8 @@ pub struct Committed {
     pub auth_enabled: bool,
     pub auth_revision: u64,
     pub effects: Effects,
+    /// Requests applied in the batch (a blank or membership entry counts as one), for `--snapshot-count`.
+    pub requests: u64,
 }
 
 /// Called on the apply thread after each commit: must be quick and must not block.
@@ -134,6 +136,7 @@ impl State {
         let mut results = Vec::with_capacity(entries.len());
         let mut applied = None;
         let mut effects = Effects::default();
+        let mut requests = 0u64;
         let stores = Stores {
             kv: &self.kv,
             leases: &self.leases,
@@ -169,6 +172,7 @@ impl State {
                     Vec::new()
                 }
             };
+            requests += entry_results.len().max(1) as u64;
             results.push(entry_results);
         }
         self.meta.put(&mut txn, APPLIED, &postcard::to_allocvec(&applied)?)?;
@@ -177,7 +181,7 @@ impl State {
         txn.commit()?;
         // Only after the commit: observers must never see effects that a crash could undo.
         if let Some(observer) = self.observer.get() {
-            observer(Committed { revision, auth_enabled, auth_revision, effects });
+            observer(Committed { revision, auth_enabled, auth_revision, effects, requests });
         }
         Ok(results)
     }

@@ -1,0 +1,126 @@
+//! The newest raft log entries, kept in memory as they are appended.
+//!
+//! openraft reads every committed entry back from the log before applying it, on the raft core task.
+//! Served from LMDB, that read costs a trip to the blocking pool, a decode, and the log's pages mapped
+//! into the process. Entries are applied moments after they are appended, so a short window of the
+//! newest entries answers almost every read; anything older is read from LMDB as before.
+
+use std::collections::VecDeque;
+use std::ops::{Bound, RangeBounds};
+
+use super::Entry;
+
+/// Entries kept: enough to cover what is appended but not yet applied (a few group-committed entries).
+pub const CAPACITY: usize = 64;
+
+/// Consecutive entries, oldest first.
+#[derive(Default)]
+pub struct LogCache {
+    entries: VecDeque<Entry>,
+}
+
+impl LogCache {
+    /// Records appended entries; a gap in the indices (which openraft never makes) restarts the window.
+    pub fn append(&mut self, appended: impl IntoIterator<Item = Entry>) {
+        for entry in appended {
+            if self.entries.back().is_some_and(|last| last.log_id.index + 1 != entry.log_id.index) {
+                self.entries.clear();
+            }
+            self.entries.push_back(entry);
+            if self.entries.len() > CAPACITY {
+                self.entries.pop_front();
+            }
+        }
+    }
+
+    /// Forgets entries from `index` on (the log was truncated there).
+    pub fn truncate(&mut self, index: u64) {
+        while self.entries.back().is_some_and(|last| last.log_id.index >= index) {
+            self.entries.pop_back();
+        }
+    }
+
+    /// Forgets entries up to and including `index` (the log was purged there).
+    pub fn purge(&mut self, index: u64) {
+        while self.entries.front().is_some_and(|first| first.log_id.index <= index) {
+            self.entries.pop_front();
+        }
+    }
+
+    /// The entries in `range` if the window holds all of them, else `None` (read the log instead).
+    pub fn get(&self, range: &impl RangeBounds<u64>) -> Option<Vec<Entry>> {
+        let first = self.entries.front()?.log_id.index;
+        let last = self.entries.back()?.log_id.index;
+        let start = match range.start_bound() {
+            Bound::Included(&i) => i,
+            Bound::Excluded(&i) => i.checked_add(1)?,
+            Bound::Unbounded => return None,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&i) => i,
+            Bound::Excluded(&i) => i.checked_sub(1)?,
+            Bound::Unbounded => return None,
+        };
+        if start > end {
+            return Some(Vec::new());
+        }
+        if start < first || end > last {
+            return None;
+        }
+        let from = (start - first) as usize;
+        Some(self.entries.range(from..=from + (end - start) as usize).cloned().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::{CommittedLeaderId, EntryPayload, LogId};
+
+    use super::*;
+
+    fn entry(index: u64) -> Entry {
+        Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Blank }
+    }
+
+    fn indices(entries: Option<Vec<Entry>>) -> Option<Vec<u64>> {
+        entries.map(|e| e.iter().map(|e| e.log_id.index).collect())
+    }
+
+    #[test]
+    fn serves_only_ranges_it_holds_entirely() {
+        let mut cache = LogCache::default();
+        cache.append((1..=10).map(entry));
+        assert_eq!(indices(cache.get(&(3..6))), Some(vec![3, 4, 5]));
+        assert_eq!(indices(cache.get(&(8..=10))), Some(vec![8, 9, 10]));
+        assert_eq!(indices(cache.get(&(5..5))), Some(vec![]));
+        assert_eq!(cache.get(&(0..3)), None, "index 0 is not held");
+        assert_eq!(cache.get(&(8..12)), None, "index 11 is not held");
+        assert_eq!(cache.get(&(5..)), None, "open ranges go to the log");
+    }
+
+    #[test]
+    fn keeps_a_bounded_window_of_the_newest() {
+        let mut cache = LogCache::default();
+        cache.append((1..=CAPACITY as u64 + 10).map(entry));
+        assert_eq!(cache.get(&(1..=1)), None);
+        assert_eq!(indices(cache.get(&(11..=11))), Some(vec![11]));
+        let last = CAPACITY as u64 + 10;
+        assert_eq!(indices(cache.get(&(last..=last))), Some(vec![last]));
+    }
+
+    #[test]
+    fn follows_truncation_purge_and_gaps() {
+        let mut cache = LogCache::default();
+        cache.append((1..=10).map(entry));
+        cache.truncate(8);
+        assert_eq!(cache.get(&(7..=8)), None, "8 was truncated");
+        cache.append([entry(8)]);
+        assert_eq!(indices(cache.get(&(7..=8))), Some(vec![7, 8]));
+        cache.purge(4);
+        assert_eq!(cache.get(&(4..=5)), None, "4 was purged");
+        assert_eq!(indices(cache.get(&(5..=5))), Some(vec![5]));
+        cache.append([entry(20)]);
+        assert_eq!(cache.get(&(8..=8)), None, "a gap restarts the window");
+        assert_eq!(indices(cache.get(&(20..=20))), Some(vec![20]));
+    }
+}
