@@ -13,13 +13,15 @@
 # rate, and the targets of the performance issue, each met or not.
 #
 # Usage: benches/compare.sh
-# Environment: DURATION (per cell, default 5s), PERMS (grants of the (e) user, default 10000),
+# Environment: DURATION (per cell, in seconds: default 5s), AUTH_DURATION (per Authenticate cell, default
+#   15s), PERMS (grants of the (e) user, default 10000),
 #   OUT (report path, default target/compare.md), ETCD (etcd binary), KEEP_TMP=1 (keep the temp dir),
 #   PROFILE=1 (also record a perf profile of keyward's put path at 100 clients, if perf works).
 set -uo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 DURATION="${DURATION:-5s}"
+AUTH_DURATION="${AUTH_DURATION:-15s}"
 PERMS="${PERMS:-10000}"
 OUT="${OUT:-$root/target/compare.md}"
 ETCD="${ETCD:-/usr/bin/etcd}"
@@ -46,13 +48,16 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# half 5s -> 2.5s (seconds only)
+half() { python3 -c 'import sys; print("%gs" % (float(sys.argv[1].rstrip("s")) / 2))' "$1"; }
+
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
 results="$tmp/results.tsv"   # config cell server throughput p50 p90 p99 max ok errors load
 : > "$results"
-rss="$tmp/rss.tsv"           # config server VmHWM_kB
+rss="$tmp/rss.tsv"           # config server VmHWM_kB RssAnon_kB RssFile_kB (the last two at the end)
 : > "$rss"
 
 # The server of each kind for the current configuration.
@@ -98,7 +103,8 @@ stop_all() {
     local config="$1"
     for kind in keyward etcd; do
         local pid="${PID[$kind]}"
-        echo -e "$config\t$kind\t$(awk '/^VmHWM/ {print $2}' "/proc/$pid/status")" >> "$rss"
+        # peak RSS, then what is resident at the end: anonymous (heap) and file-backed (mapped files)
+        echo -e "$config\t$kind\t$(awk '/^(VmHWM|RssAnon|RssFile):/ {printf "%s\t", $2}' "/proc/$pid/status")" >> "$rss"
         kill "$pid" 2>/dev/null
         wait "$pid" 2>/dev/null
     done
@@ -164,6 +170,7 @@ for kind in keyward etcd; do start "$kind" none http; done
 for kind in keyward etcd; do wait_ready "$kind"; done
 standard_cells none
 cell none watch-c10 10 10 -- watch --streams 10 --watchers-per-stream 10
+cell none watch-1000w-c10 10 10 -- watch --streams 10 --watchers-per-stream 100
 if [ "${PROFILE:-0}" = 1 ] && perf stat -e task-clock true > /dev/null 2>&1; then
     # System-wide cpu-clock sampling (attaching with -p records nothing in some containers), then
     # only keyward's samples are reported.
@@ -190,15 +197,32 @@ for kind in keyward etcd; do
         2> "$tmp/setup-simple-$kind.txt" || { cat "$tmp/setup-simple-$kind.txt" >&2; die "auth setup on $kind failed"; }
     sed "s/^/  $kind: /" "$tmp/setup-simple-$kind.txt" >&2
 done
-standard_cells simple --user bench1 --password pw1
-seed --user bench10k --password pw10k
-cell perms10k put-c1 1 1 --user bench10k --password pw10k -- put
-cell perms10k put-c100 100 10 --user bench10k --password pw10k -- put
-cell perms10k range-l-c1 1 1 --user bench10k --password pw10k -- range --consistency l
-cell perms10k range-l-c100 100 10 --user bench10k --password pw10k -- range --consistency l
-cell perms10k txn-put-c100 100 10 --user bench10k --password pw10k -- txn-put
-cell simple authenticate-c1 1 1 --user bench1 --password pw1 -- authenticate
-cell simple authenticate-c100 100 10 --user bench1 --password pw1 -- authenticate
+# The one-permission and the 10,000-permission user run the same cells on the same servers in ABBA
+# order, each run half a cell long, and each user's two runs are averaged: the store grows and the
+# machine drifts with every run, and ABBA cancels a linear drift, which would otherwise be charged to
+# whichever user runs second (a plain A-then-B order showed differences of 10-25% either way).
+one=(--user bench1 --password pw1)
+many=(--user bench10k --password pw10k)
+seed "${one[@]}"
+paired() {
+    local name="$1" clients="$2" conns="$3"
+    shift 3
+    local full="$DURATION"
+    DURATION="$(half "$DURATION")"
+    cell simple "$name~1" "$clients" "$conns" "${one[@]}" -- "$@"
+    cell perms10k "$name~1" "$clients" "$conns" "${many[@]}" -- "$@"
+    cell perms10k "$name~2" "$clients" "$conns" "${many[@]}" -- "$@"
+    cell simple "$name~2" "$clients" "$conns" "${one[@]}" -- "$@"
+    DURATION="$full"
+}
+paired put-c1 1 1 put
+paired put-c100 100 10 put
+paired range-l-c1 1 1 range --consistency l
+paired range-l-c100 100 10 range --consistency l
+paired txn-put-c100 100 10 txn-put
+# bcrypt rates are low (tens per second): longer cells keep the count of completed calls meaningful.
+DURATION="$AUTH_DURATION" cell simple authenticate-c1 1 1 "${one[@]}" -- authenticate
+DURATION="$AUTH_DURATION" cell simple authenticate-c100 100 10 "${one[@]}" -- authenticate
 stop_all simple
 
 # --- (c) JWT RS256 --------------------------------------------------------------------------------
@@ -236,6 +260,31 @@ stop_all tls
 
 elapsed=$(( $(date +%s) - started_at ))
 
+# The ABBA halves of a cell become one row: the mean of the two runs (throughput, percentiles, counts).
+python3 - "$results" <<'PY'
+import sys
+path = sys.argv[1]
+rows, halves, order = [], {}, []
+for line in open(path):
+    f = line.rstrip("\n").split("\t")
+    if "~" in f[1]:
+        key = (f[0], f[1].split("~")[0], f[2])
+        if key not in halves:
+            halves[key] = []
+            order.append(key)
+        halves[key].append(f)
+    else:
+        rows.append(f)
+for key in order:
+    runs = halves[key]
+    mean = lambda i: sum(float(r[i]) for r in runs) / len(runs)
+    total = lambda i: sum(int(float(r[i])) for r in runs)
+    rows.append([*key, *(f"{mean(i):.1f}" for i in range(3, 8)), str(total(8)), str(total(9)), runs[0][10]])
+with open(path, "w") as out:
+    for r in rows:
+        out.write("\t".join(r) + "\n")
+PY
+
 # --- report ---------------------------------------------------------------------------------------
 {
     echo "Produced by \`benches/compare.sh\` (DURATION=$DURATION per cell, PERMS=$PERMS) on $(date -u +%Y-%m-%d) in ${elapsed} s."
@@ -260,14 +309,17 @@ elapsed=$(( $(date +%s) - started_at ))
             }
         }' "$results"
     echo
-    echo "The watch cell counts events delivered (10 streams x 10 watchers on the prefix, 10 clients putting); its latency is put-send to event-receipt."
+    echo "The watch cells count events delivered (10 streams x 10 watchers, or x 100 = 1,000 watchers, on the prefix, while 10 clients put); their latency is put-send to event-receipt."
     echo
-    echo "Peak RSS (VmHWM at the end of each configuration):"
+    echo "Peak RSS (VmHWM at the end of each configuration), and what was resident at that point: anonymous"
+    echo "memory (heap) and file-backed pages (the memory-mapped database files: LMDB for keyward, bbolt for etcd)."
     echo
-    echo "| config | keyward MiB | etcd MiB | ratio |"
-    echo "| --- | ---: | ---: | ---: |"
-    awk -F'\t' '$2 == "keyward" { k[$1] = $3; order[++n] = $1 } $2 == "etcd" { e[$1] = $3 }
-        END { for (i = 1; i <= n; i++) { c = order[i]; printf "| %s | %.1f | %.1f | %.2f |\n", c, k[c] / 1024, e[c] / 1024, k[c] / e[c] } }' "$rss"
+    echo "| config | keyward peak MiB | etcd peak MiB | ratio | keyward anon / file MiB | etcd anon / file MiB | anon ratio |"
+    echo "| --- | ---: | ---: | ---: | --- | --- | ---: |"
+    awk -F'\t' '$2 == "keyward" { k[$1] = $3; ka[$1] = $4; kf[$1] = $5; order[++n] = $1 }
+        $2 == "etcd" { e[$1] = $3; ea[$1] = $4; ef[$1] = $5 }
+        END { for (i = 1; i <= n; i++) { c = order[i]; printf "| %s | %.1f | %.1f | %.2f | %.1f / %.1f | %.1f / %.1f | %.2f |\n",
+            c, k[c] / 1024, e[c] / 1024, k[c] / e[c], ka[c] / 1024, kf[c] / 1024, ea[c] / 1024, ef[c] / 1024, ka[c] / ea[c] } }' "$rss"
     echo
     b1=$(jq .throughput "$tmp/bcrypt-1.json"); bn=$(jq .throughput "$tmp/bcrypt-n.json")
     echo "bcrypt cost 10 on this machine (\`keyward bench bcrypt\`, the bcrypt crate keyward uses): $b1 hashes/s on 1 thread, $bn hashes/s on $(nproc) threads; 1 thread x $(nproc) cores = $(echo "$b1 * $(nproc)" | bc -l | xargs printf '%.2f') hashes/s."
@@ -292,9 +344,10 @@ elapsed=$(( $(date +%s) - started_at ))
         printf -- "- keyward %s, 10,000-permission user / one-permission user: %.3f (target >= 0.95: %s)\n" "$c" "$r" "$(verdict "$r >= 0.95")"
     done
     a=$(get simple authenticate-c100 keyward 4)
-    r=$(echo "$a / ($b1 * $(nproc))" | bc -l)
-    printf -- "- Authenticate, 100 clients: keyward %.2f/s = %.3f of 1-thread bcrypt x %s cores (target >= 0.95: %s); etcd %.2f/s\n" \
-        "$a" "$r" "$(nproc)" "$(verdict "$r >= 0.95")" "$(get simple authenticate-c100 etcd 4)"
+    r=$(echo "$a / $bn" | bc -l)
+    r1=$(echo "$a / ($b1 * $(nproc))" | bc -l)
+    printf -- "- Authenticate, 100 clients: keyward %.2f/s = %.3f of bcrypt on all %s cores measured in-process (target >= 0.95: %s); %.3f of 1-thread bcrypt x %s; etcd %.2f/s\n" \
+        "$a" "$r" "$(nproc)" "$(verdict "$r >= 0.95")" "$r1" "$(nproc)" "$(get simple authenticate-c100 etcd 4)"
     worst=$(awk -F'\t' '$2 == "keyward" { k[$1] = $3 } $2 == "etcd" { e[$1] = $3 } END { m = 0; for (c in k) if (k[c] / e[c] > m) m = k[c] / e[c]; print m }' "$rss")
     printf -- "- peak RSS: worst keyward/etcd ratio over the configurations %.2f (target <= 0.5: %s)\n" "$worst" "$(verdict "$worst <= 0.5")"
     if [ -s "$tmp/perf-top.txt" ]; then
