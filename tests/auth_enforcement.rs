@@ -133,6 +133,37 @@ async fn put_needs_write_on_key() {
     assert_eq!(root_get(&mut s, "k").await.as_deref(), Some("v"));
 }
 
+/// Concurrent writes share raft entries (group commit, `src/raft/proposer.rs`), and each must still be
+/// decided as its own requester: this fails if a batch were checked under one header (bob's puts would
+/// pass, or alice's fail). The raft index shows that batches did form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn group_committed_writes_are_each_checked_as_their_own_user() {
+    const EACH: usize = 100;
+    let mut s = AuthServer::start().await;
+    let alice = s.user("alice", &[Permission::read_write("a/").with_prefix()]).await;
+    let bob = s.user("bob", &[Permission::read("a/").with_prefix()]).await;
+    refresh(&alice).await; // adding bob moved the auth revision
+    refresh(&s.root).await;
+    let index_before = s.root.status().await.expect("status").raft_index();
+    let mut writes = Vec::new();
+    for i in 0..EACH {
+        let (mut alice, mut bob) = (alice.clone(), bob.clone());
+        writes.push(tokio::spawn(async move { ("alice", alice.put(format!("a/alice{i}"), "v", None).await.err()) }));
+        writes.push(tokio::spawn(async move { ("bob", bob.put(format!("a/bob{i}"), "v", None).await.err()) }));
+    }
+    for write in writes {
+        match write.await.expect("put task") {
+            ("alice", refused) => assert!(refused.is_none(), "alice may write a/: {refused:?}"),
+            (_, refused) => assert_eq!(refused.as_ref().map(msg).as_deref(), Some(PERMISSION_DENIED), "bob may not"),
+        }
+    }
+    let entries = s.root.status().await.expect("status").raft_index() - index_before;
+    assert!(entries < 2 * EACH as u64, "{} puts took {entries} raft entries: no batch formed", 2 * EACH);
+    let stored = s.root.get("a/", Some(GetOptions::new().with_prefix().with_keys_only())).await.expect("get");
+    assert_eq!(stored.count(), EACH as i64, "only alice's puts are stored");
+    assert!(stored.kvs().iter().all(|kv| kv.key().starts_with(b"a/alice")));
+}
+
 #[tokio::test]
 async fn put_with_prev_kv_needs_read() {
     let mut s = AuthServer::start().await;
