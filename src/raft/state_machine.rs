@@ -192,17 +192,8 @@ impl State {
         let txn = self.env.read_txn()?;
         let last_log_id = self.read_meta::<Option<LogId>>(&txn, APPLIED)?.flatten();
         let last_membership: StoredMembership = self.read_meta(&txn, MEMBERSHIP)?.unwrap_or_default();
-        let mut tables = Vec::new();
-        for db in self.tables() {
-            let mut records = Vec::new();
-            for item in db.iter(&txn)? {
-                let (k, v) = item?;
-                records.push((serde_bytes::ByteBuf::from(k), serde_bytes::ByteBuf::from(v)));
-            }
-            tables.push(records);
-        }
+        let data = encode_tables(&self.tables(), &txn)?;
         drop(txn);
-        let data = postcard::to_allocvec(&SnapshotData { tables })?;
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let snapshot_id = match last_log_id {
             Some(id) => format!("{}-{}-{nanos}", id.leader_id, id.index),
@@ -237,12 +228,13 @@ impl State {
     /// Writes the snapshot file atomically: a crash leaves the previous one or the new one.
     fn save_snapshot(&self, file: &SnapshotFile) -> Result<(), BoxError> {
         let tmp = self.snap_dir.join(format!("{SNAPSHOT_FILE}.tmp"));
-        let bytes = postcard::to_allocvec(file)?;
         {
             use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
+            // Streamed: the snapshot is not held in memory a second time while it is written.
+            let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+            postcard::to_io(file, &mut f)?;
+            f.flush()?;
+            f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
         }
         std::fs::rename(&tmp, self.snap_dir.join(SNAPSHOT_FILE))?;
         Ok(())
@@ -271,6 +263,22 @@ fn merge_affected(
             Some(Affected::Users(a))
         }
     }
+}
+
+/// Encodes every table's records exactly as postcard encodes `SnapshotData`, straight from the read
+/// transaction into one buffer: the snapshot is in memory once, as its encoding, instead of also as a
+/// pair of allocations per record.
+fn encode_tables(tables: &[Db], txn: &heed::RoTxn<'_, heed::WithoutTls>) -> Result<Vec<u8>, BoxError> {
+    // A sequence is its length as a varint, then its elements; a byte string likewise.
+    let mut data = postcard::to_extend(&tables.len(), Vec::new())?;
+    for db in tables {
+        data = postcard::to_extend(&(db.len(txn)? as usize), data)?;
+        for item in db.iter(txn)? {
+            let (k, v) = item?;
+            data = postcard::to_extend(&(serde_bytes::Bytes::new(k), serde_bytes::Bytes::new(v)), data)?;
+        }
+    }
+    Ok(data)
 }
 
 fn to_snapshot(file: SnapshotFile) -> Snapshot<TypeConfig> {
@@ -337,5 +345,39 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         blocking(move || state.load_snapshot().map_err(|e| StorageIOError::read_snapshot(None, any_error(e)).into()))
             .await
             .map(|file| file.map(to_snapshot))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streamed_table_encoding_is_postcards_encoding_of_the_records() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let sm = StateMachine::open(&dir.path().join("kv"), &dir.path().join("snap")).expect("open");
+        let state = sm.state();
+        let tables = state.tables();
+        let mut txn = state.env.write_txn().unwrap();
+        for (i, db) in tables.iter().enumerate().take(3) {
+            for j in 0..(i * 200) {
+                db.put(&mut txn, format!("key-{j:04}").as_bytes(), &vec![i as u8; j]).unwrap();
+            }
+        }
+        txn.commit().unwrap();
+
+        let txn = state.env.read_txn().unwrap();
+        let streamed = encode_tables(&tables, &txn).unwrap();
+        let records = tables
+            .iter()
+            .map(|db| {
+                db.iter(&txn)
+                    .unwrap()
+                    .map(|kv| kv.map(|(k, v)| (serde_bytes::ByteBuf::from(k), serde_bytes::ByteBuf::from(v))).unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>();
+        assert_eq!(records.iter().map(Vec::len).sum::<usize>(), 200 + 400);
+        assert_eq!(streamed, postcard::to_allocvec(&SnapshotData { tables: records }).unwrap());
     }
 }
