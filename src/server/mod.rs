@@ -30,6 +30,7 @@ use crate::tls::settings::TlsSettings;
 
 /// gRPC overhead allowed on top of `--max-request-bytes` (etcd's `grpcOverheadBytes`), so an oversized
 /// request reaches the handler and gets etcd's "request is too large" rather than a transport error.
+/// Watch responses are split into fragments at the same limit (`server/watch.rs`), as etcd does.
 const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
 /// Binds every client listener first (so a bad address fails startup), then serves until `shutdown`.
