@@ -9,6 +9,10 @@ use std::path::Path;
 use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvFlags, EnvOpenOptions, WithoutTls};
 
+pub mod table;
+
+pub use table::{LongKeys, Table};
+
 /// Every keyward database maps raw bytes to raw bytes; encodings live with the code that owns each table.
 pub type Db = Database<'static, Bytes, Bytes>;
 pub type LmdbEnv = Env<WithoutTls>;
@@ -48,6 +52,15 @@ pub fn open<const N: usize>(dir: &Path, names: [&str; N], durability: Durability
     // a second writer process).
     #[allow(unsafe_code)]
     let env = unsafe { options.open(dir)? };
+    // `Table` splits keys into chunks sized for LMDB's default key limit; a build with a smaller one
+    // would refuse chunk keys at the first long key, so refuse to start instead.
+    if env.max_key_size() < table::LMDB_MAX_KEY {
+        return Err(heed::Error::Io(std::io::Error::other(format!(
+            "LMDB was built with a {}-byte key limit; keyward needs {}",
+            env.max_key_size(),
+            table::LMDB_MAX_KEY
+        ))));
+    }
     let wtxn = env.write_txn()?;
     let dbs = env
         .create_databases_and_commit(wtxn, |opener, wtxn| {

@@ -1,6 +1,8 @@
 //! The replicated auth state in the kv environment, changed only by applied raft entries:
 //! - `auth_users`: name → `authpb::User` (bcrypt hash or no password, sorted role names)
 //! - `auth_roles`: name → `authpb::Role` (key permissions, sorted by key)
+//!
+//! Both are [`Table`]s: etcd takes names of any length, LMDB keys stop at 511 bytes.
 //! - `auth_meta`:  whether auth is enabled, and the auth revision
 //!
 //! Every mutation that changes who may do what bumps the auth revision, exactly where etcd's does;
@@ -12,7 +14,7 @@ use prost::Message;
 use super::cache::PermissionCache;
 use crate::error::EtcdError;
 use crate::proto::authpb::{Permission, Role, User, UserAddOptions};
-use crate::storage::Db;
+use crate::storage::{Db, LongKeys, Table};
 
 pub const ROOT_USER: &str = "root";
 pub const ROOT_ROLE: &str = "root";
@@ -29,8 +31,8 @@ pub enum Affected {
 }
 
 pub struct AuthStore {
-    users: Db,
-    roles: Db,
+    users: Table,
+    roles: Table,
     meta: Db,
     pub cache: PermissionCache,
 }
@@ -43,12 +45,17 @@ fn corrupt() -> EtcdError {
 impl AuthStore {
     pub const TABLES: [&'static str; 3] = ["auth_users", "auth_roles", "auth_meta"];
 
-    pub fn new([users, roles, meta]: [Db; 3]) -> Self {
-        AuthStore { users, roles, meta, cache: PermissionCache::default() }
+    pub fn new([users, roles, meta]: [Db; 3], long: LongKeys) -> Self {
+        AuthStore {
+            users: Table::new(users, long),
+            roles: Table::new(roles, long),
+            meta,
+            cache: PermissionCache::default(),
+        }
     }
 
     pub fn tables(&self) -> [Db; 3] {
-        [self.users, self.roles, self.meta]
+        [self.users.main_db(), self.roles.main_db(), self.meta]
     }
 
     pub fn enabled(&self, txn: &RoTxn) -> Result<bool, EtcdError> {
@@ -64,17 +71,10 @@ impl AuthStore {
     }
 
     pub fn user(&self, txn: &RoTxn, name: &str) -> Result<Option<User>, EtcdError> {
-        // LMDB has no zero-length keys; no user has an empty name.
-        if name.is_empty() {
-            return Ok(None);
-        }
         self.users.get(txn, name.as_bytes())?.map(|b| User::decode(b).map_err(|_| corrupt())).transpose()
     }
 
     pub fn role(&self, txn: &RoTxn, name: &str) -> Result<Option<Role>, EtcdError> {
-        if name.is_empty() {
-            return Ok(None);
-        }
         self.roles.get(txn, name.as_bytes())?.map(|b| Role::decode(b).map_err(|_| corrupt())).transpose()
     }
 
@@ -83,7 +83,7 @@ impl AuthStore {
         let mut out = Vec::new();
         for item in self.users.iter(txn)? {
             let (name, _) = item?;
-            out.push(String::from_utf8_lossy(name).into_owned());
+            out.push(String::from_utf8_lossy(&name).into_owned());
         }
         Ok(out)
     }
@@ -92,7 +92,7 @@ impl AuthStore {
         let mut out = Vec::new();
         for item in self.roles.iter(txn)? {
             let (name, _) = item?;
-            out.push(String::from_utf8_lossy(name).into_owned());
+            out.push(String::from_utf8_lossy(&name).into_owned());
         }
         Ok(out)
     }

@@ -1,6 +1,7 @@
 //! Replicated lease state in the kv environment:
 //! - `leases`: lease id → `LeaseRecord`
-//! - `lease_keys`: lease id ++ key → (empty): the keys attached to each lease
+//! - `lease_keys`: lease id ++ key → (empty): the keys attached to each lease (a [`Table`]: keys may be
+//!   longer than LMDB's key limit)
 
 use std::ops::Bound;
 
@@ -8,7 +9,7 @@ use heed::{RoTxn, RwTxn};
 use serde::{Deserialize, Serialize};
 
 use crate::error::EtcdError;
-use crate::storage::Db;
+use crate::storage::{Db, LongKeys, Table};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseRecord {
@@ -19,7 +20,7 @@ pub struct LeaseRecord {
 
 pub struct LeaseStore {
     leases: Db,
-    keys: Db,
+    keys: Table,
 }
 
 fn id_key(id: i64) -> [u8; 8] {
@@ -40,12 +41,12 @@ fn corrupt() -> EtcdError {
 impl LeaseStore {
     pub const TABLES: [&'static str; 2] = ["leases", "lease_keys"];
 
-    pub fn new([leases, keys]: [Db; 2]) -> Self {
-        LeaseStore { leases, keys }
+    pub fn new([leases, keys]: [Db; 2], long: LongKeys) -> Self {
+        LeaseStore { leases, keys: Table::new(keys, long) }
     }
 
     pub fn tables(&self) -> [Db; 2] {
-        [self.leases, self.keys]
+        [self.leases, self.keys.main_db()]
     }
 
     pub fn get(&self, txn: &RoTxn, id: i64) -> Result<Option<LeaseRecord>, EtcdError> {
@@ -75,14 +76,14 @@ impl LeaseStore {
         self.leases.delete(txn, &id_key(id))?;
         let (from, to) = (id_key(id), id_key(id.wrapping_add(1)));
         let bounds = (Bound::Included(&from[..]), if id == -1 { Bound::Unbounded } else { Bound::Excluded(&to[..]) });
-        self.keys.delete_range(txn, &bounds)?;
+        self.keys.delete_range(txn, bounds.0, bounds.1)?;
         Ok(())
     }
 
     pub fn attached_keys(&self, txn: &RoTxn, id: i64) -> Result<Vec<Vec<u8>>, EtcdError> {
         let prefix = id_key(id);
         let mut out = Vec::new();
-        for item in self.keys.prefix_iter(txn, &prefix)? {
+        for item in self.keys.prefix(txn, &prefix)? {
             let (raw, _) = item?;
             out.push(raw[8..].to_vec());
         }

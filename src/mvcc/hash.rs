@@ -25,14 +25,13 @@ impl ReadView<'_> {
     /// membership) is not kv data and is left out, as etcd leaves out its consistent index.
     pub fn hash_all(&self) -> Result<u32, EtcdError> {
         let mut h = Crc32c::new();
-        for (name, db) in KvStore::TABLES.iter().zip(self.store.tables()) {
-            h.update(name.as_bytes());
-            for entry in db.iter(self.txn)? {
-                let (k, v) = entry?;
-                h.update(k);
-                h.update(v);
-            }
-        }
+        let [live, revs, index, meta] = KvStore::TABLES;
+        // Keys are hashed whole, as the tables hold them logically, whatever their length (keys past
+        // LMDB's limit are stored in chunks; see `storage/table.rs`).
+        hash_records(&mut h, live, self.store.live.iter(self.txn)?)?;
+        hash_records(&mut h, revs, self.store.revs.iter(self.txn)?)?;
+        hash_records(&mut h, index, self.store.index.iter(self.txn)?)?;
+        hash_records(&mut h, meta, self.store.meta.iter(self.txn)?)?;
         Ok(h.finish())
     }
 
@@ -62,6 +61,21 @@ impl ReadView<'_> {
         }
         Ok(KvHash { hash: h.finish(), compact_rev: self.compact_rev })
     }
+}
+
+/// Feeds a table's name, then each of its keys and values, to `h`.
+fn hash_records<'t, K: AsRef<[u8]>>(
+    h: &mut Crc32c,
+    name: &str,
+    records: impl Iterator<Item = heed::Result<(K, &'t [u8])>>,
+) -> Result<(), EtcdError> {
+    h.update(name.as_bytes());
+    for entry in records {
+        let (k, v) = entry?;
+        h.update(k.as_ref());
+        h.update(v);
+    }
+    Ok(())
 }
 
 /// The reflected Castagnoli polynomial (CRC-32C, iSCSI), the one Go's `crc32.Castagnoli` names.
@@ -253,8 +267,8 @@ mod tests {
 
     fn store() -> (tempfile::TempDir, storage::LmdbEnv, KvStore) {
         let dir = tempfile::tempdir().unwrap();
-        let (env, dbs) = storage::open::<4>(dir.path(), KvStore::TABLES, storage::Durability::Full).unwrap();
-        (dir, env, KvStore::new(dbs))
+        let (env, kv) = KvStore::open_for_tests(dir.path(), crate::storage::table::CHUNK).unwrap();
+        (dir, env, kv)
     }
 
     fn write(env: &storage::LmdbEnv, kv: &KvStore, f: impl FnOnce(&mut super::super::WriteTxn)) {

@@ -6,6 +6,10 @@
 //! - `kv_index`: escape(key) ++ revision → tag (finds a key's version at an older revision)
 //! - `kv_meta`:  current and compacted revision
 //!
+//! `kv_live` and `kv_index` are keyed by etcd keys, which may be as long as a request: they are
+//! [`Table`]s, which keep LMDB's byte order for keys of any length (`storage/table.rs`). `kv_revs` is
+//! keyed by revision (16 bytes) and holds the key in its value, where LMDB has no size limit.
+//!
 //! All writes of one raft entry happen in one LMDB write transaction (`WriteTxn`), which the state machine
 //! commits together with the applied log id.
 
@@ -18,7 +22,7 @@ use super::revision::{history_bound, history_key, history_prefix, split_history_
 use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
 use crate::proto::mvccpb::{event::EventType, Event, KeyValue};
-use crate::storage::Db;
+use crate::storage::{Db, LongKeys, Table};
 
 const CURRENT_REV: &[u8] = b"current_rev";
 const COMPACT_REV: &[u8] = b"compact_rev";
@@ -26,9 +30,9 @@ const TAG_TOMBSTONE: u8 = 0;
 const TAG_PUT: u8 = 1;
 
 pub struct KvStore {
-    pub(super) live: Db,
+    pub(super) live: Table,
     pub(super) revs: Db,
-    pub(super) index: Db,
+    pub(super) index: Table,
     pub(super) meta: Db,
 }
 
@@ -44,8 +48,8 @@ pub struct RangeResult {
 impl KvStore {
     pub const TABLES: [&'static str; 4] = ["kv_live", "kv_revs", "kv_index", "kv_meta"];
 
-    pub fn new([live, revs, index, meta]: [Db; 4]) -> Self {
-        KvStore { live, revs, index, meta }
+    pub fn new([live, revs, index, meta]: [Db; 4], long: LongKeys) -> Self {
+        KvStore { live: Table::new(live, long), revs, index: Table::new(index, long), meta }
     }
 
     /// A consistent view at the revision committed in `txn`.
@@ -68,9 +72,21 @@ impl KvStore {
         Ok(WriteTxn { store: self, txn, begin_rev, compact_rev, changes: 0, events: Vec::new() })
     }
 
-    /// Every table's entries, for snapshots.
+    /// Every table's own database, for snapshots and `Hash` (the remainders of long keys are in the
+    /// environment's `long_keys` database, which the state machine adds once for all stores).
     pub fn tables(&self) -> [Db; 4] {
-        [self.live, self.revs, self.index, self.meta]
+        [self.live.main_db(), self.revs, self.index.main_db(), self.meta]
+    }
+
+    /// A store in its own environment at `dir`, with long keys split into `chunk`-byte pieces (a tiny
+    /// chunk makes short test keys exercise the long-key layout).
+    #[cfg(test)]
+    pub fn open_for_tests(dir: &std::path::Path, chunk: usize) -> heed::Result<(crate::storage::LmdbEnv, Self)> {
+        use crate::storage::{self, Durability};
+        let [live, revs, index, meta] = Self::TABLES;
+        let (env, [live, revs, index, meta, long]) =
+            storage::open(dir, [live, revs, index, meta, LongKeys::TABLE], Durability::Full)?;
+        Ok((env, KvStore::new([live, revs, index, meta], LongKeys::with_chunk(long, chunk))))
     }
 
     fn read_meta(&self, txn: &RoTxn, name: &[u8]) -> Result<Option<i64>, EtcdError> {
@@ -135,10 +151,6 @@ impl ReadView<'_> {
         }
         if rev == self.rev {
             if let KeyRange::Single(key) = range {
-                // LMDB has no zero-length keys (and keyward never writes one): nothing to find.
-                if key.is_empty() {
-                    return Ok(result);
-                }
                 if let Some(bytes) = self.store.live.get(self.txn, key)? {
                     result.count = 1;
                     if wants(&result) {
@@ -148,10 +160,8 @@ impl ReadView<'_> {
                 return Ok(result);
             }
             let end = range.end();
-            // An empty start is "from the first key"; LMDB refuses a zero-length bound, so say Unbounded.
-            let start = if range.start().is_empty() { Bound::Unbounded } else { Bound::Included(range.start()) };
-            let bounds = (start, end.as_deref().map_or(Bound::Unbounded, Bound::Excluded));
-            for entry in self.store.live.range(self.txn, &bounds)? {
+            let end = end.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+            for entry in self.store.live.range(self.txn, Bound::Included(range.start()), end)? {
                 let (_, bytes) = entry?;
                 result.count += 1;
                 if wants(&result) {
@@ -174,7 +184,7 @@ impl ReadView<'_> {
     ) -> Result<(), EtcdError> {
         let start = history_bound(range.start());
         let end = range.end().map(|end| history_bound(&end));
-        let bounds = (Bound::Included(start.as_slice()), end.as_deref().map_or(Bound::Unbounded, Bound::Excluded));
+        let end = end.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
         // The newest version seen so far of the key being walked: (key, revision, is a put).
         let mut newest: Option<(Vec<u8>, Revision, bool)> = None;
         let emit = |found: Option<(Vec<u8>, Revision, bool)>, result: &mut RangeResult| -> Result<(), EtcdError> {
@@ -188,9 +198,9 @@ impl ReadView<'_> {
             }
             Ok(())
         };
-        for entry in self.store.index.range(self.txn, &bounds)? {
+        for entry in self.store.index.range(self.txn, Bound::Included(&start), end)? {
             let (raw, tag) = entry?;
-            let (key, at) = split_history_key(raw).ok_or_else(|| corrupt("history key"))?;
+            let (key, at) = split_history_key(&raw).ok_or_else(|| corrupt("history key"))?;
             if !range.contains(&key) {
                 continue;
             }
@@ -348,7 +358,7 @@ impl<'e> WriteTxn<'_, 'e> {
             let superseded = self
                 .store
                 .index
-                .range(self.txn, &(Bound::Included(after.as_slice()), Bound::Excluded(limit.as_slice())))?
+                .range(self.txn, Bound::Included(&after), Bound::Excluded(&limit))?
                 .next()
                 .transpose()?
                 .is_some();
@@ -358,13 +368,9 @@ impl<'e> WriteTxn<'_, 'e> {
             let prefix = history_prefix(&key);
             let upto = history_key(&key, if tag == TAG_TOMBSTONE { Revision::new(at.main, at.sub + 1) } else { at });
             let mut doomed = Vec::new();
-            for entry in self
-                .store
-                .index
-                .range(self.txn, &(Bound::Included(prefix.as_slice()), Bound::Excluded(upto.as_slice())))?
-            {
+            for entry in self.store.index.range(self.txn, Bound::Included(&prefix), Bound::Excluded(&upto))? {
                 let (raw, _) = entry?;
-                doomed.push(raw.to_vec());
+                doomed.push(raw.into_owned());
             }
             for raw in doomed {
                 let (_, old) = split_history_key(&raw).ok_or_else(|| corrupt("history key"))?;

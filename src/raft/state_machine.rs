@@ -19,7 +19,7 @@ use crate::auth::tokens::Tokens;
 use crate::error::EtcdError;
 use crate::lease::store::LeaseStore;
 use crate::mvcc::KvStore;
-use crate::storage::{self, Db, LmdbEnv};
+use crate::storage::{self, Db, LmdbEnv, LongKeys};
 
 const APPLIED: &[u8] = b"applied";
 const MEMBERSHIP: &[u8] = b"membership";
@@ -31,6 +31,8 @@ pub struct State {
     pub kv: KvStore,
     pub leases: LeaseStore,
     pub auth: AuthStore,
+    /// The remainders of keys longer than LMDB's limit, for every table above (`storage/table.rs`).
+    long: LongKeys,
     tokens: std::sync::OnceLock<Arc<Tokens>>,
     meta: Db,
     snap_dir: PathBuf,
@@ -78,15 +80,18 @@ impl StateMachine {
         let [live, revs, index, kv_meta] = KvStore::TABLES;
         let [leases, lease_keys] = LeaseStore::TABLES;
         let [users, roles, auth_meta] = AuthStore::TABLES;
-        let names = [live, revs, index, kv_meta, leases, lease_keys, users, roles, auth_meta, "sm_meta"];
+        let names =
+            [live, revs, index, kv_meta, leases, lease_keys, users, roles, auth_meta, LongKeys::TABLE, "sm_meta"];
         let (env, dbs) = storage::open(kv_dir, names, storage::Durability::LastCommitMayUndo)?;
-        let [live, revs, index, kv_meta, leases, lease_keys, users, roles, auth_meta, meta] = dbs;
+        let [live, revs, index, kv_meta, leases, lease_keys, users, roles, auth_meta, long_keys, meta] = dbs;
         std::fs::create_dir_all(snap_dir)?;
+        let long = LongKeys::new(long_keys);
         let state = State {
             env,
-            kv: KvStore::new([live, revs, index, kv_meta]),
-            leases: LeaseStore::new([leases, lease_keys]),
-            auth: AuthStore::new([users, roles, auth_meta]),
+            kv: KvStore::new([live, revs, index, kv_meta], long),
+            leases: LeaseStore::new([leases, lease_keys], long),
+            auth: AuthStore::new([users, roles, auth_meta], long),
+            long,
             tokens: std::sync::OnceLock::new(),
             meta,
             snap_dir: snap_dir.to_path_buf(),
@@ -113,7 +118,8 @@ impl State {
 
     /// Every replicated table, in snapshot order.
     fn tables(&self) -> Vec<Db> {
-        self.kv.tables().into_iter().chain(self.leases.tables()).chain(self.auth.tables()).collect()
+        let stores = self.kv.tables().into_iter().chain(self.leases.tables()).chain(self.auth.tables());
+        stores.chain([self.long.db()]).collect()
     }
 
     pub fn page_size(&self) -> u64 {

@@ -1,0 +1,548 @@
+//! An LMDB table whose keys may be any length, iterated in the byte order of those keys.
+//!
+//! LMDB refuses keys longer than `mdb_env_get_maxkeysize` (511 bytes), but etcd keys, user names, role
+//! names and lease attachments may be as long as a request (`--max-request-bytes`). A [`Table`] keeps the
+//! common case free: a key of at most `chunk` bytes is stored as itself in the table's own database. A
+//! longer key is split into chunks, like a trie with `chunk`-byte edges:
+//!
+//! - its first `chunk` bytes `p` name a *group*, stored in the table's database as the marker key
+//!   `p ++ 0x00` whose value is the group's id (a number unique in the environment);
+//! - the rest of the key is stored in the environment's shared `long_keys` database under
+//!   `group id (8 bytes, big-endian) ++ rest`, splitting again, with a marker `group id ++ p' ++ 0x00`, if
+//!   the rest is longer than `chunk`.
+//!
+//! Why the order is exactly the byte order of the full keys: within one level, an entry of at most
+//! `chunk` bytes is a key (or key remainder) and an entry of exactly `chunk + 1` bytes is a marker. Every
+//! key in group `p` is `p ++ x` with `x` non-empty, so it sorts after `p` itself and before every key
+//! that differs from `p` within the first `chunk` bytes, which is precisely where LMDB puts the marker
+//! `p ++ 0x00` among entries of at most `chunk` bytes. A walk that descends into a group when it meets its
+//! marker therefore visits all keys in order. Group ids are allocated from a counter in the same write
+//! transaction, so every member that applies the same entries writes byte-identical tables.
+//!
+//! A group is removed (its marker deleted) when its last key goes, so the structure holds nothing that
+//! the keys don't need.
+
+use std::borrow::Cow;
+use std::ops::Bound;
+
+use heed::types::Bytes;
+use heed::{RoRange, RoTxn, RwTxn};
+
+use super::Db;
+
+/// The longest key LMDB accepts in its default build (`MDB_MAXKEYSIZE`); `storage::open` checks it.
+pub const LMDB_MAX_KEY: usize = 511;
+const GROUP_ID_LEN: usize = 8;
+/// The longest key (or key remainder) stored as itself: a marker in a group (`id ++ chunk ++ 0x00`) must
+/// still fit LMDB's limit.
+pub const CHUNK: usize = LMDB_MAX_KEY - GROUP_ID_LEN - 1;
+/// Group 0 is never allocated; its key space holds the allocation counter.
+const NEXT_GROUP: &[u8] = b"\0\0\0\0\0\0\0\0next_group";
+
+/// The shared database of an environment that holds the remainders of long keys for all its tables.
+#[derive(Clone, Copy)]
+pub struct LongKeys {
+    db: Db,
+    chunk: usize,
+}
+
+impl LongKeys {
+    pub const TABLE: &'static str = "long_keys";
+
+    pub fn new(db: Db) -> Self {
+        LongKeys { db, chunk: CHUNK }
+    }
+
+    /// A tiny chunk makes tests reach every level of the structure with short keys.
+    #[cfg(test)]
+    pub fn with_chunk(db: Db, chunk: usize) -> Self {
+        assert!(chunk >= 1 && chunk <= CHUNK);
+        LongKeys { db, chunk }
+    }
+
+    pub fn db(&self) -> Db {
+        self.db
+    }
+}
+
+/// Where one level of the structure lives: the table's own database, or a group in `long_keys`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Level {
+    Main,
+    Group(u64),
+}
+
+/// A table with keys of any non-empty length. Cheap to copy: it holds two database handles.
+#[derive(Clone, Copy)]
+pub struct Table {
+    main: Db,
+    long: LongKeys,
+}
+
+impl Table {
+    pub fn new(main: Db, long: LongKeys) -> Self {
+        Table { main, long }
+    }
+
+    /// The table's own database (for snapshots and whole-store hashes, together with `long_keys`).
+    pub fn main_db(&self) -> Db {
+        self.main
+    }
+
+    fn chunk(&self) -> usize {
+        self.long.chunk
+    }
+
+    fn db(&self, level: Level) -> Db {
+        match level {
+            Level::Main => self.main,
+            Level::Group(_) => self.long.db,
+        }
+    }
+
+    /// The LMDB key of `rest` at `level`.
+    fn slot<'k>(&self, level: Level, rest: &'k [u8]) -> Cow<'k, [u8]> {
+        match level {
+            Level::Main => Cow::Borrowed(rest),
+            Level::Group(id) => {
+                let mut out = Vec::with_capacity(GROUP_ID_LEN + rest.len());
+                out.extend_from_slice(&id.to_be_bytes());
+                out.extend_from_slice(rest);
+                Cow::Owned(out)
+            }
+        }
+    }
+
+    /// The LMDB key of the marker for the group of keys starting with `head` (exactly `chunk` bytes).
+    fn marker(&self, level: Level, head: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(GROUP_ID_LEN + head.len() + 1);
+        if let Level::Group(id) = level {
+            out.extend_from_slice(&id.to_be_bytes());
+        }
+        out.extend_from_slice(head);
+        out.push(0);
+        out
+    }
+
+    pub fn get<'t>(&self, txn: &'t RoTxn, key: &[u8]) -> heed::Result<Option<&'t [u8]>> {
+        let mut level = Level::Main;
+        let mut rest = key;
+        // LMDB has no zero-length keys, so none is ever stored.
+        if rest.is_empty() {
+            return Ok(None);
+        }
+        while rest.len() > self.chunk() {
+            let (head, tail) = rest.split_at(self.chunk());
+            match self.db(level).get(txn, &self.marker(level, head))? {
+                None => return Ok(None),
+                Some(id) => level = Level::Group(group_id(id)?),
+            }
+            rest = tail;
+        }
+        self.db(level).get(txn, &self.slot(level, rest))
+    }
+
+    /// Stores `key → value`. An empty key is refused (LMDB cannot store one; callers never have one).
+    pub fn put(&self, txn: &mut RwTxn, key: &[u8], value: &[u8]) -> heed::Result<()> {
+        if key.is_empty() {
+            return Err(heed::Error::Mdb(heed::MdbError::BadValSize));
+        }
+        let mut level = Level::Main;
+        let mut rest = key;
+        while rest.len() > self.chunk() {
+            let (head, tail) = rest.split_at(self.chunk());
+            let marker = self.marker(level, head);
+            let id = match self.db(level).get(txn, &marker)? {
+                Some(id) => group_id(id)?,
+                None => {
+                    let id = self.allocate_group(txn)?;
+                    self.db(level).put(txn, &marker, &id.to_be_bytes())?;
+                    id
+                }
+            };
+            level = Level::Group(id);
+            rest = tail;
+        }
+        self.db(level).put(txn, &self.slot(level, rest), value)
+    }
+
+    /// Removes `key`; true if it was there. Groups left empty are removed with it.
+    pub fn delete(&self, txn: &mut RwTxn, key: &[u8]) -> heed::Result<bool> {
+        if key.is_empty() {
+            return Ok(false);
+        }
+        // The markers walked through, innermost last: (level holding the marker, marker key).
+        let mut path: Vec<(Level, Vec<u8>)> = Vec::new();
+        let mut level = Level::Main;
+        let mut rest = key;
+        while rest.len() > self.chunk() {
+            let (head, tail) = rest.split_at(self.chunk());
+            let marker = self.marker(level, head);
+            let Some(id) = self.db(level).get(txn, &marker)? else {
+                return Ok(false);
+            };
+            let id = group_id(id)?;
+            path.push((level, marker));
+            level = Level::Group(id);
+            rest = tail;
+        }
+        if !self.db(level).delete(txn, &self.slot(level, rest))? {
+            return Ok(false);
+        }
+        while let (Level::Group(id), Some((parent, marker))) = (level, path.pop()) {
+            if !self.group_is_empty(txn, id)? {
+                break;
+            }
+            self.db(parent).delete(txn, &marker)?;
+            level = parent;
+        }
+        Ok(true)
+    }
+
+    /// Removes every key in `[start, end)`-style bounds; returns how many.
+    pub fn delete_range(&self, txn: &mut RwTxn, start: Bound<&[u8]>, end: Bound<&[u8]>) -> heed::Result<usize> {
+        let doomed: Vec<Vec<u8>> =
+            self.range(txn, start, end)?.map(|entry| entry.map(|(key, _)| key.into_owned())).collect::<Result<_, _>>()?;
+        for key in &doomed {
+            self.delete(txn, key)?;
+        }
+        Ok(doomed.len())
+    }
+
+    /// Every key that starts with `prefix`, in order.
+    pub fn prefix<'t>(&self, txn: &'t RoTxn, prefix: &[u8]) -> heed::Result<Range<'t>> {
+        let end = prefix_end(prefix);
+        let end = end.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+        self.range(txn, Bound::Included(prefix), end)
+    }
+
+    /// Every key, in order.
+    pub fn iter<'t>(&self, txn: &'t RoTxn) -> heed::Result<Range<'t>> {
+        self.range(txn, Bound::Unbounded, Bound::Unbounded)
+    }
+
+    /// The keys within `start` and `end`, in byte order, each with its value.
+    pub fn range<'t>(&self, txn: &'t RoTxn, start: Bound<&[u8]>, end: Bound<&[u8]>) -> heed::Result<Range<'t>> {
+        let mut range = Range { table: *self, txn, stack: Vec::new(), end: end.map(<[u8]>::to_vec), done: false };
+        range.seek(start)?;
+        Ok(range)
+    }
+
+    fn group_is_empty(&self, txn: &RoTxn, id: u64) -> heed::Result<bool> {
+        let from = id.to_be_bytes();
+        Ok(match self.long.db.get_greater_than_or_equal_to(txn, &from)? {
+            None => true,
+            Some((key, _)) => !key.starts_with(&from),
+        })
+    }
+
+    fn allocate_group(&self, txn: &mut RwTxn) -> heed::Result<u64> {
+        let next = match self.long.db.get(txn, NEXT_GROUP)? {
+            None => 1,
+            Some(bytes) => group_id(bytes)?,
+        };
+        self.long.db.put(txn, NEXT_GROUP, &(next + 1).to_be_bytes())?;
+        Ok(next)
+    }
+
+    /// The bounds of `level`'s entries from `lower` on.
+    fn level_range<'t>(&self, txn: &'t RoTxn, level: Level, lower: Bound<&[u8]>) -> heed::Result<LmdbRange<'t>> {
+        let lower = match (level, lower) {
+            // LMDB refuses a zero-length bound; every key of the main level is non-empty.
+            (Level::Main, Bound::Included([]) | Bound::Excluded([])) => Bound::Unbounded,
+            (_, Bound::Included(k)) => Bound::Included(self.slot(level, k)),
+            (_, Bound::Excluded(k)) => Bound::Excluded(self.slot(level, k)),
+            (Level::Main, Bound::Unbounded) => Bound::Unbounded,
+            (Level::Group(id), Bound::Unbounded) => Bound::Included(Cow::Owned(id.to_be_bytes().to_vec())),
+        };
+        let upper = match level {
+            Level::Group(id) if id < u64::MAX => Some((id + 1).to_be_bytes()),
+            _ => None,
+        };
+        let bounds = (lower.as_ref().map(|k| k.as_ref()), upper.as_ref().map_or(Bound::Unbounded, |u| Bound::Excluded(&u[..])));
+        self.db(level).range(txn, &bounds)
+    }
+}
+
+type LmdbRange<'t> = RoRange<'t, Bytes, Bytes>;
+
+fn group_id(bytes: &[u8]) -> heed::Result<u64> {
+    let bytes: [u8; GROUP_ID_LEN] = bytes.try_into().map_err(|_| corrupt("group id"))?;
+    Ok(u64::from_be_bytes(bytes))
+}
+
+fn corrupt(what: &'static str) -> heed::Error {
+    tracing::error!(what, "corrupt long-key record");
+    heed::Error::Decoding(format!("corrupt long-key record: {what}").into())
+}
+
+/// The smallest key greater than every key starting with `prefix` (`None`: no such key).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let last = prefix.iter().rposition(|&b| b < 0xff)?;
+    let mut end = prefix[..=last].to_vec();
+    end[last] += 1;
+    Some(end)
+}
+
+/// One level being walked: its entries from the current position, and the key bytes above it.
+struct Frame<'t> {
+    level: Level,
+    prefix: Vec<u8>,
+    entries: LmdbRange<'t>,
+}
+
+/// An in-order walk over a [`Table`]'s keys (full keys, rebuilt from their chunks) and values.
+pub struct Range<'t> {
+    table: Table,
+    txn: &'t RoTxn<'t>,
+    /// The levels entered, innermost last.
+    stack: Vec<Frame<'t>>,
+    end: Bound<Vec<u8>>,
+    done: bool,
+}
+
+impl<'t> Range<'t> {
+    /// Positions the walk at the first key within `start`: at each level, the entries after the marker
+    /// the start key runs through are left for later, and the walk descends into that marker's group.
+    fn seek(&mut self, start: Bound<&[u8]>) -> heed::Result<()> {
+        let table = self.table;
+        let (mut rest, inclusive) = match start {
+            Bound::Unbounded => {
+                let entries = table.level_range(self.txn, Level::Main, Bound::Unbounded)?;
+                self.stack.push(Frame { level: Level::Main, prefix: Vec::new(), entries });
+                return Ok(());
+            }
+            Bound::Included(key) => (key, true),
+            Bound::Excluded(key) => (key, false),
+        };
+        let mut level = Level::Main;
+        let mut prefix = Vec::new();
+        loop {
+            if rest.len() <= table.chunk() {
+                let lower = if inclusive { Bound::Included(rest) } else { Bound::Excluded(rest) };
+                let entries = table.level_range(self.txn, level, lower)?;
+                self.stack.push(Frame { level, prefix, entries });
+                return Ok(());
+            }
+            let (head, tail) = rest.split_at(table.chunk());
+            let mut marker_rest = head.to_vec();
+            marker_rest.push(0);
+            // Entries before the marker hold keys below `start`, the marker's group holds the keys that
+            // share `head`, and entries after it hold keys above `start`.
+            let after = table.level_range(self.txn, level, Bound::Excluded(&marker_rest))?;
+            let id = table.db(level).get(self.txn, &table.marker(level, head))?.map(group_id).transpose()?;
+            let mut inner = prefix.clone();
+            self.stack.push(Frame { level, prefix, entries: after });
+            let Some(id) = id else { return Ok(()) };
+            inner.extend_from_slice(head);
+            prefix = inner;
+            level = Level::Group(id);
+            rest = tail;
+        }
+    }
+
+    fn beyond_end(&self, key: &[u8]) -> bool {
+        match &self.end {
+            Bound::Unbounded => false,
+            Bound::Included(end) => key > end.as_slice(),
+            Bound::Excluded(end) => key >= end.as_slice(),
+        }
+    }
+
+    fn finish(&mut self) {
+        self.done = true;
+        self.stack.clear();
+    }
+}
+
+impl<'t> Iterator for Range<'t> {
+    type Item = heed::Result<(Cow<'t, [u8]>, &'t [u8])>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let chunk = self.table.chunk();
+        while !self.done {
+            let Some(frame) = self.stack.last_mut() else {
+                self.finish();
+                break;
+            };
+            let (raw, value) = match frame.entries.next() {
+                None => {
+                    self.stack.pop();
+                    continue;
+                }
+                Some(Err(e)) => return Some(Err(e)),
+                Some(Ok(entry)) => entry,
+            };
+            let rest = match frame.level {
+                Level::Main => raw,
+                Level::Group(_) => &raw[GROUP_ID_LEN.min(raw.len())..],
+            };
+            if rest.len() <= chunk {
+                let key = if frame.prefix.is_empty() {
+                    Cow::Borrowed(rest)
+                } else {
+                    Cow::Owned([frame.prefix.as_slice(), rest].concat())
+                };
+                if self.beyond_end(&key) {
+                    self.finish();
+                    break;
+                }
+                return Some(Ok((key, value)));
+            }
+            if rest.len() != chunk + 1 || rest[chunk] != 0 {
+                return Some(Err(corrupt("marker key")));
+            }
+            let id = match group_id(value) {
+                Ok(id) => id,
+                Err(e) => return Some(Err(e)),
+            };
+            let prefix = [frame.prefix.as_slice(), &rest[..chunk]].concat();
+            // Every key of the group extends `prefix`: if `prefix` is already past the end, so are they.
+            if self.beyond_end(&prefix) {
+                self.finish();
+                break;
+            }
+            match self.table.level_range(self.txn, Level::Group(id), Bound::Unbounded) {
+                Ok(entries) => self.stack.push(Frame { level: Level::Group(id), prefix, entries }),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::storage::{self, Durability, LmdbEnv};
+
+    fn open(chunk: usize) -> (tempfile::TempDir, LmdbEnv, Table) {
+        let dir = tempfile::tempdir().unwrap();
+        let (env, [main, long]) = storage::open(dir.path(), ["t", LongKeys::TABLE], Durability::Full).unwrap();
+        (dir, env, Table::new(main, LongKeys::with_chunk(long, chunk)))
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Put(Vec<u8>, u8),
+        Delete(Vec<u8>),
+        DeleteRange(Bound<Vec<u8>>, Bound<Vec<u8>>),
+    }
+
+    fn key() -> impl Strategy<Value = Vec<u8>> {
+        prop::collection::vec(prop::sample::select(vec![0x00u8, 0x01, b'a', 0xfe, 0xff]), 1..9)
+    }
+
+    fn bound() -> impl Strategy<Value = Bound<Vec<u8>>> {
+        prop_oneof![
+            1 => Just(Bound::Unbounded),
+            3 => key().prop_map(Bound::Included),
+            3 => key().prop_map(Bound::Excluded),
+            1 => Just(Bound::Included(Vec::new())),
+        ]
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (key(), any::<u8>()).prop_map(|(k, v)| Op::Put(k, v)),
+            3 => key().prop_map(Op::Delete),
+            1 => (bound(), bound()).prop_map(|(s, e)| Op::DeleteRange(s, e)),
+        ]
+    }
+
+    fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+        b.as_ref().map(Vec::as_slice)
+    }
+
+    /// The model's entries within the bounds (BTreeMap::range would panic on an inverted range).
+    fn within(model: &BTreeMap<Vec<u8>, Vec<u8>>, s: &Bound<Vec<u8>>, e: &Bound<Vec<u8>>) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let bounds = (as_ref(s), as_ref(e));
+        model.iter().filter(|(k, _)| std::ops::RangeBounds::<[u8]>::contains(&bounds, k.as_slice())).map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    fn walk(table: &Table, txn: &RoTxn, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Vec<(Vec<u8>, Vec<u8>)> {
+        table.range(txn, start, end).unwrap().map(|e| e.map(|(k, v)| (k.into_owned(), v.to_vec()))).collect::<Result<_, _>>().unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// With 1–3-byte chunks, 8-byte keys run through up to seven levels of groups: every lookup and
+        /// every range must still equal a sorted map's, and nothing may be left behind once keys go.
+        #[test]
+        fn behaves_as_a_sorted_map(chunk in 1usize..4, ops in prop::collection::vec(op(), 1..60),
+                                   reads in prop::collection::vec((bound(), bound()), 1..8)) {
+            let (_dir, env, table) = open(chunk);
+            let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+            let mut wtxn = env.write_txn().unwrap();
+            for op in &ops {
+                match op {
+                    Op::Put(k, v) => {
+                        table.put(&mut wtxn, k, &[*v]).unwrap();
+                        model.insert(k.clone(), vec![*v]);
+                    }
+                    Op::Delete(k) => {
+                        prop_assert_eq!(table.delete(&mut wtxn, k).unwrap(), model.remove(k).is_some());
+                    }
+                    Op::DeleteRange(s, e) => {
+                        let n = table.delete_range(&mut wtxn, as_ref(s), as_ref(e)).unwrap();
+                        let doomed: Vec<_> = within(&model, s, e).into_iter().map(|(k, _)| k).collect();
+                        prop_assert_eq!(n, doomed.len());
+                        for k in doomed { model.remove(&k); }
+                    }
+                }
+            }
+            for k in ops.iter().filter_map(|op| match op { Op::Put(k, _) | Op::Delete(k) => Some(k), _ => None }) {
+                prop_assert_eq!(table.get(&wtxn, k).unwrap().map(<[u8]>::to_vec), model.get(k).cloned());
+            }
+            for (s, e) in &reads {
+                prop_assert_eq!(walk(&table, &wtxn, as_ref(s), as_ref(e)), within(&model, s, e));
+            }
+            let prefix = vec![b'a'];
+            let want: Vec<_> = model.iter().filter(|(k, _)| k.starts_with(&prefix)).map(|(k, v)| (k.clone(), v.clone())).collect();
+            let got: Vec<_> = table.prefix(&wtxn, &prefix).unwrap().map(|e| e.map(|(k, v)| (k.into_owned(), v.to_vec()))).collect::<Result<_, _>>().unwrap();
+            prop_assert_eq!(got, want);
+            // Removing every key leaves both databases as they started (only the group counter remains).
+            let all: Vec<Vec<u8>> = model.keys().cloned().collect();
+            for k in &all {
+                prop_assert!(table.delete(&mut wtxn, k).unwrap());
+            }
+            prop_assert_eq!(table.main.len(&wtxn).unwrap(), 0);
+            prop_assert!(table.long.db.len(&wtxn).unwrap() <= 1);
+        }
+    }
+
+    #[test]
+    fn keys_far_beyond_lmdbs_limit_round_trip_in_order() {
+        let (_dir, env, table) = open(CHUNK);
+        let mut wtxn = env.write_txn().unwrap();
+        let long = |fill: u8, len: usize, last: u8| {
+            let mut k = vec![fill; len];
+            k.push(last);
+            k
+        };
+        let keys = [
+            long(b'a', 493, b'z'),
+            long(b'a', 600, 0),
+            long(b'a', 600, 0xff),
+            long(0, 4096, 1),
+            long(b'a', 1 << 20, b'b'),
+            b"a".to_vec(),
+            b"b".to_vec(),
+        ];
+        for (i, k) in keys.iter().enumerate() {
+            table.put(&mut wtxn, k, &[i as u8]).unwrap();
+        }
+        let mut sorted = keys.to_vec();
+        sorted.sort();
+        let got: Vec<Vec<u8>> = walk(&table, &wtxn, Bound::Unbounded, Bound::Unbounded).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(got, sorted);
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(table.get(&wtxn, k).unwrap(), Some(&[i as u8][..]));
+        }
+    }
+}
