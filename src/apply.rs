@@ -2,6 +2,8 @@
 //!
 //! Plain and synchronous: it runs inside the state machine's LMDB write transaction, which also records
 //! the applied log id, so an entry is applied whole or not at all. For every entry, in this order:
+//! 0. the request's shape, checked again as the API layer checks it: whatever a committed entry holds,
+//!    applying it gives an etcd error, never a storage error (an empty key would reach LMDB);
 //! 1. who asked (`Requester`, from the entry's header) and whether auth is on;
 //! 2. every permission the operation needs, decided at the auth revision the entry is ordered at —
 //!    a permission revoked by an earlier entry is already gone;
@@ -64,6 +66,7 @@ pub fn apply(
 ) -> Result<(Applied, Effects), EtcdError> {
     let who = Requester::from_header(req.header.as_ref());
     if let Some(put) = &req.put {
+        mvcc::txn::validate_put(put)?;
         authorize(stores, txn, |authz| check_put(authz, stores.leases, txn, &who, put))?;
         write_kv(stores, txn, &[put.lease], |w, leases| {
             // Outside a txn etcd looks the lease up before anything else.
@@ -84,6 +87,8 @@ pub fn apply(
         })?;
         write_kv(stores, txn, &[], |w, _| Ok(Applied::DeleteRange(kv::delete_range(w, del)?)))
     } else if let Some(t) = &req.txn {
+        // The op-count limit is each member's own flag, so it stays in the API layer.
+        mvcc::txn::validate(t, usize::MAX)?;
         authorize(stores, txn, |authz| check_txn(authz, stores.leases, txn, &who, t))?;
         let mut lease_ids = Vec::new();
         txn_leases(&t.success, &mut lease_ids);

@@ -21,6 +21,9 @@ use crate::lease::store::LeaseStore;
 use crate::mvcc::KvStore;
 use crate::storage::{self, Db, LmdbEnv, LongKeys};
 
+#[cfg(test)]
+mod apply_fuzz;
+
 const APPLIED: &[u8] = b"applied";
 const MEMBERSHIP: &[u8] = b"membership";
 const SNAPSHOT_FILE: &str = "current.snap";

@@ -201,8 +201,10 @@ impl Table {
 
     /// Removes every key in `[start, end)`-style bounds; returns how many.
     pub fn delete_range(&self, txn: &mut RwTxn, start: Bound<&[u8]>, end: Bound<&[u8]>) -> heed::Result<usize> {
-        let doomed: Vec<Vec<u8>> =
-            self.range(txn, start, end)?.map(|entry| entry.map(|(key, _)| key.into_owned())).collect::<Result<_, _>>()?;
+        let doomed: Vec<Vec<u8>> = self
+            .range(txn, start, end)?
+            .map(|entry| entry.map(|(key, _)| key.into_owned()))
+            .collect::<Result<_, _>>()?;
         for key in &doomed {
             self.delete(txn, key)?;
         }
@@ -259,7 +261,8 @@ impl Table {
             Level::Group(id) if id < u64::MAX => Some((id + 1).to_be_bytes()),
             _ => None,
         };
-        let bounds = (lower.as_ref().map(|k| k.as_ref()), upper.as_ref().map_or(Bound::Unbounded, |u| Bound::Excluded(&u[..])));
+        let bounds =
+            (lower.as_ref().map(|k| k.as_ref()), upper.as_ref().map_or(Bound::Unbounded, |u| Bound::Excluded(&u[..])));
         self.db(level).range(txn, &bounds)
     }
 }
@@ -461,11 +464,20 @@ mod tests {
     /// The model's entries within the bounds (BTreeMap::range would panic on an inverted range).
     fn within(model: &BTreeMap<Vec<u8>, Vec<u8>>, s: &Bound<Vec<u8>>, e: &Bound<Vec<u8>>) -> Vec<(Vec<u8>, Vec<u8>)> {
         let bounds = (as_ref(s), as_ref(e));
-        model.iter().filter(|(k, _)| std::ops::RangeBounds::<[u8]>::contains(&bounds, k.as_slice())).map(|(k, v)| (k.clone(), v.clone())).collect()
+        model
+            .iter()
+            .filter(|(k, _)| std::ops::RangeBounds::<[u8]>::contains(&bounds, k.as_slice()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
 
     fn walk(table: &Table, txn: &RoTxn, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Vec<(Vec<u8>, Vec<u8>)> {
-        table.range(txn, start, end).unwrap().map(|e| e.map(|(k, v)| (k.into_owned(), v.to_vec()))).collect::<Result<_, _>>().unwrap()
+        table
+            .range(txn, start, end)
+            .unwrap()
+            .map(|e| e.map(|(k, v)| (k.into_owned(), v.to_vec())))
+            .collect::<Result<_, _>>()
+            .unwrap()
     }
 
     proptest! {
@@ -539,7 +551,8 @@ mod tests {
         }
         let mut sorted = keys.to_vec();
         sorted.sort();
-        let got: Vec<Vec<u8>> = walk(&table, &wtxn, Bound::Unbounded, Bound::Unbounded).into_iter().map(|(k, _)| k).collect();
+        let got: Vec<Vec<u8>> =
+            walk(&table, &wtxn, Bound::Unbounded, Bound::Unbounded).into_iter().map(|(k, _)| k).collect();
         assert_eq!(got, sorted);
         for (i, k) in keys.iter().enumerate() {
             assert_eq!(table.get(&wtxn, k).unwrap(), Some(&[i as u8][..]));
