@@ -225,7 +225,19 @@ impl Table {
 
     /// The keys within `start` and `end`, in byte order, each with its value.
     pub fn range<'t>(&self, txn: &'t RoTxn, start: Bound<&[u8]>, end: Bound<&[u8]>) -> heed::Result<Range<'t>> {
-        let mut range = Range { table: *self, txn, stack: Vec::new(), end: end.map(<[u8]>::to_vec), done: false };
+        let chunk = self.chunk();
+        let main_end = match end {
+            Bound::Unbounded => Bound::Unbounded,
+            // Keys are never empty: nothing is below (or at) the empty key.
+            Bound::Included([]) | Bound::Excluded([]) => {
+                return Ok(Range::empty(*self, txn));
+            }
+            Bound::Included(e) | Bound::Excluded(e) if e.len() <= chunk => end.map(<[u8]>::to_vec),
+            // The group `end` runs through is walked, and checked key by key.
+            Bound::Included(e) | Bound::Excluded(e) => Bound::Included([&e[..chunk], &[0]].concat()),
+        };
+        let mut range =
+            Range { table: *self, txn, stack: Vec::new(), end: end.map(<[u8]>::to_vec), main_end, done: false };
         range.seek(start)?;
         Ok(range)
     }
@@ -248,7 +260,14 @@ impl Table {
     }
 
     /// The bounds of `level`'s entries from `lower` on.
-    fn level_range<'t>(&self, txn: &'t RoTxn, level: Level, lower: Bound<&[u8]>) -> heed::Result<LmdbRange<'t>> {
+    /// `main_end` bounds the main level (see `Range::main_end`); a group is bounded by its id.
+    fn level_range<'t>(
+        &self,
+        txn: &'t RoTxn,
+        level: Level,
+        lower: Bound<&[u8]>,
+        main_end: Bound<&[u8]>,
+    ) -> heed::Result<LmdbRange<'t>> {
         let lower = match (level, lower) {
             // LMDB refuses a zero-length bound; every key of the main level is non-empty.
             (Level::Main, Bound::Included([]) | Bound::Excluded([])) => Bound::Unbounded,
@@ -257,13 +276,16 @@ impl Table {
             (Level::Main, Bound::Unbounded) => Bound::Unbounded,
             (Level::Group(id), Bound::Unbounded) => Bound::Included(Cow::Owned(id.to_be_bytes().to_vec())),
         };
-        let upper = match level {
+        let next_group = match level {
             Level::Group(id) if id < u64::MAX => Some((id + 1).to_be_bytes()),
             _ => None,
         };
-        let bounds =
-            (lower.as_ref().map(|k| k.as_ref()), upper.as_ref().map_or(Bound::Unbounded, |u| Bound::Excluded(&u[..])));
-        self.db(level).range(txn, &bounds)
+        let upper = match (level, &next_group) {
+            (Level::Main, _) => main_end,
+            (Level::Group(_), Some(next)) => Bound::Excluded(&next[..]),
+            (Level::Group(_), None) => Bound::Unbounded,
+        };
+        self.db(level).range(txn, &(lower.as_ref().map(|k| k.as_ref()), upper))
     }
 }
 
@@ -301,17 +323,24 @@ pub struct Range<'t> {
     /// The levels entered, innermost last.
     stack: Vec<Frame<'t>>,
     end: Bound<Vec<u8>>,
+    /// The main level's upper bound for LMDB. It is exact for the keys stored there whole, so only keys
+    /// rebuilt from groups are compared with `end` one by one.
+    main_end: Bound<Vec<u8>>,
     done: bool,
 }
 
 impl<'t> Range<'t> {
+    fn empty(table: Table, txn: &'t RoTxn<'t>) -> Self {
+        Range { table, txn, stack: Vec::new(), end: Bound::Unbounded, main_end: Bound::Unbounded, done: true }
+    }
+
     /// Positions the walk at the first key within `start`: at each level, the entries after the marker
     /// the start key runs through are left for later, and the walk descends into that marker's group.
     fn seek(&mut self, start: Bound<&[u8]>) -> heed::Result<()> {
         let table = self.table;
         let (mut rest, inclusive) = match start {
             Bound::Unbounded => {
-                let entries = table.level_range(self.txn, Level::Main, Bound::Unbounded)?;
+                let entries = table.level_range(self.txn, Level::Main, Bound::Unbounded, self.main_end())?;
                 self.stack.push(Frame { level: Level::Main, prefix: Vec::new(), entries });
                 return Ok(());
             }
@@ -323,7 +352,7 @@ impl<'t> Range<'t> {
         loop {
             if rest.len() <= table.chunk() {
                 let lower = if inclusive { Bound::Included(rest) } else { Bound::Excluded(rest) };
-                let entries = table.level_range(self.txn, level, lower)?;
+                let entries = table.level_range(self.txn, level, lower, self.main_end())?;
                 self.stack.push(Frame { level, prefix, entries });
                 return Ok(());
             }
@@ -332,7 +361,7 @@ impl<'t> Range<'t> {
             marker_rest.push(0);
             // Entries before the marker hold keys below `start`, the marker's group holds the keys that
             // share `head`, and entries after it hold keys above `start`.
-            let after = table.level_range(self.txn, level, Bound::Excluded(&marker_rest))?;
+            let after = table.level_range(self.txn, level, Bound::Excluded(&marker_rest), self.main_end())?;
             let id = table.db(level).get(self.txn, &table.marker(level, head))?.map(group_id).transpose()?;
             let mut inner = prefix.clone();
             self.stack.push(Frame { level, prefix, entries: after });
@@ -342,6 +371,10 @@ impl<'t> Range<'t> {
             level = Level::Group(id);
             rest = tail;
         }
+    }
+
+    fn main_end(&self) -> Bound<&[u8]> {
+        self.main_end.as_ref().map(Vec::as_slice)
     }
 
     fn beyond_end(&self, key: &[u8]) -> bool {
@@ -381,11 +414,11 @@ impl<'t> Iterator for Range<'t> {
                 Level::Group(_) => &raw[GROUP_ID_LEN.min(raw.len())..],
             };
             if rest.len() <= chunk {
-                let key = if frame.prefix.is_empty() {
-                    Cow::Borrowed(rest)
-                } else {
-                    Cow::Owned([frame.prefix.as_slice(), rest].concat())
-                };
+                if frame.level == Level::Main {
+                    // LMDB's own bound (`main_end`) already stopped at the end.
+                    return Some(Ok((Cow::Borrowed(rest), value)));
+                }
+                let key = Cow::Owned([frame.prefix.as_slice(), rest].concat());
                 if self.beyond_end(&key) {
                     self.finish();
                     break;
@@ -405,7 +438,7 @@ impl<'t> Iterator for Range<'t> {
                 self.finish();
                 break;
             }
-            match self.table.level_range(self.txn, Level::Group(id), Bound::Unbounded) {
+            match self.table.level_range(self.txn, Level::Group(id), Bound::Unbounded, Bound::Unbounded) {
                 Ok(entries) => self.stack.push(Frame { level: Level::Group(id), prefix, entries }),
                 Err(e) => return Some(Err(e)),
             }
@@ -556,6 +589,67 @@ mod tests {
         assert_eq!(got, sorted);
         for (i, k) in keys.iter().enumerate() {
             assert_eq!(table.get(&wtxn, k).unwrap(), Some(&[i as u8][..]));
+        }
+    }
+    /// The layer's cost for keys within a chunk (every key of an ordinary workload): puts, point reads
+    /// and a full scan, through a `Table` and through the raw database, alternated and repeated (best
+    /// of 5) so a busy machine weighs on both alike.
+    #[test]
+    #[ignore = "benchmark: cargo test --release --lib table_overhead -- --ignored --nocapture"]
+    fn table_overhead_on_short_keys() {
+        use std::time::Instant;
+        const N: u32 = 100_000;
+        let keys: Vec<Vec<u8>> =
+            (0..N).map(|i| format!("bench/{:010}", (i as u64 * 7919) % N as u64).into_bytes()).collect();
+        let value = vec![7u8; 256];
+        let (_dir, env, table) = open(CHUNK);
+        let raw = table.main;
+        let mut best = [[f64::MAX; 3]; 2];
+        for round in 0..10 {
+            let through_table = round % 2 == 0;
+            let mut w = env.write_txn().unwrap();
+            raw.clear(&mut w).unwrap();
+            let t0 = Instant::now();
+            for k in &keys {
+                if through_table {
+                    table.put(&mut w, k, &value).unwrap()
+                } else {
+                    raw.put(&mut w, k, &value).unwrap()
+                }
+            }
+            let put = t0.elapsed();
+            let t0 = Instant::now();
+            let mut found = 0;
+            for k in &keys {
+                let v = if through_table { table.get(&w, k).unwrap() } else { raw.get(&w, k).unwrap() };
+                found += v.map_or(0, |v| v.len());
+            }
+            let get = t0.elapsed();
+            let t0 = Instant::now();
+            // A prefix range, as etcd's `get --prefix bench/` asks for it.
+            let (from, to) = (&b"bench/"[..], &b"bench0"[..]);
+            let scanned = if through_table {
+                table
+                    .range(&w, Bound::Included(from), Bound::Excluded(to))
+                    .unwrap()
+                    .map(|e| e.unwrap().1.len())
+                    .sum::<usize>()
+            } else {
+                let bounds = (Bound::Included(from), Bound::Excluded(to));
+                raw.range(&w, &bounds).unwrap().map(|e| e.unwrap().1.len()).sum::<usize>()
+            };
+            let scan = t0.elapsed();
+            assert_eq!((found, scanned), (256 * N as usize, 256 * N as usize));
+            w.abort();
+            let per = |d: std::time::Duration| d.as_nanos() as f64 / N as f64;
+            let b = &mut best[usize::from(through_table)];
+            for (slot, ns) in b.iter_mut().zip([per(put), per(get), per(scan)]) {
+                *slot = slot.min(ns);
+            }
+        }
+        for (name, i) in [("put", 0), ("get", 1), ("scan", 2)] {
+            let (raw, table) = (best[0][i], best[1][i]);
+            eprintln!("{name:5} raw {raw:7.1} ns/key  table {table:7.1} ns/key  ratio {:.3}", table / raw);
         }
     }
 }
