@@ -308,9 +308,15 @@ impl Node {
     /// Proposes one write through raft on behalf of `who` and returns what applying it produced. The
     /// entry's header carries the requester, so apply decides permissions at the entry's place in the log.
     pub async fn propose(&self, req: InternalRaftRequest, who: &Requester) -> Result<Applied, EtcdError> {
+        let cost = crate::space::cost(&req);
+        // Apply refuses it anyway while NOSPACE is active: refused here it takes no room in the raft
+        // log either, which matters when the disk (not the quota) is what is full.
+        if cost > 0 && self.state.nospace() {
+            return Err(EtcdError::NoSpace);
+        }
         // etcd's quotaKVServer/quotaLeaseServer: a request that would take the database to the quota
         // is refused here, and the alarm makes every member refuse such requests from then on.
-        if !self.space.admits(crate::space::cost(&req)) {
+        if !self.space.admits(cost) {
             tracing::warn!(
                 quota_bytes = self.space.quota().gauge(),
                 in_use_bytes = self.space.in_use(),
@@ -484,5 +490,85 @@ async fn checkpoint_leases(node: std::sync::Weak<Node>) {
                 tracing::warn!(error = %e, "lease checkpoint failed");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::config::{Cli, Command};
+    use crate::proto::etcdserverpb::PutRequest;
+
+    fn config(data_dir: &std::path::Path, extra: &[&str]) -> Config {
+        let dir = data_dir.display().to_string();
+        let mut args = vec!["keyward", "serve", "--data-dir", dir.as_str(), "--ballast-bytes", "0"];
+        args.extend_from_slice(extra);
+        let Command::Serve(args) = Cli::try_parse_from(args).expect("flags").command else { panic!("not serve") };
+        args.into_config().expect("config")
+    }
+
+    fn put(key: &str) -> InternalRaftRequest {
+        let put = PutRequest { key: key.into(), value: b"v".to_vec(), ..Default::default() };
+        InternalRaftRequest { put: Some(put), ..Default::default() }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stopped_raft_core_is_reported_and_no_leader_is_claimed() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = Node::start(&config(dir.path(), &[])).await.unwrap();
+        node.propose(put("a"), &Requester::Member).await.unwrap();
+        assert!(crate::metrics::render(&node).contains("etcd_server_has_leader 1\n"));
+        let failed_before = crate::metrics::PROPOSALS_FAILED.get();
+
+        node.state.inject_failure.store(true, Ordering::SeqCst);
+        assert_eq!(node.propose(put("b"), &Requester::Member).await, Err(EtcdError::Stopped));
+        let fatal = tokio::time::timeout(Duration::from_secs(30), node.stopped()).await.expect("the core stops");
+        assert!(fatal.to_string().contains("injected storage failure"), "{fatal}");
+        assert_eq!(node.leader(), None, "openraft's metrics still name the old leader; the node must not");
+        let metrics = crate::metrics::render(&node);
+        assert!(metrics.contains("etcd_server_has_leader 0\n"), "{metrics}");
+        assert!(metrics.contains("etcd_server_is_leader 0\n"), "{metrics}");
+        assert!(crate::metrics::PROPOSALS_FAILED.get() > failed_before, "the failed proposal is counted");
+        assert!(!node.serving());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_over_the_quota_raise_this_members_nospace_alarm_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = Node::start(&config(dir.path(), &["--quota-backend-bytes", "1048576"])).await.unwrap();
+        let value = vec![b'x'; 64 << 10];
+        let mut accepted = 0;
+        let refused = loop {
+            let req = InternalRaftRequest {
+                put: Some(PutRequest {
+                    key: format!("k{accepted}").into(),
+                    value: value.clone(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            match node.propose(req, &Requester::anonymous()).await {
+                Ok(_) => accepted += 1,
+                Err(e) => break e,
+            }
+            assert!(accepted < 1000, "the quota never refused a write");
+        };
+        assert_eq!(refused, EtcdError::NoSpace);
+        assert!(accepted >= 2, "{accepted}");
+        assert!(node.state.nospace());
+        let alarms = node.state.active_alarms();
+        assert_eq!(alarms.len(), 1);
+        assert_eq!((alarms[0].member_id, alarms[0].alarm), (node.member_id, AlarmType::Nospace as i32));
+        // Deletes still go through; a lease grant does not.
+        let del = crate::proto::etcdserverpb::DeleteRangeRequest { key: b"k0".to_vec(), ..Default::default() };
+        node.propose(InternalRaftRequest { delete_range: Some(del), ..Default::default() }, &Requester::anonymous())
+            .await
+            .unwrap();
+        let grant = crate::proto::etcdserverpb::LeaseGrantRequest { ttl: 60, id: 9 };
+        let grant = InternalRaftRequest { lease_grant: Some(grant), ..Default::default() };
+        assert_eq!(node.propose(grant, &Requester::anonymous()).await, Err(EtcdError::NoSpace));
+        assert_eq!(node.state.active_alarms().len(), 1, "raised once");
     }
 }

@@ -52,7 +52,10 @@ pub struct State {
     observer: std::sync::OnceLock<Observer>,
     /// Tests: how many more batches find storage full before anything is written.
     #[cfg(test)]
-    inject_full: std::sync::atomic::AtomicU32,
+    pub(crate) inject_full: std::sync::atomic::AtomicU32,
+    /// Tests: the next batch meets a storage failure (the raft core stops).
+    #[cfg(test)]
+    pub(crate) inject_failure: std::sync::atomic::AtomicBool,
 }
 
 /// What one applied batch changed, told to the observer after the batch's transaction commits.
@@ -145,6 +148,8 @@ impl StateMachine {
             observer: std::sync::OnceLock::new(),
             #[cfg(test)]
             inject_full: Default::default(),
+            #[cfg(test)]
+            inject_failure: Default::default(),
         };
         {
             let txn = state.env.read_txn()?;
@@ -257,6 +262,9 @@ impl State {
             use std::sync::atomic::Ordering::SeqCst;
             if self.inject_full.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok() {
                 return Err(ApplyFailure::Full(Full::Disk));
+            }
+            if self.inject_failure.swap(false, SeqCst) {
+                return Err(ApplyFailure::Storage("injected storage failure".into()));
             }
         }
         let mut txn = self.env.write_txn()?;
