@@ -108,6 +108,10 @@ pub enum Full {
     Map,
 }
 
+/// Below this many free bytes, an I/O error from a write is taken for a full disk: LMDB reports a
+/// short write (the file system ran out of space part-way) as EIO.
+const SHORT_WRITE_FREE_BYTES: u64 = 1 << 20;
+
 /// Whether `err` means storage is full, and which storage.
 pub fn full_kind(err: &heed::Error) -> Option<Full> {
     let disk_full =
@@ -118,6 +122,22 @@ pub fn full_kind(err: &heed::Error) -> Option<Full> {
         heed::Error::Io(e) if e.raw_os_error().is_some_and(disk_full) => Some(Full::Disk),
         _ => None,
     }
+}
+
+/// `full_kind` for an error from a write to the environment in `dir`: also a full disk when LMDB
+/// reports EIO while the file system holding `dir` has (next to) no free space left — LMDB turns a
+/// short write into EIO ("short write, filesystem full?").
+pub fn full_kind_at(err: &heed::Error, dir: &Path) -> Option<Full> {
+    let eio = rustix::io::Errno::IO.raw_os_error();
+    let is_eio = match err {
+        heed::Error::Mdb(MdbError::Other(code)) => *code == eio,
+        heed::Error::Io(e) => e.raw_os_error() == Some(eio),
+        _ => false,
+    };
+    full_kind(err).or_else(|| {
+        let out_of_space = || crate::ballast::free_bytes(dir).is_ok_and(|free| free < SHORT_WRITE_FREE_BYTES);
+        (is_eio && out_of_space()).then_some(Full::Disk)
+    })
 }
 
 /// Bytes of the environment's pages that hold data: every table in `dbs` and the main database that
@@ -208,10 +228,11 @@ impl Space {
         self.full.notified().await
     }
 
-    /// Runs a write; if storage is full and giving back the ballast made room, runs it once more.
-    pub fn write_or_make_room<T>(&self, mut write: impl FnMut() -> heed::Result<T>) -> heed::Result<T> {
+    /// Runs a write to the environment in `dir`; if storage is full and giving back the ballast made
+    /// room, runs it once more.
+    pub fn write_or_make_room<T>(&self, dir: &Path, mut write: impl FnMut() -> heed::Result<T>) -> heed::Result<T> {
         match write() {
-            Err(e) => match full_kind(&e) {
+            Err(e) => match full_kind_at(&e, dir) {
                 Some(kind) if self.report_full(kind) => write(),
                 _ => Err(e),
             },
@@ -288,6 +309,13 @@ mod tests {
         assert_eq!(full_kind(&heed::Error::Mdb(MdbError::MapFull)), Some(Full::Map));
         assert_eq!(full_kind(&heed::Error::Mdb(MdbError::Other(5))), None, "EIO is a failure, not a full disk");
         assert_eq!(full_kind(&heed::Error::Mdb(MdbError::BadValSize)), None);
+        // A short write shows as EIO: a full disk only if the file system is out of space.
+        let eio = heed::Error::Mdb(MdbError::Other(rustix::io::Errno::IO.raw_os_error()));
+        let roomy = tempfile::tempdir().unwrap();
+        if crate::ballast::free_bytes(roomy.path()).unwrap() > SHORT_WRITE_FREE_BYTES {
+            assert_eq!(full_kind_at(&eio, roomy.path()), None, "EIO with free space is a genuine failure");
+        }
+        assert_eq!(full_kind_at(&enospc, roomy.path()), Some(Full::Disk));
     }
 
     #[test]
@@ -297,7 +325,7 @@ mod tests {
         assert!(space.ballast().ensure().unwrap());
         let mut tries = 0;
         let enospc = || heed::Error::Mdb(MdbError::Other(rustix::io::Errno::NOSPC.raw_os_error()));
-        let result = space.write_or_make_room(|| {
+        let result = space.write_or_make_room(dir.path(), || {
             tries += 1;
             if tries == 1 {
                 Err(enospc())
@@ -308,13 +336,14 @@ mod tests {
         assert_eq!(result.unwrap(), 2, "retried once after the ballast was deleted");
         assert!(!space.ballast().present());
         let mut tries = 0;
-        let result: heed::Result<()> = space.write_or_make_room(|| {
+        let result: heed::Result<()> = space.write_or_make_room(dir.path(), || {
             tries += 1;
             Err(enospc())
         });
         assert!(result.is_err());
         assert_eq!(tries, 1, "no ballast left: no pointless retry");
-        let map_full: heed::Result<()> = space.write_or_make_room(|| Err(heed::Error::Mdb(MdbError::MapFull)));
+        let map_full: heed::Result<()> =
+            space.write_or_make_room(dir.path(), || Err(heed::Error::Mdb(MdbError::MapFull)));
         assert!(map_full.is_err());
     }
 }

@@ -72,7 +72,7 @@ impl LogStore {
     /// Runs `write` in a write transaction that also records the latest committed log id, and commits
     /// it (with fsync); on a full disk, once more after the ballast is given back.
     fn write(&self, write: impl Fn(&mut heed::RwTxn) -> heed::Result<()>) -> heed::Result<()> {
-        self.inner.space.write_or_make_room(|| {
+        self.inner.space.write_or_make_room(self.inner.env.path(), || {
             let mut txn = self.inner.env.write_txn()?;
             write(&mut txn)?;
             let committed = *self.inner.committed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

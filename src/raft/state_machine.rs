@@ -108,11 +108,14 @@ impl<E: Into<BoxError>> From<E> for ApplyFailure {
     }
 }
 
-/// A heed error from a write or a commit, told apart: full storage is retried, anything else stops.
-fn write_failure(err: heed::Error) -> ApplyFailure {
-    match crate::space::full_kind(&err) {
-        Some(kind) => ApplyFailure::Full(kind),
-        None => ApplyFailure::Storage(err.into()),
+impl State {
+    /// A heed error from a write or a commit, told apart: full storage is retried, anything else
+    /// stops the raft core.
+    fn write_failure(&self, err: heed::Error) -> ApplyFailure {
+        match crate::space::full_kind_at(&err, self.env.path()) {
+            Some(kind) => ApplyFailure::Full(kind),
+            None => ApplyFailure::Storage(err.into()),
+        }
     }
 }
 
@@ -308,19 +311,21 @@ impl State {
                 }
                 EntryPayload::Membership(membership) => {
                     let stored = StoredMembership::new(Some(entry.log_id), membership.clone());
-                    self.meta.put(&mut txn, MEMBERSHIP, &postcard::to_allocvec(&stored)?).map_err(write_failure)?;
+                    self.meta
+                        .put(&mut txn, MEMBERSHIP, &postcard::to_allocvec(&stored)?)
+                        .map_err(|e| self.write_failure(e))?;
                     Vec::new()
                 }
             };
             requests += entry_results.len().max(1) as u64;
             results.push(entry_results);
         }
-        self.meta.put(&mut txn, APPLIED, &postcard::to_allocvec(&applied)?).map_err(write_failure)?;
+        self.meta.put(&mut txn, APPLIED, &postcard::to_allocvec(&applied)?).map_err(|e| self.write_failure(e))?;
         let revision = self.kv.view(&txn)?.rev;
         let (auth_enabled, auth_revision) = (self.auth.enabled(&txn)?, self.auth.revision(&txn)?);
         self.refresh_size_in_use(&txn)?;
         let alarms = effects.alarms_changed.then(|| self.alarms.list(&txn, AlarmType::None as i32)).transpose()?;
-        txn.commit().map_err(write_failure)?;
+        txn.commit().map_err(|e| self.write_failure(e))?;
         if let Some(alarms) = alarms {
             *self.active_alarms.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(alarms);
         }
