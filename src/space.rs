@@ -216,9 +216,10 @@ impl Space {
         self.stalled.store(stalled, Ordering::Relaxed);
     }
 
-    /// A write found storage full. The node is told (it raises NOSPACE); a full disk gets the ballast
-    /// back. Returns whether space was made, so that the write is worth retrying at once.
-    pub fn report_full(&self, kind: Full) -> bool {
+    /// A write to `storage` found it full. The node is told (it raises NOSPACE); a full disk gets the
+    /// ballast back. Returns whether space was made, so that the write is worth retrying at once.
+    pub fn report_full(&self, kind: Full, storage: &Path) -> bool {
+        tracing::warn!(storage = %storage.display(), full = ?kind, "storage full");
         self.full.notify_one();
         kind == Full::Disk && self.ballast.release()
     }
@@ -233,7 +234,7 @@ impl Space {
     pub fn write_or_make_room<T>(&self, dir: &Path, mut write: impl FnMut() -> heed::Result<T>) -> heed::Result<T> {
         match write() {
             Err(e) => match full_kind_at(&e, dir) {
-                Some(kind) if self.report_full(kind) => write(),
+                Some(kind) if self.report_full(kind, dir) => write(),
                 _ => Err(e),
             },
             done => done,

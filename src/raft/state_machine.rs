@@ -236,7 +236,7 @@ impl State {
                 }
                 Err(ApplyFailure::Storage(e)) => return Err(e),
                 Err(ApplyFailure::Full(kind)) => {
-                    if self.space.report_full(kind) {
+                    if self.space.report_full(kind, self.env.path()) {
                         continue; // the ballast is gone: there is room for this batch now
                     }
                     self.space.set_stalled(true);
@@ -683,6 +683,58 @@ mod space_tests {
             outcomes.push((raised, capped, cleared));
         }
         assert_eq!(outcomes[0], outcomes[1], "every member decides alike");
+    }
+
+    #[test]
+    fn with_auth_on_only_root_or_the_member_itself_changes_alarms_at_apply() {
+        use crate::proto::etcdserverpb::{
+            AuthEnableRequest, AuthRoleAddRequest, AuthUserAddRequest, AuthUserGrantRoleRequest, RequestHeader,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let state = open(dir.path(), Space::without_ballast());
+        let member = Some(RequestHeader { member_internal: true, ..Default::default() });
+        let as_member = |req: InternalRaftRequest| InternalRaftRequest { header: member.clone(), ..req };
+        let user_add = AuthUserAddRequest { name: "root".into(), hashed_password: "x".into(), ..Default::default() };
+        let setup = apply(
+            &state,
+            1,
+            vec![
+                as_member(InternalRaftRequest { auth_user_add: Some(user_add), ..Default::default() }),
+                as_member(InternalRaftRequest {
+                    auth_role_add: Some(AuthRoleAddRequest { name: "root".into() }),
+                    ..Default::default()
+                }),
+                as_member(InternalRaftRequest {
+                    auth_user_grant_role: Some(AuthUserGrantRoleRequest { user: "root".into(), role: "root".into() }),
+                    ..Default::default()
+                }),
+                as_member(InternalRaftRequest { auth_enable: Some(AuthEnableRequest {}), ..Default::default() }),
+            ],
+        );
+        assert!(setup.iter().all(Result::is_ok), "{setup:?}");
+        let revision = state.auth.revision(&state.env.read_txn().unwrap()).unwrap();
+        let bob = Some(RequestHeader { username: "bob".into(), auth_revision: revision, ..Default::default() });
+        let refused = apply(
+            &state,
+            2,
+            vec![alarm(AlarmAction::Activate), InternalRaftRequest { header: bob, ..alarm(AlarmAction::Activate) }],
+        );
+        assert_eq!(refused, [Err(EtcdError::UserEmpty), Err(EtcdError::UserNotFound)]);
+        assert!(!state.nospace());
+        let raised = apply(&state, 3, vec![as_member(alarm(AlarmAction::Activate))]);
+        assert!(raised[0].is_ok() && state.nospace(), "{raised:?}");
+        let root = Some(RequestHeader { username: "root".into(), auth_revision: revision, ..Default::default() });
+        let cleared = apply(
+            &state,
+            4,
+            vec![
+                alarm(AlarmAction::Deactivate),
+                InternalRaftRequest { header: root, ..alarm(AlarmAction::Deactivate) },
+            ],
+        );
+        assert_eq!(cleared[0], Err(EtcdError::UserEmpty));
+        assert!(cleared[1].is_ok(), "{cleared:?}");
+        assert!(!state.nospace());
     }
 
     #[test]

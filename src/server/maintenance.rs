@@ -75,14 +75,18 @@ impl MaintenanceService {
 impl Maintenance for MaintenanceService {
     /// etcd's Alarm: GET lists the active alarms (a linearizable read of the replicated alarm table,
     /// `AlarmType::None` = all), ACTIVATE and DEACTIVATE go through raft (`apply.rs`). Responses carry
-    /// no header, as etcd's. With auth enabled every action is root's: etcd 3.4 lets any client, even
-    /// an unauthenticated one, raise NOSPACE (the cluster turns read-only) or clear it. keyward raises
+    /// no header, as etcd's. GET is open to every client, as in etcd (Status shows the same alarms).
+    /// With auth enabled, raising and clearing are root's: etcd 3.4 lets any client, even an
+    /// unauthenticated one, raise NOSPACE (the cluster turns read-only) or clear it. keyward raises
     /// only NOSPACE: it has no corruption check that would justify a CORRUPT alarm.
     async fn alarm(&self, request: Request<AlarmRequest>) -> Result<Response<AlarmResponse>, Status> {
-        let who = self.require_admin(&request, "alarm").await?;
+        let action = AlarmAction::try_from(request.get_ref().action)
+            .map_err(|_| EtcdError::Unsupported(format!("unknown alarm action {}", request.get_ref().action)))?;
+        let who = match action {
+            AlarmAction::Get => requester(&self.node, &request)?,
+            AlarmAction::Activate | AlarmAction::Deactivate => self.require_admin(&request, "alarm").await?,
+        };
         let req = request.into_inner();
-        let action = AlarmAction::try_from(req.action)
-            .map_err(|_| EtcdError::Unsupported(format!("unknown alarm action {}", req.action)))?;
         match action {
             AlarmAction::Get => {
                 self.node.read_index().await?;
