@@ -34,10 +34,7 @@ pub async fn serve(config: config::Config) -> anyhow::Result<()> {
     let (fatal_tx, mut fatal_rx) = tokio::sync::oneshot::channel();
     let watched = node.clone();
     let stop = async move {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(term) => Some(term),
-            Err(_) => None,
-        };
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         let terminated = async {
             match term.as_mut() {
                 Some(term) => term.recv().await,
