@@ -403,12 +403,22 @@ fn a_second_process_on_a_live_data_dir_exits_at_once_and_the_first_keeps_its_dat
     }
     let mut first = Server::start(Kind::Keyward);
     first.etcdctl(&["put", "k", "v"]).assert_ok();
+    // Everything keyward created is its user's alone: the data holds every value and bcrypt hashes.
+    let data = first.data_dir();
+    let mode = |p: PathBuf| std::fs::metadata(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).permissions();
+    for dir in ["", "member", "member/raft", "member/kv", "member/snap"] {
+        assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode(data.join(dir))) & 0o777, 0o700, "{dir}");
+    }
+    for file in ["keyward.lock", "member/ballast", "member/raft/data.mdb", "member/kv/data.mdb"] {
+        assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode(data.join(file))) & 0o777, 0o600, "{file}");
+    }
+    let holder = first.pid().unwrap();
+    assert_eq!(std::fs::read_to_string(data.join("keyward.lock")).unwrap(), format!("{holder}\n"));
     let log = first.dir().path().join("second.log");
     let (mut second, second_ep) = spawn_keyward(&[], &first.data_dir(), &log);
     let status = second.wait_exit(Duration::from_secs(60)).expect("the second process exits on its own");
     let said = std::fs::read_to_string(&log).unwrap();
     assert!(!status.success(), "{status}: {said}");
-    let holder = first.pid().unwrap();
     let expected = format!("data dir {} is in use by another process (pid {holder})", first.data_dir().display());
     assert!(said.contains(&expected), "expected {expected:?} in:\n{said}");
     assert!(!etcdctl(&second_ep, &["--command-timeout=2s", "endpoint", "health"]).success());

@@ -261,3 +261,29 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use openraft::CommittedLeaderId;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_committed_id_is_written_with_the_next_log_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let committed = Some(LogId::new(CommittedLeaderId::new(1, 1), 3));
+        {
+            let mut log = LogStore::open(dir.path()).unwrap();
+            log.save_committed(committed).await.unwrap();
+            assert_eq!(log.read_committed().await.unwrap(), committed);
+            assert_eq!(log.read_meta::<LogId>(COMMITTED).unwrap(), None, "no commit of its own");
+            log.save_vote(&Vote::new(1, 1)).await.unwrap();
+            assert_eq!(log.read_meta::<LogId>(COMMITTED).unwrap(), committed);
+            // Never backwards.
+            log.save_committed(Some(LogId::new(CommittedLeaderId::new(1, 1), 2))).await.unwrap();
+            assert_eq!(log.read_committed().await.unwrap(), committed);
+        }
+        let mut reopened = LogStore::open(dir.path()).unwrap();
+        assert_eq!(reopened.read_committed().await.unwrap(), committed, "read back after a restart");
+    }
+}
