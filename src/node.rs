@@ -213,7 +213,8 @@ impl Node {
         });
         node.raft.wait(Some(Duration::from_secs(10))).metrics(|m| m.current_leader.is_some(), "leader elected").await?;
         if let Some(index) = logged {
-            node.raft.wait(Some(Duration::from_secs(60))).applied_index_at_least(Some(index), "log applied").await?;
+            // No deadline: however long the log is, serving earlier would serve older state.
+            node.raft.wait(None).applied_index_at_least(Some(index), "log applied").await?;
         }
         tokio::spawn(raise_nospace_when_storage_full(Arc::downgrade(&node)));
         tokio::spawn(restore_ballast(Arc::downgrade(&node)));
