@@ -11,11 +11,16 @@
 //! 4. the writes.
 //!
 //! Steps 1–3 never write, so a refused entry changes nothing.
+//!
+//! While a NOSPACE alarm is active (replicated state, `alarm.rs`), step 3 refuses puts, txns with a
+//! put and lease grants with "database space exceeded" (etcd's `applierV3Capped`), identically on
+//! every member; deletes, compaction and everything else still apply.
 
 use std::collections::HashSet;
 
 use heed::{RoTxn, RwTxn};
 
+use crate::alarm::AlarmStore;
 use crate::auth::check::{Authorizer, Requester};
 use crate::auth::permissions::Access;
 use crate::auth::simple::SimpleTokens;
@@ -26,10 +31,11 @@ use crate::lease::store::{LeaseRecord, LeaseStore};
 use crate::lease::{MAX_LEASE_TTL, MIN_LEASE_TTL};
 use crate::mvcc::kv::{self, Leases};
 use crate::mvcc::{self, KvStore, WriteTxn};
+use crate::proto::etcdserverpb::alarm_request::AlarmAction;
 use crate::proto::etcdserverpb::request_op::Request;
 use crate::proto::etcdserverpb::{
-    CompactionResponse, InternalRaftRequest, LeaseCheckpointResponse, LeaseGrantResponse, LeaseRevokeResponse,
-    PutRequest, RequestOp, TxnRequest,
+    AlarmRequest, AlarmResponse, AlarmType, CompactionResponse, InternalRaftRequest, LeaseCheckpointResponse,
+    LeaseGrantResponse, LeaseRevokeResponse, PutRequest, RequestOp, TxnRequest,
 };
 use crate::proto::mvccpb::event::EventType;
 use crate::proto::mvccpb::Event;
@@ -41,6 +47,7 @@ pub struct Stores<'a> {
     pub kv: &'a KvStore,
     pub leases: &'a LeaseStore,
     pub auth: &'a AuthStore,
+    pub alarms: &'a AlarmStore,
     pub simple_tokens: Option<&'a SimpleTokens>,
 }
 
@@ -53,11 +60,14 @@ pub struct Effects {
     pub revoked: Vec<i64>,
     /// Whose permissions changed, when an auth entry changed any.
     pub auth: Option<Affected>,
+    /// An alarm was raised or cleared.
+    pub alarms_changed: bool,
 }
 
 /// Applies one entry (`index` is its raft log index). `Err` is the etcd error for the proposer; the
 /// transaction then holds no change from this entry. `EtcdError::Internal` means storage failed and the
-/// whole batch must abort.
+/// whole batch must abort; `EtcdError::StorageFull` means the batch must abort and be applied again
+/// once there is room.
 pub fn apply(
     stores: &Stores,
     txn: &mut RwTxn,
@@ -68,6 +78,7 @@ pub fn apply(
     if let Some(put) = &req.put {
         mvcc::txn::validate_put(put)?;
         authorize(stores, txn, |authz| check_put(authz, stores.leases, txn, &who, put))?;
+        refuse_if_capped(stores, txn, req)?;
         write_kv(stores, txn, &[put.lease], |w, leases| {
             // Outside a txn etcd looks the lease up before anything else.
             if put.lease != 0 && !leases.exists(put.lease) {
@@ -90,6 +101,7 @@ pub fn apply(
         // The op-count limit is each member's own flag, so it stays in the API layer.
         mvcc::txn::validate(t, usize::MAX)?;
         authorize(stores, txn, |authz| check_txn(authz, stores.leases, txn, &who, t))?;
+        refuse_if_capped(stores, txn, req)?;
         let mut lease_ids = Vec::new();
         txn_leases(&t.success, &mut lease_ids);
         txn_leases(&t.failure, &mut lease_ids);
@@ -102,6 +114,7 @@ pub fn apply(
         })
     } else if let Some(grant) = &req.lease_grant {
         authorize(stores, txn, |authz| authz.check_user(&who, "lease_grant"))?;
+        refuse_if_capped(stores, txn, req)?;
         if stores.leases.get(txn, grant.id)?.is_some() {
             return Err(EtcdError::LeaseExists);
         }
@@ -143,11 +156,52 @@ pub fn apply(
         }
         let header = kv::header(stores.kv.view(txn)?.rev);
         Ok((Applied::LeaseCheckpoint(LeaseCheckpointResponse { header }), Effects::default()))
+    } else if let Some(alarm) = &req.alarm {
+        // Raising or clearing an alarm changes what the whole cluster accepts: root's, with auth on.
+        authorize(stores, txn, |authz| authz.check_admin(&who, "alarm"))?;
+        apply_alarm(stores, txn, alarm)
     } else if let Some(auth) = &req.authenticate {
         authenticate(stores, txn, &who, &auth.name, &auth.simple_token, index)
     } else {
         apply_auth_admin(stores, txn, &who, req)
     }
+}
+
+/// While a NOSPACE alarm is active, a request that would take space (a put, a txn with a put on either
+/// branch, a lease grant) is refused (etcd's `applierV3Capped`).
+fn refuse_if_capped(stores: &Stores, txn: &RoTxn, req: &InternalRaftRequest) -> Result<(), EtcdError> {
+    if crate::space::cost(req) > 0 && stores.alarms.active(txn, AlarmType::Nospace)? {
+        return Err(EtcdError::NoSpace);
+    }
+    Ok(())
+}
+
+/// etcd's `applierV3backend.Alarm`: ACTIVATE records the alarm and answers it (also when it was
+/// already set), DEACTIVATE clears it and answers it if it was set, GET lists (`AlarmType::None`:
+/// every alarm). The response has no header, as etcd's.
+fn apply_alarm(stores: &Stores, txn: &mut RwTxn, req: &AlarmRequest) -> Result<(Applied, Effects), EtcdError> {
+    let mut resp = AlarmResponse::default();
+    let mut changed = false;
+    match AlarmAction::try_from(req.action) {
+        Ok(AlarmAction::Get) => resp.alarms = stores.alarms.list(txn, req.alarm)?,
+        Ok(AlarmAction::Activate) => {
+            let (member, new) = stores.alarms.activate(txn, req.member_id, req.alarm)?;
+            if new {
+                tracing::warn!(alarm = %crate::alarm::go_text(&member), "alarm raised");
+            }
+            changed = new;
+            resp.alarms.push(member);
+        }
+        Ok(AlarmAction::Deactivate) => {
+            if let Some(member) = stores.alarms.deactivate(txn, req.member_id, req.alarm)? {
+                tracing::warn!(alarm = %crate::alarm::go_text(&member), "alarm disarmed");
+                changed = true;
+                resp.alarms.push(member);
+            }
+        }
+        Err(_) => return Err(EtcdError::Unsupported(format!("unknown alarm action {}", req.action))),
+    }
+    Ok((Applied::Alarm(resp), Effects { alarms_changed: changed, ..Default::default() }))
 }
 
 /// Runs permission checks against the auth state in `txn`, before anything is written.

@@ -67,6 +67,14 @@ pub struct ServeArgs {
     /// Maximum number of operations permitted in a transaction.
     #[arg(long, env = "ETCD_MAX_TXN_OPS", default_value_t = 128)]
     pub max_txn_ops: u32,
+    /// Raise alarms when the backend size exceeds the given quota (0 defaults to 2 GiB; a negative
+    /// value disables the quota).
+    #[arg(long, env = "ETCD_QUOTA_BACKEND_BYTES", default_value_t = 0, allow_negative_numbers = true)]
+    pub quota_backend_bytes: i64,
+    /// Size of the disk-full ballast kept in the data dir: deleted when a write finds the disk full, so
+    /// the member can finish that write and raise a NOSPACE alarm instead of stopping (0 = none).
+    #[arg(long, env = "KEYWARD_BALLAST_BYTES", default_value_t = crate::ballast::DEFAULT_BALLAST_BYTES)]
+    pub ballast_bytes: u64,
     /// Specify auth token type and its options, e.g. "simple" or
     /// "jwt,pub-key=PATH,priv-key=PATH,sign-method=RS256,ttl=5m".
     #[arg(long, env = "ETCD_AUTH_TOKEN", default_value = "simple")]
@@ -127,6 +135,9 @@ pub struct Config {
     pub max_request_bytes: usize,
     pub max_txn_ops: usize,
     pub snapshot_count: u64,
+    /// `--quota-backend-bytes`.
+    pub quota: crate::space::Quota,
+    pub ballast_bytes: u64,
     pub auth_token: crate::auth::token_config::TokenConfig,
     pub auth_token_ttl: std::time::Duration,
     pub bcrypt_cost: u32,
@@ -285,6 +296,7 @@ impl ServeArgs {
         if self.max_txn_ops == 0 {
             return Err(invalid("--max-txn-ops must be at least 1"));
         }
+        let quota = crate::space::Quota::from_flag(self.quota_backend_bytes);
         Ok(Config {
             name: self.name,
             data_dir: self.data_dir,
@@ -295,6 +307,8 @@ impl ServeArgs {
             max_request_bytes: self.max_request_bytes as usize,
             max_txn_ops: self.max_txn_ops as usize,
             snapshot_count: self.snapshot_count.max(1),
+            quota,
+            ballast_bytes: self.ballast_bytes,
             auth_token,
             auth_token_ttl: std::time::Duration::from_secs(self.auth_token_ttl),
             bcrypt_cost: self.bcrypt_cost,
@@ -366,6 +380,17 @@ mod tests {
         assert_eq!(config.listen_client[0].addr, "127.0.0.1:2379".parse().unwrap());
         assert_eq!(config.max_request_bytes, 1_572_864);
         assert_eq!(config.max_txn_ops, 128);
+        assert_eq!(config.quota, crate::space::Quota::Bytes(2 << 30));
+        assert_eq!(config.ballast_bytes, 64 << 20);
+    }
+
+    #[test]
+    fn quota_flag_takes_etcds_values() {
+        let quota = |args: &[&str]| parse(args).unwrap().quota;
+        assert_eq!(quota(&["--quota-backend-bytes", "1048576"]), crate::space::Quota::Bytes(1 << 20));
+        assert_eq!(quota(&["--quota-backend-bytes=0"]), crate::space::Quota::Bytes(2 << 30));
+        assert_eq!(quota(&["--quota-backend-bytes", "-1"]), crate::space::Quota::Disabled { flag: -1 });
+        assert!(parse(&["--quota-backend-bytes", "lots"]).is_err());
     }
 
     #[test]

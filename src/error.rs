@@ -95,6 +95,13 @@ pub enum EtcdError {
     /// A storage failure inside the server; the detail is logged, not sent.
     #[error("etcdserver: internal error")]
     Internal,
+    /// The member's storage is full (the disk, or LMDB's map). Never a request's apply result: the
+    /// state machine aborts the batch and applies it again once there is room (`space.rs`).
+    #[error("etcdserver: mvcc: database space exceeded")]
+    StorageFull {
+        /// LMDB's map is full (not the disk).
+        map: bool,
+    },
 }
 
 impl EtcdError {
@@ -104,7 +111,7 @@ impl EtcdError {
             EmptyKey | KeyNotFound | ValueProvided | LeaseProvided | TooManyOps | DuplicateKey | RequestTooLarge
             | UserEmpty | RoleEmpty | AuthFailed | InvalidAuthMgmt | AuthOldRevision => Code::InvalidArgument,
             Compacted | FutureRev | LeaseTtlTooLarge => Code::OutOfRange,
-            NoSpace | TooManyRequests => Code::ResourceExhausted,
+            NoSpace | StorageFull { .. } | TooManyRequests => Code::ResourceExhausted,
             LeaseNotFound | MemberNotFound => Code::NotFound,
             LeaseExists | RootUserNotExist | RootRoleNotExist | UserAlreadyExist | UserNotFound | RoleAlreadyExist
             | RoleNotFound | RoleNotGranted | PermissionNotGranted | AuthNotEnabled | NotLeader => {
@@ -134,11 +141,14 @@ impl From<EtcdError> for Status {
 }
 
 /// Storage errors never reach a client in detail: they are logged where they happen and surface as
-/// `Internal`.
+/// `Internal`, or `StorageFull` when storage is full.
 impl From<heed::Error> for EtcdError {
     fn from(err: heed::Error) -> EtcdError {
         match err {
-            heed::Error::Mdb(heed::MdbError::MapFull) => EtcdError::NoSpace,
+            full if crate::space::full_kind(&full).is_some() => {
+                tracing::warn!(error = %full, "storage full");
+                EtcdError::StorageFull { map: crate::space::full_kind(&full) == Some(crate::space::Full::Map) }
+            }
             other => {
                 tracing::error!(error = %other, "storage error");
                 EtcdError::Internal

@@ -5,10 +5,13 @@
 //! committed entry → effects) → `mvcc` (the revisioned store).
 #![deny(unsafe_code)] // the one exception is opening LMDB, in storage.rs
 
+pub mod alarm;
 pub mod apply;
 pub mod auth;
+pub mod ballast;
 pub mod bench;
 pub mod config;
+pub mod data_dir;
 pub mod error;
 pub mod keyrange;
 pub mod lease;
@@ -18,25 +21,39 @@ pub mod node;
 pub mod proto;
 pub mod raft;
 pub mod server;
+pub mod space;
 pub mod storage;
 pub mod tls;
 
-/// Runs a member until SIGINT or SIGTERM.
+/// Runs a member until SIGINT or SIGTERM, or until its raft core stops: a stopped core never
+/// resumes (a storage failure), so the process then exits with an error, for systemd or Kubernetes to
+/// restart it, rather than answer "server stopped" forever.
 pub async fn serve(config: config::Config) -> anyhow::Result<()> {
     let node = node::Node::start(&config).await?;
     tracing::info!(name = %config.name, member_id = format!("{:x}", node.member_id), cluster_id = format!("{:x}", node.cluster_id), "member ready");
-    let shutdown = async {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(term) => term,
-            Err(_) => return std::future::pending().await,
+    let (fatal_tx, mut fatal_rx) = tokio::sync::oneshot::channel();
+    let watched = node.clone();
+    let stop = async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let terminated = async {
+            match term.as_mut() {
+                Some(term) => term.recv().await,
+                None => std::future::pending().await,
+            }
         };
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => tracing::info!("shutting down"),
+            _ = terminated => tracing::info!("shutting down"),
+            fatal = watched.stopped() => {
+                tracing::error!(error = %fatal, "raft core stopped; exiting so that the member is restarted");
+                let _ = fatal_tx.send(fatal);
+            }
         }
-        tracing::info!("shutting down");
     };
-    server::serve(node.clone(), &config.listen_client, config.client_tls.as_ref(), shutdown).await?;
+    server::serve(node.clone(), &config.listen_client, config.client_tls.as_ref(), stop).await?;
+    if let Ok(fatal) = fatal_rx.try_recv() {
+        anyhow::bail!("raft core stopped: {fatal}");
+    }
     node.raft.shutdown().await.map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?;
     Ok(())
 }

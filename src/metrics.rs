@@ -51,6 +51,8 @@ pub static PROPOSALS_FAILED: LazyLock<IntCounter> = LazyLock::new(|| {
 /// Gauges read from the node at scrape time, then everything registered.
 pub fn render(node: &Node) -> String {
     let metrics = node.raft.metrics().borrow().clone();
+    // A stopped raft core keeps its last leader in openraft's metrics: it has none any more.
+    let leader = node.leader();
     let db_size = node.state().env.real_disk_size().unwrap_or(0);
     let mut out = format!(
         "# HELP etcd_server_has_leader Whether or not a leader exists. 1 is existence, 0 is not.\n\
@@ -61,13 +63,22 @@ pub fn render(node: &Node) -> String {
          # TYPE etcd_server_proposals_committed_total gauge\netcd_server_proposals_committed_total {}\n\
          # HELP etcd_server_proposals_applied_total The total number of consensus proposals applied.\n\
          # TYPE etcd_server_proposals_applied_total gauge\netcd_server_proposals_applied_total {}\n\
+         # HELP etcd_server_quota_backend_bytes Current backend storage quota size in bytes.\n\
+         # TYPE etcd_server_quota_backend_bytes gauge\netcd_server_quota_backend_bytes {}\n\
          # HELP etcd_mvcc_db_total_size_in_bytes Total size of the underlying database physically allocated in bytes.\n\
-         # TYPE etcd_mvcc_db_total_size_in_bytes gauge\netcd_mvcc_db_total_size_in_bytes {}\n",
-        u8::from(metrics.current_leader.is_some()),
-        u8::from(metrics.current_leader == Some(node.member_id)),
+         # TYPE etcd_mvcc_db_total_size_in_bytes gauge\netcd_mvcc_db_total_size_in_bytes {}\n\
+         # HELP etcd_mvcc_db_total_size_in_use_in_bytes Total size of the underlying database logically in use in bytes.\n\
+         # TYPE etcd_mvcc_db_total_size_in_use_in_bytes gauge\netcd_mvcc_db_total_size_in_use_in_bytes {}\n\
+         # HELP keyward_apply_waiting_for_space Whether applying committed entries waits for storage space (1) or not (0).\n\
+         # TYPE keyward_apply_waiting_for_space gauge\nkeyward_apply_waiting_for_space {}\n",
+        u8::from(leader.is_some()),
+        u8::from(leader == Some(node.member_id)),
         metrics.last_log_index.unwrap_or(0),
         metrics.last_applied.map_or(0, |l| l.index),
+        node.space.quota().gauge(),
         db_size,
+        node.space.in_use(),
+        u8::from(node.space.stalled()),
     );
     let mut buf = Vec::new();
     LazyLock::force(&HEALTH_CHECKS);

@@ -6,13 +6,17 @@
 //! - `read`: a linearizable read first confirms leadership and waits until the read index is applied
 //!   (openraft's `ensure_linearizable`), then reads from an LMDB read transaction; a serializable read
 //!   skips the wait.
+//!
+//! Before proposing a put, a txn with a put or a lease grant, the node checks the space quota
+//! (etcd's `quotaKVServer`): over it, the request gets "database space exceeded" and the member raises
+//! a NOSPACE alarm through raft (`space.rs`). The node owns the data dir lock for as long as it lives.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::error::RaftError;
+use openraft::error::{Fatal, RaftError};
 use openraft::BasicNode;
 use prost::Message;
 
@@ -22,14 +26,17 @@ use crate::config::Config;
 use crate::error::EtcdError;
 use crate::lease::lessor::Lessor;
 use crate::mvcc::ReadView;
+use crate::proto::etcdserverpb::alarm_request::AlarmAction;
 use crate::proto::etcdserverpb::{
-    InternalRaftRequest, LeaseCheckpoint, LeaseCheckpointRequest, LeaseRevokeRequest, RequestHeader, ResponseHeader,
+    AlarmRequest, AlarmType, InternalRaftRequest, LeaseCheckpoint, LeaseCheckpointRequest, LeaseRevokeRequest,
+    RequestHeader, ResponseHeader,
 };
 use crate::raft::log_store::LogStore;
 use crate::raft::network::PeerNetwork;
 use crate::raft::proposer::Proposer;
 use crate::raft::state_machine::{Committed, State, StateMachine};
-use crate::raft::{Applied, Raft};
+use crate::raft::{Applied, NodeId, Raft};
+use crate::space::Space;
 
 pub struct Node {
     pub raft: Raft,
@@ -54,6 +61,11 @@ pub struct Node {
     revision: Arc<std::sync::atomic::AtomicI64>,
     /// The store's revision after the latest applied batch, and what that batch changed.
     pub committed: tokio::sync::broadcast::Sender<Arc<Committed>>,
+    pub space: Arc<Space>,
+    /// A NOSPACE alarm proposal is on its way: concurrent writes at the quota propose only one.
+    raising_nospace: std::sync::atomic::AtomicBool,
+    /// This process's hold on the data dir (released when the node is dropped).
+    _data_dir: crate::data_dir::DataDirLock,
 }
 
 /// How often the leader looks for expired leases.
@@ -62,6 +74,8 @@ const LEASE_EXPIRY_TICK: Duration = Duration::from_millis(250);
 const LEASE_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(300);
 /// Committed batches kept for subscribers that fall behind before they must re-read from LMDB.
 const COMMITTED_BACKLOG: usize = 1024;
+/// How often a missing disk-full ballast is put back (once no NOSPACE alarm is active).
+const BALLAST_CHECK_INTERVAL: Duration = Duration::from_secs(10);
 
 /// A stable 64-bit id from strings (FNV-1a), never 0 (etcd reserves 0 for "no member").
 fn stable_id<'a>(parts: impl IntoIterator<Item = &'a str>) -> u64 {
@@ -77,9 +91,30 @@ fn stable_id<'a>(parts: impl IntoIterator<Item = &'a str>) -> u64 {
 
 impl Node {
     pub async fn start(config: &Config) -> anyhow::Result<Arc<Node>> {
+        // Before any LMDB environment is opened: a second process on this data dir stops here.
+        let data_dir = crate::data_dir::lock(&config.data_dir)?;
         let member_dir = config.data_dir.join("member");
-        let log = LogStore::open(&member_dir.join("raft"))?;
-        let sm = StateMachine::open(&member_dir.join("kv"), &member_dir.join("snap"))?;
+        crate::data_dir::create_private_dir(&member_dir)?;
+        let space = Arc::new(Space::new(
+            config.quota,
+            crate::ballast::Ballast::new(member_dir.join("ballast"), config.ballast_bytes),
+        ));
+        match config.quota {
+            crate::space::Quota::Bytes(bytes) if bytes > crate::space::MAX_RECOMMENDED_QUOTA_BYTES => {
+                tracing::warn!(
+                    quota_bytes = bytes,
+                    maximum_recommended_bytes = crate::space::MAX_RECOMMENDED_QUOTA_BYTES,
+                    "quota exceeds the maximum value"
+                );
+            }
+            crate::space::Quota::Bytes(bytes) => tracing::info!(quota_bytes = bytes, "enabled backend quota"),
+            crate::space::Quota::Disabled { .. } => tracing::info!("disabled backend quota"),
+        }
+        if let Err(e) = space.ballast().ensure() {
+            tracing::warn!(error = %e, "cannot put the disk-full ballast in place; will try again later");
+        }
+        let log = LogStore::open_with(&member_dir.join("raft"), space.clone())?;
+        let sm = StateMachine::open_with(&member_dir.join("kv"), &member_dir.join("snap"), space.clone())?;
         let state = sm.state();
         let lessor = Arc::new(Lessor::default());
         let tokens = Arc::new(
@@ -145,6 +180,10 @@ impl Node {
             let me = BasicNode { addr: config.peer_urls.join(",") };
             raft.initialize(BTreeMap::from([(member_id, me)])).await?;
         }
+        // Everything in the log at startup is committed once this (only) voter leads: serve after it
+        // is applied, so that not even a serializable read misses an acknowledged write that a power
+        // loss took out of the kv environment (it commits without syncing its meta page).
+        let logged = raft.metrics().borrow().last_log_index;
         let seed =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let node = Arc::new(Node {
@@ -168,8 +207,17 @@ impl Node {
             lessor,
             revision,
             committed,
+            space,
+            raising_nospace: Default::default(),
+            _data_dir: data_dir,
         });
         node.raft.wait(Some(Duration::from_secs(10))).metrics(|m| m.current_leader.is_some(), "leader elected").await?;
+        if let Some(index) = logged {
+            // No deadline: however long the log is, serving earlier would serve older state.
+            node.raft.wait(None).applied_index_at_least(Some(index), "log applied").await?;
+        }
+        tokio::spawn(raise_nospace_when_storage_full(Arc::downgrade(&node)));
+        tokio::spawn(restore_ballast(Arc::downgrade(&node)));
         tokio::spawn(snapshot_when_due(node.raft.clone(), snapshot_due));
         tokio::spawn(expire_leases(Arc::downgrade(&node)));
         tokio::spawn(checkpoint_leases(Arc::downgrade(&node)));
@@ -182,7 +230,55 @@ impl Node {
     }
 
     pub fn is_leader(&self) -> bool {
-        self.raft.metrics().borrow().current_leader == Some(self.member_id)
+        self.leader() == Some(self.member_id)
+    }
+
+    /// The leader this member knows of; none once the raft core has stopped (openraft's metrics keep
+    /// the last leader they saw).
+    pub fn leader(&self) -> Option<NodeId> {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics.running_state.as_ref().ok().and(metrics.current_leader)
+    }
+
+    /// Resolves when the raft core stops, with the reason. A core that stops has met a storage failure
+    /// (or was shut down): it never resumes, and the process must exit so that it is restarted.
+    pub async fn stopped(&self) -> Fatal<NodeId> {
+        let mut metrics = self.raft.metrics();
+        loop {
+            if let Err(fatal) = &metrics.borrow_and_update().running_state {
+                return fatal.clone();
+            }
+            if metrics.changed().await.is_err() {
+                return Fatal::Stopped;
+            }
+        }
+    }
+
+    /// Whether the member can serve writes: a leader, a running core and an apply that is not
+    /// waiting for storage space.
+    pub fn serving(&self) -> bool {
+        self.leader().is_some() && !self.space.stalled()
+    }
+
+    /// Raises a NOSPACE alarm for this member through raft, unless one is active or on its way.
+    pub async fn raise_nospace(&self) {
+        let mine = |a: &crate::proto::etcdserverpb::AlarmMember| {
+            a.member_id == self.member_id && a.alarm == AlarmType::Nospace as i32
+        };
+        if self.state.active_alarms().iter().any(mine) || self.raising_nospace.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let alarm = AlarmRequest {
+            action: AlarmAction::Activate as i32,
+            member_id: self.member_id,
+            alarm: AlarmType::Nospace as i32,
+        };
+        let req = InternalRaftRequest { alarm: Some(alarm), ..Default::default() };
+        if let Err(e) = self.submit(req, &Requester::Member).await {
+            tracing::warn!(error = %e, "raising the NOSPACE alarm failed; the next write over the quota tries again");
+        }
+        self.raising_nospace.store(false, Ordering::Release);
     }
 
     /// Proposes the remaining TTL of every lease, so a restart resumes them where they were.
@@ -212,7 +308,29 @@ impl Node {
 
     /// Proposes one write through raft on behalf of `who` and returns what applying it produced. The
     /// entry's header carries the requester, so apply decides permissions at the entry's place in the log.
-    pub async fn propose(&self, mut req: InternalRaftRequest, who: &Requester) -> Result<Applied, EtcdError> {
+    pub async fn propose(&self, req: InternalRaftRequest, who: &Requester) -> Result<Applied, EtcdError> {
+        let cost = crate::space::cost(&req);
+        // Apply refuses it anyway while NOSPACE is active: refused here it takes no room in the raft
+        // log either, which matters when the disk (not the quota) is what is full.
+        if cost > 0 && self.state.nospace() {
+            return Err(EtcdError::NoSpace);
+        }
+        // etcd's quotaKVServer/quotaLeaseServer: a request that would take the database to the quota
+        // is refused here, and the alarm makes every member refuse such requests from then on.
+        if !self.space.admits(cost) {
+            tracing::warn!(
+                quota_bytes = self.space.quota().gauge(),
+                in_use_bytes = self.space.in_use(),
+                "request exceeds the backend quota; raising the NOSPACE alarm"
+            );
+            self.raise_nospace().await;
+            return Err(EtcdError::NoSpace);
+        }
+        self.submit(req, who).await
+    }
+
+    /// `propose` without the quota check.
+    async fn submit(&self, mut req: InternalRaftRequest, who: &Requester) -> Result<Applied, EtcdError> {
         let id = self.next_id() as u64;
         req.header = Some(match who {
             Requester::Member => RequestHeader { id, member_internal: true, ..Default::default() },
@@ -236,10 +354,7 @@ impl Node {
         read: impl FnOnce(&ReadView, &Authorizer) -> Result<T, EtcdError> + Send + 'static,
     ) -> Result<T, EtcdError> {
         if linearizable {
-            self.raft.ensure_linearizable().await.map_err(|e| match e {
-                RaftError::APIError(_) => EtcdError::NoLeader,
-                RaftError::Fatal(_) => EtcdError::Stopped,
-            })?;
+            self.read_index().await?;
         }
         self.read_state(move |state, txn| {
             let view = state.kv.view(txn)?;
@@ -247,6 +362,15 @@ impl Node {
             read(&view, &authz)
         })
         .await
+    }
+
+    /// Waits until this member may serve a linearizable read: leadership confirmed and the applied
+    /// state caught up with the read index.
+    pub async fn read_index(&self) -> Result<(), EtcdError> {
+        self.raft.ensure_linearizable().await.map(|_| ()).map_err(|e| match e {
+            RaftError::APIError(_) => EtcdError::NoLeader,
+            RaftError::Fatal(_) => EtcdError::Stopped,
+        })
     }
 
     /// Completes a response header with this member's identity and the raft term.
@@ -294,6 +418,37 @@ async fn snapshot_when_due(raft: Raft, due: Arc<tokio::sync::Notify>) {
     }
 }
 
+/// A write found storage full (and gave back the ballast, if there was one): raise NOSPACE, so that
+/// writes are refused until an operator makes room and disarms it.
+async fn raise_nospace_when_storage_full(node: std::sync::Weak<Node>) {
+    loop {
+        let Some(space) = node.upgrade().map(|n| n.space.clone()) else { return };
+        space.full_reported().await;
+        let Some(node) = node.upgrade() else { return };
+        node.raise_nospace().await;
+    }
+}
+
+/// Puts a given-back ballast in place again once the NOSPACE alarm is disarmed and the disk has room.
+async fn restore_ballast(node: std::sync::Weak<Node>) {
+    let mut tick = tokio::time::interval(BALLAST_CHECK_INTERVAL);
+    loop {
+        tick.tick().await;
+        let Some(node) = node.upgrade() else { return };
+        let ballast_wanted = node.space.ballast().size() > 0 && !node.space.ballast().present();
+        if !ballast_wanted || node.state.nospace() || node.space.stalled() {
+            continue;
+        }
+        let space = node.space.clone();
+        drop(node);
+        match tokio::task::spawn_blocking(move || space.ballast().ensure()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot put the disk-full ballast back yet"),
+            Err(_) => return,
+        }
+    }
+}
+
 async fn expire_leases(node: std::sync::Weak<Node>) {
     let mut tick = tokio::time::interval(LEASE_EXPIRY_TICK);
     loop {
@@ -336,5 +491,85 @@ async fn checkpoint_leases(node: std::sync::Weak<Node>) {
                 tracing::warn!(error = %e, "lease checkpoint failed");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::config::{Cli, Command};
+    use crate::proto::etcdserverpb::PutRequest;
+
+    fn config(data_dir: &std::path::Path, extra: &[&str]) -> Config {
+        let dir = data_dir.display().to_string();
+        let mut args = vec!["keyward", "serve", "--data-dir", dir.as_str(), "--ballast-bytes", "0"];
+        args.extend_from_slice(extra);
+        let Command::Serve(args) = Cli::try_parse_from(args).expect("flags").command else { panic!("not serve") };
+        args.into_config().expect("config")
+    }
+
+    fn put(key: &str) -> InternalRaftRequest {
+        let put = PutRequest { key: key.into(), value: b"v".to_vec(), ..Default::default() };
+        InternalRaftRequest { put: Some(put), ..Default::default() }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stopped_raft_core_is_reported_and_no_leader_is_claimed() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = Node::start(&config(dir.path(), &[])).await.unwrap();
+        node.propose(put("a"), &Requester::Member).await.unwrap();
+        assert!(crate::metrics::render(&node).contains("etcd_server_has_leader 1\n"));
+        let failed_before = crate::metrics::PROPOSALS_FAILED.get();
+
+        node.state.inject_failure.store(true, Ordering::SeqCst);
+        assert_eq!(node.propose(put("b"), &Requester::Member).await, Err(EtcdError::Stopped));
+        let fatal = tokio::time::timeout(Duration::from_secs(30), node.stopped()).await.expect("the core stops");
+        assert!(fatal.to_string().contains("injected storage failure"), "{fatal}");
+        assert_eq!(node.leader(), None, "openraft's metrics still name the old leader; the node must not");
+        let metrics = crate::metrics::render(&node);
+        assert!(metrics.contains("etcd_server_has_leader 0\n"), "{metrics}");
+        assert!(metrics.contains("etcd_server_is_leader 0\n"), "{metrics}");
+        assert!(crate::metrics::PROPOSALS_FAILED.get() > failed_before, "the failed proposal is counted");
+        assert!(!node.serving());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_over_the_quota_raise_this_members_nospace_alarm_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = Node::start(&config(dir.path(), &["--quota-backend-bytes", "1048576"])).await.unwrap();
+        let value = vec![b'x'; 64 << 10];
+        let mut accepted = 0;
+        let refused = loop {
+            let req = InternalRaftRequest {
+                put: Some(PutRequest {
+                    key: format!("k{accepted}").into(),
+                    value: value.clone(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            match node.propose(req, &Requester::anonymous()).await {
+                Ok(_) => accepted += 1,
+                Err(e) => break e,
+            }
+            assert!(accepted < 1000, "the quota never refused a write");
+        };
+        assert_eq!(refused, EtcdError::NoSpace);
+        assert!(accepted >= 2, "{accepted}");
+        assert!(node.state.nospace());
+        let alarms = node.state.active_alarms();
+        assert_eq!(alarms.len(), 1);
+        assert_eq!((alarms[0].member_id, alarms[0].alarm), (node.member_id, AlarmType::Nospace as i32));
+        // Deletes still go through; a lease grant does not.
+        let del = crate::proto::etcdserverpb::DeleteRangeRequest { key: b"k0".to_vec(), ..Default::default() };
+        node.propose(InternalRaftRequest { delete_range: Some(del), ..Default::default() }, &Requester::anonymous())
+            .await
+            .unwrap();
+        let grant = crate::proto::etcdserverpb::LeaseGrantRequest { ttl: 60, id: 9 };
+        let grant = InternalRaftRequest { lease_grant: Some(grant), ..Default::default() };
+        assert_eq!(node.propose(grant, &Requester::anonymous()).await, Err(EtcdError::NoSpace));
+        assert_eq!(node.state.active_alarms().len(), 1, "raised once");
     }
 }

@@ -18,8 +18,9 @@ pub type Db = Database<'static, Bytes, Bytes>;
 pub type LmdbEnv = Env<WithoutTls>;
 
 /// Address space reserved for an environment. LMDB grows the file only as data is written, so this is a
-/// ceiling, not an allocation.
-const MAP_SIZE: usize = 64 << 30;
+/// ceiling, not an allocation. The kv environment reserves more when the space quota asks for it
+/// (`space::map_size`).
+pub const MAP_SIZE: usize = 64 << 30;
 
 /// How much a commit waits for the disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,9 +36,19 @@ pub enum Durability {
 
 /// Opens (creating if needed) the environment at `dir` and the named databases in it.
 pub fn open<const N: usize>(dir: &Path, names: [&str; N], durability: Durability) -> heed::Result<(LmdbEnv, [Db; N])> {
-    std::fs::create_dir_all(dir)?;
+    open_with_map_size(dir, names, durability, MAP_SIZE)
+}
+
+/// `open` with `map_size` bytes of address space reserved instead of `MAP_SIZE`.
+pub fn open_with_map_size<const N: usize>(
+    dir: &Path,
+    names: [&str; N],
+    durability: Durability,
+    map_size: usize,
+) -> heed::Result<(LmdbEnv, [Db; N])> {
+    crate::data_dir::create_private_dir(dir)?;
     let mut options = EnvOpenOptions::new().read_txn_without_tls();
-    options.map_size(MAP_SIZE).max_dbs(N as u32).max_readers(1024);
+    options.map_size(map_size).max_dbs(N as u32).max_readers(1024);
     if durability == Durability::LastCommitMayUndo {
         // SAFETY: MDB_NOMETASYNC only relaxes when the meta page reaches the disk; LMDB documents that
         // it keeps atomicity, consistency and isolation (see `Durability`).
@@ -48,8 +59,8 @@ pub fn open<const N: usize>(dir: &Path, names: [&str; N], durability: Durability
     }
     // SAFETY: LMDB requires that an environment is opened at most once per process and that the file is
     // not modified by other means while open. keyward opens each member directory exactly once
-    // (`Node::start`), and the data dir belongs to one process at a time (LMDB's own lock file refuses
-    // a second writer process).
+    // (`Node::start`), and the data dir belongs to one process at a time (`data_dir::lock`, taken
+    // before any environment is opened).
     #[allow(unsafe_code)]
     let env = unsafe { options.open(dir)? };
     // `Table` splits keys into chunks sized for LMDB's default key limit; a build with a smaller one

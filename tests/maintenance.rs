@@ -395,7 +395,7 @@ async fn client_fields() {
     assert_eq!(grpc_code(c.member_promote(other).await.unwrap_err()), (Code::NotFound, MEMBER_NOT_FOUND.into()));
 }
 
-/// What keyward refuses (etcd would change the membership or raise an alarm).
+/// What keyward refuses (etcd would change the membership).
 #[tokio::test]
 async fn unsupported_changes_are_refused() {
     if common::selftest() {
@@ -410,9 +410,6 @@ async fn unsupported_changes_are_refused() {
     assert_eq!(grpc_code(c.member_remove(me).await.unwrap_err()), unsupported);
     assert_eq!(grpc_code(c.member_update(me, vec!["http://127.0.0.1:1".to_string()]).await.unwrap_err()), unsupported);
     assert_eq!(grpc_code(c.member_promote(me).await.unwrap_err()), unsupported);
-    let (code, message) = grpc_code(c.alarm(AlarmAction::Activate, AlarmType::Nospace, None).await.unwrap_err());
-    assert_eq!(code, Code::Unimplemented);
-    assert!(message.starts_with("etcdserver: alarms are not supported yet"), "{message}");
     // Still one member, still writable.
     assert_eq!(c.member_list().await.unwrap().members().len(), 1);
     c.put("a", "1", None).await.unwrap();

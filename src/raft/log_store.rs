@@ -2,6 +2,15 @@
 //!
 //! Every append batch is one LMDB transaction committed with fsync before openraft is told it is
 //! durable; batches form naturally while the previous commit is in flight (group commit).
+//!
+//! The committed log id (openraft's `save_committed`) is kept in memory and written with the next
+//! log write (append, truncate, purge, vote), inside that write's fsynced transaction: it never costs
+//! a commit of its own, is never ahead of what is committed, and lags at most one write behind —
+//! as etcd's `HardState.Commit` travels with the next WAL write. On restart openraft re-applies the
+//! log up to it before the member serves.
+//!
+//! A write that finds the disk full gets the ballast back and is tried once more (`space.rs`); if the
+//! disk is still full the write fails, which stops the raft core.
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
@@ -15,11 +24,13 @@ use serde::Serialize;
 
 use super::log_cache::LogCache;
 use super::{any_error, blocking, Entry, LogId, NodeId, StorageError, TypeConfig};
+use crate::space::Space;
 use crate::storage::{self, Db, LmdbEnv};
 
 const VOTE: &[u8] = b"vote";
 const LAST_PURGED: &[u8] = b"last_purged";
 const IDENTITY: &[u8] = b"identity";
+const COMMITTED: &[u8] = b"committed";
 
 #[derive(Clone)]
 pub struct LogStore {
@@ -32,6 +43,9 @@ struct Inner {
     meta: Db,
     /// The newest entries, so applying them does not read them back from LMDB.
     recent: std::sync::Mutex<LogCache>,
+    /// The latest committed log id openraft saved, written with the next log write.
+    committed: std::sync::Mutex<Option<LogId>>,
+    space: Arc<Space>,
 }
 
 fn index_key(index: u64) -> [u8; 8] {
@@ -43,9 +57,31 @@ fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, postcard::Error> {
 }
 
 impl LogStore {
+    /// Opens the log without a disk-full ballast.
     pub fn open(dir: &Path) -> Result<Self, heed::Error> {
+        LogStore::open_with(dir, Arc::new(Space::without_ballast()))
+    }
+
+    /// Opens the log; a write that finds the disk full uses `space`'s ballast.
+    pub fn open_with(dir: &Path, space: Arc<Space>) -> Result<Self, heed::Error> {
         let (env, [log, meta]) = storage::open(dir, ["log", "meta"], storage::Durability::Full)?;
-        Ok(LogStore { inner: Arc::new(Inner { env, log, meta, recent: Default::default() }) })
+        let inner = Inner { env, log, meta, recent: Default::default(), committed: Default::default(), space };
+        Ok(LogStore { inner: Arc::new(inner) })
+    }
+
+    /// Runs `write` in a write transaction that also records the latest committed log id, and commits
+    /// it (with fsync); on a full disk, once more after the ballast is given back.
+    fn write(&self, write: impl Fn(&mut heed::RwTxn) -> heed::Result<()>) -> heed::Result<()> {
+        self.inner.space.write_or_make_room(self.inner.env.path(), || {
+            let mut txn = self.inner.env.write_txn()?;
+            write(&mut txn)?;
+            let committed = *self.inner.committed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(committed) = committed {
+                let bytes = encode(&committed).map_err(|e| heed::Error::Encoding(Box::new(e)))?;
+                self.inner.meta.put(&mut txn, COMMITTED, &bytes)?;
+            }
+            txn.commit()
+        })
     }
 
     /// This member's `(member_id, cluster_id)`: chosen once at bootstrap and kept, so that a later change
@@ -73,13 +109,8 @@ impl LogStore {
     }
 
     fn write_meta<T: Serialize>(&self, name: &'static [u8], value: &T) -> Result<(), StorageError> {
-        let write = || -> Result<(), Box<dyn std::error::Error>> {
-            let mut txn = self.inner.env.write_txn()?;
-            self.inner.meta.put(&mut txn, name, &encode(value)?)?;
-            txn.commit()?;
-            Ok(())
-        };
-        write().map_err(|e| StorageIOError::write(any_error(e)).into())
+        let bytes = encode(value).map_err(|e| StorageIOError::write(any_error(e)))?;
+        self.write(|txn| self.inner.meta.put(txn, name, &bytes)).map_err(|e| StorageIOError::write(any_error(e)).into())
     }
 }
 
@@ -153,6 +184,25 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         blocking(move || this.read_meta(VOTE)).await
     }
 
+    /// Kept in memory and written with the next log write (see the module documentation): openraft
+    /// calls this before every apply, and a commit of its own would cost an fsync each time.
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        let mut saved = self.inner.committed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if committed > *saved {
+            *saved = committed;
+        }
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+        let latest = *self.inner.committed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if latest.is_some() {
+            return Ok(latest);
+        }
+        let this = self.clone();
+        blocking(move || this.read_meta(COMMITTED)).await
+    }
+
     async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry> + Send,
@@ -168,14 +218,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.recent().append(entries);
         let this = self.clone();
         blocking(move || {
-            let write = || -> Result<(), heed::Error> {
-                let mut txn = this.inner.env.write_txn()?;
+            let result = this.write(|txn| {
                 for (key, bytes) in &encoded {
-                    this.inner.log.put(&mut txn, key, bytes)?;
+                    this.inner.log.put(txn, key, bytes)?;
                 }
-                txn.commit()
-            };
-            let result = write();
+                Ok(())
+            });
             let report = result.as_ref().map(|_| ()).map_err(|e| std::io::Error::other(e.to_string()));
             callback.log_io_completed(report);
             result.map_err(|e| StorageIOError::write_logs(any_error(e)).into())
@@ -187,13 +235,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.recent().truncate(log_id.index);
         let this = self.clone();
         blocking(move || {
-            let write = || -> Result<(), heed::Error> {
-                let mut txn = this.inner.env.write_txn()?;
-                let from = index_key(log_id.index);
-                this.inner.log.delete_range(&mut txn, &(Bound::Included(&from[..]), Bound::Unbounded))?;
-                txn.commit()
-            };
-            write().map_err(|e| StorageIOError::write_logs(any_error(e)).into())
+            let from = index_key(log_id.index);
+            this.write(|txn| {
+                this.inner.log.delete_range(txn, &(Bound::Included(&from[..]), Bound::Unbounded))?;
+                Ok(())
+            })
+            .map_err(|e| StorageIOError::write_logs(any_error(e)).into())
         })
         .await
     }
@@ -202,16 +249,41 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.recent().purge(log_id.index);
         let this = self.clone();
         blocking(move || {
-            let write = || -> Result<(), Box<dyn std::error::Error>> {
-                let mut txn = this.inner.env.write_txn()?;
-                this.inner.meta.put(&mut txn, LAST_PURGED, &encode(&log_id)?)?;
-                let upto = index_key(log_id.index);
-                this.inner.log.delete_range(&mut txn, &(Bound::Unbounded, Bound::Included(&upto[..])))?;
-                txn.commit()?;
+            let purged = encode(&log_id).map_err(|e| StorageIOError::write_logs(any_error(e)))?;
+            let upto = index_key(log_id.index);
+            this.write(|txn| {
+                this.inner.meta.put(txn, LAST_PURGED, &purged)?;
+                this.inner.log.delete_range(txn, &(Bound::Unbounded, Bound::Included(&upto[..])))?;
                 Ok(())
-            };
-            write().map_err(|e| StorageIOError::write_logs(any_error(e)).into())
+            })
+            .map_err(|e| StorageIOError::write_logs(any_error(e)).into())
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::CommittedLeaderId;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_committed_id_is_written_with_the_next_log_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let committed = Some(LogId::new(CommittedLeaderId::new(1, 1), 3));
+        {
+            let mut log = LogStore::open(dir.path()).unwrap();
+            log.save_committed(committed).await.unwrap();
+            assert_eq!(log.read_committed().await.unwrap(), committed);
+            assert_eq!(log.read_meta::<LogId>(COMMITTED).unwrap(), None, "no commit of its own");
+            log.save_vote(&Vote::new(1, 1)).await.unwrap();
+            assert_eq!(log.read_meta::<LogId>(COMMITTED).unwrap(), committed);
+            // Never backwards.
+            log.save_committed(Some(LogId::new(CommittedLeaderId::new(1, 1), 2))).await.unwrap();
+            assert_eq!(log.read_committed().await.unwrap(), committed);
+        }
+        let mut reopened = LogStore::open(dir.path()).unwrap();
+        assert_eq!(reopened.read_committed().await.unwrap(), committed, "read back after a restart");
     }
 }

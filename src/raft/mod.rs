@@ -20,8 +20,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::EtcdError;
 use crate::proto::etcdserverpb::{
-    CompactionResponse, DeleteRangeResponse, InternalRaftBatch, LeaseCheckpointResponse, LeaseGrantResponse,
-    LeaseRevokeResponse, PutResponse, ResponseHeader, TxnResponse,
+    AlarmResponse, CompactionResponse, DeleteRangeResponse, InternalRaftBatch, LeaseCheckpointResponse,
+    LeaseGrantResponse, LeaseRevokeResponse, PutResponse, ResponseHeader, TxnResponse,
 };
 
 pub type NodeId = u64;
@@ -65,6 +65,7 @@ pub enum Applied {
     LeaseGrant(#[serde(with = "prost_bytes")] LeaseGrantResponse),
     LeaseRevoke(#[serde(with = "prost_bytes")] LeaseRevokeResponse),
     LeaseCheckpoint(#[serde(with = "prost_bytes")] LeaseCheckpointResponse),
+    Alarm(#[serde(with = "prost_bytes")] AlarmResponse),
     /// A user/role/auth-config change was applied; the API layer builds the typed response.
     AuthChanged {
         #[serde(with = "prost_option")]

@@ -54,8 +54,14 @@ impl Proposer {
     /// Proposes `req` (its header already set) and returns what applying it produced.
     pub async fn propose(&self, req: InternalRaftRequest) -> Result<Applied, EtcdError> {
         let (reply, applied) = oneshot::channel();
-        self.queue.send(Proposal { req, reply }).await.map_err(|_| EtcdError::Stopped)?;
-        applied.await.unwrap_or(Err(EtcdError::Stopped))
+        if self.queue.send(Proposal { req, reply }).await.is_err() {
+            crate::metrics::PROPOSALS_FAILED.inc();
+            return Err(EtcdError::Stopped);
+        }
+        applied.await.unwrap_or_else(|_dropped| {
+            crate::metrics::PROPOSALS_FAILED.inc();
+            Err(EtcdError::Stopped)
+        })
     }
 }
 
@@ -128,6 +134,9 @@ fn deliver(outcome: Result<BatchResults, EtcdError>, replies: Vec<Reply>) {
             }
         }
         Err(e) => {
+            // Not committed or not applied: every request of the entry failed as a proposal (an apply
+            // result, even a refusal, is not a failed proposal, as in etcd).
+            crate::metrics::PROPOSALS_FAILED.inc_by(replies.len() as u64);
             for reply in replies {
                 let _ = reply.send(Err(e.clone()));
             }

@@ -2,23 +2,31 @@
 //! and records the applied log id and membership in the same transaction.
 //!
 //! Snapshots are a dump of every kv table; the newest one is kept in `<data-dir>/member/snap/` so a
-//! restarted member can still send it to a follower.
+//! restarted member can still send it to a follower. Snapshot files are owner-only (they hold the
+//! users' bcrypt hashes) and their rename is made durable by an fsync of the directory.
+//!
+//! A batch that finds storage full (the disk, or LMDB's map) is aborted and applied again, unchanged,
+//! until it fits (`space.rs`): what an entry does never depends on one member's disk.
 
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
 use openraft::{EntryPayload, RaftSnapshotBuilder, StorageIOError};
 use serde::{Deserialize, Serialize};
 
 use super::{any_error, blocking, BatchResults, Entry, LogId, StorageError, StoredMembership, TypeConfig};
+use crate::alarm::AlarmStore;
 use crate::apply::{Effects, Stores};
 use crate::auth::store::AuthStore;
 use crate::auth::tokens::Tokens;
 use crate::error::EtcdError;
 use crate::lease::store::LeaseStore;
 use crate::mvcc::KvStore;
+use crate::proto::etcdserverpb::{AlarmMember, AlarmType};
+use crate::space::{Full, Space};
 use crate::storage::{self, Db, LmdbEnv, LongKeys};
 
 #[cfg(test)]
@@ -27,6 +35,8 @@ mod apply_fuzz;
 const APPLIED: &[u8] = b"applied";
 const MEMBERSHIP: &[u8] = b"membership";
 const SNAPSHOT_FILE: &str = "current.snap";
+/// Longest wait between attempts to apply a batch while storage is full.
+const FULL_RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// The applied state, shared with the read path (which opens its own read transactions on `env`).
 pub struct State {
@@ -34,12 +44,23 @@ pub struct State {
     pub kv: KvStore,
     pub leases: LeaseStore,
     pub auth: AuthStore,
+    pub alarms: AlarmStore,
+    pub space: Arc<Space>,
     /// The remainders of keys longer than LMDB's limit, for every table above (`storage/table.rs`).
     long: LongKeys,
+    /// Every active alarm as of the latest commit, for readers that must not open a transaction
+    /// (`/health`, `/metrics`, the quota check).
+    active_alarms: std::sync::RwLock<Arc<Vec<AlarmMember>>>,
     tokens: std::sync::OnceLock<Arc<Tokens>>,
     meta: Db,
     snap_dir: PathBuf,
     observer: std::sync::OnceLock<Observer>,
+    /// Tests: how many more batches find storage full before anything is written.
+    #[cfg(test)]
+    pub(crate) inject_full: std::sync::atomic::AtomicU32,
+    /// Tests: the next batch meets a storage failure (the raft core stops).
+    #[cfg(test)]
+    pub(crate) inject_failure: std::sync::atomic::AtomicBool,
 }
 
 /// What one applied batch changed, told to the observer after the batch's transaction commits.
@@ -78,28 +99,74 @@ struct SnapshotData {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Why a batch could not be applied.
+#[derive(Debug)]
+enum ApplyFailure {
+    /// Storage is full: nothing of the batch was kept; apply it again once there is room.
+    Full(Full),
+    /// Storage failed: the raft core must stop.
+    Storage(BoxError),
+}
+
+impl<E: Into<BoxError>> From<E> for ApplyFailure {
+    fn from(err: E) -> ApplyFailure {
+        ApplyFailure::Storage(err.into())
+    }
+}
+
+impl State {
+    /// A heed error from a write or a commit, told apart: full storage is retried, anything else
+    /// stops the raft core.
+    fn write_failure(&self, err: heed::Error) -> ApplyFailure {
+        match crate::space::full_kind_at(&err, self.env.path()) {
+            Some(kind) => ApplyFailure::Full(kind),
+            None => ApplyFailure::Storage(err.into()),
+        }
+    }
+}
+
 impl StateMachine {
+    /// Opens the state machine with etcd's default quota and no disk-full ballast.
     pub fn open(kv_dir: &Path, snap_dir: &Path) -> Result<Self, heed::Error> {
+        StateMachine::open_with(kv_dir, snap_dir, Arc::new(Space::without_ballast()))
+    }
+
+    /// Opens the state machine; `space` sets the quota (and with it the map size) and the ballast.
+    pub fn open_with(kv_dir: &Path, snap_dir: &Path, space: Arc<Space>) -> Result<Self, heed::Error> {
         let [live, revs, index, kv_meta] = KvStore::TABLES;
         let [leases, lease_keys] = LeaseStore::TABLES;
         let [users, roles, auth_meta] = AuthStore::TABLES;
+        let [alarms] = AlarmStore::TABLES;
         let names =
-            [live, revs, index, kv_meta, leases, lease_keys, users, roles, auth_meta, LongKeys::TABLE, "sm_meta"];
-        let (env, dbs) = storage::open(kv_dir, names, storage::Durability::LastCommitMayUndo)?;
-        let [live, revs, index, kv_meta, leases, lease_keys, users, roles, auth_meta, long_keys, meta] = dbs;
-        std::fs::create_dir_all(snap_dir)?;
+            [live, revs, index, kv_meta, leases, lease_keys, users, roles, auth_meta, alarms, LongKeys::TABLE, "sm_meta"];
+        let existing = std::fs::metadata(kv_dir.join("data.mdb")).map_or(0, |m| m.len());
+        let map_size = crate::space::map_size(space.quota(), existing);
+        let (env, dbs) = storage::open_with_map_size(kv_dir, names, storage::Durability::LastCommitMayUndo, map_size)?;
+        let [live, revs, index, kv_meta, leases, lease_keys, users, roles, auth_meta, alarms, long_keys, meta] = dbs;
+        crate::data_dir::create_private_dir(snap_dir)?;
         let long = LongKeys::new(long_keys);
         let state = State {
             env,
             kv: KvStore::new([live, revs, index, kv_meta], long),
             leases: LeaseStore::new([leases, lease_keys], long),
             auth: AuthStore::new([users, roles, auth_meta], long),
+            alarms: AlarmStore::new([alarms]),
+            space,
             long,
+            active_alarms: Default::default(),
             tokens: std::sync::OnceLock::new(),
             meta,
             snap_dir: snap_dir.to_path_buf(),
             observer: std::sync::OnceLock::new(),
+            #[cfg(test)]
+            inject_full: Default::default(),
+            #[cfg(test)]
+            inject_failure: Default::default(),
         };
+        {
+            let txn = state.env.read_txn()?;
+            state.after_commit(&txn)?;
+        }
         Ok(StateMachine { state: Arc::new(state) })
     }
 
@@ -121,8 +188,32 @@ impl State {
 
     /// Every replicated table, in snapshot order.
     fn tables(&self) -> Vec<Db> {
-        let stores = self.kv.tables().into_iter().chain(self.leases.tables()).chain(self.auth.tables());
-        stores.chain([self.long.db()]).collect()
+        let tables = self.kv.tables().into_iter().chain(self.leases.tables()).chain(self.auth.tables());
+        tables.chain(self.alarms.tables()).chain([self.long.db()]).collect()
+    }
+
+    /// Every alarm active as of the latest commit.
+    pub fn active_alarms(&self) -> Arc<Vec<AlarmMember>> {
+        self.active_alarms.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Whether a NOSPACE alarm is active as of the latest commit.
+    pub fn nospace(&self) -> bool {
+        self.active_alarms().iter().any(|a| a.alarm == AlarmType::Nospace as i32)
+    }
+
+    /// Refreshes what readers without a transaction see: the size in use and the active alarms.
+    fn after_commit(&self, txn: &heed::RoTxn<heed::WithoutTls>) -> heed::Result<()> {
+        self.refresh_size_in_use(txn)?;
+        let alarms = Arc::new(self.alarms.list(txn, AlarmType::None as i32)?);
+        *self.active_alarms.write().unwrap_or_else(std::sync::PoisonError::into_inner) = alarms;
+        Ok(())
+    }
+
+    fn refresh_size_in_use(&self, txn: &heed::RoTxn<heed::WithoutTls>) -> heed::Result<()> {
+        let dbs: Vec<Db> = self.tables().into_iter().chain([self.meta]).collect();
+        self.space.set_in_use(crate::space::pages_in_use(&self.env, &dbs, txn)?);
+        Ok(())
     }
 
     pub fn page_size(&self) -> u64 {
@@ -140,7 +231,54 @@ impl State {
         Ok((applied, membership))
     }
 
-    fn apply_batch(&self, entries: Vec<Entry>) -> Result<Vec<BatchResults>, BoxError> {
+    /// Applies `entries`; while storage is full, applies them again (unchanged) until they fit.
+    fn apply_until_applied(&self, entries: &[Entry]) -> Result<Vec<BatchResults>, BoxError> {
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match self.apply_batch(entries) {
+                Ok(results) => {
+                    if self.space.stalled() {
+                        self.space.set_stalled(false);
+                        tracing::warn!("storage has room again: applying resumed");
+                    }
+                    return Ok(results);
+                }
+                Err(ApplyFailure::Storage(e)) => return Err(e),
+                Err(ApplyFailure::Full(kind)) => {
+                    if self.space.report_full(kind, self.env.path()) {
+                        continue; // the ballast is gone: there is room for this batch now
+                    }
+                    self.space.set_stalled(true);
+                    match kind {
+                        Full::Disk => tracing::error!(
+                            retry_in = ?wait,
+                            "disk full: cannot apply committed entries; free disk space (the member \
+                             keeps retrying and reports unhealthy meanwhile)"
+                        ),
+                        Full::Map => tracing::error!(
+                            retry_in = ?wait,
+                            "the LMDB map of the kv database is full: cannot apply committed entries; \
+                             restart the member to reserve a larger map"
+                        ),
+                    }
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(FULL_RETRY_MAX);
+                }
+            }
+        }
+    }
+
+    fn apply_batch(&self, entries: &[Entry]) -> Result<Vec<BatchResults>, ApplyFailure> {
+        #[cfg(test)]
+        {
+            use std::sync::atomic::Ordering::SeqCst;
+            if self.inject_full.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok() {
+                return Err(ApplyFailure::Full(Full::Disk));
+            }
+            if self.inject_failure.swap(false, SeqCst) {
+                return Err(ApplyFailure::Storage("injected storage failure".into()));
+            }
+        }
         let mut txn = self.env.write_txn()?;
         let mut results = Vec::with_capacity(entries.len());
         let mut applied = None;
@@ -150,11 +288,12 @@ impl State {
             kv: &self.kv,
             leases: &self.leases,
             auth: &self.auth,
+            alarms: &self.alarms,
             simple_tokens: self.tokens.get().and_then(|t| t.simple()),
         };
         for entry in entries {
             applied = Some(entry.log_id);
-            let entry_results = match entry.payload {
+            let entry_results = match &entry.payload {
                 EntryPayload::Blank => Vec::new(),
                 EntryPayload::Normal(batch) => {
                     let mut entry_results = Vec::with_capacity(batch.0.requests.len());
@@ -165,29 +304,40 @@ impl State {
                                 effects.granted.extend(done.granted);
                                 effects.revoked.extend(done.revoked);
                                 effects.auth = merge_affected(effects.auth.take(), done.auth);
+                                effects.alarms_changed |= done.alarms_changed;
                                 Ok(applied)
                             }
                             // A storage failure leaves the transaction unusable: abort the batch, stop the node.
                             Err(EtcdError::Internal) => return Err("storage failure while applying".into()),
-                            Err(EtcdError::NoSpace) => return Err("database space exceeded while applying".into()),
+                            // Full storage: abort the batch, to be applied again, unchanged, once it fits.
+                            Err(EtcdError::StorageFull { map }) => {
+                                return Err(ApplyFailure::Full(if map { Full::Map } else { Full::Disk }))
+                            }
                             Err(refused) => Err(refused),
                         });
                     }
                     entry_results
                 }
                 EntryPayload::Membership(membership) => {
-                    let stored = StoredMembership::new(Some(entry.log_id), membership);
-                    self.meta.put(&mut txn, MEMBERSHIP, &postcard::to_allocvec(&stored)?)?;
+                    let stored = StoredMembership::new(Some(entry.log_id), membership.clone());
+                    self.meta
+                        .put(&mut txn, MEMBERSHIP, &postcard::to_allocvec(&stored)?)
+                        .map_err(|e| self.write_failure(e))?;
                     Vec::new()
                 }
             };
             requests += entry_results.len().max(1) as u64;
             results.push(entry_results);
         }
-        self.meta.put(&mut txn, APPLIED, &postcard::to_allocvec(&applied)?)?;
+        self.meta.put(&mut txn, APPLIED, &postcard::to_allocvec(&applied)?).map_err(|e| self.write_failure(e))?;
         let revision = self.kv.view(&txn)?.rev;
         let (auth_enabled, auth_revision) = (self.auth.enabled(&txn)?, self.auth.revision(&txn)?);
-        txn.commit()?;
+        self.refresh_size_in_use(&txn)?;
+        let alarms = effects.alarms_changed.then(|| self.alarms.list(&txn, AlarmType::None as i32)).transpose()?;
+        txn.commit().map_err(|e| self.write_failure(e))?;
+        if let Some(alarms) = alarms {
+            *self.active_alarms.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(alarms);
+        }
         // Only after the commit: observers must never see effects that a crash could undo.
         if let Some(observer) = self.observer.get() {
             observer(Committed { revision, auth_enabled, auth_revision, effects, requests });
@@ -231,21 +381,26 @@ impl State {
         txn.commit()?;
         // Everything may have changed: no cached permission survives a snapshot install.
         self.auth.cache.clear();
+        self.after_commit(&self.env.read_txn()?)?;
         self.save_snapshot(file)
     }
 
-    /// Writes the snapshot file atomically: a crash leaves the previous one or the new one.
+    /// Writes the snapshot file atomically and durably: a crash leaves the previous one or the new
+    /// one. The file is owner-only: it holds the users' bcrypt hashes.
     fn save_snapshot(&self, file: &SnapshotFile) -> Result<(), BoxError> {
         let tmp = self.snap_dir.join(format!("{SNAPSHOT_FILE}.tmp"));
         {
             use std::io::Write;
             // Streamed: the snapshot is not held in memory a second time while it is written.
-            let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+            let mut f = std::io::BufWriter::new(crate::data_dir::create_private_file(&tmp)?);
             postcard::to_io(file, &mut f)?;
             f.flush()?;
             f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
         }
         std::fs::rename(&tmp, self.snap_dir.join(SNAPSHOT_FILE))?;
+        // The rename is durable only once the directory is: until then a power loss can bring back
+        // the previous snapshot after the log behind the new one was purged.
+        crate::data_dir::sync_dir(&self.snap_dir)?;
         Ok(())
     }
 
@@ -320,7 +475,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let entries: Vec<Entry> = entries.into_iter().collect();
         let state = self.state.clone();
         blocking(move || {
-            state.apply_batch(entries).map_err(|e| StorageIOError::write_state_machine(any_error(e)).into())
+            state.apply_until_applied(&entries).map_err(|e| StorageIOError::write_state_machine(any_error(e)).into())
         })
         .await
     }
@@ -388,5 +543,246 @@ mod tests {
             .collect::<Vec<_>>();
         assert_eq!(records.iter().map(Vec::len).sum::<usize>(), 200 + 400);
         assert_eq!(streamed, postcard::to_allocvec(&SnapshotData { tables: records }).unwrap());
+    }
+}
+
+#[cfg(test)]
+mod space_tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    use super::*;
+    use crate::ballast::Ballast;
+    use crate::proto::etcdserverpb::alarm_request::AlarmAction;
+    use crate::proto::etcdserverpb::request_op::Request;
+    use crate::proto::etcdserverpb::{
+        AlarmRequest, CompactionRequest, DeleteRangeRequest, InternalRaftBatch, InternalRaftRequest, LeaseGrantRequest,
+        PutRequest, RangeRequest, RequestOp, TxnRequest,
+    };
+    use crate::raft::{Applied, RaftBatch};
+    use crate::space::Quota;
+
+    fn open(dir: &Path, space: Space) -> Arc<State> {
+        StateMachine::open_with(&dir.join("kv"), &dir.join("snap"), Arc::new(space)).expect("open").state()
+    }
+
+    fn entry(index: u64, requests: Vec<InternalRaftRequest>) -> Entry {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(RaftBatch(InternalRaftBatch { requests })),
+        }
+    }
+
+    fn put(key: &str, value: &[u8]) -> InternalRaftRequest {
+        InternalRaftRequest {
+            put: Some(PutRequest { key: key.into(), value: value.to_vec(), ..Default::default() }),
+            ..Default::default()
+        }
+    }
+
+    fn delete(key: &str) -> InternalRaftRequest {
+        InternalRaftRequest {
+            delete_range: Some(DeleteRangeRequest { key: key.into(), ..Default::default() }),
+            ..Default::default()
+        }
+    }
+
+    fn alarm(action: AlarmAction) -> InternalRaftRequest {
+        let alarm = AlarmRequest { action: action as i32, member_id: 42, alarm: AlarmType::Nospace as i32 };
+        InternalRaftRequest { alarm: Some(alarm), ..Default::default() }
+    }
+
+    fn txn(success: Vec<RequestOp>) -> InternalRaftRequest {
+        InternalRaftRequest { txn: Some(TxnRequest { success, ..Default::default() }), ..Default::default() }
+    }
+
+    fn apply(state: &State, index: u64, requests: Vec<InternalRaftRequest>) -> Vec<Result<Applied, EtcdError>> {
+        state.apply_until_applied(&[entry(index, requests)]).expect("apply").remove(0)
+    }
+
+    fn value(state: &State, key: &str) -> Option<Vec<u8>> {
+        let txn = state.env.read_txn().unwrap();
+        let view = state.kv.view(&txn).unwrap();
+        let resp = crate::mvcc::kv::range(&view, &RangeRequest { key: key.into(), ..Default::default() }).unwrap();
+        resp.kvs.first().map(|kv| kv.value.clone())
+    }
+
+    #[test]
+    fn a_batch_that_finds_the_disk_full_is_applied_unchanged_after_the_ballast_goes() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let ballast = Ballast::new(a.path().join("ballast"), 1 << 20);
+        assert!(ballast.ensure().unwrap());
+        let full = open(a.path(), Space::new(Quota::Bytes(1 << 30), ballast));
+        let clean = open(b.path(), Space::without_ballast());
+        let batch = vec![put("k", b"v1"), put("k", b"v2"), delete("missing"), put("other", b"x")];
+        full.inject_full.store(1, std::sync::atomic::Ordering::SeqCst);
+        let got = apply(&full, 1, batch.clone());
+        assert_eq!(got, apply(&clean, 1, batch), "same results as a member whose disk was never full");
+        assert!(!full.space.ballast().present(), "the ballast made the room");
+        assert!(!full.space.stalled());
+        assert_eq!(value(&full, "k"), Some(b"v2".to_vec()));
+        assert_eq!(full.kv.view(&full.env.read_txn().unwrap()).unwrap().rev, 4, "applied exactly once");
+    }
+
+    #[test]
+    fn without_a_ballast_apply_waits_and_retries_until_the_batch_fits() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = open(dir.path(), Space::without_ballast());
+        state.inject_full.store(2, std::sync::atomic::Ordering::SeqCst);
+        let results = apply(&state, 1, vec![put("k", b"v")]);
+        assert!(matches!(results[0], Ok(Applied::Put(_))), "{results:?}");
+        assert_eq!(state.inject_full.load(std::sync::atomic::Ordering::SeqCst), 0, "both full attempts were retried");
+        assert!(!state.space.stalled(), "no longer waiting once applied");
+        assert_eq!(state.kv.view(&state.env.read_txn().unwrap()).unwrap().rev, 2);
+    }
+
+    #[test]
+    fn nospace_alarm_refuses_writes_that_take_space_on_every_member_until_disarmed() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let members = [open(a.path(), Space::without_ballast()), open(b.path(), Space::without_ballast())];
+        let lease =
+            |id| InternalRaftRequest { lease_grant: Some(LeaseGrantRequest { ttl: 60, id }), ..Default::default() };
+        let put_op = |k: &str| RequestOp {
+            request: Some(Request::RequestPut(PutRequest {
+                key: k.into(),
+                value: b"v".to_vec(),
+                ..Default::default()
+            })),
+        };
+        let del_op = |k: &str| RequestOp {
+            request: Some(Request::RequestDeleteRange(DeleteRangeRequest { key: k.into(), ..Default::default() })),
+        };
+        let compact = |revision| InternalRaftRequest {
+            compaction: Some(CompactionRequest { revision, physical: false }),
+            ..Default::default()
+        };
+        let nested_put = txn(vec![RequestOp {
+            request: Some(Request::RequestTxn(TxnRequest { success: vec![put_op("n")], ..Default::default() })),
+        }]);
+        let mut outcomes = Vec::new();
+        for state in &members {
+            assert!(matches!(apply(state, 1, vec![put("a", b"1"), put("b", b"2")])[..], [Ok(_), Ok(_)]));
+            let raised = apply(state, 2, vec![alarm(AlarmAction::Activate)]);
+            let Ok(Applied::Alarm(resp)) = &raised[0] else { panic!("{raised:?}") };
+            assert_eq!(resp.alarms.len(), 1);
+            assert!(state.nospace());
+            let capped = apply(
+                state,
+                3,
+                vec![
+                    put("c", b"3"),
+                    txn(vec![put_op("d")]),
+                    nested_put.clone(),
+                    lease(7),
+                    delete("a"),
+                    txn(vec![del_op("b")]),
+                    compact(2),
+                ],
+            );
+            let refused: Vec<bool> = capped.iter().map(|r| r == &Err(EtcdError::NoSpace)).collect();
+            assert_eq!(refused, [true, true, true, true, false, false, false], "{capped:?}");
+            assert!(capped[4..].iter().all(Result::is_ok), "{capped:?}");
+            assert_eq!(value(state, "a"), None);
+            assert_eq!(value(state, "c"), None);
+            let cleared = apply(state, 4, vec![alarm(AlarmAction::Deactivate), put("c", b"3"), lease(7)]);
+            assert!(cleared.iter().all(Result::is_ok), "{cleared:?}");
+            assert!(!state.nospace());
+            assert_eq!(value(state, "c"), Some(b"3".to_vec()));
+            outcomes.push((raised, capped, cleared));
+        }
+        assert_eq!(outcomes[0], outcomes[1], "every member decides alike");
+    }
+
+    #[test]
+    fn with_auth_on_only_root_or_the_member_itself_changes_alarms_at_apply() {
+        use crate::proto::etcdserverpb::{
+            AuthEnableRequest, AuthRoleAddRequest, AuthUserAddRequest, AuthUserGrantRoleRequest, RequestHeader,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let state = open(dir.path(), Space::without_ballast());
+        let member = Some(RequestHeader { member_internal: true, ..Default::default() });
+        let as_member = |req: InternalRaftRequest| InternalRaftRequest { header: member.clone(), ..req };
+        let user_add = AuthUserAddRequest { name: "root".into(), hashed_password: "x".into(), ..Default::default() };
+        let setup = apply(
+            &state,
+            1,
+            vec![
+                as_member(InternalRaftRequest { auth_user_add: Some(user_add), ..Default::default() }),
+                as_member(InternalRaftRequest {
+                    auth_role_add: Some(AuthRoleAddRequest { name: "root".into() }),
+                    ..Default::default()
+                }),
+                as_member(InternalRaftRequest {
+                    auth_user_grant_role: Some(AuthUserGrantRoleRequest { user: "root".into(), role: "root".into() }),
+                    ..Default::default()
+                }),
+                as_member(InternalRaftRequest { auth_enable: Some(AuthEnableRequest {}), ..Default::default() }),
+            ],
+        );
+        assert!(setup.iter().all(Result::is_ok), "{setup:?}");
+        let revision = state.auth.revision(&state.env.read_txn().unwrap()).unwrap();
+        let bob = Some(RequestHeader { username: "bob".into(), auth_revision: revision, ..Default::default() });
+        let refused = apply(
+            &state,
+            2,
+            vec![alarm(AlarmAction::Activate), InternalRaftRequest { header: bob, ..alarm(AlarmAction::Activate) }],
+        );
+        assert_eq!(refused, [Err(EtcdError::UserEmpty), Err(EtcdError::UserNotFound)]);
+        assert!(!state.nospace());
+        let raised = apply(&state, 3, vec![as_member(alarm(AlarmAction::Activate))]);
+        assert!(raised[0].is_ok() && state.nospace(), "{raised:?}");
+        let root = Some(RequestHeader { username: "root".into(), auth_revision: revision, ..Default::default() });
+        let cleared = apply(
+            &state,
+            4,
+            vec![
+                alarm(AlarmAction::Deactivate),
+                InternalRaftRequest { header: root, ..alarm(AlarmAction::Deactivate) },
+            ],
+        );
+        assert_eq!(cleared[0], Err(EtcdError::UserEmpty));
+        assert!(cleared[1].is_ok(), "{cleared:?}");
+        assert!(!state.nospace());
+    }
+
+    #[test]
+    fn size_in_use_falls_after_deletes_and_compaction_while_the_file_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = open(dir.path(), Space::without_ballast());
+        let empty = state.space.in_use();
+        let value = vec![7u8; 64 << 10];
+        let puts: Vec<_> = (0..64).map(|i| put(&format!("k{i:03}"), &value)).collect();
+        apply(&state, 1, puts);
+        let full = state.space.in_use();
+        assert!(full > empty + 64 * (64 << 10), "{empty} -> {full}");
+        let file = state.env.real_disk_size().unwrap();
+        let mut requests: Vec<_> = (0..64).map(|i| delete(&format!("k{i:03}"))).collect();
+        requests.push(InternalRaftRequest {
+            compaction: Some(CompactionRequest { revision: 129, physical: false }),
+            ..Default::default()
+        });
+        apply(&state, 2, requests);
+        let after = state.space.in_use();
+        assert!(after < full / 4, "compaction frees the pages: {full} -> {after}");
+        assert!(state.env.real_disk_size().unwrap() >= file, "LMDB keeps its file, reusing the pages");
+    }
+
+    #[test]
+    fn snapshots_carry_alarms_and_are_owner_only() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let source = open(a.path(), Space::without_ballast());
+        apply(&source, 1, vec![put("k", b"v"), alarm(AlarmAction::Activate)]);
+        let file = source.build_snapshot().unwrap();
+        let path = a.path().join("snap").join(SNAPSHOT_FILE);
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        for dir in [a.path().join("kv"), a.path().join("snap")] {
+            assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700, "{}", dir.display());
+        }
+        let target = open(b.path(), Space::without_ballast());
+        target.install_snapshot(&file).unwrap();
+        assert!(target.nospace(), "the alarm is replicated state");
+        assert_eq!(value(&target, "k"), Some(b"v".to_vec()));
+        assert_eq!(target.space.in_use(), source.space.in_use());
     }
 }

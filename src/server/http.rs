@@ -12,6 +12,7 @@ use axum::Router;
 
 use super::maintenance::ETCD_API_VERSION;
 use crate::node::Node;
+use crate::proto::etcdserverpb::AlarmType;
 
 pub fn router(node: Arc<Node>) -> Router {
     Router::new()
@@ -21,15 +22,31 @@ pub fn router(node: Arc<Node>) -> Router {
         .with_state(node)
 }
 
-/// Healthy when there is a leader and a linearizable read completes within a second (etcd's QGET check).
-async fn health(State(node): State<Arc<Node>>) -> impl IntoResponse {
-    let has_leader = node.raft.metrics().borrow().current_leader.is_some();
-    let read_ok = has_leader
-        && tokio::time::timeout(Duration::from_secs(1), node.read(true, |view, _| Ok(view.rev)))
-            .await
-            .is_ok_and(|r| r.is_ok());
-    crate::metrics::HEALTH_CHECKS.with_label_values(&[if read_ok { "success" } else { "failed" }]).inc();
-    let (status, body) = if read_ok {
+/// etcd's `/health`: unhealthy while an alarm is active (except the alarm types named by `exclude`
+/// query parameters, e.g. `/health?exclude=NOSPACE`), without a leader (also once the raft core has
+/// stopped), while applying waits for storage space, or when a linearizable read does not complete
+/// within a second (etcd's QGET check).
+async fn health(State(node): State<Arc<Node>>, uri: axum::http::Uri) -> impl IntoResponse {
+    let excluded: Vec<&str> =
+        uri.query().unwrap_or("").split('&').filter_map(|pair| pair.strip_prefix("exclude=")).collect();
+    let alarmed = node.state().active_alarms().iter().find_map(|alarm| {
+        let name = AlarmType::try_from(alarm.alarm).map_or("UNKNOWN", |t| t.as_str_name());
+        (!excluded.contains(&name)).then(|| crate::alarm::go_text(alarm))
+    });
+    let healthy = match alarmed {
+        Some(alarm) => {
+            tracing::warn!(alarm = %alarm, "/health error due to an alarm");
+            false
+        }
+        None => {
+            node.serving()
+                && tokio::time::timeout(Duration::from_secs(1), node.read(true, |view, _| Ok(view.rev)))
+                    .await
+                    .is_ok_and(|r| r.is_ok())
+        }
+    };
+    crate::metrics::HEALTH_CHECKS.with_label_values(&[if healthy { "success" } else { "failed" }]).inc();
+    let (status, body) = if healthy {
         (StatusCode::OK, r#"{"health":"true"}"#)
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, r#"{"health":"false"}"#)

@@ -14,7 +14,7 @@ use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status};
 
 use super::identity::requester;
-use crate::auth::check::Authorizer;
+use crate::auth::check::{Authorizer, Requester};
 
 use crate::error::EtcdError;
 use crate::mvcc::hash::Sha256;
@@ -22,10 +22,11 @@ use crate::node::Node;
 use crate::proto::etcdserverpb::alarm_request::AlarmAction;
 use crate::proto::etcdserverpb::maintenance_server::Maintenance;
 use crate::proto::etcdserverpb::{
-    AlarmRequest, AlarmResponse, DefragmentRequest, DefragmentResponse, HashKvRequest, HashKvResponse, HashRequest,
-    HashResponse, MoveLeaderRequest, MoveLeaderResponse, ResponseHeader, SnapshotRequest, SnapshotResponse,
-    StatusRequest, StatusResponse,
+    AlarmRequest, AlarmResponse, AlarmType, DefragmentRequest, DefragmentResponse, HashKvRequest, HashKvResponse,
+    HashRequest, HashResponse, InternalRaftRequest, MoveLeaderRequest, MoveLeaderResponse, ResponseHeader,
+    SnapshotRequest, SnapshotResponse, StatusRequest, StatusResponse,
 };
+use crate::raft::Applied;
 use crate::storage::LmdbEnv;
 
 /// The etcd API version keyward speaks.
@@ -58,50 +59,79 @@ impl MaintenanceService {
     }
 
     /// With auth enabled, Defragment, Snapshot, Hash and HashKV are root's, as in etcd
-    /// (`authMaintenanceServer`: `IsAdminPermitted`).
-    async fn require_admin<T>(&self, request: &Request<T>, op: &'static str) -> Result<(), Status> {
+    /// (`authMaintenanceServer`: `IsAdminPermitted`); so is Alarm (see `alarm`). Returns the requester.
+    async fn require_admin<T>(&self, request: &Request<T>, op: &'static str) -> Result<Requester, Status> {
         let who = requester(&self.node, request).map_err(raw_auth_status)?;
+        let checked = who.clone();
         self.node
-            .read_state(move |state, txn| Authorizer::new(&state.auth, txn)?.check_admin(&who, op))
+            .read_state(move |state, txn| Authorizer::new(&state.auth, txn)?.check_admin(&checked, op))
             .await
-            .map_err(|e| raw_auth_status(e.into()))
+            .map_err(|e| raw_auth_status(e.into()))?;
+        Ok(who)
     }
 }
 
 #[tonic::async_trait]
 impl Maintenance for MaintenanceService {
-    /// keyward raises no alarms yet, so GET lists none and DEACTIVATE finds nothing to clear — both
-    /// answer what etcd answers for a member with no alarms stored: an empty list and no header.
-    /// ACTIVATE is refused: in etcd an activated NOSPACE alarm turns the cluster read-only (and CORRUPT
-    /// stops it serving writes), which keyward does not implement.
+    /// etcd's Alarm: GET lists the active alarms (a linearizable read of the replicated alarm table,
+    /// `AlarmType::None` = all), ACTIVATE and DEACTIVATE go through raft (`apply.rs`). Responses carry
+    /// no header, as etcd's. GET is open to every client, as in etcd (Status shows the same alarms).
+    /// With auth enabled, raising and clearing are root's: etcd 3.4 lets any client, even an
+    /// unauthenticated one, raise NOSPACE (the cluster turns read-only) or clear it. keyward raises
+    /// only NOSPACE: it has no corruption check that would justify a CORRUPT alarm.
     async fn alarm(&self, request: Request<AlarmRequest>) -> Result<Response<AlarmResponse>, Status> {
+        let action = AlarmAction::try_from(request.get_ref().action)
+            .map_err(|_| EtcdError::Unsupported(format!("unknown alarm action {}", request.get_ref().action)))?;
+        let who = match action {
+            AlarmAction::Get => requester(&self.node, &request)?,
+            AlarmAction::Activate | AlarmAction::Deactivate => self.require_admin(&request, "alarm").await?,
+        };
         let req = request.into_inner();
-        match AlarmAction::try_from(req.action) {
-            Ok(AlarmAction::Get) | Ok(AlarmAction::Deactivate) => Ok(Response::new(AlarmResponse::default())),
-            Ok(AlarmAction::Activate) => Err(EtcdError::Unsupported(
-                "alarms are not supported yet: keyward cannot activate an alarm (a NOSPACE alarm \
-                 would make the cluster refuse writes until disarmed)"
-                    .into(),
-            )
-            .into()),
-            Err(_) => Err(EtcdError::Unsupported(format!("unknown alarm action {}", req.action)).into()),
+        match action {
+            AlarmAction::Get => {
+                self.node.read_index().await?;
+                let alarm = req.alarm;
+                let alarms = self.node.read_state(move |state, txn| Ok(state.alarms.list(txn, alarm)?)).await?;
+                return Ok(Response::new(AlarmResponse { header: None, alarms }));
+            }
+            AlarmAction::Activate if req.alarm != AlarmType::Nospace as i32 => {
+                return Err(EtcdError::Unsupported(format!(
+                    "keyward raises only NOSPACE alarms, not {}",
+                    AlarmType::try_from(req.alarm).map_or_else(|_| req.alarm.to_string(), |t| t.as_str_name().into())
+                ))
+                .into());
+            }
+            AlarmAction::Activate | AlarmAction::Deactivate => {}
+        }
+        match self.node.propose(InternalRaftRequest { alarm: Some(req), ..Default::default() }, &who).await? {
+            Applied::Alarm(resp) => Ok(Response::new(resp)),
+            other => {
+                tracing::error!(?other, "apply result does not match the proposal");
+                Err(EtcdError::Internal.into())
+            }
         }
     }
 
     async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         let metrics = self.node.raft.metrics().borrow().clone();
-        let env = &self.node.state().env;
-        let db_size = env.real_disk_size().unwrap_or(0) as i64;
-        let info = env.info();
-        let in_use = ((info.last_page_number as u64 + 1) * self.node.state().page_size()) as i64;
+        let db_size = self.node.state().env.real_disk_size().unwrap_or(0) as i64;
+        let leader = self.node.leader();
+        // As etcd: "no leader", then each active alarm in Go's text form.
+        let mut errors = Vec::new();
+        if leader.is_none() {
+            errors.push(EtcdError::NoLeader.to_string());
+        }
+        errors.extend(self.node.state().active_alarms().iter().map(crate::alarm::go_text));
         let mut resp = StatusResponse {
             version: ETCD_API_VERSION.to_string(),
             db_size,
-            leader: metrics.current_leader.unwrap_or(0),
+            leader: leader.unwrap_or(0),
             raft_index: metrics.last_log_index.unwrap_or(0),
             raft_term: metrics.current_term,
             raft_applied_index: metrics.last_applied.map_or(0, |l| l.index),
-            db_size_in_use: in_use.min(db_size),
+            errors,
+            // LMDB's pages in use (free pages, reused in place, are not counted).
+            db_size_in_use: (self.node.space.in_use() as i64).min(db_size),
             ..Default::default()
         };
         self.node.fill(&mut resp.header);
@@ -116,6 +146,7 @@ impl Maintenance for MaintenanceService {
     /// pages in place for later writes, so there is no fragmentation of that kind to remove: keyward
     /// answers success without touching the file (and logs that nothing was needed). The space freed by
     /// compaction is reused, not returned to the file system; `snapshot save` writes a compacted copy.
+    /// The quota counts pages in use, so writes fit again after compaction without a defragment.
     async fn defragment(&self, request: Request<DefragmentRequest>) -> Result<Response<DefragmentResponse>, Status> {
         self.require_admin(&request, "defragment").await?;
         tracing::info!(

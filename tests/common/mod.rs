@@ -57,6 +57,7 @@ pub mod etcd_errors {
     pub const TOO_LARGE: &str = "etcdserver: request is too large";
     pub const COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
     pub const FUTURE_REV: &str = "etcdserver: mvcc: required revision is a future revision";
+    pub const NO_SPACE: &str = "etcdserver: mvcc: database space exceeded";
     // leases
     pub const LEASE_NOT_FOUND: &str = "etcdserver: requested lease not found";
     pub const LEASE_EXISTS: &str = "etcdserver: lease already exists";
@@ -621,6 +622,8 @@ const RULES: &[(&str, Val, &str)] = &[
     ("\"ts\":", Val::Str, "<TS>"),                      // timestamp of etcdctl's JSON warn log lines
     ("\"cluster_id\":", Val::NonZero, "<CLUSTER_ID>"),  // -w json response header cluster id
     ("\"member_id\":", Val::NonZero, "<MEMBER_ID>"),    // -w json response header member id
+    ("\"memberID\":", Val::NonZero, "<MEMBER_ID>"),     // alarm list/disarm -w json member id
+    ("memberID:", Val::NonZero, "<MEMBER_ID>"),         // alarm list/disarm, endpoint status errors (Go text)
     ("\"raft_term\":", Val::NonZero, "<TERM>"),         // -w json response header raft term
     ("\"leader\":", Val::NonZero, "<MEMBER_ID>"),       // endpoint status -w json leader id
     ("\"ID\":", Val::NonZero, "<ID>"),                  // member list / lease grant -w json id
@@ -1027,6 +1030,10 @@ fn harness_normalize_rules() {
     let b = "+-----------------+---------+\n|    ENDPOINT     |  TOOK   |\n+-----------------+---------+\n| 127.0.0.1:41234 | 993.1µs |\n+-----------------+---------+\n";
     assert_eq!(normalize(a), normalize(b));
     assert_eq!(normalize(a), "+-+-+\n| ENDPOINT | TOOK |\n+-+-+\n| 127.0.0.1:<PORT> | <DURATION> |\n+-+-+\n");
+    assert_eq!(
+        normalize("memberID:3319814642761637952 alarm:NOSPACE \n{\"alarms\":[{\"memberID\":3319814642761637952,\"alarm\":1}]}\n"),
+        "memberID:<MEMBER_ID> alarm:NOSPACE \n{\"alarms\":[{\"memberID\":<MEMBER_ID>,\"alarm\":1}]}\n"
+    );
     let warn = r#"{"level":"warn","ts":"2026-11-22T03:49:10.578Z","caller":"x.go:62","target":"endpoint://client-3c1d7b5b-85e4/127.0.0.1:23790","attempt":0}"#;
     assert_eq!(
         normalize(warn),

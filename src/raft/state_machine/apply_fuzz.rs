@@ -265,8 +265,8 @@ proptest! {
         let mut before = a.tables()?;
         for (i, req) in reqs.into_iter().enumerate() {
             let index = i as u64 + 1;
-            let ra = a.sm.state.apply_batch(vec![entry(index, req.clone())]).map_err(|e| fail("apply (member a)", e))?;
-            let rb = b.sm.state.apply_batch(vec![entry(index, req.clone())]).map_err(|e| fail("apply (member b)", e))?;
+            let ra = a.sm.state.apply_batch(&[entry(index, req.clone())]).map_err(|e| fail("apply (member a)", e))?;
+            let rb = b.sm.state.apply_batch(&[entry(index, req.clone())]).map_err(|e| fail("apply (member b)", e))?;
             prop_assert_eq!(&ra, &rb, "members disagree on {:?}", req);
             let after = a.tables()?;
             prop_assert_eq!(&after, &b.tables()?, "members' tables differ after {:?}", req);
