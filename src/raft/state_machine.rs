@@ -137,8 +137,20 @@ impl StateMachine {
         let [leases, lease_keys] = LeaseStore::TABLES;
         let [users, roles, auth_meta] = AuthStore::TABLES;
         let [alarms] = AlarmStore::TABLES;
-        let names =
-            [live, revs, index, kv_meta, leases, lease_keys, users, roles, auth_meta, alarms, LongKeys::TABLE, "sm_meta"];
+        let names = [
+            live,
+            revs,
+            index,
+            kv_meta,
+            leases,
+            lease_keys,
+            users,
+            roles,
+            auth_meta,
+            alarms,
+            LongKeys::TABLE,
+            "sm_meta",
+        ];
         let existing = std::fs::metadata(kv_dir.join("data.mdb")).map_or(0, |m| m.len());
         let map_size = crate::space::map_size(space.quota(), existing);
         let (env, dbs) = storage::open_with_map_size(kv_dir, names, storage::Durability::LastCommitMayUndo, map_size)?;
