@@ -142,9 +142,9 @@ pub struct Config {
     pub auth_token_ttl: std::time::Duration,
     pub bcrypt_cost: u32,
     /// TLS for `https://` client listeners.
-    pub client_tls: Option<crate::tls::settings::TlsSettings>,
+    pub client_tls: Option<crate::frontend::tls::settings::TlsSettings>,
     /// Peer TLS, validated now and used once members talk to each other.
-    pub peer_tls: Option<crate::tls::settings::TlsSettings>,
+    pub peer_tls: Option<crate::frontend::tls::settings::TlsSettings>,
     pub log_filter: &'static str,
 }
 
@@ -185,7 +185,7 @@ impl ServeArgs {
             .map(|u| parse_listener(u, "--listen-client-urls"))
             .collect::<Result<Vec<_>, _>>()?;
         let client_tls = match (&self.cert_file, &self.key_file) {
-            (Some(cert), Some(key)) => Some(crate::tls::settings::TlsSettings {
+            (Some(cert), Some(key)) => Some(crate::frontend::tls::settings::TlsSettings {
                 cert_file: cert.clone(),
                 key_file: key.clone(),
                 trusted_ca_file: self.trusted_ca_file.clone(),
@@ -218,7 +218,7 @@ impl ServeArgs {
         }
         let peer_tls = match (&self.peer_cert_file, &self.peer_key_file) {
             (Some(cert), Some(key)) => {
-                let tls = crate::tls::settings::TlsSettings {
+                let tls = crate::frontend::tls::settings::TlsSettings {
                     cert_file: cert.clone(),
                     key_file: key.clone(),
                     trusted_ca_file: self.peer_trusted_ca_file.clone(),

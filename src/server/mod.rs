@@ -4,7 +4,6 @@
 pub mod auth;
 pub mod cluster;
 pub mod http;
-pub mod identity;
 pub mod kv;
 pub mod lease;
 pub mod maintenance;
@@ -19,6 +18,7 @@ use tonic::service::Routes;
 use tonic::transport::Server;
 
 use crate::config::Listener;
+pub(crate) use crate::frontend::identity::requester;
 use crate::node::Node;
 use crate::proto::etcdserverpb::auth_server::AuthServer;
 use crate::proto::etcdserverpb::cluster_server::ClusterServer;
@@ -26,7 +26,7 @@ use crate::proto::etcdserverpb::kv_server::KvServer;
 use crate::proto::etcdserverpb::lease_server::LeaseServer;
 use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::proto::etcdserverpb::watch_server::WatchServer;
-use crate::tls::settings::TlsSettings;
+use crate::frontend::tls::settings::TlsSettings;
 
 /// gRPC overhead allowed on top of `--max-request-bytes` (etcd's `grpcOverheadBytes`), so an oversized
 /// request reaches the handler and gets etcd's "request is too large" rather than a transport error.
@@ -62,7 +62,7 @@ pub async fn serve(
         let server = Server::builder().accept_http1(true).tcp_nodelay(true).add_routes(routes);
         servers.push(match (is_tls, tls) {
             (true, Some(tls)) => {
-                let accepted = crate::tls::listener::accept(socket, tls.clone()).map_err(|e| anyhow::anyhow!(e))?;
+                let accepted = crate::frontend::tls::listener::accept(socket, tls.clone()).map_err(|e| anyhow::anyhow!(e))?;
                 let incoming = tokio_stream::wrappers::ReceiverStream::new(accepted);
                 tokio::spawn(async move { server.serve_with_incoming_shutdown(incoming, stopped).await })
             }

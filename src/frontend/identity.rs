@@ -10,7 +10,7 @@ use tonic::{Request, Status};
 use crate::auth::check::Requester;
 use crate::error::EtcdError;
 use crate::node::Node;
-use crate::tls::identity::PeerIdentity;
+use crate::frontend::certificate::PeerIdentity;
 
 /// The requester behind a request, in etcd's order: a token (from Authenticate with a password) wins;
 /// otherwise, with `--client-cert-auth`, the connection's certificate Common Name at the current auth

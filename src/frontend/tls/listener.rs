@@ -21,7 +21,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tonic::transport::server::Connected;
 
-use super::identity::{cert_names, NoIdentity, PeerIdentity};
+use crate::frontend::certificate::{cert_names, NoIdentity, PeerIdentity};
 use super::settings::TlsSettings;
 
 /// How long a client may take to complete the TLS handshake.
