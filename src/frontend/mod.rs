@@ -6,6 +6,8 @@
 //! - `identity.rs`: `Identity`, resolved once per request from a token, the connection's verified
 //!   certificate, or a certificate forwarded by a trusted proxy, into the `Requester` that the raft
 //!   header is built from.
+//! - `forwarded.rs`: checking a client certificate forwarded by a trusted proxy
+//!   (`keyward-forwarded-client-cert`) against the member's own CA, CRL and allow-lists.
 //! - `certificate.rs`: what a verified certificate names (`PeerIdentity`: its one CN, or why none);
 //!   `certificate_fuzz.rs` fuzzes it (bounded, in the test suite).
 //! - `tls/`: the TLS flags (`settings.rs`) and the accept loop (`listener.rs`) that hands tonic
@@ -16,5 +18,6 @@
 pub mod certificate;
 #[cfg(test)]
 mod certificate_fuzz;
+pub mod forwarded;
 pub mod identity;
 pub mod tls;
