@@ -56,7 +56,7 @@ impl LongKeys {
     /// A tiny chunk makes tests reach every level of the structure with short keys.
     #[cfg(test)]
     pub fn with_chunk(db: Db, chunk: usize) -> Self {
-        assert!(chunk >= 1 && chunk <= CHUNK);
+        assert!((1..=CHUNK).contains(&chunk));
         LongKeys { db, chunk }
     }
 
