@@ -103,9 +103,13 @@ pub struct ServeArgs {
     /// Allowed Common Names of client certificates (comma-separated); others are refused.
     #[arg(long, env = "ETCD_CLIENT_CERT_ALLOWED_CN", value_delimiter = ',')]
     pub client_cert_allowed_cn: Vec<String>,
-    /// Allowed host names of client certificates (SAN DNS names or CN; comma-separated).
+    /// Allowed host names of client certificates (SAN DNS names and IP addresses, not the CN; comma-separated).
     #[arg(long, env = "ETCD_CLIENT_CERT_ALLOWED_HOSTNAME", value_delimiter = ',')]
     pub client_cert_allowed_hostname: Vec<String>,
+    /// Client-certificate Common Names of the proxies allowed to forward a client's certificate
+    /// (gRPC metadata keyward-forwarded-client-cert; comma-separated). Needs --client-cert-auth.
+    #[arg(long, env = "KEYWARD_TRUSTED_PROXY_CN", value_delimiter = ',')]
+    pub trusted_proxy_cn: Vec<String>,
     /// Path to the peer server TLS cert file.
     #[arg(long, env = "ETCD_PEER_CERT_FILE")]
     pub peer_cert_file: Option<PathBuf>,
@@ -142,9 +146,9 @@ pub struct Config {
     pub auth_token_ttl: std::time::Duration,
     pub bcrypt_cost: u32,
     /// TLS for `https://` client listeners.
-    pub client_tls: Option<crate::tls::settings::TlsSettings>,
+    pub client_tls: Option<crate::frontend::tls::settings::TlsSettings>,
     /// Peer TLS, validated now and used once members talk to each other.
-    pub peer_tls: Option<crate::tls::settings::TlsSettings>,
+    pub peer_tls: Option<crate::frontend::tls::settings::TlsSettings>,
     pub log_filter: &'static str,
 }
 
@@ -185,7 +189,7 @@ impl ServeArgs {
             .map(|u| parse_listener(u, "--listen-client-urls"))
             .collect::<Result<Vec<_>, _>>()?;
         let client_tls = match (&self.cert_file, &self.key_file) {
-            (Some(cert), Some(key)) => Some(crate::tls::settings::TlsSettings {
+            (Some(cert), Some(key)) => Some(crate::frontend::tls::settings::TlsSettings {
                 cert_file: cert.clone(),
                 key_file: key.clone(),
                 trusted_ca_file: self.trusted_ca_file.clone(),
@@ -193,6 +197,7 @@ impl ServeArgs {
                 crl_file: self.client_crl_file.clone(),
                 allowed_cns: self.client_cert_allowed_cn.clone(),
                 allowed_hostnames: self.client_cert_allowed_hostname.clone(),
+                trusted_proxy_cns: self.trusted_proxy_cn.clone(),
             }),
             (None, None) => None,
             _ => return Err(invalid("--cert-file and --key-file go together")),
@@ -206,11 +211,22 @@ impl ServeArgs {
         if client_tls.is_none()
             && (self.client_crl_file.is_some()
                 || !self.client_cert_allowed_cn.is_empty()
-                || !self.client_cert_allowed_hostname.is_empty())
+                || !self.client_cert_allowed_hostname.is_empty()
+                || !self.trusted_proxy_cn.is_empty())
         {
             return Err(invalid(
-                "--client-crl-file, --client-cert-allowed-cn and --client-cert-allowed-hostname need client TLS (--cert-file, --key-file, --trusted-ca-file)",
+                "--client-crl-file, --client-cert-allowed-cn, --client-cert-allowed-hostname and --trusted-proxy-cn need client TLS (--cert-file, --key-file, --trusted-ca-file)",
             ));
+        }
+        if !self.trusted_proxy_cn.is_empty() {
+            // A proxy is trusted by its verified certificate, and what it forwards names a user only
+            // where certificates do.
+            if !self.client_cert_auth {
+                return Err(invalid("--trusted-proxy-cn needs --client-cert-auth (and --trusted-ca-file)"));
+            }
+            if self.trusted_proxy_cn.iter().any(String::is_empty) {
+                return Err(invalid("--trusted-proxy-cn: a Common Name must not be empty"));
+            }
         }
         if let Some(tls) = &client_tls {
             // Fail at startup, not at the first connection, when a file is missing or malformed.
@@ -218,7 +234,7 @@ impl ServeArgs {
         }
         let peer_tls = match (&self.peer_cert_file, &self.peer_key_file) {
             (Some(cert), Some(key)) => {
-                let tls = crate::tls::settings::TlsSettings {
+                let tls = crate::frontend::tls::settings::TlsSettings {
                     cert_file: cert.clone(),
                     key_file: key.clone(),
                     trusted_ca_file: self.peer_trusted_ca_file.clone(),
@@ -226,6 +242,7 @@ impl ServeArgs {
                     crl_file: None,
                     allowed_cns: Vec::new(),
                     allowed_hostnames: Vec::new(),
+                    trusted_proxy_cns: Vec::new(),
                 };
                 tls.server_config().map_err(|e| invalid(format!("peer TLS: {e}")))?;
                 Some(tls)

@@ -102,6 +102,14 @@ pub enum EtcdError {
         /// LMDB's map is full (not the disk).
         map: bool,
     },
+    // a forwarded client certificate (`frontend/identity.rs`; keyward's own, there is no etcd text)
+    /// `keyward-forwarded-client-cert` on a connection whose certificate CN is not in
+    /// `--trusted-proxy-cn`.
+    #[error("etcdserver: peer is not a trusted proxy: keyward-forwarded-client-cert refused")]
+    NotTrustedProxy,
+    /// A trusted proxy forwarded a certificate that fails verification; the reason follows.
+    #[error("etcdserver: forwarded client certificate refused: {0}")]
+    ForwardedCertRefused(String),
 }
 
 impl EtcdError {
@@ -117,7 +125,7 @@ impl EtcdError {
             | RoleNotFound | RoleNotGranted | PermissionNotGranted | AuthNotEnabled | NotLeader => {
                 Code::FailedPrecondition
             }
-            PermissionDenied => Code::PermissionDenied,
+            PermissionDenied | NotTrustedProxy | ForwardedCertRefused(_) => Code::PermissionDenied,
             NoPasswordUser => Code::Unknown,
             InvalidAuthToken => Code::Unauthenticated,
             NoLeader | LeaderChanged | Stopped | Timeout => Code::Unavailable,

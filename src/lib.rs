@@ -1,6 +1,7 @@
 //! keyward: an etcd-v3-compatible replicated key-value store with authentication done right.
 //!
-//! The request path, top to bottom: `server` (gRPC front end, request validation) → `node` (proposes
+//! The request path, top to bottom: `server` (the member's gRPC services, request validation; who is
+//! calling is decided in `frontend`, shared with the proxy and the gateway) → `node` (proposes
 //! writes through raft, serves reads) → `raft` (openraft log and state machine on LMDB) → `apply` (one
 //! committed entry → effects) → `mvcc` (the revisioned store).
 #![deny(unsafe_code)] // the one exception is opening LMDB, in storage.rs
@@ -13,6 +14,7 @@ pub mod bench;
 pub mod config;
 pub mod data_dir;
 pub mod error;
+pub mod frontend;
 pub mod keyrange;
 pub mod lease;
 pub mod metrics;
@@ -23,7 +25,6 @@ pub mod raft;
 pub mod server;
 pub mod space;
 pub mod storage;
-pub mod tls;
 
 /// Runs a member until SIGINT or SIGTERM, or until its raft core stops: a stopped core never
 /// resumes (a storage failure), so the process then exits with an error, for systemd or Kubernetes to

@@ -24,6 +24,7 @@ use crate::auth::check::{Authorizer, Requester};
 use crate::auth::tokens::Tokens;
 use crate::config::Config;
 use crate::error::EtcdError;
+use crate::frontend::identity::IdentityRules;
 use crate::lease::lessor::Lessor;
 use crate::mvcc::ReadView;
 use crate::proto::etcdserverpb::alarm_request::AlarmAction;
@@ -49,8 +50,8 @@ pub struct Node {
     pub client_urls: Vec<String>,
     pub max_request_bytes: usize,
     pub max_txn_ops: usize,
-    /// `--client-cert-auth`: a verified certificate's Common Name names the user.
-    pub client_cert_auth: bool,
+    /// Who is calling: `--client-cert-auth`, `--trusted-proxy-cn` (see `frontend/identity.rs`).
+    pub identity: IdentityRules,
     pub bcrypt_cost: u32,
     pub tokens: Arc<Tokens>,
     /// Whether auth is enabled, and the auth revision, as of the latest applied batch.
@@ -121,6 +122,8 @@ impl Node {
             Tokens::new(&config.auth_token, config.auth_token_ttl).map_err(|e| anyhow::anyhow!("--auth-token: {e}"))?,
         );
         state.use_tokens(tokens.clone());
+        let identity =
+            IdentityRules::new(config.client_tls.as_ref()).map_err(|e| anyhow::anyhow!("client TLS: {e}"))?;
         let (revision, auth_enabled, auth_revision) = {
             let txn = state.env.read_txn()?;
             lessor.recover(state.leases.all(&txn)?);
@@ -198,7 +201,7 @@ impl Node {
             max_request_bytes: config.max_request_bytes,
             max_txn_ops: config.max_txn_ops,
             bcrypt_cost: config.bcrypt_cost,
-            client_cert_auth: config.client_tls.as_ref().is_some_and(|t| t.client_cert_auth),
+            identity,
             tokens,
             auth_enabled,
             auth_revision,

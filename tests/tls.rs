@@ -1239,3 +1239,162 @@ fn peer_cert_without_peer_key_is_a_config_error() {
         "--peer-cert-file and --peer-key-file go together",
     );
 }
+
+// ---------------------------------------------------------------------------
+// a certificate forwarded by a trusted proxy (issue 12: keyward-forwarded-client-cert)
+// ---------------------------------------------------------------------------
+
+const FORWARDED_CERT: &str = "keyward-forwarded-client-cert";
+const NOT_TRUSTED_PROXY: &str = "peer is not a trusted proxy";
+
+/// A KV client over TLS presenting `cert`, driven with tonic directly so that each request can carry
+/// the forwarded-certificate metadata.
+async fn kv_client(
+    server: &TlsServer,
+    cert: &Cert,
+) -> keyward::proto::etcdserverpb::kv_client::KvClient<tonic::transport::Channel> {
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(fs::read(&server.ca).unwrap()))
+        .identity(Identity::from_pem(fs::read(&cert.cert).unwrap(), fs::read(&cert.key).unwrap()))
+        .domain_name("localhost");
+    let channel = Channel::from_shared(server.url()).unwrap().tls_config(tls).unwrap().connect().await.unwrap();
+    keyward::proto::etcdserverpb::kv_client::KvClient::new(channel)
+}
+
+/// `cert`'s leaf as a proxy forwards it: DER, standard base64.
+fn forwarded(cert: &Cert) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(CertificateDer::from_pem_file(&cert.cert).unwrap())
+}
+
+/// Puts `key` on `kv`, forwarding `forward` if given.
+async fn put(
+    kv: &mut keyward::proto::etcdserverpb::kv_client::KvClient<tonic::transport::Channel>,
+    key: &str,
+    forward: Option<&str>,
+) -> Result<(), tonic::Status> {
+    let mut request = tonic::Request::new(keyward::proto::etcdserverpb::PutRequest {
+        key: key.as_bytes().to_vec(),
+        value: b"v".to_vec(),
+        ..Default::default()
+    });
+    if let Some(cert) = forward {
+        request.metadata_mut().insert(FORWARDED_CERT, cert.parse().unwrap());
+    }
+    kv.put(request).await.map(drop)
+}
+
+#[track_caller]
+fn assert_denied(result: Result<(), tonic::Status>, message: &str, what: &str) {
+    match result {
+        Err(status) => assert!(
+            status.code() == tonic::Code::PermissionDenied && status.message().contains(message),
+            "{what}: expected PermissionDenied with {message:?}, got {status:?}"
+        ),
+        Ok(()) => panic!("{what}: succeeded, expected PermissionDenied with {message:?}"),
+    }
+}
+
+/// A member trusting the proxy CN `proxy`, auth on, users alice and proxy each with readwrite on
+/// their own prefix; the CRL given (if any) revokes what the test chose.
+fn member_with_trusted_proxy(pki: &Pki, crl: Option<&Path>) -> TlsServer {
+    let mut extra = vec!["--trusted-proxy-cn", "other-proxy,proxy"];
+    if let Some(crl) = crl {
+        extra.extend(["--client-crl-file", crl.to_str().unwrap()]);
+    }
+    let server = TlsServer::start_cert_auth(Kind::Keyward, pki, &extra, &pki.root);
+    enable_auth_as_root(&server, &pki.root);
+    user_with_prefix(&server, &pki.root, "alice", None);
+    user_with_prefix(&server, &pki.root, "proxy", None);
+    server
+}
+
+#[test]
+fn a_trusted_proxy_forwarding_alices_certificate_acts_as_alice() {
+    if common::selftest() {
+        return; // keyward's own interface; etcd has none
+    }
+    let pki = Pki::new();
+    let proxy = pki.issue("proxy", client_params(Some("proxy")));
+    let server = member_with_trusted_proxy(&pki, None);
+    let alice = forwarded(&pki.alice);
+    runtime().block_on(async {
+        let mut kv = kv_client(&server, &proxy).await;
+        // As alice: her range only.
+        put(&mut kv, "/alice/k", Some(&alice)).await.expect("alice's permitted put through the proxy");
+        assert_denied(put(&mut kv, "/proxy/k", Some(&alice)).await, PERMISSION_DENIED, "alice outside her range");
+        // Forwarding nothing, on the same connection: the proxy is itself.
+        put(&mut kv, "/proxy/k", None).await.expect("the proxy's own put");
+        assert_denied(put(&mut kv, "/alice/k2", None).await, PERMISSION_DENIED, "the proxy in alice's range");
+    });
+    assert_eq!(server.ok(&pki.root, &["get", "/alice/k", "--print-value-only"]).trim(), "v");
+}
+
+#[test]
+fn a_client_forwarding_a_certificate_directly_to_a_member_is_refused() {
+    if common::selftest() {
+        return;
+    }
+    let pki = Pki::new();
+    let server = member_with_trusted_proxy(&pki, None);
+    let alice = forwarded(&pki.alice);
+    runtime().block_on(async {
+        // bob has a valid certificate of his own, but CN bob is not a trusted proxy.
+        let mut kv = kv_client(&server, &pki.bob).await;
+        assert_denied(put(&mut kv, "/alice/k", Some(&alice)).await, NOT_TRUSTED_PROXY, "bob forwarding alice");
+        // Not even root may forward.
+        let mut kv = kv_client(&server, &pki.root).await;
+        assert_denied(put(&mut kv, "/alice/k", Some(&alice)).await, NOT_TRUSTED_PROXY, "root forwarding alice");
+        // alice herself, directly, is fine.
+        let mut kv = kv_client(&server, &pki.alice).await;
+        put(&mut kv, "/alice/k", None).await.expect("alice's own put");
+    });
+}
+
+#[test]
+fn forwarded_certificates_that_fail_verification_are_refused_and_two_cns_name_nobody() {
+    if common::selftest() {
+        return;
+    }
+    let pki = Pki::new();
+    let proxy = pki.issue("proxy", client_params(Some("proxy")));
+    let foreign = pki.issue_by(&Ca::new("another CA"), "foreign-alice", client_params(Some("alice")));
+    let mut params = client_params(Some("alice"));
+    params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+    let expired = pki.issue("expired-alice", params);
+    let revoked = pki.issue("revoked-alice", client_params(Some("alice")));
+    let mut params = client_params(Some("alice"));
+    params.distinguished_name.push(DnType::CustomDnType(vec![2, 5, 4, 3]), "root");
+    let two_cns = pki.issue("two-cns", params);
+    let crl = pki.crl(1, &[&revoked]);
+    let server = member_with_trusted_proxy(&pki, Some(&crl));
+    runtime().block_on(async {
+        let mut kv = kv_client(&server, &proxy).await;
+        for (cert, what) in [(&foreign, "another CA"), (&expired, "expired"), (&revoked, "revoked")] {
+            assert_denied(
+                put(&mut kv, "/alice/k", Some(&forwarded(cert))).await,
+                "forwarded client certificate refused",
+                what,
+            );
+        }
+        // Valid, but which CN is the user is a guess: nobody (as at the handshake), never root.
+        let status = put(&mut kv, "/alice/k", Some(&forwarded(&two_cns))).await.unwrap_err();
+        assert_eq!(status.message(), USER_EMPTY, "two CNs: {status:?}");
+        // The twin: alice's valid certificate passes the same member's checks.
+        put(&mut kv, "/alice/k", Some(&forwarded(&pki.alice))).await.expect("alice's valid certificate");
+    });
+}
+
+#[test]
+fn trusted_proxy_cn_without_client_cert_auth_is_a_config_error() {
+    if common::selftest() {
+        return;
+    }
+    let pki = Pki::new();
+    let (cert, key, ca) = (pki.server.cert_str(), pki.server.key_str(), pki.ca_file());
+    let tls = ["--cert-file", cert, "--key-file", key, "--trusted-ca-file", ca.to_str().unwrap()];
+    config_error(&[&tls[..], &["--trusted-proxy-cn", "proxy"]].concat(), "--trusted-proxy-cn needs --client-cert-auth");
+    config_error(&[&tls[..], &["--client-cert-auth", "--trusted-proxy-cn", "proxy,"]].concat(), "must not be empty");
+}

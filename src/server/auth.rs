@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::identity::requester;
+use super::requester;
 use crate::auth::check::Requester;
 use crate::auth::password;
 use crate::auth::simple::SimpleTokens;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::identity::requester;
+use super::requester;
 use crate::auth::check::Authorizer;
 use crate::error::EtcdError;
 use crate::node::Node;

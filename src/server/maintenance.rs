@@ -13,7 +13,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status};
 
-use super::identity::requester;
+use super::requester;
 use crate::auth::check::{Authorizer, Requester};
 
 use crate::error::EtcdError;

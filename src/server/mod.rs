@@ -4,7 +4,6 @@
 pub mod auth;
 pub mod cluster;
 pub mod http;
-pub mod identity;
 pub mod kv;
 pub mod lease;
 pub mod maintenance;
@@ -17,8 +16,12 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
 use tonic::transport::Server;
+use tonic::{Request, Status};
 
+use crate::auth::check::Requester;
 use crate::config::Listener;
+use crate::frontend::certificate::PeerIdentity;
+use crate::frontend::tls::settings::TlsSettings;
 use crate::node::Node;
 use crate::proto::etcdserverpb::auth_server::AuthServer;
 use crate::proto::etcdserverpb::cluster_server::ClusterServer;
@@ -26,7 +29,6 @@ use crate::proto::etcdserverpb::kv_server::KvServer;
 use crate::proto::etcdserverpb::lease_server::LeaseServer;
 use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::proto::etcdserverpb::watch_server::WatchServer;
-use crate::tls::settings::TlsSettings;
 
 /// gRPC overhead allowed on top of `--max-request-bytes` (etcd's `grpcOverheadBytes`), so an oversized
 /// request reaches the handler and gets etcd's "request is too large" rather than a transport error.
@@ -62,7 +64,8 @@ pub async fn serve(
         let server = Server::builder().accept_http1(true).tcp_nodelay(true).add_routes(routes);
         servers.push(match (is_tls, tls) {
             (true, Some(tls)) => {
-                let accepted = crate::tls::listener::accept(socket, tls.clone()).map_err(|e| anyhow::anyhow!(e))?;
+                let accepted =
+                    crate::frontend::tls::listener::accept(socket, tls.clone()).map_err(|e| anyhow::anyhow!(e))?;
                 let incoming = tokio_stream::wrappers::ReceiverStream::new(accepted);
                 tokio::spawn(async move { server.serve_with_incoming_shutdown(incoming, stopped).await })
             }
@@ -99,6 +102,14 @@ pub async fn serve(
 
 /// How long open client connections get to finish after a shutdown signal.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The requester behind a request to this member: its identity (decided in `frontend/identity.rs`,
+/// as every front end decides it) at the member's current auth revision.
+pub(crate) fn requester<T>(node: &Node, request: &Request<T>) -> Result<Requester, Status> {
+    let identity =
+        node.identity.identify(request.metadata(), request.extensions().get::<PeerIdentity>(), &*node.tokens)?;
+    Ok(identity.requester(node.auth_revision()))
+}
 
 fn routes(node: Arc<Node>) -> Routes {
     let limit = node.max_request_bytes + GRPC_OVERHEAD_BYTES;

@@ -21,7 +21,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::identity::requester;
+use super::requester;
 use crate::auth::check::{Authorizer, Requester};
 use crate::auth::permissions::Access;
 use crate::error::EtcdError;

@@ -2,7 +2,7 @@
 //!
 //! A connection carries a `PeerIdentity`: the subject Common Name of its verified client certificate,
 //! or the reason there is none. Requests on the connection turn it into a `Requester` (see
-//! `server/identity.rs`); nothing re-parses certificates later.
+//! `frontend/identity.rs`); nothing re-parses certificates later.
 
 use rustls_pki_types::CertificateDer;
 use x509_parser::asn1_rs::Tag;

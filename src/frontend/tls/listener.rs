@@ -21,8 +21,8 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tonic::transport::server::Connected;
 
-use super::identity::{cert_names, NoIdentity, PeerIdentity};
-use super::settings::TlsSettings;
+use super::settings::{NotAllowed, TlsSettings};
+use crate::frontend::certificate::{cert_names, NoIdentity, PeerIdentity};
 
 /// How long a client may take to complete the TLS handshake.
 pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
@@ -113,10 +113,8 @@ enum Refused {
     Deadline,
     #[error("handshake failed: {0}")]
     Handshake(io::Error),
-    #[error("client certificate common name {0:?} is not in --client-cert-allowed-cn")]
-    CommonNameNotAllowed(Option<String>),
-    #[error("client certificate names no host in --client-cert-allowed-hostname")]
-    HostnameNotAllowed,
+    #[error("{0}")]
+    NotAllowed(#[from] NotAllowed),
     #[error("verified client certificate could not be parsed")]
     Unreadable,
 }
@@ -126,8 +124,8 @@ impl Refused {
         match self {
             Refused::Deadline => "deadline",
             Refused::Handshake(_) => "handshake",
-            Refused::CommonNameNotAllowed(_) => "cn_not_allowed",
-            Refused::HostnameNotAllowed => "hostname_not_allowed",
+            Refused::NotAllowed(NotAllowed::CommonName(_)) => "cn_not_allowed",
+            Refused::NotAllowed(NotAllowed::Hostname) => "hostname_not_allowed",
             Refused::Unreadable => "unreadable_certificate",
         }
     }
@@ -144,21 +142,8 @@ async fn handshake(acceptor: TlsAcceptor, socket: TcpStream, settings: &TlsSetti
     // rustls verified the chain (and the CRL) already; only the allow-lists remain. A verified
     // certificate that cannot be read is refused: the allow-lists must never be skipped.
     let names = cert_names(leaf).ok_or(Refused::Unreadable)?;
+    settings.allows(&names)?;
     let identity = PeerIdentity::from_names(&names);
-    if !settings.allowed_cns.is_empty()
-        && !identity.common_name().is_some_and(|cn| settings.allowed_cns.iter().any(|a| a == cn))
-    {
-        return Err(Refused::CommonNameNotAllowed(identity.common_name().map(str::to_string)));
-    }
-    // Host names come from the SANs only, as Go's (and so etcd's) hostname check does.
-    if !settings.allowed_hostnames.is_empty()
-        && !names
-            .san_hosts
-            .iter()
-            .any(|host| settings.allowed_hostnames.iter().any(|allowed| allowed.eq_ignore_ascii_case(host)))
-    {
-        return Err(Refused::HostnameNotAllowed);
-    }
     Ok(TlsConnection { stream, identity })
 }
 

@@ -1,0 +1,90 @@
+//! A client certificate forwarded by a trusted proxy (issue 12's interface): the gRPC metadata
+//! `keyward-forwarded-client-cert` carries the client's leaf certificate, DER, standard base64.
+//!
+//! This module only checks the certificate, with the same rules as a certificate presented at the
+//! handshake: chain to `--trusted-ca-file`, validity now, client-auth usage, `--client-crl-file`, then
+//! the allow-lists. Whether the peer may forward at all is decided in `identity.rs`.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use base64::Engine as _;
+use rustls::server::danger::ClientCertVerifier;
+use rustls_pki_types::{CertificateDer, UnixTime};
+
+use super::certificate::{cert_names, CertNames};
+use super::tls::settings::TlsSettings;
+
+/// The metadata key a trusted proxy sets.
+pub const FORWARDED_CERT: &str = "keyward-forwarded-client-cert";
+
+/// How often the CA and CRL files are checked for changes (as the listener checks its own).
+const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Checks forwarded certificates against the member's current CA and CRL files.
+pub struct ForwardedVerifier {
+    settings: TlsSettings,
+    current: Mutex<Loaded>,
+}
+
+struct Loaded {
+    stamp: Vec<Option<SystemTime>>,
+    checked_at: Instant,
+    verifier: Arc<dyn ClientCertVerifier>,
+}
+
+impl ForwardedVerifier {
+    /// `None` when the settings verify no client certificates (no `--trusted-ca-file`).
+    pub fn new(settings: &TlsSettings) -> Result<Option<ForwardedVerifier>, String> {
+        let Some(verifier) = settings.client_verifier()? else { return Ok(None) };
+        let loaded = Loaded { stamp: stamp(settings), checked_at: Instant::now(), verifier };
+        Ok(Some(ForwardedVerifier { settings: settings.clone(), current: Mutex::new(loaded) }))
+    }
+
+    /// Decodes and verifies a forwarded certificate; its names if every check passes, else why not.
+    pub fn verify(&self, base64_der: &[u8]) -> Result<CertNames, String> {
+        let der = base64::engine::general_purpose::STANDARD
+            .decode(base64_der)
+            .map_err(|e| format!("not standard base64: {e}"))?;
+        let leaf = CertificateDer::from(der);
+        // The proxy forwards the leaf only: a client whose chain needs an intermediate is refused
+        // unless the intermediate is in --trusted-ca-file.
+        self.verifier()
+            .verify_client_cert(&leaf, &[], UnixTime::now())
+            .map_err(|e| format!("certificate verification failed: {e}"))?;
+        let names = cert_names(&leaf).ok_or("the verified certificate could not be parsed")?;
+        self.settings.allows(&names).map_err(|e| e.to_string())?;
+        Ok(names)
+    }
+
+    /// The current verifier, rebuilt when the CA or CRL file changed. A file that changed but no
+    /// longer loads keeps the previous verifier, as the listener keeps its previous configuration: a
+    /// broken CRL never means "nothing is revoked".
+    fn verifier(&self) -> Arc<dyn ClientCertVerifier> {
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if current.checked_at.elapsed() >= RELOAD_INTERVAL {
+            current.checked_at = Instant::now();
+            let now = stamp(&self.settings);
+            if now != current.stamp {
+                current.stamp = now;
+                match self.settings.client_verifier() {
+                    Ok(Some(verifier)) => current.verifier = verifier,
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::error!(error = %e, "CA or CRL file changed but could not be loaded; forwarded certificates are checked against the previous one")
+                    }
+                }
+            }
+        }
+        current.verifier.clone()
+    }
+}
+
+/// Modification times of the files a verifier is built from.
+fn stamp(settings: &TlsSettings) -> Vec<Option<SystemTime>> {
+    [settings.trusted_ca_file.as_ref(), settings.crl_file.as_ref()]
+        .into_iter()
+        .flatten()
+        .map(|f| std::fs::metadata(f).and_then(|m| m.modified()).ok())
+        .collect()
+}

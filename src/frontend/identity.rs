@@ -1,0 +1,471 @@
+//! Who is calling: decided once per request, in this one place, for every front end (the member's
+//! gRPC services today; the proxy and the HTTP gateway call the same `IdentityRules::identify`).
+//!
+//! The inputs are the request's metadata (a token: `token` from etcd 3.4 clients, `authorization`
+//! from newer ones; a certificate forwarded by a trusted proxy) and the connection's `PeerIdentity`,
+//! set at the TLS handshake. The output is an `Identity`, which becomes the `Requester` that the raft
+//! entry header and the read-path checks are built from. Nothing deeper in the stack looks at
+//! metadata or certificates. Must not depend on the member (`node`, `raft`, `server`).
+
+use tonic::metadata::MetadataMap;
+
+use super::certificate::{NoIdentity, PeerIdentity};
+use super::forwarded::{ForwardedVerifier, FORWARDED_CERT};
+use super::tls::settings::TlsSettings;
+use crate::auth::check::Requester;
+use crate::auth::tokens::Tokens;
+use crate::error::EtcdError;
+
+/// Who a request comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Identity {
+    /// A token from Authenticate (a password): the user, at the auth revision it was issued at.
+    Token { username: String, revision: u64 },
+    /// The connection's own verified client certificate (with `--client-cert-auth`).
+    Certificate { common_name: String },
+    /// A client certificate forwarded by the trusted proxy `proxy_cn` and verified here.
+    Forwarded { proxy_cn: String, common_name: String },
+    /// Nobody, and why.
+    Anonymous(Anonymous),
+}
+
+/// Why a request has no identity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Anonymous {
+    /// `--client-cert-auth` is off: a certificate's CN names no user (as in etcd).
+    CertAuthOff,
+    /// The connection's certificate (or its absence) names no user.
+    Connection(NoIdentity),
+    /// The forwarded certificate is valid but names no user (no CN, several CNs, an unreadable one).
+    Forwarded(NoIdentity),
+}
+
+impl Identity {
+    /// The requester this identity runs as. A certificate names a user at the current auth
+    /// revision; a token, at the revision it was issued at (so a token older than an auth change
+    /// gets "revision of auth store is old", as in etcd).
+    pub fn requester(&self, current_auth_revision: u64) -> Requester {
+        match self {
+            Identity::Token { username, revision } => {
+                Requester::Client { username: username.clone(), revision: *revision }
+            }
+            Identity::Certificate { common_name } | Identity::Forwarded { common_name, .. } => {
+                Requester::Client { username: common_name.clone(), revision: current_auth_revision }
+            }
+            Identity::Anonymous(_) => Requester::anonymous(),
+        }
+    }
+}
+
+/// What a token stands for: the user and the auth revision it was issued at. The member resolves
+/// its own tokens; a front end without a token store would pass tokens through instead.
+pub trait TokenResolver {
+    fn resolve(&self, token: &str) -> Result<(String, u64), EtcdError>;
+}
+
+impl TokenResolver for Tokens {
+    fn resolve(&self, token: &str) -> Result<(String, u64), EtcdError> {
+        Tokens::resolve(self, token)
+    }
+}
+
+/// The rules a listener's flags set: `--client-cert-auth`, `--trusted-proxy-cn` and the verifier a
+/// forwarded certificate is checked with (`--trusted-ca-file`, `--client-crl-file`, allow-lists).
+pub struct IdentityRules {
+    client_cert_auth: bool,
+    trusted_proxy_cns: Vec<String>,
+    forwarded: Option<ForwardedVerifier>,
+}
+
+impl IdentityRules {
+    /// The rules for the client TLS settings (`None`: no TLS, so no certificate ever names a user).
+    pub fn new(tls: Option<&TlsSettings>) -> Result<IdentityRules, String> {
+        let Some(tls) = tls else {
+            return Ok(IdentityRules { client_cert_auth: false, trusted_proxy_cns: Vec::new(), forwarded: None });
+        };
+        let forwarded = if tls.trusted_proxy_cns.is_empty() { None } else { ForwardedVerifier::new(tls)? };
+        Ok(IdentityRules {
+            client_cert_auth: tls.client_cert_auth,
+            trusted_proxy_cns: tls.trusted_proxy_cns.clone(),
+            forwarded,
+        })
+    }
+
+    /// The identity behind a request, in etcd's order: a token wins; then a certificate forwarded by
+    /// a trusted proxy; then, with `--client-cert-auth`, the connection's certificate; otherwise
+    /// nobody. `peer` is `None` on a plain-text connection.
+    ///
+    /// Refused, never downgraded to anonymous: a token that does not resolve (etcd's "invalid auth
+    /// token"); forwarded-certificate metadata from a peer that is not a trusted proxy, or a
+    /// forwarded certificate that fails verification — even when a token is sent too.
+    pub fn identify(
+        &self,
+        metadata: &MetadataMap,
+        peer: Option<&PeerIdentity>,
+        tokens: &impl TokenResolver,
+    ) -> Result<Identity, EtcdError> {
+        let forwarded = self.forwarded(metadata, peer)?;
+        if let Some(token) = metadata.get("token").or_else(|| metadata.get("authorization")) {
+            let token = token.to_str().map_err(|_| EtcdError::InvalidAuthToken)?;
+            let (username, revision) = tokens.resolve(token)?;
+            return Ok(Identity::Token { username, revision });
+        }
+        if let Some(forwarded) = forwarded {
+            return Ok(forwarded);
+        }
+        if !self.client_cert_auth {
+            return Ok(Identity::Anonymous(Anonymous::CertAuthOff));
+        }
+        Ok(match peer {
+            Some(PeerIdentity::Cert { common_name }) => Identity::Certificate { common_name: common_name.clone() },
+            Some(PeerIdentity::None(why)) => Identity::Anonymous(Anonymous::Connection(*why)),
+            None => Identity::Anonymous(Anonymous::Connection(NoIdentity::PlainText)),
+        })
+    }
+
+    /// The identity a forwarded certificate gives, if the request carries one: only from a peer
+    /// whose own verified certificate's CN is in `--trusted-proxy-cn`, and only once the forwarded
+    /// certificate passes every check a handshake certificate passes.
+    fn forwarded(&self, metadata: &MetadataMap, peer: Option<&PeerIdentity>) -> Result<Option<Identity>, EtcdError> {
+        let mut values = metadata.get_all(FORWARDED_CERT).iter();
+        let Some(value) = values.next() else { return Ok(None) };
+        let proxy_cn = match peer {
+            Some(PeerIdentity::Cert { common_name }) if self.trusted_proxy_cns.contains(common_name) => common_name,
+            _ => {
+                tracing::debug!(peer = ?peer, "{FORWARDED_CERT} from a peer that is not a trusted proxy");
+                return Err(EtcdError::NotTrustedProxy);
+            }
+        };
+        // Configuration makes a trusted proxy imply a verifier (`--trusted-proxy-cn` needs
+        // `--trusted-ca-file`); without one nothing could be verified, so nothing is accepted.
+        let Some(verifier) = &self.forwarded else { return Err(EtcdError::NotTrustedProxy) };
+        if values.next().is_some() {
+            return Err(EtcdError::ForwardedCertRefused("more than one certificate".into()));
+        }
+        let names = verifier.verify(value.as_encoded_bytes()).map_err(|why| {
+            tracing::debug!(proxy = %proxy_cn, reason = %why, "forwarded client certificate refused");
+            EtcdError::ForwardedCertRefused(why)
+        })?;
+        Ok(Some(match PeerIdentity::from_names(&names) {
+            PeerIdentity::Cert { common_name } => Identity::Forwarded { proxy_cn: proxy_cn.clone(), common_name },
+            PeerIdentity::None(why) => Identity::Anonymous(Anonymous::Forwarded(why)),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Every check on a forwarded certificate, each with the twin that passes it. The PKI is made
+    //! with rcgen at run time.
+
+    use std::path::Path;
+
+    use base64::Engine as _;
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertificateRevocationListParams, DistinguishedName, DnType,
+        ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose, RevocationReason,
+        RevokedCertParams, SerialNumber,
+    };
+    use tonic::metadata::MetadataValue;
+
+    use super::*;
+
+    struct Ca {
+        issuer: Issuer<'static, KeyPair>,
+        pem: String,
+    }
+
+    fn ca(name: &str) -> Ca {
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        let key = KeyPair::generate().unwrap();
+        let pem = params.self_signed(&key).unwrap().pem();
+        Ca { issuer: Issuer::new(params, key), pem }
+    }
+
+    fn client_params(cns: &[&str], serial: u8) -> CertificateParams {
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        for (i, cn) in cns.iter().enumerate() {
+            // rcgen keeps one value per DnType: a second CN goes in under the CN's OID as a custom type.
+            let ty = if i == 0 { DnType::CommonName } else { DnType::CustomDnType(vec![2, 5, 4, 3]) };
+            dn.push(ty, *cn);
+        }
+        params.distinguished_name = dn;
+        params.serial_number = Some(SerialNumber::from_slice(&[0x10, serial]));
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params
+    }
+
+    /// A certificate as a trusted proxy would forward it: DER, standard base64.
+    fn forwarded(params: CertificateParams, by: &Ca) -> String {
+        let cert = params.signed_by(&KeyPair::generate().unwrap(), &by.issuer).unwrap();
+        base64::engine::general_purpose::STANDARD.encode(cert.der())
+    }
+
+    /// A CRL of `by` revoking the serials given.
+    fn crl(by: &Ca, serials: &[u8], path: &Path) {
+        let params = CertificateRevocationListParams {
+            this_update: rcgen::date_time_ymd(2024, 1, 1),
+            next_update: rcgen::date_time_ymd(2099, 1, 1),
+            crl_number: SerialNumber::from_slice(&[1]),
+            issuing_distribution_point: None,
+            revoked_certs: serials
+                .iter()
+                .map(|s| RevokedCertParams {
+                    serial_number: SerialNumber::from_slice(&[0x10, *s]),
+                    revocation_time: rcgen::date_time_ymd(2024, 1, 1),
+                    reason_code: Some(RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: KeyIdMethod::Sha256,
+        };
+        std::fs::write(path, params.signed_by(&by.issuer).unwrap().pem().unwrap()).unwrap();
+    }
+
+    struct Setup {
+        dir: tempfile::TempDir,
+        ca: Ca,
+        settings: TlsSettings,
+    }
+
+    /// A member's client TLS settings: its CA, `--client-cert-auth`, `--trusted-proxy-cn proxy`.
+    fn setup() -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ca("member CA");
+        std::fs::write(dir.path().join("ca.pem"), &ca.pem).unwrap();
+        let settings = TlsSettings {
+            cert_file: dir.path().join("unused.pem"),
+            key_file: dir.path().join("unused-key.pem"),
+            trusted_ca_file: Some(dir.path().join("ca.pem")),
+            client_cert_auth: true,
+            crl_file: None,
+            allowed_cns: Vec::new(),
+            allowed_hostnames: Vec::new(),
+            trusted_proxy_cns: vec!["proxy".into()],
+        };
+        Setup { dir, ca, settings }
+    }
+
+    /// Tokens "tok-bob" (bob at revision 7); anything else is invalid.
+    struct OneToken;
+
+    impl TokenResolver for OneToken {
+        fn resolve(&self, token: &str) -> Result<(String, u64), EtcdError> {
+            match token {
+                "tok-bob" => Ok(("bob".into(), 7)),
+                _ => Err(EtcdError::InvalidAuthToken),
+            }
+        }
+    }
+
+    fn proxy() -> PeerIdentity {
+        PeerIdentity::Cert { common_name: "proxy".into() }
+    }
+
+    fn identify(
+        settings: &TlsSettings,
+        peer: Option<&PeerIdentity>,
+        metadata: &[(&'static str, &str)],
+    ) -> Result<Identity, EtcdError> {
+        let rules = IdentityRules::new(Some(settings)).unwrap();
+        let mut map = MetadataMap::new();
+        for (key, value) in metadata {
+            map.append(*key, MetadataValue::try_from(*value).unwrap());
+        }
+        rules.identify(&map, peer, &OneToken)
+    }
+
+    fn alice_by(ca: &Ca) -> String {
+        forwarded(client_params(&["alice"], 1), ca)
+    }
+
+    fn as_alice() -> Identity {
+        Identity::Forwarded { proxy_cn: "proxy".into(), common_name: "alice".into() }
+    }
+
+    #[test]
+    fn a_trusted_proxy_forwarding_a_valid_certificate_acts_as_its_cn() {
+        let s = setup();
+        let identity = identify(&s.settings, Some(&proxy()), &[(FORWARDED_CERT, &alice_by(&s.ca))]).unwrap();
+        assert_eq!(identity, as_alice());
+        assert_eq!(identity.requester(42), Requester::Client { username: "alice".into(), revision: 42 });
+    }
+
+    #[test]
+    fn forwarded_certificates_from_peers_that_are_not_trusted_proxies_are_refused() {
+        let s = setup();
+        let alice = alice_by(&s.ca);
+        let peers = [
+            None,
+            Some(PeerIdentity::None(NoIdentity::NoClientCert)),
+            Some(PeerIdentity::None(NoIdentity::SeveralCommonNames)),
+            Some(PeerIdentity::Cert { common_name: "mallory".into() }),
+            Some(PeerIdentity::Cert { common_name: "Proxy".into() }),
+        ];
+        for peer in &peers {
+            let refused = identify(&s.settings, peer.as_ref(), &[(FORWARDED_CERT, &alice)]);
+            assert_eq!(refused, Err(EtcdError::NotTrustedProxy), "peer {peer:?}");
+            // Even with a valid token: the metadata is refused, not ignored.
+            let refused = identify(&s.settings, peer.as_ref(), &[(FORWARDED_CERT, &alice), ("token", "tok-bob")]);
+            assert_eq!(refused, Err(EtcdError::NotTrustedProxy), "peer {peer:?} with a token");
+        }
+        let status = tonic::Status::from(EtcdError::NotTrustedProxy);
+        assert_eq!(status.code(), tonic::Code::PermissionDenied);
+        assert!(status.message().contains("peer is not a trusted proxy"), "{}", status.message());
+    }
+
+    #[test]
+    fn without_trusted_proxies_no_peer_may_forward() {
+        let mut s = setup();
+        s.settings.trusted_proxy_cns.clear();
+        let refused = identify(&s.settings, Some(&proxy()), &[(FORWARDED_CERT, &alice_by(&s.ca))]);
+        assert_eq!(refused, Err(EtcdError::NotTrustedProxy));
+    }
+
+    #[track_caller]
+    fn assert_refused(result: Result<Identity, EtcdError>, why: &str) {
+        match result {
+            Err(EtcdError::ForwardedCertRefused(reason)) => assert!(reason.contains(why), "{reason:?} lacks {why:?}"),
+            other => panic!("expected a refusal ({why}), got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_forwarded_certificate_from_another_ca_is_refused() {
+        let s = setup();
+        let other = ca("other CA");
+        assert_refused(
+            identify(&s.settings, Some(&proxy()), &[(FORWARDED_CERT, &alice_by(&other))]),
+            "verification failed",
+        );
+    }
+
+    #[test]
+    fn an_expired_forwarded_certificate_is_refused() {
+        let s = setup();
+        let mut params = client_params(&["alice"], 1);
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        let expired = forwarded(params, &s.ca);
+        assert_refused(identify(&s.settings, Some(&proxy()), &[(FORWARDED_CERT, &expired)]), "verification failed");
+    }
+
+    #[test]
+    fn a_forwarded_certificate_without_client_auth_usage_is_refused() {
+        let s = setup();
+        let mut params = client_params(&["alice"], 1);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let server_only = forwarded(params, &s.ca);
+        assert_refused(identify(&s.settings, Some(&proxy()), &[(FORWARDED_CERT, &server_only)]), "verification failed");
+    }
+
+    #[test]
+    fn a_revoked_forwarded_certificate_is_refused_and_others_pass() {
+        let mut s = setup();
+        let crl_path = s.dir.path().join("crl.pem");
+        crl(&s.ca, &[1], &crl_path);
+        s.settings.crl_file = Some(crl_path);
+        let revoked = alice_by(&s.ca); // serial 1
+        assert_refused(identify(&s.settings, Some(&proxy()), &[(FORWARDED_CERT, &revoked)]), "verification failed");
+        let bob = forwarded(client_params(&["bob"], 2), &s.ca);
+        assert_eq!(
+            identify(&s.settings, Some(&proxy()), &[(FORWARDED_CERT, &bob)]),
+            Ok(Identity::Forwarded { proxy_cn: "proxy".into(), common_name: "bob".into() })
+        );
+    }
+
+    #[test]
+    fn a_forwarded_certificate_with_two_cns_gives_no_identity() {
+        let s = setup();
+        let two = forwarded(client_params(&["alice", "root"], 1), &s.ca);
+        assert_eq!(
+            identify(&s.settings, Some(&proxy()), &[(FORWARDED_CERT, &two)]),
+            Ok(Identity::Anonymous(Anonymous::Forwarded(NoIdentity::SeveralCommonNames)))
+        );
+    }
+
+    #[test]
+    fn the_allowed_cn_list_applies_to_forwarded_certificates() {
+        let mut s = setup();
+        s.settings.allowed_cns = vec!["proxy".into(), "bob".into()];
+        let alice = alice_by(&s.ca);
+        assert_refused(identify(&s.settings, Some(&proxy()), &[(FORWARDED_CERT, &alice)]), "--client-cert-allowed-cn");
+        let bob = forwarded(client_params(&["bob"], 2), &s.ca);
+        assert!(matches!(
+            identify(&s.settings, Some(&proxy()), &[(FORWARDED_CERT, &bob)]),
+            Ok(Identity::Forwarded { .. })
+        ));
+    }
+
+    #[test]
+    fn the_allowed_hostname_list_applies_to_forwarded_certificates() {
+        let mut s = setup();
+        s.settings.allowed_hostnames = vec!["app.example".into()];
+        assert_refused(
+            identify(&s.settings, Some(&proxy()), &[(FORWARDED_CERT, &alice_by(&s.ca))]),
+            "--client-cert-allowed-hostname",
+        );
+        let mut params = client_params(&["alice"], 1);
+        params.subject_alt_names = vec![rcgen::SanType::DnsName("app.example".try_into().unwrap())];
+        let named = forwarded(params, &s.ca);
+        assert_eq!(identify(&s.settings, Some(&proxy()), &[(FORWARDED_CERT, &named)]), Ok(as_alice()));
+    }
+
+    #[test]
+    fn malformed_or_repeated_forwarded_metadata_is_refused() {
+        let s = setup();
+        let alice = alice_by(&s.ca);
+        assert_refused(identify(&s.settings, Some(&proxy()), &[(FORWARDED_CERT, "not base64!")]), "base64");
+        assert_refused(identify(&s.settings, Some(&proxy()), &[(FORWARDED_CERT, "AAAA")]), "verification failed");
+        let bob = forwarded(client_params(&["bob"], 2), &s.ca);
+        assert_refused(
+            identify(&s.settings, Some(&proxy()), &[(FORWARDED_CERT, &alice), (FORWARDED_CERT, &bob)]),
+            "more than one",
+        );
+    }
+
+    #[test]
+    fn a_token_wins_over_a_forwarded_certificate_but_a_bad_one_is_still_refused() {
+        let s = setup();
+        let token = identify(&s.settings, Some(&proxy()), &[(FORWARDED_CERT, &alice_by(&s.ca)), ("token", "tok-bob")]);
+        assert_eq!(token, Ok(Identity::Token { username: "bob".into(), revision: 7 }));
+        let other = alice_by(&ca("other CA"));
+        assert_refused(
+            identify(&s.settings, Some(&proxy()), &[(FORWARDED_CERT, &other), ("token", "tok-bob")]),
+            "verification failed",
+        );
+    }
+
+    #[test]
+    fn a_trusted_proxy_forwarding_nothing_acts_as_itself() {
+        let s = setup();
+        assert_eq!(
+            identify(&s.settings, Some(&proxy()), &[]),
+            Ok(Identity::Certificate { common_name: "proxy".into() })
+        );
+    }
+
+    #[test]
+    fn etcds_rules_without_forwarding() {
+        let mut s = setup();
+        let alice = PeerIdentity::Cert { common_name: "alice".into() };
+        assert_eq!(
+            identify(&s.settings, Some(&alice), &[("token", "tok-bob")]),
+            Ok(Identity::Token { username: "bob".into(), revision: 7 })
+        );
+        assert_eq!(identify(&s.settings, Some(&alice), &[("authorization", "nope")]), Err(EtcdError::InvalidAuthToken));
+        assert_eq!(
+            identify(&s.settings, None, &[]),
+            Ok(Identity::Anonymous(Anonymous::Connection(NoIdentity::PlainText)))
+        );
+        s.settings.client_cert_auth = false;
+        s.settings.trusted_proxy_cns.clear();
+        assert_eq!(identify(&s.settings, Some(&alice), &[]), Ok(Identity::Anonymous(Anonymous::CertAuthOff)));
+    }
+}
