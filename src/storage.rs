@@ -121,4 +121,3 @@ mod tests {
         assert!(ratio < 8.0, "1.5M keys took {whole:?}, 0.75M took {half:?} ({ratio:.1}x)");
     }
 }
-
