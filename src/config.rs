@@ -19,8 +19,6 @@ pub struct Cli {
 pub enum Command {
     /// Run a cluster member.
     Serve(Box<ServeArgs>),
-    /// Load-generate against etcd v3 endpoints (keyward or etcd), like etcd's `benchmark` tool.
-    Bench(Box<crate::bench::BenchArgs>),
 }
 
 #[derive(Args, Debug, Clone)]

@@ -7,7 +7,6 @@
 
 pub mod apply;
 pub mod auth;
-pub mod bench;
 pub mod config;
 pub mod error;
 pub mod keyrange;
