@@ -16,7 +16,8 @@
 # Environment: DURATION (per cell, in seconds: default 5s), AUTH_DURATION (per Authenticate cell, default
 #   15s), PERMS (grants of the (e) user, default 10000),
 #   OUT (report path, default target/compare.md), ETCD (etcd binary), KEEP_TMP=1 (keep the temp dir),
-#   PROFILE=1 (also record a perf profile of keyward's put path at 100 clients, if perf works).
+#   PROFILE=1 (also record a perf profile of keyward's put path at 100 clients, if perf works; builds and
+#   measures the `profiling` profile: release code with debug info).
 set -uo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -25,8 +26,12 @@ AUTH_DURATION="${AUTH_DURATION:-15s}"
 PERMS="${PERMS:-10000}"
 OUT="${OUT:-$root/target/compare.md}"
 ETCD="${ETCD:-/usr/bin/etcd}"
-KW="$root/target/release/keyward"
-KWB="$root/target/release/keyward-bench"
+# PROFILE=1 needs symbols and line tables: the profiling build (release + debug info), not the
+# stripped release binary.
+PROFILE_DIR=release
+[ "${PROFILE:-0}" = 1 ] && PROFILE_DIR=profiling
+KW="$root/target/$PROFILE_DIR/keyward"
+KWB="$root/target/$PROFILE_DIR/keyward-bench"
 PREFIX="bench/"
 SHAPE=(--prefix "$PREFIX" --key-size 16 --val-size 256)
 SIZES=("${SHAPE[@]}" --key-space 10000)
@@ -35,8 +40,8 @@ die() { echo "compare.sh: $*" >&2; exit 1; }
 for tool in openssl jq python3; do command -v "$tool" >/dev/null || die "$tool is needed"; done
 [ -x "$ETCD" ] || die "no etcd at $ETCD (apt-get install etcd-server)"
 
-echo "building keyward (release)..." >&2
-(cd "$root" && cargo build --release --quiet) || die "cargo build --release failed"
+echo "building keyward ($PROFILE_DIR)..." >&2
+(cd "$root" && cargo build --profile "$PROFILE_DIR" --quiet) || die "cargo build --profile $PROFILE_DIR failed"
 
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/keyward-compare.XXXXXX")"
 pids=()
