@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::BoxStream;
@@ -17,7 +18,6 @@ use super::identity::requester;
 use crate::auth::check::Authorizer;
 
 use crate::error::EtcdError;
-use crate::mvcc::hash::Sha256;
 use crate::node::Node;
 use crate::proto::etcdserverpb::alarm_request::AlarmAction;
 use crate::proto::etcdserverpb::maintenance_server::Maintenance;
@@ -269,7 +269,7 @@ fn send_snapshot(
             return;
         }
     }
-    let digest = SnapshotResponse { header, remaining_bytes: 0, blob: sha.finish().to_vec() };
+    let digest = SnapshotResponse { header, remaining_bytes: 0, blob: sha.finalize().to_vec() };
     if tx.blocking_send(Ok(digest)).is_ok() {
         tracing::info!(total_bytes = total, took = ?start.elapsed(), "sent database snapshot to client");
     }
