@@ -13,11 +13,13 @@
 use std::collections::HashSet;
 
 use heed::{RoTxn, RwTxn};
+use serde::{Deserialize, Serialize};
 
+use crate::auth::cache::Affected;
 use crate::auth::check::{Authorizer, Requester};
 use crate::auth::permissions::Access;
 use crate::auth::simple::SimpleTokens;
-use crate::auth::store::{Affected, AuthStore};
+use crate::auth::store::AuthStore;
 use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
 use crate::lease::store::{LeaseRecord, LeaseStore};
@@ -26,12 +28,11 @@ use crate::mvcc::kv::{self, Leases};
 use crate::mvcc::{self, KvStore, WriteTxn};
 use crate::proto::etcdserverpb::request_op::Request;
 use crate::proto::etcdserverpb::{
-    CompactionResponse, InternalRaftRequest, LeaseCheckpointResponse, LeaseGrantResponse, LeaseRevokeResponse,
-    PutRequest, RequestOp, TxnRequest,
+    CompactionResponse, DeleteRangeResponse, InternalRaftRequest, LeaseCheckpointResponse, LeaseGrantResponse,
+    LeaseRevokeResponse, PutRequest, PutResponse, RequestOp, ResponseHeader, TxnRequest, TxnResponse,
 };
 use crate::proto::mvccpb::event::EventType;
 use crate::proto::mvccpb::Event;
-use crate::raft::Applied;
 
 /// The replicated tables an entry can change, and the member-local token table that Authenticate
 /// entries fill.
@@ -51,6 +52,31 @@ pub struct Effects {
     pub revoked: Vec<i64>,
     /// Whose permissions changed, when an auth entry changed any.
     pub auth: Option<Affected>,
+}
+
+/// What applying one request produced for its proposer (serialised into openraft's apply results, so
+/// the protobuf responses travel as their encoding).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Applied {
+    /// No response of its own (a step inside a larger operation).
+    Nothing,
+    Put(#[serde(with = "crate::proto::as_bytes")] PutResponse),
+    DeleteRange(#[serde(with = "crate::proto::as_bytes")] DeleteRangeResponse),
+    Txn(#[serde(with = "crate::proto::as_bytes")] TxnResponse),
+    Compaction(#[serde(with = "crate::proto::as_bytes")] CompactionResponse),
+    LeaseGrant(#[serde(with = "crate::proto::as_bytes")] LeaseGrantResponse),
+    LeaseRevoke(#[serde(with = "crate::proto::as_bytes")] LeaseRevokeResponse),
+    LeaseCheckpoint(#[serde(with = "crate::proto::as_bytes")] LeaseCheckpointResponse),
+    /// A user/role/auth-config change was applied; the API layer builds the typed response.
+    AuthChanged {
+        #[serde(with = "crate::proto::option_as_bytes")]
+        header: Option<ResponseHeader>,
+    },
+    /// A token was issued (empty for JWT: the API layer signs it) at this auth revision.
+    Authenticated {
+        token: String,
+        auth_revision: u64,
+    },
 }
 
 /// Applies one entry (`index` is its raft log index). `Err` is the etcd error for the proposer; the

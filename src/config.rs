@@ -113,6 +113,11 @@ pub struct ServeArgs {
     pub log_level: String,
 }
 
+/// gRPC overhead allowed on top of `--max-request-bytes` (etcd's `grpcOverheadBytes`), so an oversized
+/// request reaches the handler and gets etcd's "request is too large" rather than a transport error.
+/// Watch responses are split into fragments at the same limit (`server/watch.rs`), as etcd does.
+pub const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
+
 /// A validated member configuration.
 #[derive(Debug, Clone)]
 pub struct Config {

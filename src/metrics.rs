@@ -1,10 +1,10 @@
-//! Prometheus metrics, named as etcd names them where etcd has the same metric.
+//! Prometheus metrics, named as etcd names them where etcd has the same metric. The counters are
+//! statics any module may bump; the node's gauges come in as plain values (`NodeGauges`), so this
+//! module depends on nothing of keyward's.
 
 use std::sync::LazyLock;
 
 use prometheus::{Encoder, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
-
-use crate::node::Node;
 
 pub static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::new);
 
@@ -48,10 +48,18 @@ pub static PROPOSALS_FAILED: LazyLock<IntCounter> = LazyLock::new(|| {
     )
 });
 
-/// Gauges read from the node at scrape time, then everything registered.
-pub fn render(node: &Node) -> String {
-    let metrics = node.raft.metrics().borrow().clone();
-    let db_size = node.state().env.real_disk_size().unwrap_or(0);
+/// A member's state at scrape time, as etcd's gauges report it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NodeGauges {
+    pub has_leader: bool,
+    pub is_leader: bool,
+    pub committed_index: u64,
+    pub applied_index: u64,
+    pub db_size_bytes: u64,
+}
+
+/// The node's gauges, then everything registered.
+pub fn render(node: &NodeGauges) -> String {
     let mut out = format!(
         "# HELP etcd_server_has_leader Whether or not a leader exists. 1 is existence, 0 is not.\n\
          # TYPE etcd_server_has_leader gauge\netcd_server_has_leader {}\n\
@@ -63,11 +71,11 @@ pub fn render(node: &Node) -> String {
          # TYPE etcd_server_proposals_applied_total gauge\netcd_server_proposals_applied_total {}\n\
          # HELP etcd_mvcc_db_total_size_in_bytes Total size of the underlying database physically allocated in bytes.\n\
          # TYPE etcd_mvcc_db_total_size_in_bytes gauge\netcd_mvcc_db_total_size_in_bytes {}\n",
-        u8::from(metrics.current_leader.is_some()),
-        u8::from(metrics.current_leader == Some(node.member_id)),
-        metrics.last_log_index.unwrap_or(0),
-        metrics.last_applied.map_or(0, |l| l.index),
-        db_size,
+        u8::from(node.has_leader),
+        u8::from(node.is_leader),
+        node.committed_index,
+        node.applied_index,
+        node.db_size_bytes,
     );
     let mut buf = Vec::new();
     LazyLock::force(&HEALTH_CHECKS);
@@ -78,4 +86,29 @@ pub fn render(node: &Node) -> String {
         out.push_str(&String::from_utf8_lossy(&buf));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gauges_render_as_etcd_names_them() {
+        let text = render(&NodeGauges {
+            has_leader: true,
+            is_leader: false,
+            committed_index: 7,
+            applied_index: 6,
+            db_size_bytes: 4096,
+        });
+        for line in [
+            "etcd_server_has_leader 1",
+            "etcd_server_is_leader 0",
+            "etcd_server_proposals_committed_total 7",
+            "etcd_server_proposals_applied_total 6",
+            "etcd_mvcc_db_total_size_in_bytes 4096",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
+        }
+    }
 }

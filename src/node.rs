@@ -16,6 +16,7 @@ use openraft::error::RaftError;
 use openraft::BasicNode;
 use prost::Message;
 
+use crate::apply::Applied;
 use crate::auth::check::{Authorizer, Requester};
 use crate::auth::tokens::Tokens;
 use crate::config::Config;
@@ -29,7 +30,7 @@ use crate::raft::log_store::LogStore;
 use crate::raft::network::PeerNetwork;
 use crate::raft::proposer::Proposer;
 use crate::raft::state_machine::{Committed, State, StateMachine};
-use crate::raft::{Applied, Raft};
+use crate::raft::Raft;
 
 pub struct Node {
     pub raft: Raft,
@@ -259,6 +260,18 @@ impl Node {
 
     pub fn state(&self) -> &State {
         &self.state
+    }
+
+    /// This member's state for `/metrics`.
+    pub fn gauges(&self) -> crate::metrics::NodeGauges {
+        let metrics = self.raft.metrics().borrow().clone();
+        crate::metrics::NodeGauges {
+            has_leader: metrics.current_leader.is_some(),
+            is_leader: metrics.current_leader == Some(self.member_id),
+            committed_index: metrics.last_log_index.unwrap_or(0),
+            applied_index: metrics.last_applied.map_or(0, |l| l.index),
+            db_size_bytes: self.state.env.real_disk_size().unwrap_or(0),
+        }
     }
 
     /// The store's revision after the latest applied batch.

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::identity::requester;
+use crate::apply::Applied;
 use crate::auth::check::Requester;
 use crate::auth::password;
 use crate::auth::simple::SimpleTokens;
@@ -18,7 +19,6 @@ use crate::error::EtcdError;
 use crate::node::Node;
 use crate::proto::etcdserverpb::auth_server::Auth;
 use crate::proto::etcdserverpb::*;
-use crate::raft::Applied;
 
 /// How many times Authenticate re-checks a password whose auth revision moved meanwhile.
 const AUTHENTICATE_ATTEMPTS: usize = 8;

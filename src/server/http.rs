@@ -38,7 +38,7 @@ async fn health(State(node): State<Arc<Node>>) -> impl IntoResponse {
 }
 
 async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::render(&node))
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::render(&node.gauges()))
 }
 
 async fn version() -> impl IntoResponse {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::identity::requester;
+use crate::apply::Applied;
 use crate::auth::check::{Authorizer, Requester};
 use crate::auth::permissions::Access;
 use crate::error::EtcdError;
@@ -16,7 +17,6 @@ use crate::proto::etcdserverpb::{
     CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, InternalRaftRequest, PutRequest,
     PutResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
 };
-use crate::raft::Applied;
 
 pub struct KvService {
     node: Arc<Node>,

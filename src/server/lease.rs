@@ -7,6 +7,7 @@ use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::identity::requester;
+use crate::apply::Applied;
 use crate::auth::check::{Authorizer, Requester};
 use crate::auth::permissions::Access;
 use crate::error::EtcdError;
@@ -19,7 +20,6 @@ use crate::proto::etcdserverpb::{
     LeaseLeasesRequest, LeaseLeasesResponse, LeaseRevokeRequest, LeaseRevokeResponse, LeaseStatus,
     LeaseTimeToLiveRequest, LeaseTimeToLiveResponse, ResponseHeader,
 };
-use crate::raft::Applied;
 
 pub struct LeaseService {
     node: Arc<Node>,

@@ -18,7 +18,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
 use tonic::transport::Server;
 
-use crate::config::Listener;
+use crate::config::{Listener, GRPC_OVERHEAD_BYTES};
 use crate::node::Node;
 use crate::proto::etcdserverpb::auth_server::AuthServer;
 use crate::proto::etcdserverpb::cluster_server::ClusterServer;
@@ -27,11 +27,6 @@ use crate::proto::etcdserverpb::lease_server::LeaseServer;
 use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::proto::etcdserverpb::watch_server::WatchServer;
 use crate::tls::settings::TlsSettings;
-
-/// gRPC overhead allowed on top of `--max-request-bytes` (etcd's `grpcOverheadBytes`), so an oversized
-/// request reaches the handler and gets etcd's "request is too large" rather than a transport error.
-/// Watch responses are split into fragments at the same limit (`server/watch.rs`), as etcd does.
-const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
 /// Binds every client listener first (so a bad address fails startup), then serves until `shutdown`.
 pub async fn serve(

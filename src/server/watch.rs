@@ -419,7 +419,7 @@ fn fragments(
     max_request_bytes: usize,
 ) -> Vec<WatchResponse> {
     let whole = WatchResponse { header, watch_id: id, events, ..Default::default() };
-    split(whole, max_request_bytes + super::GRPC_OVERHEAD_BYTES)
+    split(whole, max_request_bytes + crate::config::GRPC_OVERHEAD_BYTES)
 }
 
 /// etcd's splitting rule: a response is split only when its whole encoded size (header included)
