@@ -29,7 +29,7 @@ use crate::mvcc::{self, KvStore, WriteTxn};
 use crate::proto::etcdserverpb::request_op::Request;
 use crate::proto::etcdserverpb::{
     CompactionResponse, DeleteRangeResponse, InternalRaftRequest, LeaseCheckpointResponse, LeaseGrantResponse,
-    LeaseRevokeResponse, PutRequest, PutResponse, RequestOp, ResponseHeader, TxnRequest, TxnResponse,
+    LeaseRevokeResponse, PutRequest, PutResponse, RequestOp, ResponseHeader, TxnResponse,
 };
 use crate::proto::mvccpb::event::EventType;
 use crate::proto::mvccpb::Event;
@@ -79,6 +79,15 @@ pub enum Applied {
     },
 }
 
+impl Applied {
+    /// The error for an apply result of the wrong kind for its proposal: the raft layer mixed up
+    /// proposals, which is never expected.
+    pub fn mismatch(self) -> EtcdError {
+        tracing::error!(applied = ?self, "apply result does not match the proposal");
+        EtcdError::Internal
+    }
+}
+
 /// Applies one entry (`index` is its raft log index). `Err` is the etcd error for the proposer; the
 /// transaction then holds no change from this entry. `EtcdError::Internal` means storage failed and the
 /// whole batch must abort.
@@ -100,17 +109,12 @@ pub fn apply(
             Ok(Applied::Put(kv::put(w, put)?))
         })
     } else if let Some(del) = &req.delete_range {
-        authorize(stores, txn, |authz| {
-            let range = KeyRange::new(&del.key, &del.range_end);
-            authz.check(&who, "delete", Access::Write, &range)?;
-            if del.prev_kv {
-                authz.check(&who, "delete", Access::Read, &range)?;
-            }
-            Ok(())
-        })?;
+        authorize(stores, txn, |authz| authz.check_delete(&who, "delete", del))?;
         write_kv(stores, txn, &[], |w, _| Ok(Applied::DeleteRange(kv::delete_range(w, del)?)))
     } else if let Some(t) = &req.txn {
-        authorize(stores, txn, |authz| check_txn(authz, stores.leases, txn, &who, t))?;
+        authorize(stores, txn, |authz| {
+            authz.check_txn(&who, t, &mut |put| check_put(authz, stores.leases, txn, &who, put))
+        })?;
         let mut lease_ids = Vec::new();
         txn_leases(&t.success, &mut lease_ids);
         txn_leases(&t.failure, &mut lease_ids);
@@ -200,41 +204,6 @@ fn check_put(
     if put.lease != 0 {
         for attached in leases.attached_keys(txn, put.lease)? {
             authz.check(who, "put", Access::Write, &KeyRange::Single(attached))?;
-        }
-    }
-    Ok(())
-}
-
-/// A txn needs read on every compare and range, and the put/delete rules on every write, on both
-/// branches and recursively through nested txns (CVE-2026-33343): one denied op denies the whole txn.
-fn check_txn(
-    authz: &Authorizer,
-    leases: &LeaseStore,
-    txn: &RoTxn,
-    who: &Requester,
-    t: &TxnRequest,
-) -> Result<(), EtcdError> {
-    if !authz.enabled() {
-        return Ok(());
-    }
-    for compare in &t.compare {
-        authz.check(who, "txn", Access::Read, &KeyRange::new(&compare.key, &compare.range_end))?;
-    }
-    for op in t.success.iter().chain(&t.failure) {
-        match &op.request {
-            Some(Request::RequestRange(r)) => {
-                authz.check(who, "txn", Access::Read, &KeyRange::new(&r.key, &r.range_end))?
-            }
-            Some(Request::RequestPut(p)) => check_put(authz, leases, txn, who, p)?,
-            Some(Request::RequestDeleteRange(d)) => {
-                let range = KeyRange::new(&d.key, &d.range_end);
-                authz.check(who, "txn", Access::Write, &range)?;
-                if d.prev_kv {
-                    authz.check(who, "txn", Access::Read, &range)?;
-                }
-            }
-            Some(Request::RequestTxn(inner)) => check_txn(authz, leases, txn, who, inner)?,
-            None => {}
         }
     }
     Ok(())

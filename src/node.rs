@@ -236,18 +236,35 @@ impl Node {
         linearizable: bool,
         read: impl FnOnce(&ReadView, &Authorizer) -> Result<T, EtcdError> + Send + 'static,
     ) -> Result<T, EtcdError> {
-        if linearizable {
-            self.raft.ensure_linearizable().await.map_err(|e| match e {
-                RaftError::APIError(_) => EtcdError::NoLeader,
-                RaftError::Fatal(_) => EtcdError::Stopped,
-            })?;
-        }
-        self.read_state(move |state, txn| {
+        let read = move |state: &State, txn: &heed::RoTxn| {
             let view = state.kv.view(txn)?;
             let authz = Authorizer::new(&state.auth, txn)?;
             read(&view, &authz)
-        })
-        .await
+        };
+        if linearizable {
+            self.read_state_linearizable(read).await
+        } else {
+            self.read_state(read).await
+        }
+    }
+
+    /// `read_state` after confirming leadership and waiting until the read index is applied: one read
+    /// transaction sees every table (auth, leases, kv) of the same applied state.
+    pub async fn read_state_linearizable<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&State, &heed::RoTxn) -> Result<T, EtcdError> + Send + 'static,
+    ) -> Result<T, EtcdError> {
+        self.raft.ensure_linearizable().await.map_err(|e| match e {
+            RaftError::APIError(_) => EtcdError::NoLeader,
+            RaftError::Fatal(_) => EtcdError::Stopped,
+        })?;
+        self.read_state(read).await
+    }
+
+    /// Requires the root role when auth is on, against the current auth state (etcd's
+    /// `IsAdminPermitted`; no linearizability wait, as etcd).
+    pub async fn require_admin(&self, who: Requester, op: &'static str) -> Result<(), EtcdError> {
+        self.read_state(move |state, txn| Authorizer::new(&state.auth, txn)?.check_admin(&who, op)).await
     }
 
     /// Completes a response header with this member's identity and the raft term.
@@ -256,6 +273,13 @@ impl Node {
         header.cluster_id = self.cluster_id;
         header.member_id = self.member_id;
         header.raft_term = self.raft.metrics().borrow().current_term;
+    }
+
+    /// A response header at `revision`, completed with this member's identity and the raft term.
+    pub fn header(&self, revision: i64) -> Option<ResponseHeader> {
+        let mut header = Some(ResponseHeader { revision, ..Default::default() });
+        self.fill(&mut header);
+        header
     }
 
     pub fn state(&self) -> &State {

@@ -39,10 +39,7 @@ impl AuthService {
                 self.node.fill(&mut header);
                 Ok(header)
             }
-            other => {
-                tracing::error!(?other, "apply result does not match the auth proposal");
-                Err(EtcdError::Internal.into())
-            }
+            other => Err(other.mismatch().into()),
         }
     }
 
@@ -57,17 +54,14 @@ impl AuthService {
             + Send
             + 'static,
     ) -> Result<(T, Option<ResponseHeader>), Status> {
-        self.node.read(true, |_, _| Ok(())).await?;
         let (value, revision) = self
             .node
-            .read_state(move |state, txn| {
+            .read_state_linearizable(move |state, txn| {
                 let authz = crate::auth::check::Authorizer::new(&state.auth, txn)?;
                 Ok((read(&authz, &state.auth, txn)?, state.kv.view(txn)?.rev))
             })
             .await?;
-        let mut header = Some(ResponseHeader { revision, ..Default::default() });
-        self.node.fill(&mut header);
-        Ok((value, header))
+        Ok((value, self.node.header(revision)))
     }
 }
 
@@ -145,14 +139,10 @@ impl Auth for AuthService {
                         Tokens::Simple(_) => token,
                         Tokens::Jwt(jwt) => jwt.sign(&req.name, auth_revision)?,
                     };
-                    let mut header = Some(ResponseHeader { revision: self.node.revision(), ..Default::default() });
-                    self.node.fill(&mut header);
+                    let header = self.node.header(self.node.revision());
                     return Ok(Response::new(AuthenticateResponse { header, token }));
                 }
-                Ok(other) => {
-                    tracing::error!(?other, "apply result does not match the authenticate proposal");
-                    return Err(EtcdError::Internal.into());
-                }
+                Ok(other) => return Err(other.mismatch().into()),
                 Err(EtcdError::AuthOldRevision) => {
                     tracing::info!(user = %req.name, "auth state changed while checking the password; checking again");
                 }

@@ -11,14 +11,12 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::identity::requester;
-use crate::auth::check::Authorizer;
 use crate::error::EtcdError;
 use crate::node::Node;
 use crate::proto::etcdserverpb::cluster_server::Cluster;
 use crate::proto::etcdserverpb::{
     Member, MemberAddRequest, MemberAddResponse, MemberListRequest, MemberListResponse, MemberPromoteRequest,
     MemberPromoteResponse, MemberRemoveRequest, MemberRemoveResponse, MemberUpdateRequest, MemberUpdateResponse,
-    ResponseHeader,
 };
 
 pub struct ClusterService {
@@ -41,14 +39,6 @@ impl ClusterService {
         }]
     }
 
-    /// etcd's Cluster service header: cluster id, member id and raft term. etcd leaves the revision at 0
-    /// here (so `member list -w json` prints none), and keyward does the same.
-    fn header(&self) -> Option<ResponseHeader> {
-        let mut header = None;
-        self.node.fill(&mut header);
-        header
-    }
-
     fn is_member(&self, id: u64) -> bool {
         id == self.node.member_id
     }
@@ -56,9 +46,7 @@ impl ClusterService {
     /// With auth enabled, membership changes are root's; etcd checks this before anything else about
     /// the change (`checkMembershipOperationPermission`).
     async fn require_admin<T>(&self, request: &Request<T>, op: &'static str) -> Result<(), Status> {
-        let who = requester(&self.node, request)?;
-        self.node.read_state(move |state, txn| Authorizer::new(&state.auth, txn)?.check_admin(&who, op)).await?;
-        Ok(())
+        Ok(self.node.require_admin(requester(&self.node, request)?, op).await?)
     }
 }
 
@@ -100,7 +88,8 @@ impl Cluster for ClusterService {
     }
 
     async fn member_list(&self, _request: Request<MemberListRequest>) -> Result<Response<MemberListResponse>, Status> {
-        Ok(Response::new(MemberListResponse { header: self.header(), members: self.members() }))
+        // etcd leaves the revision at 0 in this header (so `member list -w json` prints none).
+        Ok(Response::new(MemberListResponse { header: self.node.header(0), members: self.members() }))
     }
 
     async fn member_promote(

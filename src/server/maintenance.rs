@@ -15,8 +15,6 @@ use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status};
 
 use super::identity::requester;
-use crate::auth::check::Authorizer;
-
 use crate::error::EtcdError;
 use crate::node::Node;
 use crate::proto::etcdserverpb::alarm_request::AlarmAction;
@@ -50,21 +48,11 @@ impl MaintenanceService {
         MaintenanceService { node }
     }
 
-    /// This member's identity and raft term, with `revision`.
-    fn header(&self, revision: i64) -> Option<ResponseHeader> {
-        let mut header = Some(ResponseHeader { revision, ..Default::default() });
-        self.node.fill(&mut header);
-        header
-    }
-
     /// With auth enabled, Defragment, Snapshot, Hash and HashKV are root's, as in etcd
     /// (`authMaintenanceServer`: `IsAdminPermitted`).
     async fn require_admin<T>(&self, request: &Request<T>, op: &'static str) -> Result<(), Status> {
         let who = requester(&self.node, request).map_err(raw_auth_status)?;
-        self.node
-            .read_state(move |state, txn| Authorizer::new(&state.auth, txn)?.check_admin(&who, op))
-            .await
-            .map_err(|e| raw_auth_status(e.into()))
+        self.node.require_admin(who, op).await.map_err(|e| raw_auth_status(e.into()))
     }
 }
 
@@ -122,7 +110,7 @@ impl Maintenance for MaintenanceService {
             "defragment requested: nothing to do (LMDB reuses freed pages in place, there is no \
              fragmentation to remove)"
         );
-        Ok(Response::new(DefragmentResponse { header: self.header(0) }))
+        Ok(Response::new(DefragmentResponse { header: self.node.header(0) }))
     }
 
     /// CRC-32C over every record of every kv table (see `ReadView::hash_all`); the header carries the
@@ -130,7 +118,7 @@ impl Maintenance for MaintenanceService {
     async fn hash(&self, request: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
         self.require_admin(&request, "hash").await?;
         let (hash, rev) = self.node.read(false, |view, _| Ok((view.hash_all()?, view.rev))).await?;
-        Ok(Response::new(HashResponse { header: self.header(rev), hash }))
+        Ok(Response::new(HashResponse { header: self.node.header(rev), hash }))
     }
 
     /// etcd's HashKV: CRC-32C over the key-value history up to the requested revision (0 = current);
@@ -140,7 +128,7 @@ impl Maintenance for MaintenanceService {
         let requested = request.get_ref().revision;
         let (hashed, rev) = self.node.read(false, move |view, _| Ok((view.hash_kv(requested)?, view.rev))).await?;
         Ok(Response::new(HashKvResponse {
-            header: self.header(rev),
+            header: self.node.header(rev),
             hash: hashed.hash,
             compact_revision: hashed.compact_rev,
         }))
@@ -163,7 +151,7 @@ impl Maintenance for MaintenanceService {
         let env = self.node.state().env.clone();
         let (file, total) =
             tokio::task::spawn_blocking(move || copy_env(&env)).await.map_err(|_| EtcdError::Internal)??;
-        let header = self.header(0);
+        let header = self.node.header(0);
         let (tx, rx) = mpsc::channel(SNAPSHOT_QUEUE);
         tokio::task::spawn_blocking(move || send_snapshot(file, total, header, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -179,7 +167,7 @@ impl Maintenance for MaintenanceService {
             // etcd's ErrGRPCBadLeaderTransferee; to move into error.rs as an `EtcdError` variant.
             return Err(Status::failed_precondition("etcdserver: bad leader transferee"));
         }
-        Ok(Response::new(MoveLeaderResponse { header: self.header(0) }))
+        Ok(Response::new(MoveLeaderResponse { header: self.node.header(0) }))
     }
 }
 
