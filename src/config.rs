@@ -93,7 +93,7 @@ pub struct ServeArgs {
     /// Allowed Common Names of client certificates (comma-separated); others are refused.
     #[arg(long, env = "ETCD_CLIENT_CERT_ALLOWED_CN", value_delimiter = ',')]
     pub client_cert_allowed_cn: Vec<String>,
-    /// Allowed host names of client certificates (SAN DNS names or CN; comma-separated).
+    /// Allowed host names of client certificates: DNS or IP SANs, not the CN (comma-separated).
     #[arg(long, env = "ETCD_CLIENT_CERT_ALLOWED_HOSTNAME", value_delimiter = ',')]
     pub client_cert_allowed_hostname: Vec<String>,
     /// Path to the peer server TLS cert file.

@@ -19,7 +19,8 @@ pub struct TlsSettings {
     pub crl_file: Option<PathBuf>,
     /// When non-empty, a client certificate's CN must be one of these.
     pub allowed_cns: Vec<String>,
-    /// When non-empty, a client certificate must name one of these hosts (SAN DNS names or CN).
+    /// When non-empty, a client certificate must name one of these hosts among its DNS or IP SANs (the CN
+    /// is not consulted, as in Go's and so etcd's hostname check).
     pub allowed_hostnames: Vec<String>,
 }
 
