@@ -80,6 +80,21 @@ pub enum Applied {
 }
 
 impl Applied {
+    /// The response header inside, for the kinds of result that carry one.
+    pub fn header_mut(&mut self) -> Option<&mut Option<ResponseHeader>> {
+        match self {
+            Applied::Put(r) => Some(&mut r.header),
+            Applied::DeleteRange(r) => Some(&mut r.header),
+            Applied::Txn(r) => Some(&mut r.header),
+            Applied::Compaction(r) => Some(&mut r.header),
+            Applied::LeaseGrant(r) => Some(&mut r.header),
+            Applied::LeaseRevoke(r) => Some(&mut r.header),
+            Applied::LeaseCheckpoint(r) => Some(&mut r.header),
+            Applied::AuthChanged { header } => Some(header),
+            Applied::Nothing | Applied::Authenticated { .. } => None,
+        }
+    }
+
     /// The error for an apply result of the wrong kind for its proposal: the raft layer mixed up
     /// proposals, which is never expected.
     pub fn mismatch(self) -> EtcdError {

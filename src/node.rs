@@ -211,8 +211,9 @@ impl Node {
         self.auth_revision.load(Ordering::Acquire)
     }
 
-    /// Proposes one write through raft on behalf of `who` and returns what applying it produced. The
-    /// entry's header carries the requester, so apply decides permissions at the entry's place in the log.
+    /// Proposes one write through raft on behalf of `who` and returns what applying it produced, its
+    /// response header completed (`fill`). The entry's header carries the requester, so apply decides
+    /// permissions at the entry's place in the log.
     pub async fn propose(&self, mut req: InternalRaftRequest, who: &Requester) -> Result<Applied, EtcdError> {
         let id = self.next_id() as u64;
         req.header = Some(match who {
@@ -225,7 +226,11 @@ impl Node {
         if req.encoded_len() > self.max_request_bytes {
             return Err(EtcdError::RequestTooLarge);
         }
-        self.proposer.propose(req).await
+        let mut applied = self.proposer.propose(req).await?;
+        if let Some(header) = applied.header_mut() {
+            self.fill(header);
+        }
+        Ok(applied)
     }
 
     /// Runs `read` on a consistent view of the applied state — the kv store and the auth state of the

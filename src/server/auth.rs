@@ -35,10 +35,7 @@ impl AuthService {
     /// Proposes an auth change and returns the filled response header.
     async fn change(&self, who: &Requester, req: InternalRaftRequest) -> Result<Option<ResponseHeader>, Status> {
         match self.node.propose(req, who).await? {
-            Applied::AuthChanged { mut header } => {
-                self.node.fill(&mut header);
-                Ok(header)
-            }
+            Applied::AuthChanged { header } => Ok(header),
             other => Err(other.mismatch().into()),
         }
     }

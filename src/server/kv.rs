@@ -70,10 +70,7 @@ impl Kv for KvService {
         let req = request.into_inner();
         txn::validate_put(&req)?;
         match self.propose(InternalRaftRequest { put: Some(req), ..Default::default() }, &who).await? {
-            Applied::Put(mut resp) => {
-                self.node.fill(&mut resp.header);
-                Ok(Response::new(resp))
-            }
+            Applied::Put(resp) => Ok(Response::new(resp)),
             other => Err(other.mismatch().into()),
         }
     }
@@ -88,10 +85,7 @@ impl Kv for KvService {
             return Err(EtcdError::EmptyKey.into());
         }
         match self.propose(InternalRaftRequest { delete_range: Some(req), ..Default::default() }, &who).await? {
-            Applied::DeleteRange(mut resp) => {
-                self.node.fill(&mut resp.header);
-                Ok(Response::new(resp))
-            }
+            Applied::DeleteRange(resp) => Ok(Response::new(resp)),
             other => Err(other.mismatch().into()),
         }
     }
@@ -117,10 +111,7 @@ impl Kv for KvService {
         let who = requester(&self.node, &request)?;
         let req = request.into_inner();
         match self.propose(InternalRaftRequest { compaction: Some(req), ..Default::default() }, &who).await? {
-            Applied::Compaction(mut resp) => {
-                self.node.fill(&mut resp.header);
-                Ok(Response::new(resp))
-            }
+            Applied::Compaction(resp) => Ok(Response::new(resp)),
             other => Err(other.mismatch().into()),
         }
     }

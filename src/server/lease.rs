@@ -50,10 +50,7 @@ impl Lease for LeaseService {
             req.id = self.node.next_id();
         }
         match self.node.propose(InternalRaftRequest { lease_grant: Some(req), ..Default::default() }, &who).await? {
-            Applied::LeaseGrant(mut resp) => {
-                self.node.fill(&mut resp.header);
-                Ok(Response::new(resp))
-            }
+            Applied::LeaseGrant(resp) => Ok(Response::new(resp)),
             other => Err(other.mismatch().into()),
         }
     }
@@ -65,10 +62,7 @@ impl Lease for LeaseService {
         let who = requester(&self.node, &request)?;
         let req = request.into_inner();
         match self.node.propose(InternalRaftRequest { lease_revoke: Some(req), ..Default::default() }, &who).await? {
-            Applied::LeaseRevoke(mut resp) => {
-                self.node.fill(&mut resp.header);
-                Ok(Response::new(resp))
-            }
+            Applied::LeaseRevoke(resp) => Ok(Response::new(resp)),
             other => Err(other.mismatch().into()),
         }
     }
