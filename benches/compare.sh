@@ -2,7 +2,7 @@
 # Compares keyward with the real etcd (Debian's etcd-server, /usr/bin/etcd) under the same load.
 #
 # Both servers are started in this run with the same flags on free loopback ports, data dirs in one
-# temp dir, and killed by PID at the end. `keyward bench` (the client; it speaks etcd's v3 API) runs
+# temp dir, and killed by PID at the end. `keyward-bench` (the client; it speaks etcd's v3 API) runs
 # the same matrix against each, keyward first and then etcd for every cell:
 #   (a) no auth                              (b/f) auth, simple token, a user with one permission
 #   (c) auth, JWT RS256                      (e)   auth, simple token, a user with 10,000 permissions
@@ -16,7 +16,8 @@
 # Environment: DURATION (per cell, in seconds: default 5s), AUTH_DURATION (per Authenticate cell, default
 #   15s), PERMS (grants of the (e) user, default 10000),
 #   OUT (report path, default target/compare.md), ETCD (etcd binary), KEEP_TMP=1 (keep the temp dir),
-#   PROFILE=1 (also record a perf profile of keyward's put path at 100 clients, if perf works).
+#   PROFILE=1 (also record a perf profile of keyward's put path at 100 clients, if perf works; builds and
+#   measures the `profiling` profile: release code with debug info).
 set -uo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -25,7 +26,12 @@ AUTH_DURATION="${AUTH_DURATION:-15s}"
 PERMS="${PERMS:-10000}"
 OUT="${OUT:-$root/target/compare.md}"
 ETCD="${ETCD:-/usr/bin/etcd}"
-KW="$root/target/release/keyward"
+# PROFILE=1 needs symbols and line tables: the profiling build (release + debug info), not the
+# stripped release binary.
+PROFILE_DIR=release
+[ "${PROFILE:-0}" = 1 ] && PROFILE_DIR=profiling
+KW="$root/target/$PROFILE_DIR/keyward"
+KWB="$root/target/$PROFILE_DIR/keyward-bench"
 PREFIX="bench/"
 SHAPE=(--prefix "$PREFIX" --key-size 16 --val-size 256)
 SIZES=("${SHAPE[@]}" --key-space 10000)
@@ -34,8 +40,8 @@ die() { echo "compare.sh: $*" >&2; exit 1; }
 for tool in openssl jq python3; do command -v "$tool" >/dev/null || die "$tool is needed"; done
 [ -x "$ETCD" ] || die "no etcd at $ETCD (apt-get install etcd-server)"
 
-echo "building keyward (release)..." >&2
-(cd "$root" && cargo build --release --quiet) || die "cargo build --release failed"
+echo "building keyward ($PROFILE_DIR)..." >&2
+(cd "$root" && cargo build --profile "$PROFILE_DIR" --quiet) || die "cargo build --profile $PROFILE_DIR failed"
 
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/keyward-compare.XXXXXX")"
 pids=()
@@ -90,7 +96,7 @@ wait_ready() {
     local kind="$1"
     shift
     for _ in $(seq 100); do
-        if "$KW" bench --endpoints "${EP[$kind]}" "$@" --dial-timeout 1s range --total 1 > /dev/null 2>&1; then
+        if "$KWB" --endpoints "${EP[$kind]}" "$@" --dial-timeout 1s range --total 1 > /dev/null 2>&1; then
             return 0
         fi
         kill -0 "${PID[$kind]}" 2>/dev/null || { tail -20 "$tmp"/*-"$kind".log >&2; die "$kind exited"; }
@@ -120,7 +126,7 @@ cell() {
     for kind in keyward etcd; do
         local json="$tmp/$config-$name-$kind.json" load
         load="$(cut -d' ' -f1 /proc/loadavg)"
-        if ! "$KW" bench --endpoints "${EP[$kind]}" "${flags[@]}" --clients "$clients" --conns "$conns" \
+        if ! "$KWB" --endpoints "${EP[$kind]}" "${flags[@]}" --clients "$clients" --conns "$conns" \
             --duration "$DURATION" "${SIZES[@]}" -w json "$@" > "$json" 2> "$json.err"; then
             echo "  $config $name $kind: FAILED: $(tail -1 "$json.err")" >&2
         fi
@@ -140,7 +146,7 @@ cell() {
 # seed CLIENT_FLAGS... : the key the range cells read (index 0 of the key space) exists on both
 seed() {
     for kind in keyward etcd; do
-        "$KW" bench --endpoints "${EP[$kind]}" "$@" "${SHAPE[@]}" --key-space 1 put --total 1 > /dev/null \
+        "$KWB" --endpoints "${EP[$kind]}" "$@" "${SHAPE[@]}" --key-space 1 put --total 1 > /dev/null \
             || die "seeding the range key on $kind failed"
     done
 }
@@ -161,8 +167,8 @@ started_at=$(date +%s)
 
 # --- local bcrypt capacity (the ceiling for Authenticate) -------------------------------------------
 echo "bcrypt capacity at cost 10..." >&2
-"$KW" bench bcrypt --cost 10 --clients 1 --duration "$DURATION" -w json > "$tmp/bcrypt-1.json"
-"$KW" bench bcrypt --cost 10 --clients "$(nproc)" --duration "$DURATION" -w json > "$tmp/bcrypt-n.json"
+"$KWB" bcrypt --cost 10 --clients 1 --duration "$DURATION" -w json > "$tmp/bcrypt-1.json"
+"$KWB" bcrypt --cost 10 --clients "$(nproc)" --duration "$DURATION" -w json > "$tmp/bcrypt-n.json"
 
 # --- (a) no auth ----------------------------------------------------------------------------------
 echo "(a) no auth" >&2
@@ -177,7 +183,7 @@ if [ "${PROFILE:-0}" = 1 ] && perf stat -e task-clock true > /dev/null 2>&1; the
     echo "  perf record (system-wide, keyward's samples reported) under put at 100 clients..." >&2
     perf record -e cpu-clock -F 499 -a --call-graph dwarf,16384 -o "$tmp/perf.data" -- sleep 5 > /dev/null 2>&1 &
     perf_pid=$!
-    "$KW" bench --endpoints "${EP[keyward]}" --clients 100 --conns 10 --duration 5s "${SIZES[@]}" put > "$tmp/perf-put.txt"
+    "$KWB" --endpoints "${EP[keyward]}" --clients 100 --conns 10 --duration 5s "${SIZES[@]}" put > "$tmp/perf-put.txt"
     wait "$perf_pid"
     perf report -i "$tmp/perf.data" --pid "${PID[keyward]}" --no-children --stdio --sort dso,symbol \
         --percent-limit 0.7 -g none 2> /dev/null | grep -E '^ +[0-9.]+%' | sed 's/ *$//' | cut -c1-160 | head -40 > "$tmp/perf-top.txt"
@@ -192,7 +198,7 @@ echo "(b/f, e, g) auth, simple token" >&2
 for kind in keyward etcd; do start "$kind" simple http --auth-token simple; done
 for kind in keyward etcd; do wait_ready "$kind"; done
 for kind in keyward etcd; do
-    "$KW" bench --endpoints "${EP[$kind]}" --clients 20 --conns 2 --prefix "$PREFIX" setup-auth \
+    "$KWB" --endpoints "${EP[$kind]}" --clients 20 --conns 2 --prefix "$PREFIX" setup-auth \
         --root-password rootpw --new-user bench1:pw1:0 --new-user "bench10k:pw10k:$PERMS" --enable \
         2> "$tmp/setup-simple-$kind.txt" || { cat "$tmp/setup-simple-$kind.txt" >&2; die "auth setup on $kind failed"; }
     sed "s/^/  $kind: /" "$tmp/setup-simple-$kind.txt" >&2
@@ -234,7 +240,7 @@ jwt="jwt,pub-key=$tmp/jwt/pub.pem,priv-key=$tmp/jwt/priv.pem,sign-method=RS256"
 for kind in keyward etcd; do start "$kind" jwt http --auth-token "$jwt"; done
 for kind in keyward etcd; do wait_ready "$kind"; done
 for kind in keyward etcd; do
-    "$KW" bench --endpoints "${EP[$kind]}" --prefix "$PREFIX" setup-auth --root-password rootpw \
+    "$KWB" --endpoints "${EP[$kind]}" --prefix "$PREFIX" setup-auth --root-password rootpw \
         --new-user bench1:pw1:0 --enable 2> /dev/null || die "auth setup on $kind failed"
 done
 standard_cells jwt --user bench1 --password pw1
@@ -252,7 +258,7 @@ as_root=(--cacert "$pki/ca.pem" --cert "$pki/root.pem" --key "$pki/root-key.pem"
 as_alice=(--cacert "$pki/ca.pem" --cert "$pki/alice.pem" --key "$pki/alice-key.pem")
 for kind in keyward etcd; do wait_ready "$kind" "${as_root[@]}"; done
 for kind in keyward etcd; do
-    "$KW" bench --endpoints "${EP[$kind]}" "${as_root[@]}" --prefix "$PREFIX" setup-auth \
+    "$KWB" --endpoints "${EP[$kind]}" "${as_root[@]}" --prefix "$PREFIX" setup-auth \
         --root-password rootpw --new-user alice:alicepw:0 --enable 2> /dev/null || die "auth setup on $kind failed"
 done
 standard_cells tls "${as_alice[@]}"

@@ -19,12 +19,14 @@
 use std::collections::HashSet;
 
 use heed::{RoTxn, RwTxn};
+use serde::{Deserialize, Serialize};
 
 use crate::alarm::AlarmStore;
+use crate::auth::cache::Affected;
 use crate::auth::check::{Authorizer, Requester};
 use crate::auth::permissions::Access;
 use crate::auth::simple::SimpleTokens;
-use crate::auth::store::{Affected, AuthStore};
+use crate::auth::store::AuthStore;
 use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
 use crate::lease::store::{LeaseRecord, LeaseStore};
@@ -34,12 +36,12 @@ use crate::mvcc::{self, KvStore, WriteTxn};
 use crate::proto::etcdserverpb::alarm_request::AlarmAction;
 use crate::proto::etcdserverpb::request_op::Request;
 use crate::proto::etcdserverpb::{
-    AlarmRequest, AlarmResponse, AlarmType, CompactionResponse, InternalRaftRequest, LeaseCheckpointResponse,
-    LeaseGrantResponse, LeaseRevokeResponse, PutRequest, RequestOp, TxnRequest,
+    AlarmRequest, AlarmResponse, AlarmType, CompactionResponse, DeleteRangeResponse, InternalRaftRequest,
+    LeaseCheckpointResponse, LeaseGrantResponse, LeaseRevokeResponse, PutRequest, PutResponse, RequestOp,
+    ResponseHeader, TxnResponse,
 };
 use crate::proto::mvccpb::event::EventType;
 use crate::proto::mvccpb::Event;
-use crate::raft::Applied;
 
 /// The replicated tables an entry can change, and the member-local token table that Authenticate
 /// entries fill.
@@ -62,6 +64,57 @@ pub struct Effects {
     pub auth: Option<Affected>,
     /// An alarm was raised or cleared.
     pub alarms_changed: bool,
+}
+
+/// What applying one request produced for its proposer (serialised into openraft's apply results, so
+/// the protobuf responses travel as their encoding).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Applied {
+    /// No response of its own (a step inside a larger operation).
+    Nothing,
+    Put(#[serde(with = "crate::proto::as_bytes")] PutResponse),
+    DeleteRange(#[serde(with = "crate::proto::as_bytes")] DeleteRangeResponse),
+    Txn(#[serde(with = "crate::proto::as_bytes")] TxnResponse),
+    Compaction(#[serde(with = "crate::proto::as_bytes")] CompactionResponse),
+    LeaseGrant(#[serde(with = "crate::proto::as_bytes")] LeaseGrantResponse),
+    LeaseRevoke(#[serde(with = "crate::proto::as_bytes")] LeaseRevokeResponse),
+    LeaseCheckpoint(#[serde(with = "crate::proto::as_bytes")] LeaseCheckpointResponse),
+    Alarm(#[serde(with = "crate::proto::as_bytes")] AlarmResponse),
+    /// A user/role/auth-config change was applied; the API layer builds the typed response.
+    AuthChanged {
+        #[serde(with = "crate::proto::option_as_bytes")]
+        header: Option<ResponseHeader>,
+    },
+    /// A token was issued (empty for JWT: the API layer signs it) at this auth revision.
+    Authenticated {
+        token: String,
+        auth_revision: u64,
+    },
+}
+
+impl Applied {
+    /// The response header inside, for the kinds of result that carry one.
+    pub fn header_mut(&mut self) -> Option<&mut Option<ResponseHeader>> {
+        match self {
+            Applied::Put(r) => Some(&mut r.header),
+            Applied::DeleteRange(r) => Some(&mut r.header),
+            Applied::Txn(r) => Some(&mut r.header),
+            Applied::Compaction(r) => Some(&mut r.header),
+            Applied::LeaseGrant(r) => Some(&mut r.header),
+            Applied::LeaseRevoke(r) => Some(&mut r.header),
+            Applied::LeaseCheckpoint(r) => Some(&mut r.header),
+            Applied::Alarm(r) => Some(&mut r.header),
+            Applied::AuthChanged { header } => Some(header),
+            Applied::Nothing | Applied::Authenticated { .. } => None,
+        }
+    }
+
+    /// The error for an apply result of the wrong kind for its proposal: the raft layer mixed up
+    /// proposals, which is never expected.
+    pub fn mismatch(self) -> EtcdError {
+        tracing::error!(applied = ?self, "apply result does not match the proposal");
+        EtcdError::Internal
+    }
 }
 
 /// Applies one entry (`index` is its raft log index). `Err` is the etcd error for the proposer; the
@@ -88,19 +141,14 @@ pub fn apply(
             Ok(Applied::Put(kv::put(w, put)?))
         })
     } else if let Some(del) = &req.delete_range {
-        authorize(stores, txn, |authz| {
-            let range = KeyRange::new(&del.key, &del.range_end);
-            authz.check(&who, "delete", Access::Write, &range)?;
-            if del.prev_kv {
-                authz.check(&who, "delete", Access::Read, &range)?;
-            }
-            Ok(())
-        })?;
+        authorize(stores, txn, |authz| authz.check_delete(&who, "delete", del))?;
         write_kv(stores, txn, &[], |w, _| Ok(Applied::DeleteRange(kv::delete_range(w, del)?)))
     } else if let Some(t) = &req.txn {
         // The op-count limit is each member's own flag, so it stays in the API layer.
         mvcc::txn::validate(t, usize::MAX)?;
-        authorize(stores, txn, |authz| check_txn(authz, stores.leases, txn, &who, t))?;
+        authorize(stores, txn, |authz| {
+            authz.check_txn(&who, t, &mut |put| check_put(authz, stores.leases, txn, &who, put))
+        })?;
         refuse_if_capped(stores, txn, req)?;
         let mut lease_ids = Vec::new();
         txn_leases(&t.success, &mut lease_ids);
@@ -233,41 +281,6 @@ fn check_put(
     if put.lease != 0 {
         for attached in leases.attached_keys(txn, put.lease)? {
             authz.check(who, "put", Access::Write, &KeyRange::Single(attached))?;
-        }
-    }
-    Ok(())
-}
-
-/// A txn needs read on every compare and range, and the put/delete rules on every write, on both
-/// branches and recursively through nested txns (CVE-2026-33343): one denied op denies the whole txn.
-fn check_txn(
-    authz: &Authorizer,
-    leases: &LeaseStore,
-    txn: &RoTxn,
-    who: &Requester,
-    t: &TxnRequest,
-) -> Result<(), EtcdError> {
-    if !authz.enabled() {
-        return Ok(());
-    }
-    for compare in &t.compare {
-        authz.check(who, "txn", Access::Read, &KeyRange::new(&compare.key, &compare.range_end))?;
-    }
-    for op in t.success.iter().chain(&t.failure) {
-        match &op.request {
-            Some(Request::RequestRange(r)) => {
-                authz.check(who, "txn", Access::Read, &KeyRange::new(&r.key, &r.range_end))?
-            }
-            Some(Request::RequestPut(p)) => check_put(authz, leases, txn, who, p)?,
-            Some(Request::RequestDeleteRange(d)) => {
-                let range = KeyRange::new(&d.key, &d.range_end);
-                authz.check(who, "txn", Access::Write, &range)?;
-                if d.prev_kv {
-                    authz.check(who, "txn", Access::Read, &range)?;
-                }
-            }
-            Some(Request::RequestTxn(inner)) => check_txn(authz, leases, txn, who, inner)?,
-            None => {}
         }
     }
     Ok(())

@@ -19,8 +19,6 @@ pub struct Cli {
 pub enum Command {
     /// Run a cluster member.
     Serve(Box<ServeArgs>),
-    /// Load-generate against etcd v3 endpoints (keyward or etcd), like etcd's `benchmark` tool.
-    Bench(Box<crate::bench::BenchArgs>),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -103,7 +101,7 @@ pub struct ServeArgs {
     /// Allowed Common Names of client certificates (comma-separated); others are refused.
     #[arg(long, env = "ETCD_CLIENT_CERT_ALLOWED_CN", value_delimiter = ',')]
     pub client_cert_allowed_cn: Vec<String>,
-    /// Allowed host names of client certificates (SAN DNS names and IP addresses, not the CN; comma-separated).
+    /// Allowed host names of client certificates: DNS or IP SANs, not the CN (comma-separated).
     #[arg(long, env = "ETCD_CLIENT_CERT_ALLOWED_HOSTNAME", value_delimiter = ',')]
     pub client_cert_allowed_hostname: Vec<String>,
     /// Client-certificate Common Names of the proxies allowed to forward a client's certificate
@@ -126,6 +124,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ETCD_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
 }
+
+/// gRPC overhead allowed on top of `--max-request-bytes` (etcd's `grpcOverheadBytes`), so an oversized
+/// request reaches the handler and gets etcd's "request is too large" rather than a transport error.
+/// Watch responses are split into fragments at the same limit (`server/watch.rs`), as etcd does.
+pub const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
 /// A validated member configuration.
 #[derive(Debug, Clone)]
@@ -365,16 +368,65 @@ fn parse_listener(url: &str, flag: &str) -> Result<Listener, ConfigError> {
 }
 
 /// Go's flag package (and so etcd) accepts `-name value` as well as `--name value`; operators' scripts
-/// use both. Rewrites single-dash long flags to the double-dash form clap expects.
+/// use both. Rewrites single-dash long flags to the double-dash form clap expects — only in flag
+/// positions: the value after a flag that takes one is passed on untouched, even when it starts with
+/// `-` (as Go takes it; it is joined to its flag as `--flag=-value` so clap does too). Stops at `--`.
 pub fn etcd_style_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    args.into_iter()
-        .map(|arg| match arg.to_str() {
-            Some(s) if s.len() > 2 && s.starts_with('-') && s.as_bytes()[1].is_ascii_alphabetic() => {
-                format!("-{s}").into()
+    use clap::CommandFactory;
+    go_style_args(Cli::command(), args)
+}
+
+fn go_style_args(
+    mut command: clap::Command,
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Vec<std::ffi::OsString> {
+    command.build();
+    let mut args = args.into_iter();
+    let mut out: Vec<std::ffi::OsString> = args.next().into_iter().collect(); // the program name
+    let mut command = &command;
+    while let Some(arg) = args.next() {
+        let Some(s) = arg.to_str() else {
+            out.push(arg);
+            continue;
+        };
+        if s == "--" {
+            out.push(arg);
+            out.extend(args);
+            break;
+        }
+        let long = match s.strip_prefix("--") {
+            Some(rest) => rest,
+            None if s.len() > 2 && s.starts_with('-') && s.as_bytes()[1].is_ascii_alphabetic() => &s[1..],
+            None => {
+                // A short flag (`-h`) or a positional: a subcommand name moves to that subcommand's flags.
+                if let Some(sub) = command.find_subcommand(s) {
+                    command = sub;
+                }
+                out.push(arg);
+                continue;
             }
-            _ => arg,
-        })
-        .collect()
+        };
+        let (name, inline_value) = match long.split_once('=') {
+            Some((name, value)) => (name, Some(value)),
+            None => (long, None),
+        };
+        let needs_value = command
+            .get_arguments()
+            .find(|a| a.get_long() == Some(name))
+            .is_some_and(|a| a.get_num_args().is_some_and(|n| n.min_values() > 0));
+        match (inline_value, needs_value) {
+            (None, true) => match args.next() {
+                Some(value) => {
+                    let mut joined = std::ffi::OsString::from(format!("--{name}="));
+                    joined.push(value);
+                    out.push(joined);
+                }
+                None => out.push(format!("--{name}").into()),
+            },
+            _ => out.push(format!("--{long}").into()),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -385,7 +437,7 @@ mod tests {
         let mut argv = vec!["keyward", "serve"];
         argv.extend_from_slice(args);
         let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
-        let Command::Serve(args) = cli.command else { panic!("not serve") };
+        let Command::Serve(args) = cli.command;
         args.into_config().map_err(|e| e.to_string())
     }
 
@@ -429,9 +481,43 @@ mod tests {
         assert!(parse(&["--no-such-flag"]).is_err());
     }
 
+    fn go_style(argv: &[&str]) -> Vec<String> {
+        etcd_style_args(argv.iter().map(Into::into)).into_iter().map(|a| a.into_string().unwrap()).collect()
+    }
+
     #[test]
     fn accepts_go_style_single_dash_flags() {
-        let args = etcd_style_args(["keyward", "serve", "-name", "n1", "--data-dir=d", "-h"].map(Into::into));
-        assert_eq!(args, ["keyward", "serve", "--name", "n1", "--data-dir=d", "-h"].map(std::ffi::OsString::from));
+        assert_eq!(
+            go_style(&["keyward", "serve", "-name", "n1", "--data-dir=d", "-h"]),
+            ["keyward", "serve", "--name=n1", "--data-dir=d", "-h"]
+        );
+        assert_eq!(
+            go_style(&["keyward", "serve", "-client-cert-auth", "-log-level=warn", "-max-txn-ops", "64"]),
+            ["keyward", "serve", "--client-cert-auth", "--log-level=warn", "--max-txn-ops=64"]
+        );
+    }
+
+    /// A flag's value is never rewritten, also when it looks like a flag: `-initial-cluster-token -abc`
+    /// is the token `-abc`, as etcd reads it.
+    #[test]
+    fn flag_values_that_start_with_a_dash_are_values() {
+        let args =
+            go_style(&["keyward", "serve", "-initial-cluster-token", "-abc", "-name", "-n1", "--data-dir", "-d"]);
+        assert_eq!(args, ["keyward", "serve", "--initial-cluster-token=-abc", "--name=-n1", "--data-dir=-d"]);
+        let cli = Cli::try_parse_from(args).unwrap();
+        let Command::Serve(serve) = cli.command;
+        assert_eq!(
+            (serve.initial_cluster_token.as_str(), serve.name.as_str(), serve.data_dir.to_str()),
+            ("-abc", "-n1", Some("-d"))
+        );
+        // A boolean flag takes no separate value: what follows it is the next flag.
+        assert_eq!(
+            go_style(&["keyward", "serve", "-client-cert-auth", "-name", "n"]),
+            ["keyward", "serve", "--client-cert-auth", "--name=n"]
+        );
+        // After `--` nothing is a flag.
+        assert_eq!(go_style(&["keyward", "serve", "--", "-name"]), ["keyward", "serve", "--", "-name"]);
+        // A flag at the end with no value is left for clap to refuse.
+        assert!(Cli::try_parse_from(go_style(&["keyward", "serve", "-name"])).is_err());
     }
 }

@@ -10,7 +10,6 @@ pub mod alarm;
 pub mod apply;
 pub mod auth;
 pub mod ballast;
-pub mod bench;
 pub mod config;
 pub mod data_dir;
 pub mod error;

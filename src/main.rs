@@ -33,7 +33,6 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Bench(args) => keyward::bench::run(*args),
     }
 }
 

@@ -1,10 +1,10 @@
-//! Prometheus metrics, named as etcd names them where etcd has the same metric.
+//! Prometheus metrics, named as etcd names them where etcd has the same metric. The counters are
+//! statics any module may bump; the node's gauges come in as plain values (`NodeGauges`), so this
+//! module depends on nothing of keyward's.
 
 use std::sync::LazyLock;
 
 use prometheus::{Encoder, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
-
-use crate::node::Node;
 
 pub static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::new);
 
@@ -48,12 +48,21 @@ pub static PROPOSALS_FAILED: LazyLock<IntCounter> = LazyLock::new(|| {
     )
 });
 
-/// Gauges read from the node at scrape time, then everything registered.
-pub fn render(node: &Node) -> String {
-    let metrics = node.raft.metrics().borrow().clone();
-    // A stopped raft core keeps its last leader in openraft's metrics: it has none any more.
-    let leader = node.leader();
-    let db_size = node.state().env.real_disk_size().unwrap_or(0);
+/// A member's state at scrape time, as etcd's gauges report it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NodeGauges {
+    pub has_leader: bool,
+    pub is_leader: bool,
+    pub committed_index: u64,
+    pub applied_index: u64,
+    pub quota_bytes: i64,
+    pub db_size_bytes: u64,
+    pub db_size_in_use_bytes: u64,
+    pub apply_waiting_for_space: bool,
+}
+
+/// The node's gauges, then everything registered.
+pub fn render(node: &NodeGauges) -> String {
     let mut out = format!(
         "# HELP etcd_server_has_leader Whether or not a leader exists. 1 is existence, 0 is not.\n\
          # TYPE etcd_server_has_leader gauge\netcd_server_has_leader {}\n\
@@ -71,14 +80,14 @@ pub fn render(node: &Node) -> String {
          # TYPE etcd_mvcc_db_total_size_in_use_in_bytes gauge\netcd_mvcc_db_total_size_in_use_in_bytes {}\n\
          # HELP keyward_apply_waiting_for_space Whether applying committed entries waits for storage space (1) or not (0).\n\
          # TYPE keyward_apply_waiting_for_space gauge\nkeyward_apply_waiting_for_space {}\n",
-        u8::from(leader.is_some()),
-        u8::from(leader == Some(node.member_id)),
-        metrics.last_log_index.unwrap_or(0),
-        metrics.last_applied.map_or(0, |l| l.index),
-        node.space.quota().gauge(),
-        db_size,
-        node.space.in_use(),
-        u8::from(node.space.stalled()),
+        u8::from(node.has_leader),
+        u8::from(node.is_leader),
+        node.committed_index,
+        node.applied_index,
+        node.quota_bytes,
+        node.db_size_bytes,
+        node.db_size_in_use_bytes,
+        u8::from(node.apply_waiting_for_space),
     );
     let mut buf = Vec::new();
     LazyLock::force(&HEALTH_CHECKS);
@@ -89,4 +98,35 @@ pub fn render(node: &Node) -> String {
         out.push_str(&String::from_utf8_lossy(&buf));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gauges_render_as_etcd_names_them() {
+        let text = render(&NodeGauges {
+            has_leader: true,
+            is_leader: false,
+            committed_index: 7,
+            applied_index: 6,
+            quota_bytes: 1 << 31,
+            db_size_bytes: 4096,
+            db_size_in_use_bytes: 2048,
+            apply_waiting_for_space: true,
+        });
+        for line in [
+            "etcd_server_has_leader 1",
+            "etcd_server_is_leader 0",
+            "etcd_server_proposals_committed_total 7",
+            "etcd_server_proposals_applied_total 6",
+            "etcd_server_quota_backend_bytes 2147483648",
+            "etcd_mvcc_db_total_size_in_use_in_bytes 2048",
+            "keyward_apply_waiting_for_space 1",
+            "etcd_mvcc_db_total_size_in_bytes 4096",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
+        }
+    }
 }

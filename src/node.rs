@@ -20,6 +20,7 @@ use openraft::error::{Fatal, RaftError};
 use openraft::BasicNode;
 use prost::Message;
 
+use crate::apply::Applied;
 use crate::auth::check::{Authorizer, Requester};
 use crate::auth::tokens::Tokens;
 use crate::config::Config;
@@ -36,7 +37,7 @@ use crate::raft::log_store::LogStore;
 use crate::raft::network::PeerNetwork;
 use crate::raft::proposer::Proposer;
 use crate::raft::state_machine::{Committed, State, StateMachine};
-use crate::raft::{Applied, NodeId, Raft};
+use crate::raft::{NodeId, Raft};
 use crate::space::Space;
 
 pub struct Node {
@@ -332,7 +333,7 @@ impl Node {
         self.submit(req, who).await
     }
 
-    /// `propose` without the quota check.
+    /// `propose` without the quota check; the response header of the result is completed (`fill`).
     async fn submit(&self, mut req: InternalRaftRequest, who: &Requester) -> Result<Applied, EtcdError> {
         let id = self.next_id() as u64;
         req.header = Some(match who {
@@ -345,7 +346,11 @@ impl Node {
         if req.encoded_len() > self.max_request_bytes {
             return Err(EtcdError::RequestTooLarge);
         }
-        self.proposer.propose(req).await
+        let mut applied = self.proposer.propose(req).await?;
+        if let Some(header) = applied.header_mut() {
+            self.fill(header);
+        }
+        Ok(applied)
     }
 
     /// Runs `read` on a consistent view of the applied state — the kv store and the auth state of the
@@ -356,15 +361,32 @@ impl Node {
         linearizable: bool,
         read: impl FnOnce(&ReadView, &Authorizer) -> Result<T, EtcdError> + Send + 'static,
     ) -> Result<T, EtcdError> {
-        if linearizable {
-            self.read_index().await?;
-        }
-        self.read_state(move |state, txn| {
+        let read = move |state: &State, txn: &heed::RoTxn| {
             let view = state.kv.view(txn)?;
             let authz = Authorizer::new(&state.auth, txn)?;
             read(&view, &authz)
-        })
-        .await
+        };
+        if linearizable {
+            self.read_state_linearizable(read).await
+        } else {
+            self.read_state(read).await
+        }
+    }
+
+    /// `read_state` after confirming leadership and waiting until the read index is applied: one read
+    /// transaction sees every table (auth, leases, kv) of the same applied state.
+    pub async fn read_state_linearizable<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&State, &heed::RoTxn) -> Result<T, EtcdError> + Send + 'static,
+    ) -> Result<T, EtcdError> {
+        self.read_index().await?;
+        self.read_state(read).await
+    }
+
+    /// Requires the root role when auth is on, against the current auth state (etcd's
+    /// `IsAdminPermitted`; no linearizability wait, as etcd).
+    pub async fn require_admin(&self, who: Requester, op: &'static str) -> Result<(), EtcdError> {
+        self.read_state(move |state, txn| Authorizer::new(&state.auth, txn)?.check_admin(&who, op)).await
     }
 
     /// Waits until this member may serve a linearizable read: leadership confirmed and the applied
@@ -384,8 +406,32 @@ impl Node {
         header.raft_term = self.raft.metrics().borrow().current_term;
     }
 
+    /// A response header at `revision`, completed with this member's identity and the raft term.
+    pub fn header(&self, revision: i64) -> Option<ResponseHeader> {
+        let mut header = Some(ResponseHeader { revision, ..Default::default() });
+        self.fill(&mut header);
+        header
+    }
+
     pub fn state(&self) -> &State {
         &self.state
+    }
+
+    /// This member's state for `/metrics`.
+    pub fn gauges(&self) -> crate::metrics::NodeGauges {
+        let metrics = self.raft.metrics().borrow().clone();
+        // A stopped raft core keeps its last leader in openraft's metrics: it has none any more.
+        let leader = self.leader();
+        crate::metrics::NodeGauges {
+            has_leader: leader.is_some(),
+            is_leader: leader == Some(self.member_id),
+            committed_index: metrics.last_log_index.unwrap_or(0),
+            applied_index: metrics.last_applied.map_or(0, |l| l.index),
+            quota_bytes: self.space.quota().gauge(),
+            db_size_bytes: self.state.env.real_disk_size().unwrap_or(0),
+            db_size_in_use_bytes: self.space.in_use(),
+            apply_waiting_for_space: self.space.stalled(),
+        }
     }
 
     /// The store's revision after the latest applied batch.
@@ -509,7 +555,7 @@ mod tests {
         let dir = data_dir.display().to_string();
         let mut args = vec!["keyward", "serve", "--data-dir", dir.as_str(), "--ballast-bytes", "0"];
         args.extend_from_slice(extra);
-        let Command::Serve(args) = Cli::try_parse_from(args).expect("flags").command else { panic!("not serve") };
+        let Command::Serve(args) = Cli::try_parse_from(args).expect("flags").command;
         args.into_config().expect("config")
     }
 
@@ -523,7 +569,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let node = Node::start(&config(dir.path(), &[])).await.unwrap();
         node.propose(put("a"), &Requester::Member).await.unwrap();
-        assert!(crate::metrics::render(&node).contains("etcd_server_has_leader 1\n"));
+        assert!(crate::metrics::render(&node.gauges()).contains("etcd_server_has_leader 1\n"));
         let failed_before = crate::metrics::PROPOSALS_FAILED.get();
 
         node.state.inject_failure.store(true, Ordering::SeqCst);
@@ -531,7 +577,7 @@ mod tests {
         let fatal = tokio::time::timeout(Duration::from_secs(30), node.stopped()).await.expect("the core stops");
         assert!(fatal.to_string().contains("injected storage failure"), "{fatal}");
         assert_eq!(node.leader(), None, "openraft's metrics still name the old leader; the node must not");
-        let metrics = crate::metrics::render(&node);
+        let metrics = crate::metrics::render(&node.gauges());
         assert!(metrics.contains("etcd_server_has_leader 0\n"), "{metrics}");
         assert!(metrics.contains("etcd_server_is_leader 0\n"), "{metrics}");
         assert!(crate::metrics::PROPOSALS_FAILED.get() > failed_before, "the failed proposal is counted");

@@ -1,4 +1,5 @@
-//! Code generated from keyward's own etcd-compatible protos (`proto/`), one module per protobuf package.
+//! Code generated from keyward's own etcd-compatible protos (`proto/`), one module per protobuf package,
+//! and serde adapters that carry a protobuf message as its encoding (raft entries and apply results).
 #![allow(clippy::all, missing_docs)]
 
 pub mod mvccpb {
@@ -9,4 +10,36 @@ pub mod authpb {
 }
 pub mod etcdserverpb {
     tonic::include_proto!("etcdserverpb");
+}
+
+/// serde for protobuf messages: their protobuf encoding as a byte string.
+pub mod as_bytes {
+    use prost::Message;
+    use serde::de::Error;
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<M: Message, S: Serializer>(m: &M, s: S) -> Result<S::Ok, S::Error> {
+        serde_bytes::serialize(&m.encode_to_vec(), s)
+    }
+
+    pub fn deserialize<'de, M: Message + Default, D: Deserializer<'de>>(d: D) -> Result<M, D::Error> {
+        let bytes: serde_bytes::ByteBuf = serde_bytes::deserialize(d)?;
+        M::decode(bytes.as_slice()).map_err(D::Error::custom)
+    }
+}
+
+/// serde for an optional protobuf message.
+pub mod option_as_bytes {
+    use prost::Message;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<M: Message, S: Serializer>(m: &Option<M>, s: S) -> Result<S::Ok, S::Error> {
+        m.as_ref().map(|m| serde_bytes::ByteBuf::from(m.encode_to_vec())).serialize(s)
+    }
+
+    pub fn deserialize<'de, M: Message + Default, D: Deserializer<'de>>(d: D) -> Result<Option<M>, D::Error> {
+        Option::<serde_bytes::ByteBuf>::deserialize(d)?
+            .map(|b| M::decode(b.as_slice()).map_err(serde::de::Error::custom))
+            .transpose()
+    }
 }

@@ -459,9 +459,25 @@ fn median(v: &mut [Duration]) -> Duration {
     v[v.len() / 2]
 }
 
+/// How long one bcrypt verification at `cost` takes on this machine now (the median of three), in this
+/// process, with the same crate the server uses.
+fn bcrypt_verification_time(cost: u32) -> Duration {
+    let hash = bcrypt::hash("alicepw", cost).expect("bcrypt hash");
+    let mut times: Vec<Duration> = (0..3)
+        .map(|_| {
+            let t = Instant::now();
+            assert!(bcrypt::verify("alicepw", &hash).expect("bcrypt verify"));
+            t.elapsed()
+        })
+        .collect();
+    median(&mut times)
+}
+
 /// At the default bcrypt cost (10), 16 Authenticate calls kept in flight must not stall writes:
 /// password checks run in the API layer on the blocking pool, not in apply. If they ran in apply, a
-/// put would queue behind them (16 x tens of ms); here a put's median latency stays under 100 ms.
+/// put would queue behind them, on average behind half of the 16 verifications; here a put's median
+/// latency stays under two verifications' time, measured on this machine in the same run (so a busy
+/// machine slows the bound along with the puts).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bcrypt_runs_outside_apply() {
     const IN_FLIGHT: usize = 16;
@@ -506,6 +522,8 @@ async fn bcrypt_runs_outside_apply() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let window = window_start.elapsed();
+    // Measured while the Authenticate calls still run, so under the same load as the puts.
+    let bcrypt_time = tokio::task::spawn_blocking(|| bcrypt_verification_time(10)).await.expect("bcrypt timing");
     stop.store(true, Ordering::Release);
     let mut completed = 0;
     for a in authenticators {
@@ -520,11 +538,15 @@ async fn bcrypt_runs_outside_apply() {
     let (idle_median, loaded_median) = (median(&mut idle), median(&mut loaded));
     eprintln!(
         "bcrypt cost 10: idle puts median {idle_median:?} max {idle_max:?}; with {IN_FLIGHT} Authenticate calls in flight \
-         ({completed} completed in the {window:?} window, {:.1}/s): puts median {loaded_median:?} max {loaded_max:?}",
+         ({completed} completed in the {window:?} window, {:.1}/s): puts median {loaded_median:?} max {loaded_max:?}; \
+         one verification here {bcrypt_time:?}",
         completed as f64 / window.as_secs_f64()
     );
     // bcrypt leaves one core to the rest of the server, so Authenticates complete at one core's pace;
     // what matters is that they kept completing while the puts were measured.
     assert!(completed >= 2, "the authenticates did not keep running during the measurement");
-    assert!(loaded_median < Duration::from_millis(100), "puts stall behind bcrypt: median {loaded_median:?}");
+    assert!(
+        loaded_median < bcrypt_time * 2,
+        "puts stall behind bcrypt: median {loaded_median:?}, one verification {bcrypt_time:?}"
+    );
 }

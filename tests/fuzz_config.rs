@@ -75,7 +75,6 @@ enum Parsed {
     Usage(String),
     Refused(String),
     Config(Box<Config>),
-    Bench,
 }
 
 /// `keyward ARGS` with `env` set, the way `main` parses it (Go-style flags rewritten first).
@@ -90,7 +89,6 @@ fn parse(args: &[OsString], env: &[(String, OsString)]) -> Parsed {
     }
     match cli {
         Err(e) => Parsed::Usage(format!("{:?}", e.kind())),
-        Ok(Cli { command: Command::Bench(_) }) => Parsed::Bench,
         Ok(Cli { command: Command::Serve(serve) }) => match serve.into_config() {
             Ok(config) => Parsed::Config(Box::new(config)),
             Err(e) => Parsed::Refused(e.to_string()),
@@ -325,7 +323,6 @@ fn arbitrary_arguments_and_environments() {
                 prop_assert!(!config.name.is_empty() && !config.listen_client.is_empty());
                 "config".into()
             }
-            Parsed::Bench => "bench".into(),
         })
     });
 }
@@ -664,7 +661,6 @@ fn valid_configs_round_trip() {
             Parsed::Refused(message) => {
                 return Err(TestCaseError::fail(format!("refused: {message} ({args:?} {env:?})")))
             }
-            Parsed::Bench => return Err(TestCaseError::fail("parsed as bench")),
         }
         let via_env = forms.iter().any(|f| matches!(f, Form::Environment | Form::ArgumentOverEnvironment));
         Ok(format!("{} via the environment too", if via_env { "some" } else { "none" }))

@@ -63,9 +63,8 @@ fn long_name(tag: &str, len: usize) -> String {
 }
 
 fn sha256(bytes: &[u8]) -> [u8; 32] {
-    let mut h = keyward::mvcc::hash::Sha256::new();
-    h.update(bytes);
-    h.finish()
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).into()
 }
 
 fn hex(bytes: &[u8]) -> String {

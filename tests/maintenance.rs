@@ -151,9 +151,7 @@ fn lmdb_tables_and_live_keys(db_bytes: &[u8]) -> (Vec<String>, Vec<Vec<u8>>) {
 }
 
 fn sha256(bytes: &[u8]) -> [u8; 32] {
-    let mut h = keyward::mvcc::hash::Sha256::new();
-    h.update(bytes);
-    h.finish()
+    <sha2::Sha256 as sha2::Digest>::digest(bytes).into()
 }
 
 fn grpc_code(err: Error) -> (Code, String) {

@@ -3,6 +3,12 @@
 #   etcd-client  -> etcdctl 3.4, the real client the end-to-end tests drive
 #   etcd-server  -> the real etcd 3.4, which the differential tests compare keyward against
 #   protobuf-compiler -> protoc, needed by the etcd-client crate's build script (keyward itself needs none)
+#   openssl      -> the JWT tests generate RSA key pairs with the openssl CLI (rcgen with ring cannot)
+#   curl         -> the TLS tests read /metrics over https with a client certificate
+#   lmdb-utils   -> mdb_dump/mdb_load for the documented snapshot-restore script (tests/maintenance.rs;
+#                   without them that test restores with heed instead)
+# `--no-fail-fast`: every test target runs even when an earlier one fails, so one failure never hides
+# another; cargo still exits non-zero if any failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +16,9 @@ need=()
 command -v etcdctl >/dev/null || need+=(etcd-client)
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v protoc >/dev/null || need+=(protobuf-compiler)
+command -v openssl >/dev/null || need+=(openssl)
+command -v curl >/dev/null || need+=(curl)
+command -v mdb_dump >/dev/null || need+=(lmdb-utils)
 if [ ${#need[@]} -gt 0 ]; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -17,4 +26,4 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
 fi
 
-cargo test --all-targets -- --test-threads="${KEYWARD_TEST_THREADS:-4}"
+cargo test --all-targets --no-fail-fast -- --test-threads="${KEYWARD_TEST_THREADS:-4}"

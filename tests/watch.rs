@@ -771,15 +771,19 @@ fn tag_of(value: &str) -> String {
     value.trim_end_matches('.').to_string()
 }
 
-async fn slow_watcher_scenario(server: &Server) {
-    // 2,000 revisions of 4 puts (8,000 puts) of 2 KiB: ~8 KiB per watch response. A watcher that does
-    // not read blocks once the stream's buffers are full (keyward: 256 responses, plus ~2.4 MiB of HTTP/2
-    // stream window and send buffer), i.e. after ~550 revisions; 1,024 revisions later it has fallen out
-    // of keyward's live broadcast and must catch up from LMDB. 16 MiB of values keep the growth of the
-    // memory-mapped database pages (part of VmRSS) well below the 200 MB bound.
+/// 2,000 revisions of 4 puts (8,000 puts) of 2 KiB: ~8 KiB per watch response.
+const SLOW_WATCHER_VALUES: usize = 2_000 * 4 * 2_048;
+
+/// A watcher that does not read while 8,000 puts happen, then reads; returns the server's peak growth of
+/// anonymous memory (`RssAnon`: heap, buffers; not LMDB's file-backed pages) meanwhile. The watcher blocks
+/// once the stream's buffers are full (keyward: 256 responses, plus ~2.4 MiB of HTTP/2 stream window and
+/// send buffer), i.e. after ~550 revisions; 1,024 revisions later it has fallen out of keyward's live
+/// broadcast and must catch up from LMDB.
+async fn slow_watcher_scenario(server: &Server) -> u64 {
     const REVISIONS: usize = 2_000;
     const PER_REV: usize = 4;
     const VALUE_LEN: usize = 2_048;
+    const _: () = assert!(REVISIONS * PER_REV * VALUE_LEN == SLOW_WATCHER_VALUES);
     let label = server.kind.label();
     let pid = server.pid().expect("server pid");
     let c = connect(server).await;
@@ -831,17 +835,28 @@ async fn slow_watcher_scenario(server: &Server) {
         grown >> 20,
         grown_anon >> 20
     );
-    assert!(grown < 200 << 20, "{what}: server RSS grew by {} MB while the watcher lagged", grown >> 20);
+    grown_anon
 }
 
 /// A watcher that does not read while 8,000 puts (2,000 revisions, far beyond the gRPC flow-control
 /// windows and the 1,024 live batches keyward keeps) happen, then reads: every event exactly once, in
-/// order; the server's RSS does not grow by 200 MB or more meanwhile.
+/// order. Meanwhile the server's anonymous memory grows by at most twice what etcd's grows by in the same
+/// run, or twice the 16 MiB of values written if etcd's grew by less: lagging watchers must not make
+/// the server hold copies of what it has written (etcd itself queues a slow watcher's events).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slow_watcher_catches_up_without_loss() {
     let (etcd, cand) = start_pair().await;
-    slow_watcher_scenario(&cand).await;
-    slow_watcher_scenario(&etcd).await;
+    let k = slow_watcher_scenario(&cand).await;
+    let e = slow_watcher_scenario(&etcd).await;
+    let bound = 2 * e.max(SLOW_WATCHER_VALUES as u64);
+    assert!(
+        k <= bound,
+        "{}: anonymous memory grew by {} MB while the watcher lagged (etcd: {} MB; bound {} MB)",
+        cand.kind.label(),
+        k >> 20,
+        e >> 20,
+        bound >> 20
+    );
 }
 
 async fn lagging_watcher_compacted_scenario(server: &Server) {
@@ -1201,9 +1216,9 @@ async fn fragmented_watch_responses() {
     assert_same_transcript("events per response", &a, &b);
 }
 
-/// Live events reach watchers promptly: 90% within 20 ms of the put's acknowledgement (etcd: well
-/// under a millisecond on loopback). Three watchers on one stream, puts round-robin over their keys.
-async fn latency_scenario(server: &Server) -> Duration {
+/// The latency of live events after the put's acknowledgement, (median, p90): three watchers on one
+/// stream, puts round-robin over their keys.
+async fn latency_scenario(server: &Server) -> (Duration, Duration) {
     let mut c = connect(server).await;
     let (mut st, _) = watch_created(&c, "la", None).await;
     st.watch("lb", None).await.unwrap();
@@ -1221,26 +1236,32 @@ async fn latency_scenario(server: &Server) -> Duration {
         assert_eq!(resp.events()[0].kv().unwrap().mod_revision(), r);
     }
     lat.sort();
-    let p90 = lat[lat.len() * 9 / 10];
+    let (p50, p90) = (lat[lat.len() / 2], lat[lat.len() * 9 / 10]);
     eprintln!(
-        "{}: live event latency after ack: p50 {:?}, p90 {p90:?}, max {:?}",
+        "{}: live event latency after ack: p50 {p50:?}, p90 {p90:?}, max {:?}",
         server.kind.label(),
-        lat[lat.len() / 2],
         lat[lat.len() - 1]
     );
-    p90
+    (p50, p90)
 }
 
-/// (keyward: the bimodal ~40 ms delay is the signature of Nagle's algorithm meeting delayed ACKs; the
-/// client listener is served through `serve_with_incoming_shutdown`, for which tonic ignores
-/// `Server::tcp_nodelay(true)`, so accepted sockets keep Nagle on.)
+/// Live events reach watchers about as promptly as etcd delivers them (etcd: well under a millisecond on
+/// loopback), measured in the same run, both servers at once so that they share the machine's load.
+/// Bound on the p90: 3× etcd's p90, plus 5 ms so that scheduling noise cannot fail it. The bug this
+/// guards against, Nagle's algorithm meeting delayed ACKs, holds a good part of the events for ~40 ms
+/// (bimodal: the median stays low, the p90 does not), far past that bound. (The client listener is
+/// served through `serve_with_incoming_shutdown`, for which tonic ignores `Server::tcp_nodelay(true)`:
+/// accepted sockets need `set_nodelay` of their own.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn live_events_are_delivered_promptly() {
     let (etcd, cand) = start_pair().await;
-    let e = latency_scenario(&etcd).await;
-    let k = latency_scenario(&cand).await;
-    assert!(e < Duration::from_millis(20), "etcd p90 {e:?}");
-    assert!(k < Duration::from_millis(20), "{}: p90 latency of live events {k:?} (etcd {e:?})", cand.kind.label());
+    let ((_, e90), (k50, k90)) = tokio::join!(latency_scenario(&etcd), latency_scenario(&cand));
+    let bound = e90 * 3 + Duration::from_millis(5);
+    assert!(
+        k90 <= bound,
+        "{}: p90 latency of live events {k90:?} (median {k50:?}) against etcd's p90 {e90:?} in the same run",
+        cand.kind.label()
+    );
 }
 
 // ---------------------------------------------------------------------------

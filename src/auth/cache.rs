@@ -10,7 +10,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::permissions::PermissionSet;
-use super::store::Affected;
+
+/// Whose permissions an auth mutation changed: the cache entries it invalidates, and the live watchers
+/// whose read permission must be checked again. The store's mutations report it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Affected {
+    Nobody,
+    Users(Vec<String>),
+    Everyone,
+}
 
 /// What a user may do: everything (root) or what its roles' merged permissions allow.
 #[derive(Debug)]

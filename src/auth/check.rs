@@ -11,7 +11,8 @@ use super::permissions::{Access, PermissionSet};
 use super::store::{is_root, AuthStore};
 use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
-use crate::proto::etcdserverpb::RequestHeader;
+use crate::proto::etcdserverpb::request_op::Request;
+use crate::proto::etcdserverpb::{DeleteRangeRequest, PutRequest, RequestHeader, TxnRequest};
 
 /// Who a request runs as.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,6 +115,45 @@ impl<'t> Authorizer<'t> {
             denied(who, op, Some(range), &EtcdError::PermissionDenied);
             Err(EtcdError::PermissionDenied)
         }
+    }
+
+    /// A delete needs write on its range; with `prev_kv` also read (it returns the deleted values).
+    pub fn check_delete(&self, who: &Requester, op: &'static str, del: &DeleteRangeRequest) -> Result<(), EtcdError> {
+        let range = KeyRange::new(&del.key, &del.range_end);
+        self.check(who, op, Access::Write, &range)?;
+        if del.prev_kv {
+            self.check(who, op, Access::Read, &range)?;
+        }
+        Ok(())
+    }
+
+    /// A txn needs read on every compare and range, the delete rules on every delete and `check_put`
+    /// on every put, on both branches and recursively through nested txns (CVE-2026-33343): one denied
+    /// op denies the whole txn. The put rule is the caller's, since it reads lease attachments.
+    pub fn check_txn(
+        &self,
+        who: &Requester,
+        t: &TxnRequest,
+        check_put: &mut dyn FnMut(&PutRequest) -> Result<(), EtcdError>,
+    ) -> Result<(), EtcdError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        for compare in &t.compare {
+            self.check(who, "txn", Access::Read, &KeyRange::new(&compare.key, &compare.range_end))?;
+        }
+        for op in t.success.iter().chain(&t.failure) {
+            match &op.request {
+                Some(Request::RequestRange(r)) => {
+                    self.check(who, "txn", Access::Read, &KeyRange::new(&r.key, &r.range_end))?
+                }
+                Some(Request::RequestPut(p)) => check_put(p)?,
+                Some(Request::RequestDeleteRange(d)) => self.check_delete(who, "txn", d)?,
+                Some(Request::RequestTxn(inner)) => self.check_txn(who, inner, check_put)?,
+                None => {}
+            }
+        }
+        Ok(())
     }
 
     /// Requires an authenticated, existing user when auth is on (APIs without key ranges: leases,

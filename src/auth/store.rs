@@ -11,7 +11,7 @@
 use heed::{RoTxn, RwTxn};
 use prost::Message;
 
-use super::cache::PermissionCache;
+use super::cache::{Affected, PermissionCache};
 use crate::error::EtcdError;
 use crate::proto::authpb::{Permission, Role, User, UserAddOptions};
 use crate::storage::{Db, LongKeys, Table};
@@ -21,14 +21,6 @@ pub const ROOT_ROLE: &str = "root";
 
 const ENABLED: &[u8] = b"enabled";
 const REVISION: &[u8] = b"revision";
-
-/// Whose permissions an auth mutation changed (for the permission cache and live watchers).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Affected {
-    Nobody,
-    Users(Vec<String>),
-    Everyone,
-}
 
 pub struct AuthStore {
     users: Table,

@@ -217,6 +217,12 @@ fn parse_jwt(opts: &[(&str, &str)]) -> Result<JwtOptions, String> {
 /// Go's `time.ParseDuration`: `[-+]?([0-9]*(\.[0-9]*)?[a-z]+)+` or `0`, units ns, us (µs, μs), ms,
 /// s, m, h. Negative durations are refused (Go accepts them; no caller here wants one). Overflow
 /// past Go's limit (int64 nanoseconds, about 292 years) is an error, as in Go.
+///
+/// Written here rather than taken from a crate: the one crate that ports Go's parser,
+/// `go-parse-duration` 0.1.1 (unmaintained since 2021), writes Go's `1<<63 - 1` as Rust's `1 << 63 - 1`
+/// (= 2^62: it refuses `1500000h`, which Go accepts), mixes char and byte indices (`"1µs"` and `"1sµ"`
+/// panic) and never returns on `0.9999999999999999999s`; `humantime` reads a different syntax (spaces,
+/// other unit names). The test `go_durations` pins Go's behaviour.
 pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
     const MAX_NANOS: u128 = i64::MAX as u128;
     let orig = s;
@@ -438,6 +444,9 @@ mod tests {
         assert_eq!(d("2h45m30.5s"), Ok(Duration::from_millis((2 * 3600 + 45 * 60 + 30) * 1000 + 500)));
         assert_eq!(d("1m1m"), Ok(Duration::from_secs(120)));
         assert_eq!(d("2562047h"), Ok(Duration::from_secs(2562047 * 3600)));
+        assert_eq!(d("1500000h"), Ok(Duration::from_secs(1500000 * 3600)));
+        assert_eq!(d("0.5000000000000000000001s"), Ok(Duration::from_millis(500)));
+        assert!(d("1sµ").unwrap_err().contains("unknown unit"));
         assert!(d("2562048h").is_err());
         assert!(d("9223372036854775808ns").is_err());
         assert!(d("").is_err());

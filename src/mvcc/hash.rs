@@ -1,12 +1,14 @@
-//! Consistency hashes of the store (etcd's Maintenance `Hash` and `HashKV`), and the two hash functions
-//! they and the snapshot stream need: CRC-32C (Castagnoli, as etcd uses) and SHA-256 (the digest etcd
-//! appends to a snapshot stream). Both are written here so keyward needs no extra dependency for them.
+//! Consistency hashes of the store (etcd's Maintenance `Hash` and `HashKV`): CRC-32C (Castagnoli, as
+//! etcd uses) from the `crc32c` crate, which uses the SSE 4.2 / ARM CRC instructions where the CPU has
+//! them. (The snapshot stream's SHA-256 digest is `sha2`'s, in `server/maintenance.rs`.)
 //!
 //! The values are keyward's own: they are stable across keyward members that applied the same entries,
 //! but they are not equal to what etcd computes for the same data (etcd hashes bbolt buckets holding its
 //! own record encoding).
 
 use std::ops::Bound;
+
+use crc32c::crc32c_append;
 
 use super::revision::Revision;
 use super::store::{KvStore, ReadView};
@@ -24,15 +26,13 @@ impl ReadView<'_> {
     /// table's name, then each key and value). The state machine's own bookkeeping (applied log id,
     /// membership) is not kv data and is left out, as etcd leaves out its consistent index.
     pub fn hash_all(&self) -> Result<u32, EtcdError> {
-        let mut h = Crc32c::new();
         let [live, revs, index, meta] = KvStore::TABLES;
         // Keys are hashed whole, as the tables hold them logically, whatever their length (keys past
         // LMDB's limit are stored in chunks; see `storage/table.rs`).
-        hash_records(&mut h, live, self.store.live.iter(self.txn)?)?;
-        hash_records(&mut h, revs, self.store.revs.iter(self.txn)?)?;
-        hash_records(&mut h, index, self.store.index.iter(self.txn)?)?;
-        hash_records(&mut h, meta, self.store.meta.iter(self.txn)?)?;
-        Ok(h.finish())
+        let crc = hash_records(0, live, self.store.live.iter(self.txn)?)?;
+        let crc = hash_records(crc, revs, self.store.revs.iter(self.txn)?)?;
+        let crc = hash_records(crc, index, self.store.index.iter(self.txn)?)?;
+        hash_records(crc, meta, self.store.meta.iter(self.txn)?)
     }
 
     /// etcd's `HashKV` (`hashByRev`): CRC-32C over the key-value history up to `requested` (0 = the
@@ -52,178 +52,27 @@ impl ReadView<'_> {
         }
         let rev = if requested > 0 { requested } else { self.rev };
         let upper = Revision::new(rev.saturating_add(1), 0).to_bytes();
-        let mut h = Crc32c::new();
-        h.update(KvStore::TABLES[1].as_bytes());
+        let mut crc = crc32c_append(0, KvStore::TABLES[1].as_bytes());
         for entry in self.store.revs.range(self.txn, &(Bound::Unbounded, Bound::Excluded(&upper[..])))? {
             let (k, v) = entry?;
-            h.update(k);
-            h.update(v);
+            crc = crc32c_append(crc32c_append(crc, k), v);
         }
-        Ok(KvHash { hash: h.finish(), compact_rev: self.compact_rev })
+        Ok(KvHash { hash: crc, compact_rev: self.compact_rev })
     }
 }
 
-/// Feeds a table's name, then each of its keys and values, to `h`.
+/// Extends `crc` with a table's name, then each of its keys and values.
 fn hash_records<'t, K: AsRef<[u8]>>(
-    h: &mut Crc32c,
+    mut crc: u32,
     name: &str,
     records: impl Iterator<Item = heed::Result<(K, &'t [u8])>>,
-) -> Result<(), EtcdError> {
-    h.update(name.as_bytes());
+) -> Result<u32, EtcdError> {
+    crc = crc32c_append(crc, name.as_bytes());
     for entry in records {
         let (k, v) = entry?;
-        h.update(k.as_ref());
-        h.update(v);
+        crc = crc32c_append(crc32c_append(crc, k.as_ref()), v);
     }
-    Ok(())
-}
-
-/// The reflected Castagnoli polynomial (CRC-32C, iSCSI), the one Go's `crc32.Castagnoli` names.
-const CASTAGNOLI: u32 = 0x82f6_3b78;
-
-static CRC32C_TABLE: [u32; 256] = crc32c_table();
-
-const fn crc32c_table() -> [u32; 256] {
-    let mut table = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut crc = i as u32;
-        let mut bit = 0;
-        while bit < 8 {
-            crc = if crc & 1 == 1 { (crc >> 1) ^ CASTAGNOLI } else { crc >> 1 };
-            bit += 1;
-        }
-        table[i] = crc;
-        i += 1;
-    }
-    table
-}
-
-/// Incremental CRC-32C; `finish` gives what Go's `crc32.New(crc32.MakeTable(crc32.Castagnoli)).Sum32()`
-/// gives for the same bytes.
-#[derive(Clone, Debug)]
-pub struct Crc32c(u32);
-
-impl Default for Crc32c {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Crc32c {
-    pub fn new() -> Self {
-        Crc32c(!0)
-    }
-
-    pub fn update(&mut self, data: &[u8]) {
-        let mut crc = self.0;
-        for &b in data {
-            crc = CRC32C_TABLE[((crc ^ u32::from(b)) & 0xff) as usize] ^ (crc >> 8);
-        }
-        self.0 = crc;
-    }
-
-    pub fn finish(&self) -> u32 {
-        !self.0
-    }
-}
-
-/// SHA-256 (FIPS 180-4), incremental. Used for the digest etcd appends to a snapshot stream.
-#[derive(Clone, Debug)]
-pub struct Sha256 {
-    state: [u32; 8],
-    block: [u8; 64],
-    filled: usize,
-    total: u64,
-}
-
-const SHA256_K: [u32; 64] = [
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98,
-    0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
-    0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8,
-    0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
-    0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819,
-    0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
-    0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
-    0xc67178f2,
-];
-
-impl Default for Sha256 {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Sha256 {
-    pub fn new() -> Self {
-        Sha256 {
-            state: [0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19],
-            block: [0; 64],
-            filled: 0,
-            total: 0,
-        }
-    }
-
-    pub fn update(&mut self, mut data: &[u8]) {
-        self.total = self.total.wrapping_add(data.len() as u64);
-        while !data.is_empty() {
-            let take = (64 - self.filled).min(data.len());
-            self.block[self.filled..self.filled + take].copy_from_slice(&data[..take]);
-            self.filled += take;
-            data = &data[take..];
-            if self.filled == 64 {
-                let block = self.block;
-                self.compress(&block);
-                self.filled = 0;
-            }
-        }
-    }
-
-    pub fn finish(mut self) -> [u8; 32] {
-        let bits = self.total.wrapping_mul(8);
-        self.update(&[0x80]);
-        while self.filled != 56 {
-            self.update(&[0]);
-        }
-        self.update(&bits.to_be_bytes());
-        let mut out = [0u8; 32];
-        for (chunk, word) in out.chunks_exact_mut(4).zip(self.state) {
-            chunk.copy_from_slice(&word.to_be_bytes());
-        }
-        out
-    }
-
-    fn compress(&mut self, block: &[u8; 64]) {
-        let mut w = [0u32; 64];
-        for (i, word) in block.chunks_exact(4).enumerate() {
-            w[i] = u32::from_be_bytes([word[0], word[1], word[2], word[3]]);
-        }
-        for i in 16..64 {
-            let s0 = w[i - 15].rotate_right(7) ^ w[i - 15].rotate_right(18) ^ (w[i - 15] >> 3);
-            let s1 = w[i - 2].rotate_right(17) ^ w[i - 2].rotate_right(19) ^ (w[i - 2] >> 10);
-            w[i] = w[i - 16].wrapping_add(s0).wrapping_add(w[i - 7]).wrapping_add(s1);
-        }
-        let [mut a, mut b, mut c, mut d, mut e, mut f, mut g, mut h] = self.state;
-        for i in 0..64 {
-            let s1 = e.rotate_right(6) ^ e.rotate_right(11) ^ e.rotate_right(25);
-            let ch = (e & f) ^ (!e & g);
-            let t1 = h.wrapping_add(s1).wrapping_add(ch).wrapping_add(SHA256_K[i]).wrapping_add(w[i]);
-            let s0 = a.rotate_right(2) ^ a.rotate_right(13) ^ a.rotate_right(22);
-            let maj = (a & b) ^ (a & c) ^ (b & c);
-            let t2 = s0.wrapping_add(maj);
-            h = g;
-            g = f;
-            f = e;
-            e = d.wrapping_add(t1);
-            d = c;
-            c = b;
-            b = a;
-            a = t1.wrapping_add(t2);
-        }
-        for (s, v) in self.state.iter_mut().zip([a, b, c, d, e, f, g, h]) {
-            *s = s.wrapping_add(v);
-        }
-    }
+    Ok(crc)
 }
 
 #[cfg(test)]
@@ -236,33 +85,50 @@ mod tests {
         bytes.iter().map(|b| format!("{b:02x}")).collect()
     }
 
+    /// Go's `crc32.Castagnoli` on its own golden inputs (`hash/crc32/crc32_test.go`), whole and fed in
+    /// pieces the way `hash_all` feeds records.
     #[test]
-    fn crc32c_check_value() {
-        let mut h = Crc32c::new();
-        h.update(b"1234");
-        h.update(b"56789");
-        assert_eq!(h.finish(), 0xe306_9283);
-        assert_eq!(Crc32c::new().finish(), 0);
+    fn crc32c_matches_gos_castagnoli() {
+        let golden: [(u32, &str); 8] = [
+            (0x0, ""),
+            (0xc1d04330, "a"),
+            (0x364b3fb7, "abc"),
+            (0x0a9421b7, "abcdefgh"),
+            (0xe6599437, "abcdefghij"),
+            (0xb2cc01fe, "Discard medicine more than two years old."),
+            (0x0e28207f, "He who has a shady past knows that nice guys finish last."),
+            (0xdcded527, "How can you write a big system without C++?  -Paul Glick"),
+        ];
+        for (want, input) in golden {
+            assert_eq!(crc32c::crc32c(input.as_bytes()), want, "{input:?}");
+            let (a, b) = input.as_bytes().split_at(input.len() / 2);
+            assert_eq!(crc32c_append(crc32c_append(0, a), b), want, "{input:?} in two pieces");
+        }
+        assert_eq!(crc32c_append(crc32c_append(0, b"1234"), b"56789"), 0xe306_9283, "the CRC-32C check value");
     }
 
+    /// A megabyte of fixed pseudo-random bytes: the CRC-32C and SHA-256 that keyward's own
+    /// implementations (before these crates) computed, whole and in pieces, so Hash, HashKV and snapshot
+    /// digests stay bit-identical across the change.
     #[test]
-    fn sha256_known_answers() {
-        let digest = |data: &[u8]| {
-            let mut h = Sha256::new();
-            h.update(data);
-            hex(&h.finish())
-        };
-        assert_eq!(digest(b""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-        assert_eq!(digest(b"abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-        assert_eq!(
-            digest(b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
-            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"
-        );
+    fn same_values_as_the_hand_written_implementations() {
+        use sha2::{Digest, Sha256};
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let data: Vec<u8> = (0..1_000_003)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        assert_eq!(crc32c::crc32c(&data), 0x65b8_9468);
+        assert_eq!(data.chunks(4093).fold(0, crc32c_append), 0x65b8_9468);
+        let want = "6b61da8f1bdd0bf88df19279b2c144dc3c9e2372bf5f8d9b7313c76ce92293cf";
+        assert_eq!(hex(&Sha256::digest(&data)), want);
         let mut h = Sha256::new();
-        for _ in 0..1000 {
-            h.update(&[b'a'; 1000]);
-        }
-        assert_eq!(hex(&h.finish()), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+        data.chunks(777).for_each(|c| h.update(c));
+        assert_eq!(hex(&h.finalize()), want);
     }
 
     fn store() -> (tempfile::TempDir, storage::LmdbEnv, KvStore) {
@@ -285,6 +151,45 @@ mod tests {
         let txn = env.read_txn().unwrap();
         let view = kv.view(&txn).unwrap();
         Ok((view.hash_all()?, view.hash_kv(rev)?))
+    }
+
+    /// Hash and HashKV over 100,000 keys (100-byte values), and SHA-256 over 64 MiB, timed. Run it
+    /// optimised: `cargo test --release --lib mvcc::hash::tests::hash_speed -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn hash_speed() {
+        use std::time::{Duration, Instant};
+        fn best<T>(mut f: impl FnMut() -> T) -> (T, Duration) {
+            let mut out = None;
+            let mut best = Duration::MAX;
+            for _ in 0..5 {
+                let t = Instant::now();
+                out = Some(f());
+                best = best.min(t.elapsed());
+            }
+            (out.unwrap(), best)
+        }
+        let (_dir, env, kv) = store();
+        for batch in 0..1_000 {
+            write(&env, &kv, |w| {
+                for i in 0..100 {
+                    w.put(format!("key/{:08}", batch * 100 + i).as_bytes(), vec![b'v'; 100], 0).unwrap();
+                }
+            });
+        }
+        let txn = env.read_txn().unwrap();
+        let view = kv.view(&txn).unwrap();
+        let (all, t_all) = best(|| view.hash_all().unwrap());
+        let (by_rev, t_kv) = best(|| view.hash_kv(0).unwrap());
+        let data = vec![0x5au8; 64 << 20];
+        let (digest, t_sha) = best(|| <sha2::Sha256 as sha2::Digest>::digest(&data));
+        eprintln!(
+            "100,000 keys: Hash {all:#010x} in {t_all:?}, HashKV {:#010x} in {t_kv:?}; SHA-256 of 64 MiB {} in {t_sha:?} \
+             ({:.0} MiB/s)",
+            by_rev.hash,
+            hex(&digest[..4]),
+            64.0 / t_sha.as_secs_f64()
+        );
     }
 
     #[test]

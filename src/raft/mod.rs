@@ -18,11 +18,9 @@ use std::io::Cursor;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::apply::Applied;
 use crate::error::EtcdError;
-use crate::proto::etcdserverpb::{
-    AlarmResponse, CompactionResponse, DeleteRangeResponse, InternalRaftBatch, LeaseCheckpointResponse,
-    LeaseGrantResponse, LeaseRevokeResponse, PutResponse, ResponseHeader, TxnResponse,
-};
+use crate::proto::etcdserverpb::InternalRaftBatch;
 
 pub type NodeId = u64;
 
@@ -54,71 +52,15 @@ pub type BatchResults = Vec<ApplyResult>;
 /// decided (permission denied, compacted, ...). Storage failures are not here: they stop the node.
 pub type ApplyResult = Result<Applied, EtcdError>;
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub enum Applied {
-    /// No response of its own (a step inside a larger operation).
-    Nothing,
-    Put(#[serde(with = "prost_bytes")] PutResponse),
-    DeleteRange(#[serde(with = "prost_bytes")] DeleteRangeResponse),
-    Txn(#[serde(with = "prost_bytes")] TxnResponse),
-    Compaction(#[serde(with = "prost_bytes")] CompactionResponse),
-    LeaseGrant(#[serde(with = "prost_bytes")] LeaseGrantResponse),
-    LeaseRevoke(#[serde(with = "prost_bytes")] LeaseRevokeResponse),
-    LeaseCheckpoint(#[serde(with = "prost_bytes")] LeaseCheckpointResponse),
-    Alarm(#[serde(with = "prost_bytes")] AlarmResponse),
-    /// A user/role/auth-config change was applied; the API layer builds the typed response.
-    AuthChanged {
-        #[serde(with = "prost_option")]
-        header: Option<ResponseHeader>,
-    },
-    /// A token was issued (empty for JWT: the API layer signs it) at this auth revision.
-    Authenticated {
-        token: String,
-        auth_revision: u64,
-    },
-}
-
-/// serde for an optional protobuf message.
-mod prost_option {
-    use prost::Message;
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    pub fn serialize<M: Message, S: Serializer>(m: &Option<M>, s: S) -> Result<S::Ok, S::Error> {
-        m.as_ref().map(|m| serde_bytes::ByteBuf::from(m.encode_to_vec())).serialize(s)
-    }
-
-    pub fn deserialize<'de, M: Message + Default, D: Deserializer<'de>>(d: D) -> Result<Option<M>, D::Error> {
-        Option::<serde_bytes::ByteBuf>::deserialize(d)?
-            .map(|b| M::decode(b.as_slice()).map_err(serde::de::Error::custom))
-            .transpose()
-    }
-}
-
 impl Serialize for RaftBatch {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        prost_bytes::serialize(&self.0, s)
+        crate::proto::as_bytes::serialize(&self.0, s)
     }
 }
 
 impl<'de> Deserialize<'de> for RaftBatch {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        prost_bytes::deserialize(d).map(RaftBatch)
-    }
-}
-
-/// serde for protobuf messages: their protobuf encoding as a byte string.
-mod prost_bytes {
-    use prost::Message;
-    use serde::de::Error;
-    use serde::{Deserializer, Serializer};
-
-    pub fn serialize<M: Message, S: Serializer>(m: &M, s: S) -> Result<S::Ok, S::Error> {
-        serde_bytes::serialize(&m.encode_to_vec(), s)
-    }
-
-    pub fn deserialize<'de, M: Message + Default, D: Deserializer<'de>>(d: D) -> Result<M, D::Error> {
-        let bytes: serde_bytes::ByteBuf = serde_bytes::deserialize(d)?;
-        M::decode(bytes.as_slice()).map_err(D::Error::custom)
+        crate::proto::as_bytes::deserialize(d).map(RaftBatch)
     }
 }
 
@@ -137,26 +79,4 @@ pub(crate) async fn blocking<T: Send + 'static>(
 }
 
 #[cfg(test)]
-mod tests {
-    use openraft::testing::{StoreBuilder, Suite};
-
-    use super::log_store::LogStore;
-    use super::state_machine::StateMachine;
-    use super::{StorageError, TypeConfig};
-
-    struct HeedBuilder;
-
-    impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for HeedBuilder {
-        async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError> {
-            let dir = tempfile::tempdir().expect("temp dir");
-            let log = LogStore::open(&dir.path().join("raft")).expect("open raft env");
-            let sm = StateMachine::open(&dir.path().join("kv"), &dir.path().join("snap")).expect("open kv env");
-            Ok((dir, log, sm))
-        }
-    }
-
-    #[test]
-    fn heed_store_passes_openraft_storage_suite() -> Result<(), StorageError> {
-        Suite::test_all(HeedBuilder)
-    }
-}
+mod tests;

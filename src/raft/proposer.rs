@@ -16,7 +16,8 @@ use openraft::error::ClientWriteError;
 use prost::Message;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Applied, BatchResults, NodeId, Raft, RaftBatch};
+use super::{BatchResults, NodeId, Raft, RaftBatch};
+use crate::apply::Applied;
 use crate::error::EtcdError;
 use crate::proto::etcdserverpb::{InternalRaftBatch, InternalRaftRequest};
 

@@ -426,10 +426,10 @@ impl State {
 }
 
 fn merge_affected(
-    a: Option<crate::auth::store::Affected>,
-    b: Option<crate::auth::store::Affected>,
-) -> Option<crate::auth::store::Affected> {
-    use crate::auth::store::Affected;
+    a: Option<crate::auth::cache::Affected>,
+    b: Option<crate::auth::cache::Affected>,
+) -> Option<crate::auth::cache::Affected> {
+    use crate::auth::cache::Affected;
     match (a, b) {
         (None, x) | (x, None) => x,
         (Some(Affected::Everyone), _) | (_, Some(Affected::Everyone)) => Some(Affected::Everyone),

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::requester;
+use crate::apply::Applied;
 use crate::auth::check::Requester;
 use crate::auth::password;
 use crate::auth::simple::SimpleTokens;
@@ -18,7 +19,6 @@ use crate::error::EtcdError;
 use crate::node::Node;
 use crate::proto::etcdserverpb::auth_server::Auth;
 use crate::proto::etcdserverpb::*;
-use crate::raft::Applied;
 
 /// How many times Authenticate re-checks a password whose auth revision moved meanwhile.
 const AUTHENTICATE_ATTEMPTS: usize = 8;
@@ -35,14 +35,8 @@ impl AuthService {
     /// Proposes an auth change and returns the filled response header.
     async fn change(&self, who: &Requester, req: InternalRaftRequest) -> Result<Option<ResponseHeader>, Status> {
         match self.node.propose(req, who).await? {
-            Applied::AuthChanged { mut header } => {
-                self.node.fill(&mut header);
-                Ok(header)
-            }
-            other => {
-                tracing::error!(?other, "apply result does not match the auth proposal");
-                Err(EtcdError::Internal.into())
-            }
+            Applied::AuthChanged { header } => Ok(header),
+            other => Err(other.mismatch().into()),
         }
     }
 
@@ -57,17 +51,14 @@ impl AuthService {
             + Send
             + 'static,
     ) -> Result<(T, Option<ResponseHeader>), Status> {
-        self.node.read(true, |_, _| Ok(())).await?;
         let (value, revision) = self
             .node
-            .read_state(move |state, txn| {
+            .read_state_linearizable(move |state, txn| {
                 let authz = crate::auth::check::Authorizer::new(&state.auth, txn)?;
                 Ok((read(&authz, &state.auth, txn)?, state.kv.view(txn)?.rev))
             })
             .await?;
-        let mut header = Some(ResponseHeader { revision, ..Default::default() });
-        self.node.fill(&mut header);
-        Ok((value, header))
+        Ok((value, self.node.header(revision)))
     }
 }
 
@@ -145,14 +136,10 @@ impl Auth for AuthService {
                         Tokens::Simple(_) => token,
                         Tokens::Jwt(jwt) => jwt.sign(&req.name, auth_revision)?,
                     };
-                    let mut header = Some(ResponseHeader { revision: self.node.revision(), ..Default::default() });
-                    self.node.fill(&mut header);
+                    let header = self.node.header(self.node.revision());
                     return Ok(Response::new(AuthenticateResponse { header, token }));
                 }
-                Ok(other) => {
-                    tracing::error!(?other, "apply result does not match the authenticate proposal");
-                    return Err(EtcdError::Internal.into());
-                }
+                Ok(other) => return Err(other.mismatch().into()),
                 Err(EtcdError::AuthOldRevision) => {
                     tracing::info!(user = %req.name, "auth state changed while checking the password; checking again");
                 }

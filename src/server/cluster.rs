@@ -11,14 +11,12 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::requester;
-use crate::auth::check::Authorizer;
 use crate::error::EtcdError;
 use crate::node::Node;
 use crate::proto::etcdserverpb::cluster_server::Cluster;
 use crate::proto::etcdserverpb::{
     Member, MemberAddRequest, MemberAddResponse, MemberListRequest, MemberListResponse, MemberPromoteRequest,
     MemberPromoteResponse, MemberRemoveRequest, MemberRemoveResponse, MemberUpdateRequest, MemberUpdateResponse,
-    ResponseHeader,
 };
 
 pub struct ClusterService {
@@ -41,24 +39,21 @@ impl ClusterService {
         }]
     }
 
-    /// etcd's Cluster service header: cluster id, member id and raft term. etcd leaves the revision at 0
-    /// here (so `member list -w json` prints none), and keyward does the same.
-    fn header(&self) -> Option<ResponseHeader> {
-        let mut header = None;
-        self.node.fill(&mut header);
-        header
-    }
-
-    fn is_member(&self, id: u64) -> bool {
-        id == self.node.member_id
+    /// The answer to changing member `id` (after the admin check): etcd's "member not found" for any id
+    /// but this member's, as etcd answers without membership changes being involved; for this member,
+    /// unsupported.
+    fn refuse_change(&self, id: u64) -> Status {
+        if id == self.node.member_id {
+            unsupported()
+        } else {
+            EtcdError::MemberNotFound.into()
+        }
     }
 
     /// With auth enabled, membership changes are root's; etcd checks this before anything else about
     /// the change (`checkMembershipOperationPermission`).
     async fn require_admin<T>(&self, request: &Request<T>, op: &'static str) -> Result<(), Status> {
-        let who = requester(&self.node, request)?;
-        self.node.read_state(move |state, txn| Authorizer::new(&state.auth, txn)?.check_admin(&who, op)).await?;
-        Ok(())
+        Ok(self.node.require_admin(requester(&self.node, request)?, op).await?)
     }
 }
 
@@ -79,12 +74,9 @@ impl Cluster for ClusterService {
         request: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
         self.require_admin(&request, "member_remove").await?;
-        if !self.is_member(request.get_ref().id) {
-            return Err(EtcdError::MemberNotFound.into());
-        }
         // etcd itself refuses to remove the only member of a cluster ("re-configuration failed due to
         // not enough started members"); keyward has no error for that yet and refuses as unsupported.
-        Err(unsupported())
+        Err(self.refuse_change(request.get_ref().id))
     }
 
     async fn member_update(
@@ -92,15 +84,12 @@ impl Cluster for ClusterService {
         request: Request<MemberUpdateRequest>,
     ) -> Result<Response<MemberUpdateResponse>, Status> {
         self.require_admin(&request, "member_update").await?;
-        let req = request.into_inner();
-        if !self.is_member(req.id) {
-            return Err(EtcdError::MemberNotFound.into());
-        }
-        Err(unsupported())
+        Err(self.refuse_change(request.get_ref().id))
     }
 
     async fn member_list(&self, _request: Request<MemberListRequest>) -> Result<Response<MemberListResponse>, Status> {
-        Ok(Response::new(MemberListResponse { header: self.header(), members: self.members() }))
+        // etcd leaves the revision at 0 in this header (so `member list -w json` prints none).
+        Ok(Response::new(MemberListResponse { header: self.node.header(0), members: self.members() }))
     }
 
     async fn member_promote(
@@ -108,11 +97,8 @@ impl Cluster for ClusterService {
         request: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
         self.require_admin(&request, "member_promote").await?;
-        if !self.is_member(request.get_ref().id) {
-            return Err(EtcdError::MemberNotFound.into());
-        }
         // etcd answers "etcdserver: can only promote a learner member" (FailedPrecondition) for a voter;
         // keyward has no error for that yet and refuses as unsupported.
-        Err(unsupported())
+        Err(self.refuse_change(request.get_ref().id))
     }
 }

@@ -55,7 +55,7 @@ async fn health(State(node): State<Arc<Node>>, uri: axum::http::Uri) -> impl Int
 }
 
 async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::render(&node))
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::render(&node.gauges()))
 }
 
 async fn version() -> impl IntoResponse {

@@ -7,6 +7,7 @@ use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::requester;
+use crate::apply::Applied;
 use crate::auth::check::{Authorizer, Requester};
 use crate::auth::permissions::Access;
 use crate::error::EtcdError;
@@ -19,7 +20,6 @@ use crate::proto::etcdserverpb::{
     LeaseLeasesRequest, LeaseLeasesResponse, LeaseRevokeRequest, LeaseRevokeResponse, LeaseStatus,
     LeaseTimeToLiveRequest, LeaseTimeToLiveResponse, ResponseHeader,
 };
-use crate::raft::Applied;
 
 pub struct LeaseService {
     node: Arc<Node>,
@@ -33,14 +33,7 @@ impl LeaseService {
 
 /// A header carrying the current revision, as etcd fills headers of responses that are not reads.
 fn header(node: &Node) -> Option<ResponseHeader> {
-    let mut header = Some(ResponseHeader { revision: node.revision(), ..Default::default() });
-    node.fill(&mut header);
-    header
-}
-
-fn mismatch(applied: Applied) -> Status {
-    tracing::error!(?applied, "apply result does not match the proposal");
-    EtcdError::Internal.into()
+    node.header(node.revision())
 }
 
 type KeepAliveStream = Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, Status>> + Send>>;
@@ -57,11 +50,8 @@ impl Lease for LeaseService {
             req.id = self.node.next_id();
         }
         match self.node.propose(InternalRaftRequest { lease_grant: Some(req), ..Default::default() }, &who).await? {
-            Applied::LeaseGrant(mut resp) => {
-                self.node.fill(&mut resp.header);
-                Ok(Response::new(resp))
-            }
-            other => Err(mismatch(other)),
+            Applied::LeaseGrant(resp) => Ok(Response::new(resp)),
+            other => Err(other.mismatch().into()),
         }
     }
 
@@ -72,11 +62,8 @@ impl Lease for LeaseService {
         let who = requester(&self.node, &request)?;
         let req = request.into_inner();
         match self.node.propose(InternalRaftRequest { lease_revoke: Some(req), ..Default::default() }, &who).await? {
-            Applied::LeaseRevoke(mut resp) => {
-                self.node.fill(&mut resp.header);
-                Ok(Response::new(resp))
-            }
-            other => Err(mismatch(other)),
+            Applied::LeaseRevoke(resp) => Ok(Response::new(resp)),
+            other => Err(other.mismatch().into()),
         }
     }
 
@@ -122,9 +109,8 @@ impl Lease for LeaseService {
         let keys = if req.keys {
             let id = req.id;
             // Listing the keys reveals them: the user must be allowed to read every one (CVE-2023-32082).
-            self.node.read(true, |_, _| Ok(())).await?;
             self.node
-                .read_state(move |state, txn| {
+                .read_state_linearizable(move |state, txn| {
                     let authz = Authorizer::new(&state.auth, txn)?;
                     let keys = state.leases.attached_keys(txn, id)?;
                     for key in &keys {
@@ -145,8 +131,13 @@ impl Lease for LeaseService {
     ) -> Result<Response<LeaseLeasesResponse>, Status> {
         let who = requester(&self.node, &request)?;
         // Listing leases needs an authenticated user when auth is on (CVE-2026-33413).
-        self.node.read(true, move |_, authz| authz.check_user(&who, "lease_leases")).await?;
-        let leases = self.node.read_state(|state, txn| state.leases.all(txn)).await?;
+        let leases = self
+            .node
+            .read_state_linearizable(move |state, txn| {
+                Authorizer::new(&state.auth, txn)?.check_user(&who, "lease_leases")?;
+                state.leases.all(txn)
+            })
+            .await?;
         // etcd lists leases by expiry, soonest first.
         let mut leases: Vec<_> = leases
             .into_iter()

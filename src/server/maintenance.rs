@@ -8,16 +8,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status};
 
 use super::requester;
-use crate::auth::check::{Authorizer, Requester};
+use crate::auth::check::Requester;
 
+use crate::apply::Applied;
 use crate::error::EtcdError;
-use crate::mvcc::hash::Sha256;
 use crate::node::Node;
 use crate::proto::etcdserverpb::alarm_request::AlarmAction;
 use crate::proto::etcdserverpb::maintenance_server::Maintenance;
@@ -26,7 +27,6 @@ use crate::proto::etcdserverpb::{
     HashRequest, HashResponse, InternalRaftRequest, MoveLeaderRequest, MoveLeaderResponse, ResponseHeader,
     SnapshotRequest, SnapshotResponse, StatusRequest, StatusResponse,
 };
-use crate::raft::Applied;
 use crate::storage::LmdbEnv;
 
 /// The etcd API version keyward speaks.
@@ -51,22 +51,11 @@ impl MaintenanceService {
         MaintenanceService { node }
     }
 
-    /// This member's identity and raft term, with `revision`.
-    fn header(&self, revision: i64) -> Option<ResponseHeader> {
-        let mut header = Some(ResponseHeader { revision, ..Default::default() });
-        self.node.fill(&mut header);
-        header
-    }
-
     /// With auth enabled, Defragment, Snapshot, Hash and HashKV are root's, as in etcd
     /// (`authMaintenanceServer`: `IsAdminPermitted`); so is Alarm (see `alarm`). Returns the requester.
     async fn require_admin<T>(&self, request: &Request<T>, op: &'static str) -> Result<Requester, Status> {
         let who = requester(&self.node, request).map_err(raw_auth_status)?;
-        let checked = who.clone();
-        self.node
-            .read_state(move |state, txn| Authorizer::new(&state.auth, txn)?.check_admin(&checked, op))
-            .await
-            .map_err(|e| raw_auth_status(e.into()))?;
+        self.node.require_admin(who.clone(), op).await.map_err(|e| raw_auth_status(e.into()))?;
         Ok(who)
     }
 }
@@ -153,7 +142,7 @@ impl Maintenance for MaintenanceService {
             "defragment requested: nothing to do (LMDB reuses freed pages in place, there is no \
              fragmentation to remove)"
         );
-        Ok(Response::new(DefragmentResponse { header: self.header(0) }))
+        Ok(Response::new(DefragmentResponse { header: self.node.header(0) }))
     }
 
     /// CRC-32C over every record of every kv table (see `ReadView::hash_all`); the header carries the
@@ -161,7 +150,7 @@ impl Maintenance for MaintenanceService {
     async fn hash(&self, request: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
         self.require_admin(&request, "hash").await?;
         let (hash, rev) = self.node.read(false, |view, _| Ok((view.hash_all()?, view.rev))).await?;
-        Ok(Response::new(HashResponse { header: self.header(rev), hash }))
+        Ok(Response::new(HashResponse { header: self.node.header(rev), hash }))
     }
 
     /// etcd's HashKV: CRC-32C over the key-value history up to the requested revision (0 = current);
@@ -171,7 +160,7 @@ impl Maintenance for MaintenanceService {
         let requested = request.get_ref().revision;
         let (hashed, rev) = self.node.read(false, move |view, _| Ok((view.hash_kv(requested)?, view.rev))).await?;
         Ok(Response::new(HashKvResponse {
-            header: self.header(rev),
+            header: self.node.header(rev),
             hash: hashed.hash,
             compact_revision: hashed.compact_rev,
         }))
@@ -194,7 +183,7 @@ impl Maintenance for MaintenanceService {
         let env = self.node.state().env.clone();
         let (file, total) =
             tokio::task::spawn_blocking(move || copy_env(&env)).await.map_err(|_| EtcdError::Internal)??;
-        let header = self.header(0);
+        let header = self.node.header(0);
         let (tx, rx) = mpsc::channel(SNAPSHOT_QUEUE);
         tokio::task::spawn_blocking(move || send_snapshot(file, total, header, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -210,7 +199,7 @@ impl Maintenance for MaintenanceService {
             // etcd's ErrGRPCBadLeaderTransferee; to move into error.rs as an `EtcdError` variant.
             return Err(Status::failed_precondition("etcdserver: bad leader transferee"));
         }
-        Ok(Response::new(MoveLeaderResponse { header: self.header(0) }))
+        Ok(Response::new(MoveLeaderResponse { header: self.node.header(0) }))
     }
 }
 
@@ -300,7 +289,7 @@ fn send_snapshot(
             return;
         }
     }
-    let digest = SnapshotResponse { header, remaining_bytes: 0, blob: sha.finish().to_vec() };
+    let digest = SnapshotResponse { header, remaining_bytes: 0, blob: sha.finalize().to_vec() };
     if tx.blocking_send(Ok(digest)).is_ok() {
         tracing::info!(total_bytes = total, took = ?start.elapsed(), "sent database snapshot to client");
     }

@@ -19,7 +19,7 @@ use tonic::transport::Server;
 use tonic::{Request, Status};
 
 use crate::auth::check::Requester;
-use crate::config::Listener;
+use crate::config::{Listener, GRPC_OVERHEAD_BYTES};
 use crate::frontend::certificate::PeerIdentity;
 use crate::frontend::tls::settings::TlsSettings;
 use crate::node::Node;
@@ -29,11 +29,6 @@ use crate::proto::etcdserverpb::kv_server::KvServer;
 use crate::proto::etcdserverpb::lease_server::LeaseServer;
 use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::proto::etcdserverpb::watch_server::WatchServer;
-
-/// gRPC overhead allowed on top of `--max-request-bytes` (etcd's `grpcOverheadBytes`), so an oversized
-/// request reaches the handler and gets etcd's "request is too large" rather than a transport error.
-/// Watch responses are split into fragments at the same limit (`server/watch.rs`), as etcd does.
-const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
 /// Binds every client listener first (so a bad address fails startup), then serves until `shutdown`.
 pub async fn serve(

@@ -91,7 +91,7 @@ impl WatchStream {
                 Some(RequestUnion::CreateRequest(create)) => self.create(create).await,
                 Some(RequestUnion::CancelRequest(cancel)) => self.cancel(cancel.watch_id).await,
                 Some(RequestUnion::ProgressRequest(_)) => {
-                    let header = header(&self.node, self.node.revision());
+                    let header = self.node.header(self.node.revision());
                     self.send(WatchResponse { header, watch_id: INVALID_WATCH_ID, ..Default::default() }).await
                 }
                 None => true,
@@ -116,7 +116,7 @@ impl WatchStream {
     async fn create(&mut self, req: WatchCreateRequest) -> bool {
         let rev = self.node.revision();
         let refuse = |reason: &str| WatchResponse {
-            header: header(&self.node, rev),
+            header: self.node.header(rev),
             watch_id: INVALID_WATCH_ID,
             created: true,
             canceled: true,
@@ -154,7 +154,7 @@ impl WatchStream {
             self.next_id - 1
         };
         let created =
-            WatchResponse { header: header(&self.node, rev), watch_id: id, created: true, ..Default::default() };
+            WatchResponse { header: self.node.header(rev), watch_id: id, created: true, ..Default::default() };
         if !self.send(created).await {
             return false;
         }
@@ -184,19 +184,13 @@ impl WatchStream {
         let _ = running.stop.send(());
         let _ = running.task.await;
         let canceled = WatchResponse {
-            header: header(&self.node, self.node.revision()),
+            header: self.node.header(self.node.revision()),
             watch_id: id,
             canceled: true,
             ..Default::default()
         };
         self.send(canceled).await
     }
-}
-
-fn header(node: &Node, revision: i64) -> Option<ResponseHeader> {
-    let mut header = Some(ResponseHeader { revision, ..Default::default() });
-    node.fill(&mut header);
-    header
 }
 
 struct Watcher {
@@ -235,7 +229,7 @@ impl Watcher {
     ) {
         let end = self.deliver(&node, &mut live, &out, &mut stopped).await;
         let canceled = WatchResponse {
-            header: header(&node, node.revision()),
+            header: node.header(node.revision()),
             watch_id: self.id,
             canceled: true,
             ..Default::default()
@@ -243,9 +237,7 @@ impl Watcher {
         let resp = match end {
             End::Closed => return,
             // etcd's compaction cancel carries no revision in its header.
-            End::Compacted(compact_revision) => {
-                WatchResponse { header: header(&node, 0), compact_revision, ..canceled }
-            }
+            End::Compacted(compact_revision) => WatchResponse { header: node.header(0), compact_revision, ..canceled },
             End::Denied(reason) => {
                 tracing::info!(watch_id = self.id, reason = %reason, "watch canceled: permission no longer granted");
                 WatchResponse { cancel_reason: reason, ..canceled }
@@ -327,7 +319,7 @@ impl Watcher {
                     Err(broadcast::error::RecvError::Closed) => return End::Closed,
                 },
                 _ = progress.tick(), if self.progress_notify => {
-                    let resp = WatchResponse { header: header(node, self.next - 1), watch_id: self.id, ..Default::default() };
+                    let resp = WatchResponse { header: node.header(self.next - 1), watch_id: self.id, ..Default::default() };
                     if out.send(Ok(resp)).await.is_err() {
                         return End::Closed;
                     }
@@ -379,7 +371,7 @@ impl Watcher {
         if !self.prev_kv {
             events.iter_mut().for_each(|e| e.prev_kv = None);
         }
-        let header = header(node, revision);
+        let header = node.header(revision);
         let responses = if self.fragment {
             fragments(self.id, header, events, node.max_request_bytes)
         } else {
@@ -419,7 +411,7 @@ fn fragments(
     max_request_bytes: usize,
 ) -> Vec<WatchResponse> {
     let whole = WatchResponse { header, watch_id: id, events, ..Default::default() };
-    split(whole, max_request_bytes + super::GRPC_OVERHEAD_BYTES)
+    split(whole, max_request_bytes + crate::config::GRPC_OVERHEAD_BYTES)
 }
 
 /// etcd's splitting rule: a response is split only when its whole encoded size (header included)

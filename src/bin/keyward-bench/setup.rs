@@ -10,13 +10,13 @@ use anyhow::{anyhow, Context as _};
 use tonic::transport::Channel;
 use tonic::Status;
 
-use super::conn::connect_all;
-use super::report::{Recorder, Summary};
-use super::workloads::{describe, prefix_range, Budget};
-use super::{BenchArgs, NewUser};
-use crate::proto::authpb::{permission, Permission};
-use crate::proto::etcdserverpb::auth_client::AuthClient;
-use crate::proto::etcdserverpb::{
+use crate::args::{BenchArgs, NewUser};
+use crate::conn::connect_all;
+use crate::report::{Recorder, Summary};
+use crate::workloads::{describe, prefix_range, Budget};
+use keyward::proto::authpb::{permission, Permission};
+use keyward::proto::etcdserverpb::auth_client::AuthClient;
+use keyward::proto::etcdserverpb::{
     AuthEnableRequest, AuthRoleAddRequest, AuthRoleGrantPermissionRequest, AuthUserAddRequest, AuthUserGrantRoleRequest,
 };
 

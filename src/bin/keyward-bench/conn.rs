@@ -1,4 +1,4 @@
-//! Connections for `keyward bench`: tonic channels over plain TCP or tokio-rustls TLS (a custom
+//! Connections for `keyward-bench`: tonic channels over plain TCP or tokio-rustls TLS (a custom
 //! connector, since tonic's own TLS feature is not enabled), and the per-connection auth token.
 
 use std::future::Future;
@@ -19,9 +19,9 @@ use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::transport::{Channel, Endpoint, Uri};
 use tonic::{Code, Status};
 
-use super::BenchArgs;
-use crate::proto::etcdserverpb::auth_client::AuthClient;
-use crate::proto::etcdserverpb::AuthenticateRequest;
+use crate::args::BenchArgs;
+use keyward::proto::etcdserverpb::auth_client::AuthClient;
+use keyward::proto::etcdserverpb::AuthenticateRequest;
 
 /// One gRPC connection and, with `--user`, the token every request on it carries.
 pub struct Conn {
@@ -87,7 +87,7 @@ async fn authenticate(channel: &Channel, name: &str, password: &str) -> Result<A
 /// authenticates each once.
 pub async fn connect_all(args: &BenchArgs, authenticate_each: bool) -> anyhow::Result<Vec<Arc<Conn>>> {
     let tls = tls_config(args)?;
-    let credentials = if authenticate_each { super::credentials(args) } else { None };
+    let credentials = if authenticate_each { crate::args::credentials(args) } else { None };
     let endpoints: Vec<&String> = args.endpoints.iter().filter(|e| !e.is_empty()).collect();
     let mut conns = Vec::with_capacity(args.conns);
     for i in 0..args.conns {

@@ -12,13 +12,13 @@ use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
 
-use super::conn::{connect_all, Conn};
-use super::report::{spawn_progress, Counters, Percentiles, Recorder, Summary};
-use super::{BenchArgs, Consistency, Workload};
-use crate::proto::etcdserverpb::auth_client::AuthClient;
-use crate::proto::etcdserverpb::kv_client::KvClient;
-use crate::proto::etcdserverpb::watch_client::WatchClient;
-use crate::proto::etcdserverpb::{
+use crate::args::{BenchArgs, Consistency, Workload};
+use crate::conn::{connect_all, Conn};
+use crate::report::{spawn_progress, Counters, Percentiles, Recorder, Summary};
+use keyward::proto::etcdserverpb::auth_client::AuthClient;
+use keyward::proto::etcdserverpb::kv_client::KvClient;
+use keyward::proto::etcdserverpb::watch_client::WatchClient;
+use keyward::proto::etcdserverpb::{
     request_op, watch_request, AuthenticateRequest, PutRequest, RangeRequest, RequestOp, TxnRequest,
     WatchCreateRequest, WatchRequest,
 };
@@ -89,7 +89,8 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Summary> {
             )
         }
         Workload::Authenticate => {
-            let (name, password) = super::credentials(args).ok_or_else(|| anyhow!("authenticate needs --user"))?;
+            let (name, password) =
+                crate::args::credentials(args).ok_or_else(|| anyhow!("authenticate needs --user"))?;
             let request = AuthenticateRequest { name, password };
             ("authenticate".into(), Arc::new(move |_: &mut SmallRng, _| Op::Authenticate(request.clone())))
         }

@@ -1,29 +1,11 @@
-//! `keyward bench`: a load generator that speaks the etcd v3 gRPC API as a client, like etcd's own
-//! `benchmark` tool, so the same command measures a keyward member and a real etcd.
-//!
-//! `--conns` HTTP/2 channels (plain `http://` or `https://` through tokio-rustls with `--cacert`,
-//! `--cert`, `--key`) are shared round-robin by `--clients` tasks, each sending one request at a time.
-//! With `--user`, every connection authenticates once and sends the token in `token` metadata on each
-//! request, re-authenticating when the server says the token is stale. Every request's latency is
-//! recorded (microseconds, per client), merged and sorted at the end: throughput, p50/p90/p99/max and
-//! the errors by message are printed as text or, with `-w json`, as one JSON object.
-//!
-//! Workloads: `put`, `range` (`--consistency l|s`), `txn-put`, `watch` (events per second delivered
-//! to N watchers), `authenticate`; plus two helpers for `benches/compare.sh`: `setup-auth` (users,
-//! roles, many grants, auth enable) and `bcrypt` (local bcrypt throughput, no server).
-
-mod conn;
-mod report;
-mod setup;
-mod workloads;
+//! `keyward-bench` options, parsed with clap, and their checks beyond what clap checks.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
 
-/// `keyward bench` options. The connection and sizing options are global: they may come before or
+/// `keyward-bench` options. The connection and sizing options are global: they may come before or
 /// after the workload name.
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -178,97 +160,21 @@ fn parse_new_user(s: &str) -> Result<NewUser, String> {
     Ok(NewUser { name: name.into(), password: password.into(), extra_grants })
 }
 
-/// Parses a Go-style duration: a sequence of number+unit (`ns`, `us`, `ms`, `s`, `m`, `h`), e.g.
-/// `5s`, `1m30s`, `1.5s`; a bare number is seconds.
+/// A duration as Go's `time.ParseDuration` reads it (`5s`, `1m30s`, `1.5s`), or a bare number of
+/// seconds; it must be positive.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    if let Ok(secs) = s.parse::<f64>() {
-        return secs_to_duration(secs, s);
-    }
-    let mut total = 0f64;
-    let mut rest = s;
-    if rest.is_empty() {
-        return Err("empty duration".into());
-    }
-    while !rest.is_empty() {
-        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
-        let number: f64 = rest[..num_len].parse().map_err(|_| format!("invalid duration {s:?}"))?;
-        rest = &rest[num_len..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
-        let scale = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            unit => return Err(format!("invalid duration {s:?}: unknown unit {unit:?}")),
-        };
-        total += number * scale;
-        rest = &rest[unit_len..];
-    }
-    secs_to_duration(total, s)
-}
-
-fn secs_to_duration(secs: f64, s: &str) -> Result<Duration, String> {
-    if !secs.is_finite() || secs <= 0.0 {
+    let duration = match s.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs >= 0.0 => Duration::from_secs_f64(secs),
+        Ok(_) => return Err(format!("invalid duration {s:?}: must be positive")),
+        Err(_) => keyward::auth::token_config::parse_go_duration(s)?,
+    };
+    if duration.is_zero() {
         return Err(format!("invalid duration {s:?}: must be positive"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    Ok(duration)
 }
 
-/// Runs `keyward bench` to completion; the exit status is 0 when at least one request succeeded
-/// (errors are reported, not fatal), 1 when none did or the setup failed, 2 on invalid options.
-pub fn run(args: BenchArgs) -> ExitCode {
-    if let Err(e) = validate(&args) {
-        eprintln!("keyward bench: {e}");
-        return ExitCode::from(2);
-    }
-    if let Workload::Bcrypt { cost } = args.workload {
-        return finish(setup::bcrypt(&args, cost), &args);
-    }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("keyward bench: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = runtime.block_on(async {
-        match &args.workload {
-            Workload::SetupAuth { root_password, new_users, enable } => {
-                setup::setup_auth(&args, root_password, new_users, *enable).await.map(|()| None)
-            }
-            _ => workloads::run(&args).await.map(Some),
-        }
-    });
-    match result {
-        Ok(Some(summary)) => finish(Ok(summary), &args),
-        Ok(None) => ExitCode::SUCCESS,
-        Err(e) => finish(Err(e), &args),
-    }
-}
-
-fn finish(result: anyhow::Result<report::Summary>, args: &BenchArgs) -> ExitCode {
-    match result {
-        Ok(summary) => {
-            match args.write_out {
-                OutputFormat::Simple => print!("{}", summary.to_text()),
-                OutputFormat::Json => println!("{}", summary.to_json()),
-            }
-            if summary.ok == 0 {
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
-            }
-        }
-        Err(e) => {
-            eprintln!("keyward bench: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn validate(args: &BenchArgs) -> Result<(), String> {
+pub fn validate(args: &BenchArgs) -> Result<(), String> {
     if args.conns == 0 || args.clients == 0 {
         return Err("--conns and --clients must be at least 1".into());
     }
@@ -295,7 +201,7 @@ fn validate(args: &BenchArgs) -> Result<(), String> {
 }
 
 /// The user name and password from `--user name[:password]` and `--password`.
-pub(crate) fn credentials(args: &BenchArgs) -> Option<(String, String)> {
+pub fn credentials(args: &BenchArgs) -> Option<(String, String)> {
     let user = args.user.as_ref()?;
     match (&args.password, user.split_once(':')) {
         (Some(password), _) => Some((user.clone(), password.clone())),

@@ -84,7 +84,7 @@ impl Percentiles {
 }
 
 impl Summary {
-    pub fn new(workload: &str, args: &super::BenchArgs, unit: &'static str) -> Summary {
+    pub fn new(workload: &str, args: &crate::args::BenchArgs, unit: &'static str) -> Summary {
         Summary {
             workload: workload.to_string(),
             endpoints: args.endpoints.clone(),

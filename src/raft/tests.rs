@@ -1,0 +1,23 @@
+//! The heed log store and state machine against openraft's own storage suite.
+
+use openraft::testing::{StoreBuilder, Suite};
+
+use super::log_store::LogStore;
+use super::state_machine::StateMachine;
+use super::{StorageError, TypeConfig};
+
+struct HeedBuilder;
+
+impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for HeedBuilder {
+    async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError> {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = LogStore::open(&dir.path().join("raft")).expect("open raft env");
+        let sm = StateMachine::open(&dir.path().join("kv"), &dir.path().join("snap")).expect("open kv env");
+        Ok((dir, log, sm))
+    }
+}
+
+#[test]
+fn heed_store_passes_openraft_storage_suite() -> Result<(), StorageError> {
+    Suite::test_all(HeedBuilder)
+}
