@@ -11,7 +11,9 @@ use heed::{CommitOrAbort, Database, Env, EnvFlags, EnvOpenOptions, WithoutTls};
 
 pub mod table;
 
-pub use table::{LongKeys, Table};
+/// The longest key LMDB accepts in its default build (`MDB_MAXKEYSIZE`); `open` checks it, and `Table`
+/// sizes its chunks by it.
+pub const LMDB_MAX_KEY: usize = 511;
 
 /// Every keyward database maps raw bytes to raw bytes; encodings live with the code that owns each table.
 pub type Db = Database<'static, Bytes, Bytes>;
@@ -65,11 +67,11 @@ pub fn open_with_map_size<const N: usize>(
     let env = unsafe { options.open(dir)? };
     // `Table` splits keys into chunks sized for LMDB's default key limit; a build with a smaller one
     // would refuse chunk keys at the first long key, so refuse to start instead.
-    if env.max_key_size() < table::LMDB_MAX_KEY {
+    if env.max_key_size() < LMDB_MAX_KEY {
         return Err(heed::Error::Io(std::io::Error::other(format!(
             "LMDB was built with a {}-byte key limit; keyward needs {}",
             env.max_key_size(),
-            table::LMDB_MAX_KEY
+            LMDB_MAX_KEY
         ))));
     }
     let wtxn = env.write_txn()?;

@@ -14,7 +14,8 @@ use prost::Message;
 use super::cache::{Affected, PermissionCache};
 use crate::error::EtcdError;
 use crate::proto::authpb::{Permission, Role, User, UserAddOptions};
-use crate::storage::{Db, LongKeys, Table};
+use crate::storage::table::{LongKeys, Table};
+use crate::storage::Db;
 
 pub const ROOT_USER: &str = "root";
 pub const ROOT_ROLE: &str = "root";

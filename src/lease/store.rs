@@ -9,7 +9,8 @@ use heed::{RoTxn, RwTxn};
 use serde::{Deserialize, Serialize};
 
 use crate::error::EtcdError;
-use crate::storage::{Db, LongKeys, Table};
+use crate::storage::table::{LongKeys, Table};
+use crate::storage::Db;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseRecord {

@@ -22,7 +22,8 @@ use super::revision::{history_bound, history_key, history_prefix, split_history_
 use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
 use crate::proto::mvccpb::{event::EventType, Event, KeyValue};
-use crate::storage::{Db, LongKeys, Table};
+use crate::storage::table::{LongKeys, Table};
+use crate::storage::Db;
 
 const CURRENT_REV: &[u8] = b"current_rev";
 const COMPACT_REV: &[u8] = b"compact_rev";

@@ -27,7 +27,8 @@ use crate::lease::store::LeaseStore;
 use crate::mvcc::KvStore;
 use crate::proto::etcdserverpb::{AlarmMember, AlarmType};
 use crate::space::{Full, Space};
-use crate::storage::{self, Db, LmdbEnv, LongKeys};
+use crate::storage::table::LongKeys;
+use crate::storage::{self, Db, LmdbEnv};
 
 #[cfg(test)]
 mod apply_fuzz;

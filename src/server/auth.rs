@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::requester;
+use super::requester::requester;
 use crate::apply::Applied;
 use crate::auth::check::Requester;
 use crate::auth::password;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::requester;
+use super::requester::requester;
 use crate::error::EtcdError;
 use crate::node::Node;
 use crate::proto::etcdserverpb::cluster_server::Cluster;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::requester;
+use super::requester::requester;
 use crate::apply::Applied;
 use crate::auth::check::{Authorizer, Requester};
 use crate::auth::permissions::Access;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::requester;
+use super::requester::requester;
 use crate::apply::Applied;
 use crate::auth::check::{Authorizer, Requester};
 use crate::auth::permissions::Access;

@@ -14,7 +14,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status};
 
-use super::requester;
+use super::requester::requester;
 use crate::auth::check::Requester;
 
 use crate::apply::Applied;

@@ -7,6 +7,7 @@ pub mod http;
 pub mod kv;
 pub mod lease;
 pub mod maintenance;
+pub mod requester;
 pub mod watch;
 
 use std::future::Future;
@@ -16,11 +17,8 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
 use tonic::transport::Server;
-use tonic::{Request, Status};
 
-use crate::auth::check::Requester;
 use crate::config::{Listener, GRPC_OVERHEAD_BYTES};
-use crate::frontend::certificate::PeerIdentity;
 use crate::frontend::tls::settings::TlsSettings;
 use crate::node::Node;
 use crate::proto::etcdserverpb::auth_server::AuthServer;
@@ -97,14 +95,6 @@ pub async fn serve(
 
 /// How long open client connections get to finish after a shutdown signal.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// The requester behind a request to this member: its identity (decided in `frontend/identity.rs`,
-/// as every front end decides it) at the member's current auth revision.
-pub(crate) fn requester<T>(node: &Node, request: &Request<T>) -> Result<Requester, Status> {
-    let identity =
-        node.identity.identify(request.metadata(), request.extensions().get::<PeerIdentity>(), &*node.tokens)?;
-    Ok(identity.requester(node.auth_revision()))
-}
 
 fn routes(node: Arc<Node>) -> Routes {
     let limit = node.max_request_bytes + GRPC_OVERHEAD_BYTES;

@@ -21,7 +21,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::requester;
+use super::requester::requester;
 use crate::auth::check::{Authorizer, Requester};
 use crate::auth::permissions::Access;
 use crate::error::EtcdError;

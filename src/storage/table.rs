@@ -28,10 +28,8 @@ use std::ops::Bound;
 use heed::types::Bytes;
 use heed::{RoRange, RoTxn, RwTxn};
 
-use super::Db;
+use super::{Db, LMDB_MAX_KEY};
 
-/// The longest key LMDB accepts in its default build (`MDB_MAXKEYSIZE`); `storage::open` checks it.
-pub const LMDB_MAX_KEY: usize = 511;
 const GROUP_ID_LEN: usize = 8;
 /// The longest key (or key remainder) stored as itself: a marker in a group (`id ++ chunk ++ 0x00`) must
 /// still fit LMDB's limit.

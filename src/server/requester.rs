@@ -1,0 +1,15 @@
+//! The member's one call into the shared front end: who is behind a gRPC request.
+
+use tonic::{Request, Status};
+
+use crate::auth::check::Requester;
+use crate::frontend::certificate::PeerIdentity;
+use crate::node::Node;
+
+/// The requester behind a request to this member: its identity (decided in `frontend/identity.rs`,
+/// as every front end decides it) at the member's current auth revision.
+pub(crate) fn requester<T>(node: &Node, request: &Request<T>) -> Result<Requester, Status> {
+    let identity =
+        node.identity.identify(request.metadata(), request.extensions().get::<PeerIdentity>(), &*node.tokens)?;
+    Ok(identity.requester(node.auth_revision()))
+}
