@@ -363,19 +363,6 @@ enum TokenSpec {
 const HOSTS: &[(&str, &str)] =
     &[("127.0.0.1", "127.0.0.1"), ("0.0.0.0", "0.0.0.0"), ("[::1]", "::1"), ("127.0.0.2", "127.0.0.2")];
 
-const SIGN_METHODS: &[SignMethod] = &[
-    SignMethod::RS256,
-    SignMethod::RS384,
-    SignMethod::RS512,
-    SignMethod::PS256,
-    SignMethod::PS384,
-    SignMethod::PS512,
-    SignMethod::ES256,
-    SignMethod::ES384,
-    SignMethod::ES512,
-    SignMethod::EdDSA,
-];
-
 fn spec() -> impl Strategy<Value = Spec> {
     let host_port = (0..HOSTS.len(), 1u16..).prop_map(|(h, port)| (HOSTS[h].0.to_string(), port));
     let token = prop_oneof![
@@ -383,7 +370,7 @@ fn spec() -> impl Strategy<Value = Spec> {
         (
             prop::option::of("[a-z0-9/._-]{1,20}"),
             prop::option::of("[a-z0-9/._-]{1,20}"),
-            prop::sample::select(SIGN_METHODS),
+            prop::sample::select(&SignMethod::ALL[..]),
             prop::option::of(1u64..1_000_000),
         )
             .prop_filter("jwt needs a key", |(public, private, _, _)| public.is_some() || private.is_some())
