@@ -6,6 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/authpb/auth.proto",
         "proto/etcdserverpb/rpc.proto",
         "proto/etcdserverpb/raft_internal.proto",
+        "proto/keywardpb/peer.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");

@@ -120,6 +120,18 @@ pub struct ServeArgs {
     /// Require and verify peer client certificates.
     #[arg(long, env = "ETCD_PEER_CLIENT_CERT_AUTH", num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub peer_client_cert_auth: bool,
+    /// Allowed Common Name of peer certificates (comma-separated); others are refused at the handshake.
+    #[arg(long, env = "ETCD_PEER_CERT_ALLOWED_CN", value_delimiter = ',')]
+    pub peer_cert_allowed_cn: Vec<String>,
+    /// Path to a CRL (PEM) of revoked peer certificates, refused at the handshake.
+    #[arg(long, env = "ETCD_PEER_CRL_FILE")]
+    pub peer_crl_file: Option<PathBuf>,
+    /// Time (in milliseconds) of a heartbeat interval.
+    #[arg(long, env = "ETCD_HEARTBEAT_INTERVAL", default_value_t = 100)]
+    pub heartbeat_interval: u64,
+    /// Time (in milliseconds) for an election to timeout.
+    #[arg(long, env = "ETCD_ELECTION_TIMEOUT", default_value_t = 1000)]
+    pub election_timeout: u64,
     /// Log level: debug, info, warn, error, panic, or fatal.
     #[arg(long, env = "ETCD_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -137,8 +149,17 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub listen_client: Vec<Listener>,
     pub advertise_client_urls: Vec<String>,
+    /// This member's advertised peer URLs (`--initial-advertise-peer-urls`).
     pub peer_urls: Vec<String>,
+    /// `--listen-peer-urls`.
+    pub listen_peer: Vec<Listener>,
+    /// `--initial-cluster`: every initial member's name and peer URLs, in the order given.
+    pub initial_cluster: Vec<(String, Vec<String>)>,
+    /// `--initial-cluster-state`.
+    pub cluster_state: ClusterState,
     pub cluster_token: String,
+    pub heartbeat_interval: std::time::Duration,
+    pub election_timeout: std::time::Duration,
     pub max_request_bytes: usize,
     pub max_txn_ops: usize,
     pub snapshot_count: u64,
@@ -150,9 +171,17 @@ pub struct Config {
     pub bcrypt_cost: u32,
     /// TLS for `https://` client listeners.
     pub client_tls: Option<crate::frontend::tls::settings::TlsSettings>,
-    /// Peer TLS, validated now and used once members talk to each other.
+    /// Peer TLS: the peer listener's settings, and the certificate this member presents to its peers.
     pub peer_tls: Option<crate::frontend::tls::settings::TlsSettings>,
     pub log_filter: &'static str,
+}
+
+/// `--initial-cluster-state`: bootstrap a new cluster from `--initial-cluster`, or join a running one
+/// that has already added this member (`etcdctl member add`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClusterState {
+    New,
+    Existing,
 }
 
 #[derive(Debug, Clone)]
@@ -242,15 +271,20 @@ impl ServeArgs {
                     key_file: key.clone(),
                     trusted_ca_file: self.peer_trusted_ca_file.clone(),
                     client_cert_auth: self.peer_client_cert_auth,
-                    crl_file: None,
-                    allowed_cns: Vec::new(),
+                    crl_file: self.peer_crl_file.clone(),
+                    allowed_cns: self.peer_cert_allowed_cn.clone(),
                     allowed_hostnames: Vec::new(),
                     trusted_proxy_cns: Vec::new(),
                 };
                 tls.server_config().map_err(|e| invalid(format!("peer TLS: {e}")))?;
                 Some(tls)
             }
-            (None, None) if self.peer_client_cert_auth || self.peer_trusted_ca_file.is_some() => {
+            (None, None)
+                if self.peer_client_cert_auth
+                    || self.peer_trusted_ca_file.is_some()
+                    || self.peer_crl_file.is_some()
+                    || !self.peer_cert_allowed_cn.is_empty() =>
+            {
                 return Err(invalid("peer TLS flags need --peer-cert-file and --peer-key-file"))
             }
             (None, None) => None,
@@ -261,27 +295,66 @@ impl ServeArgs {
         {
             parse_url(url)?;
         }
-        match self.initial_cluster_state.as_str() {
-            "new" => {}
-            "existing" => {
-                return Err(invalid(
-                    "--initial-cluster-state=existing (joining a running cluster) is not supported yet: keyward runs single-member clusters",
-                ))
+        let listen_peer = self
+            .listen_peer_urls
+            .iter()
+            .map(|u| parse_listener(u, "--listen-peer-urls"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let peer_urls_use_tls = listen_peer.iter().any(|l| l.tls)
+            || self.initial_advertise_peer_urls.iter().any(|u| u.starts_with("https://"));
+        if peer_urls_use_tls && (peer_tls.is_none() || self.peer_trusted_ca_file.is_none()) {
+            return Err(invalid(
+                "https:// peer URLs need --peer-cert-file, --peer-key-file and --peer-trusted-ca-file",
+            ));
+        }
+        let cluster_state = match self.initial_cluster_state.as_str() {
+            "new" => ClusterState::New,
+            "existing" => ClusterState::Existing,
+            other => {
+                return Err(invalid(format!(
+                    "invalid --initial-cluster-state {other:?} (want \"new\" or \"existing\")"
+                )))
             }
-            other => return Err(invalid(format!("invalid --initial-cluster-state {other:?} (want \"new\" or \"existing\")"))),
+        };
+        if self.heartbeat_interval == 0 {
+            return Err(invalid("--heartbeat-interval must be at least 1 ms"));
+        }
+        // etcd's rule: an election timeout of at least 5 heartbeats and at most 50 s.
+        if self.election_timeout < 5 * self.heartbeat_interval {
+            return Err(invalid(format!(
+                "--election-timeout[{}ms] should be at least as 5 times as --heartbeat-interval[{}ms]",
+                self.election_timeout, self.heartbeat_interval
+            )));
+        }
+        if self.election_timeout > 50_000 {
+            return Err(invalid(format!(
+                "--election-timeout[{}ms] is too long, and should be set less than 50000ms",
+                self.election_timeout
+            )));
         }
         let initial_cluster = self.initial_cluster.clone().unwrap_or_else(|| {
             format!("{}={}", self.name, self.initial_advertise_peer_urls.join(&format!(",{}=", self.name)))
         });
-        let mut members = std::collections::BTreeMap::<String, Vec<String>>::new();
+        let mut members = Vec::<(String, Vec<String>)>::new();
         for entry in initial_cluster.split(',').filter(|e| !e.is_empty()) {
             let (name, url) = entry
                 .split_once('=')
                 .ok_or_else(|| invalid(format!("--initial-cluster entry {entry:?} is not NAME=URL")))?;
             parse_url(url)?;
-            members.entry(name.to_string()).or_default().push(url.to_string());
+            match members.iter_mut().find(|(n, _)| n == name) {
+                Some((_, urls)) => urls.push(url.to_string()),
+                None => members.push((name.to_string(), vec![url.to_string()])),
+            }
         }
-        let Some(own) = members.get(&self.name) else {
+        let mut seen = std::collections::BTreeMap::new();
+        for (name, urls) in &members {
+            for url in urls {
+                if let Some(other) = seen.insert(url.as_str(), name.as_str()) {
+                    return Err(invalid(format!("--initial-cluster has duplicate url {url} ({other} and {name})")));
+                }
+            }
+        }
+        let Some((_, own)) = members.iter().find(|(n, _)| n == &self.name) else {
             return Err(invalid(format!(
                 "--initial-cluster has no member named {:?} (this member's --name)",
                 self.name
@@ -297,12 +370,6 @@ impl ServeArgs {
                 self.name,
                 own.join(","),
                 self.initial_advertise_peer_urls.join(",")
-            )));
-        }
-        if members.len() > 1 {
-            return Err(invalid(format!(
-                "--initial-cluster names {} members: multi-member clusters are not supported yet",
-                members.len()
             )));
         }
         let auth_token =
@@ -322,8 +389,13 @@ impl ServeArgs {
             data_dir: self.data_dir,
             listen_client,
             advertise_client_urls: self.advertise_client_urls,
-            peer_urls: advertised,
+            peer_urls: self.initial_advertise_peer_urls,
+            listen_peer,
+            initial_cluster: members,
+            cluster_state,
             cluster_token: self.initial_cluster_token,
+            heartbeat_interval: std::time::Duration::from_millis(self.heartbeat_interval),
+            election_timeout: std::time::Duration::from_millis(self.election_timeout),
             max_request_bytes: self.max_request_bytes as usize,
             max_txn_ops: self.max_txn_ops as usize,
             snapshot_count: self.snapshot_count.max(1),
@@ -451,6 +523,26 @@ mod tests {
         assert_eq!(config.max_txn_ops, 128);
         assert_eq!(config.quota, crate::space::Quota::Bytes(2 << 30));
         assert_eq!(config.ballast_bytes, 64 << 20);
+        assert_eq!(config.cluster_state, ClusterState::New);
+        assert_eq!(config.initial_cluster, [("default".to_string(), vec!["http://127.0.0.1:2380".to_string()])]);
+        assert_eq!(config.election_timeout, std::time::Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_multi_member_initial_cluster_keeps_its_order_and_each_members_urls() {
+        let config = parse(&[
+            "--name",
+            "b",
+            "--initial-cluster",
+            "a=http://127.0.0.1:1,b=http://127.0.0.1:2,b=http://127.0.0.2:2",
+            "--initial-advertise-peer-urls",
+            "http://127.0.0.2:2,http://127.0.0.1:2",
+            "--initial-cluster-state=existing",
+        ])
+        .unwrap();
+        assert_eq!(config.cluster_state, ClusterState::Existing);
+        assert_eq!(config.initial_cluster[0], ("a".into(), vec!["http://127.0.0.1:1".into()]));
+        assert_eq!(config.initial_cluster[1].1.len(), 2);
     }
 
     #[test]
@@ -464,17 +556,19 @@ mod tests {
 
     #[test]
     fn refuses_what_it_cannot_honour() {
+        assert!(parse(&["--initial-cluster-state", "old"]).unwrap_err().contains("invalid --initial-cluster-state"));
+        assert!(parse(&["--election-timeout", "400"]).unwrap_err().contains("at least as 5 times"));
         assert!(parse(&[
-            "--initial-cluster",
-            "a=http://127.0.0.1:1,b=http://127.0.0.1:2",
-            "--name",
-            "a",
             "--initial-advertise-peer-urls",
-            "http://127.0.0.1:1"
+            "https://127.0.0.1:2380",
+            "--initial-cluster",
+            "default=https://127.0.0.1:2380"
         ])
         .unwrap_err()
-        .contains("not supported yet"));
-        assert!(parse(&["--initial-cluster-state", "existing"]).unwrap_err().contains("not supported yet"));
+        .contains("--peer-trusted-ca-file"));
+        assert!(parse(&["--initial-cluster", "default=http://127.0.0.1:2380,b=http://127.0.0.1:2380"])
+            .unwrap_err()
+            .contains("duplicate url"));
         assert!(parse(&["--listen-client-urls", "127.0.0.1:2379"]).unwrap_err().contains("no scheme"));
         assert!(parse(&["--log-level", "loud"]).unwrap_err().contains("unknown log level"));
         assert!(parse(&["--initial-cluster", "other=http://127.0.0.1:2380"]).unwrap_err().contains("no member named"));

@@ -89,6 +89,26 @@ pub enum EtcdError {
     Timeout,
     #[error("etcdserver: too many requests")]
     TooManyRequests,
+    #[error("etcdserver: request timed out, waiting for the applied index took too long")]
+    TimeoutWaitAppliedIndex,
+    // membership
+    #[error("etcdserver: Peer URLs already exists")]
+    PeerUrlExists,
+    #[error("etcdserver: unhealthy cluster")]
+    Unhealthy,
+    #[error("etcdserver: can only promote a learner member")]
+    MemberNotLearner,
+    #[error("etcdserver: can only promote a learner member which is in sync with leader")]
+    LearnerNotReady,
+    #[error("etcdserver: too many learner members in cluster")]
+    TooManyLearners,
+    #[error("etcdserver: bad leader transferee")]
+    BadLeaderTransferee,
+    #[error("etcdserver: request timed out, leader transfer took too long")]
+    LeaderTransferTimeout,
+    /// The leader's answer to a request this member forwarded to it, passed on unchanged.
+    #[error("{message}")]
+    FromLeader { code: i32, message: String },
     /// Something keyward supports only partly so far; the message says what.
     #[error("etcdserver: {0}")]
     Unsupported(String),
@@ -121,6 +141,11 @@ impl EtcdError {
             Compacted | FutureRev | LeaseTtlTooLarge => Code::OutOfRange,
             NoSpace | StorageFull { .. } | TooManyRequests => Code::ResourceExhausted,
             LeaseNotFound | MemberNotFound => Code::NotFound,
+            PeerUrlExists | MemberNotLearner | LearnerNotReady | TooManyLearners | BadLeaderTransferee => {
+                Code::FailedPrecondition
+            }
+            Unhealthy | LeaderTransferTimeout | TimeoutWaitAppliedIndex => Code::Unavailable,
+            FromLeader { code, .. } => Code::from_i32(*code),
             LeaseExists | RootUserNotExist | RootRoleNotExist | UserAlreadyExist | UserNotFound | RoleAlreadyExist
             | RoleNotFound | RoleNotGranted | PermissionNotGranted | AuthNotEnabled | NotLeader => {
                 Code::FailedPrecondition
@@ -139,6 +164,22 @@ impl EtcdError {
     /// The error as Go's gRPC status prints it; etcd puts this text in a watch's cancel reason.
     pub fn go_status_text(&self) -> String {
         format!("rpc error: code = {:?} desc = {self}", self.code())
+    }
+}
+
+impl From<Status> for EtcdError {
+    /// The leader's (or any peer's) answer to a forwarded request, to pass on to the client.
+    fn from(status: Status) -> EtcdError {
+        match status.code() {
+            // The peer could not be reached or did not answer in time: a client retries elsewhere.
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled
+                if !status.message().starts_with("etcdserver:") =>
+            {
+                tracing::debug!(error = %status, "forwarding to the leader failed");
+                EtcdError::LeaderChanged
+            }
+            code => EtcdError::FromLeader { code: code as i32, message: status.message().to_string() },
+        }
     }
 }
 

@@ -10,6 +10,7 @@ pub mod alarm;
 pub mod apply;
 pub mod auth;
 pub mod ballast;
+pub mod cluster;
 pub mod config;
 pub mod data_dir;
 pub mod error;
@@ -29,7 +30,19 @@ pub mod storage;
 /// resumes (a storage failure), so the process then exits with an error, for systemd or Kubernetes to
 /// restart it, rather than answer "server stopped" forever.
 pub async fn serve(config: config::Config) -> anyhow::Result<()> {
+    // Bound before raft starts: peers must reach this member for it to join an election.
+    let peer_listeners = server::bind_peer(&config.listen_peer).await?;
     let node = node::Node::start(&config).await?;
+    let (peer_stop_tx, peer_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let peer_server = {
+        let (node, tls) = (node.clone(), config.peer_tls.clone());
+        tokio::spawn(async move {
+            let stopped = async move {
+                let _ = peer_stop_rx.await;
+            };
+            server::serve_peer(node, peer_listeners, tls.as_ref(), stopped).await
+        })
+    };
     tracing::info!(name = %config.name, member_id = format!("{:x}", node.member_id), cluster_id = format!("{:x}", node.cluster_id), "member ready");
     let (fatal_tx, mut fatal_rx) = tokio::sync::oneshot::channel();
     let watched = node.clone();
@@ -51,6 +64,11 @@ pub async fn serve(config: config::Config) -> anyhow::Result<()> {
         }
     };
     server::serve(node.clone(), &config.listen_client, config.client_tls.as_ref(), stop).await?;
+    let _ = peer_stop_tx.send(());
+    if peer_server.is_finished() {
+        // The peer listeners failed while clients were served: say why.
+        peer_server.await??;
+    }
     if let Ok(fatal) = fatal_rx.try_recv() {
         anyhow::bail!("raft core stopped: {fatal}");
     }

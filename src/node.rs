@@ -16,13 +16,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::error::{Fatal, RaftError};
-use openraft::BasicNode;
+use openraft::error::Fatal;
+use openraft::storage::RaftLogStorage;
 use prost::Message;
 
 use crate::apply::Applied;
 use crate::auth::check::{Authorizer, Requester};
 use crate::auth::tokens::Tokens;
+use crate::cluster::bootstrap;
+use crate::cluster::network::PeerNetwork;
+use crate::cluster::peers::Peers;
+use crate::config::ClusterState;
 use crate::config::Config;
 use crate::error::EtcdError;
 use crate::frontend::identity::IdentityRules;
@@ -34,11 +38,12 @@ use crate::proto::etcdserverpb::{
     RequestHeader, ResponseHeader,
 };
 use crate::raft::log_store::LogStore;
-use crate::raft::network::PeerNetwork;
 use crate::raft::proposer::Proposer;
 use crate::raft::state_machine::{Committed, State, StateMachine};
 use crate::raft::{NodeId, Raft};
 use crate::space::Space;
+
+mod leader;
 
 pub struct Node {
     pub raft: Raft,
@@ -49,6 +54,11 @@ pub struct Node {
     pub name: String,
     pub peer_urls: Vec<String>,
     pub client_urls: Vec<String>,
+    pub cluster_token: String,
+    /// Dials the other members: raft's transport, and forwarding to the leader (`node/leader.rs`).
+    pub peers: Arc<Peers>,
+    /// `--election-timeout`: how much longer every lease lives when a new leader takes over.
+    election_timeout: Duration,
     pub max_request_bytes: usize,
     pub max_txn_ops: usize,
     /// Who is calling: `--client-cert-auth`, `--trusted-proxy-cn` (see `frontend/identity.rs`).
@@ -79,19 +89,11 @@ const COMMITTED_BACKLOG: usize = 1024;
 /// How often a missing disk-full ballast is put back (once no NOSPACE alarm is active).
 const BALLAST_CHECK_INTERVAL: Duration = Duration::from_secs(10);
 
-/// A stable 64-bit id from strings (FNV-1a), never 0 (etcd reserves 0 for "no member").
-fn stable_id<'a>(parts: impl IntoIterator<Item = &'a str>) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for &b in part.as_bytes().iter().chain(b"\0") {
-            hash ^= u64::from(b);
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    hash.max(1)
-}
-
 impl Node {
+    /// Opens the member's storage, finds its place in the cluster (`cluster/bootstrap.rs`) and starts
+    /// raft. A member that is its cluster's only voter is returned once it leads and has applied its
+    /// log; otherwise at once — its peers reach it through the peer listener, which the caller starts
+    /// next (`lib.rs`), and it catches up in the background.
     pub async fn start(config: &Config) -> anyhow::Result<Arc<Node>> {
         // Before any LMDB environment is opened: a second process on this data dir stops here.
         let data_dir = crate::data_dir::lock(&config.data_dir)?;
@@ -115,7 +117,7 @@ impl Node {
         if let Err(e) = space.ballast().ensure() {
             tracing::warn!(error = %e, "cannot put the disk-full ballast in place; will try again later");
         }
-        let log = LogStore::open_with(&member_dir.join("raft"), space.clone())?;
+        let mut log = LogStore::open_with(&member_dir.join("raft"), space.clone())?;
         let sm = StateMachine::open_with(&member_dir.join("kv"), &member_dir.join("snap"), space.clone())?;
         let state = sm.state();
         let lessor = Arc::new(Lessor::default());
@@ -161,16 +163,45 @@ impl Node {
                 let _ = committed.send(Arc::new(batch));
             }));
         }
-        let (member_id, cluster_id) = log.identity(|| {
-            let member = stable_id(config.peer_urls.iter().map(String::as_str).chain([config.cluster_token.as_str()]));
-            let cluster = stable_id([format!("{member:x}").as_str(), config.cluster_token.as_str()]);
-            (member, cluster)
-        })?;
+        let peer_tls = match &config.peer_tls {
+            Some(tls) => Some(
+                crate::frontend::tls::client::client_config(
+                    tls.trusted_ca_file.as_deref().unwrap_or(&tls.cert_file),
+                    Some((&tls.cert_file, &tls.key_file)),
+                    ("--peer-trusted-ca-file", "--peer-cert-file", "--peer-key-file"),
+                )
+                .map_err(|e| anyhow::anyhow!("peer TLS: {e}"))?,
+            ),
+            None => None,
+        };
+        let peers = Arc::new(Peers::new(peer_tls));
+        let (member_id, cluster_id) = match log.identity()? {
+            Some(ids) => ids,
+            None => {
+                let ids = match config.cluster_state {
+                    ClusterState::New => {
+                        let new = bootstrap::new_cluster(config);
+                        (new.member_id, new.cluster_id)
+                    }
+                    ClusterState::Existing => bootstrap::join(&peers, config).await?,
+                };
+                log.set_identity(ids)?;
+                ids
+            }
+        };
+        peers.identify(member_id, cluster_id);
+        // What this member knows was committed: applied before it serves (see below).
+        let committed_at_start = log.read_committed().await?;
+        let heartbeat = config.heartbeat_interval.as_millis() as u64;
+        let election = config.election_timeout.as_millis() as u64;
         let raft_config = openraft::Config {
             cluster_name: config.cluster_token.clone(),
-            heartbeat_interval: 100,
-            election_timeout_min: 300,
-            election_timeout_max: 600,
+            heartbeat_interval: heartbeat,
+            // etcd randomizes each election timeout in [timeout, 2 × timeout).
+            election_timeout_min: election,
+            election_timeout_max: 2 * election,
+            // A single raft message stays well under the peer transport's limit.
+            snapshot_max_chunk_size: 4 << 20,
             // --snapshot-count counts requests, as etcd's does, not entries (which group-commit
             // requests): the observer above triggers snapshots.
             snapshot_policy: openraft::SnapshotPolicy::Never,
@@ -179,14 +210,20 @@ impl Node {
             ..Default::default()
         }
         .validate()?;
-        let raft = Raft::new(member_id, Arc::new(raft_config), PeerNetwork, log, sm).await?;
-        if !raft.is_initialized().await? {
-            let me = BasicNode { addr: config.peer_urls.join(",") };
-            raft.initialize(BTreeMap::from([(member_id, me)])).await?;
+        let raft = Raft::new(member_id, Arc::new(raft_config), PeerNetwork::new(peers.clone()), log, sm).await?;
+        if !raft.is_initialized().await? && config.cluster_state == ClusterState::New {
+            // Every initial member initializes with the same membership: whichever start, they agree.
+            let members: BTreeMap<_, _> = bootstrap::new_cluster(config).members;
+            raft.initialize(members).await?;
         }
-        // Everything in the log at startup is committed once this (only) voter leads: serve after it
-        // is applied, so that not even a serializable read misses an acknowledged write that a power
-        // loss took out of the kv environment (it commits without syncing its meta page).
+        let sole_voter = {
+            let membership = crate::cluster::membership::current(&raft);
+            membership.voter_ids().eq([member_id])
+        };
+        if sole_voter {
+            // No one to wait for: campaign now rather than after an election timeout.
+            raft.trigger().elect().await?;
+        }
         let logged = raft.metrics().borrow().last_log_index;
         let seed =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
@@ -199,6 +236,9 @@ impl Node {
             name: config.name.clone(),
             peer_urls: config.peer_urls.clone(),
             client_urls: config.advertise_client_urls.clone(),
+            cluster_token: config.cluster_token.clone(),
+            peers,
+            election_timeout: config.election_timeout,
             max_request_bytes: config.max_request_bytes,
             max_txn_ops: config.max_txn_ops,
             bcrypt_cost: config.bcrypt_cost,
@@ -215,11 +255,25 @@ impl Node {
             raising_nospace: Default::default(),
             _data_dir: data_dir,
         });
-        node.raft.wait(Some(Duration::from_secs(10))).metrics(|m| m.current_leader.is_some(), "leader elected").await?;
-        if let Some(index) = logged {
-            // No deadline: however long the log is, serving earlier would serve older state.
-            node.raft.wait(None).applied_index_at_least(Some(index), "log applied").await?;
+        if sole_voter {
+            // Everything in the log at startup is committed once this (only) voter leads: serve after
+            // it is applied, so that not even a serializable read misses an acknowledged write that a
+            // power loss took out of the kv environment (it commits without syncing its meta page).
+            node.raft
+                .wait(Some(Duration::from_secs(10)))
+                .metrics(|m| m.current_leader.is_some(), "leader elected")
+                .await?;
+            if let Some(index) = logged {
+                // No deadline: however long the log is, serving earlier would serve older state.
+                node.raft.wait(None).applied_index_at_least(Some(index), "log applied").await?;
+            }
+        } else if let Some(committed) = committed_at_start {
+            // With peers, the log's tail may be uncommitted: wait for what this member knows was
+            // committed, which openraft re-applies at once.
+            node.raft.wait(None).applied_index_at_least(Some(committed.index), "committed log applied").await?;
         }
+        tokio::spawn(publish_attributes(Arc::downgrade(&node)));
+        tokio::spawn(extend_leases_on_leadership(Arc::downgrade(&node)));
         tokio::spawn(raise_nospace_when_storage_full(Arc::downgrade(&node)));
         tokio::spawn(restore_ballast(Arc::downgrade(&node)));
         tokio::spawn(snapshot_when_due(node.raft.clone(), snapshot_due));
@@ -346,7 +400,7 @@ impl Node {
         if req.encoded_len() > self.max_request_bytes {
             return Err(EtcdError::RequestTooLarge);
         }
-        let mut applied = self.proposer.propose(req).await?;
+        let mut applied = self.propose_on_leader(req).await?;
         if let Some(header) = applied.header_mut() {
             self.fill(header);
         }
@@ -387,15 +441,6 @@ impl Node {
     /// `IsAdminPermitted`; no linearizability wait, as etcd).
     pub async fn require_admin(&self, who: Requester, op: &'static str) -> Result<(), EtcdError> {
         self.read_state(move |state, txn| Authorizer::new(&state.auth, txn)?.check_admin(&who, op)).await
-    }
-
-    /// Waits until this member may serve a linearizable read: leadership confirmed and the applied
-    /// state caught up with the read index.
-    pub async fn read_index(&self) -> Result<(), EtcdError> {
-        self.raft.ensure_linearizable().await.map(|_| ()).map_err(|e| match e {
-            RaftError::APIError(_) => EtcdError::NoLeader,
-            RaftError::Fatal(_) => EtcdError::Stopped,
-        })
     }
 
     /// Completes a response header with this member's identity and the raft term.
@@ -539,6 +584,48 @@ async fn checkpoint_leases(node: std::sync::Weak<Node>) {
             if let Err(e) = node.checkpoint_leases().await {
                 tracing::warn!(error = %e, "lease checkpoint failed");
             }
+        }
+    }
+}
+
+/// Publishes this member's name and client URLs through raft once it has started (etcd's publish
+/// step), so MemberList on every member shows them; retried until it is recorded.
+async fn publish_attributes(node: std::sync::Weak<Node>) {
+    loop {
+        let Some(node) = node.upgrade() else { return };
+        let membership = crate::cluster::membership::current(&node.raft);
+        let published = membership
+            .get_node(&node.member_id)
+            .is_some_and(|m| m.name == node.name && m.client_urls == node.client_urls);
+        if published {
+            return;
+        }
+        if let Err(e) = node.publish().await {
+            tracing::debug!(error = %e, "publishing this member's attributes failed; retrying");
+        }
+        drop(node);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// When this member becomes leader, every lease gets its full TTL again plus an election timeout
+/// (etcd's `Promote`): keep-alives went to the old leader, whose clock this member did not see.
+async fn extend_leases_on_leadership(node: std::sync::Weak<Node>) {
+    let Some(mut metrics) = node.upgrade().map(|n| n.raft.metrics()) else { return };
+    let mut led_term = None;
+    loop {
+        let (leader, term) = {
+            let m = metrics.borrow_and_update();
+            (m.current_leader, m.current_term)
+        };
+        let Some(node) = node.upgrade() else { return };
+        if leader == Some(node.member_id) && led_term != Some(term) {
+            led_term = Some(term);
+            node.lessor.promote(node.election_timeout);
+        }
+        drop(node);
+        if metrics.changed().await.is_err() {
+            return;
         }
     }
 }

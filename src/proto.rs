@@ -11,6 +11,10 @@ pub mod authpb {
 pub mod etcdserverpb {
     tonic::include_proto!("etcdserverpb");
 }
+/// keyward's member-to-member protocol (`proto/keywardpb/peer.proto`).
+pub mod keywardpb {
+    tonic::include_proto!("keywardpb");
+}
 
 /// serde for protobuf messages: their protobuf encoding as a byte string.
 pub mod as_bytes {

@@ -50,6 +50,17 @@ impl Lessor {
         self.lock().remove(&id);
     }
 
+    /// This member has become leader: every lease expires a full TTL plus `extend` from now (etcd's
+    /// `Promote`). Keep-alives went to the previous leader, whose clock this member never saw, so no
+    /// lease may expire here before its holders had time to reach the new leader.
+    pub fn promote(&self, extend: Duration) {
+        let now = Instant::now();
+        for clock in self.lock().values_mut() {
+            clock.expiry = now + extend + secs(clock.ttl);
+            clock.revoking_since = None;
+        }
+    }
+
     /// Restarts the lease's full TTL; `None` when the lease does not exist (or has expired).
     pub fn renew(&self, id: i64) -> Option<i64> {
         let mut map = self.lock();
@@ -118,6 +129,17 @@ mod tests {
         assert_eq!(lessor.take_expired(), vec![3]);
         assert!(lessor.take_expired().is_empty(), "a revoke in flight is not proposed twice");
         assert_eq!(lessor.renew(3), None, "an expired lease cannot be kept alive");
+    }
+
+    #[test]
+    fn a_new_leader_gives_every_lease_its_full_ttl_and_more() {
+        let lessor = Lessor::default();
+        lessor.granted(1, 10);
+        lessor.lock().get_mut(&1).unwrap().expiry = Instant::now();
+        lessor.promote(Duration::from_secs(1));
+        assert!(lessor.take_expired().is_empty());
+        let (_, left) = lessor.time_to_live(1).unwrap();
+        assert!((10..=11).contains(&left), "{left}");
     }
 
     #[test]

@@ -84,15 +84,15 @@ impl LogStore {
         })
     }
 
-    /// This member's `(member_id, cluster_id)`: chosen once at bootstrap and kept, so that a later change
-    /// of flags cannot change the raft node id under existing raft state.
-    pub fn identity(&self, bootstrap: impl FnOnce() -> (u64, u64)) -> Result<(u64, u64), StorageError> {
-        if let Some(ids) = self.read_meta(IDENTITY)? {
-            return Ok(ids);
-        }
-        let ids = bootstrap();
-        self.write_meta(IDENTITY, &ids)?;
-        Ok(ids)
+    /// This member's `(member_id, cluster_id)` if it has bootstrapped or joined before: chosen once and
+    /// kept, so that a later change of flags cannot change the raft node id under existing raft state.
+    pub fn identity(&self) -> Result<Option<(u64, u64)>, StorageError> {
+        self.read_meta(IDENTITY)
+    }
+
+    /// Records this member's `(member_id, cluster_id)` at bootstrap or when it joins.
+    pub fn set_identity(&self, ids: (u64, u64)) -> Result<(), StorageError> {
+        self.write_meta(IDENTITY, &ids)
     }
 
     fn recent(&self) -> std::sync::MutexGuard<'_, LogCache> {

@@ -10,7 +10,7 @@
 
 pub mod log_cache;
 pub mod log_store;
-pub mod network;
+pub mod member;
 pub mod proposer;
 pub mod state_machine;
 
@@ -29,7 +29,7 @@ openraft::declare_raft_types!(
         D = RaftBatch,
         R = BatchResults,
         NodeId = NodeId,
-        Node = openraft::BasicNode,
+        Node = member::MemberNode,
         SnapshotData = Cursor<Vec<u8>>,
 );
 
@@ -37,7 +37,8 @@ pub type Raft = openraft::Raft<TypeConfig>;
 pub type Entry = openraft::Entry<TypeConfig>;
 pub type LogId = openraft::LogId<NodeId>;
 pub type StorageError = openraft::StorageError<NodeId>;
-pub type StoredMembership = openraft::StoredMembership<NodeId, openraft::BasicNode>;
+pub type StoredMembership = openraft::StoredMembership<NodeId, member::MemberNode>;
+pub type Membership = openraft::Membership<NodeId, member::MemberNode>;
 
 /// The requests of one raft entry, each with the identity of who asked (`header.username`,
 /// `header.auth_revision`).

@@ -31,7 +31,15 @@ const MAX_REQUESTS_PER_ENTRY: usize = 1024;
 /// Requests waiting for a place in an entry. Callers wait here when the member is saturated.
 const QUEUE_DEPTH: usize = 4096;
 
-type Reply = oneshot::Sender<Result<Applied, EtcdError>>;
+type Reply = oneshot::Sender<Result<Proposed, EtcdError>>;
+
+/// A committed and applied proposal: the log index of its entry, and what applying it produced (an
+/// apply result, even a refusal such as permission denied, is not a failed proposal).
+#[derive(Debug)]
+pub struct Proposed {
+    pub index: u64,
+    pub result: Result<Applied, EtcdError>,
+}
 
 struct Proposal {
     req: InternalRaftRequest,
@@ -52,8 +60,9 @@ impl Proposer {
         Proposer { queue }
     }
 
-    /// Proposes `req` (its header already set) and returns what applying it produced.
-    pub async fn propose(&self, req: InternalRaftRequest) -> Result<Applied, EtcdError> {
+    /// Proposes `req` (its header already set) and returns what applying it produced; an error when it
+    /// was not committed and applied.
+    pub async fn propose(&self, req: InternalRaftRequest) -> Result<Proposed, EtcdError> {
         let (reply, applied) = oneshot::channel();
         if self.queue.send(Proposal { req, reply }).await.is_err() {
             crate::metrics::PROPOSALS_FAILED.inc();
@@ -98,7 +107,7 @@ async fn batch_and_propose(raft: Raft, mut pending: mpsc::Receiver<Proposal>, ma
                 match raft.client_write_ff(RaftBatch(InternalRaftBatch { requests })).await {
                     Ok(written) => in_flight.push_back(async move {
                         let outcome = match written.await {
-                            Ok(Ok(response)) => Ok(response.data),
+                            Ok(Ok(response)) => Ok((response.log_id.index, response.data)),
                             Ok(Err(refused)) => Err(write_error(refused)),
                             Err(_dropped) => Err(EtcdError::Stopped),
                         };
@@ -125,13 +134,13 @@ async fn take_or_recv(next: &mut Option<Proposal>, pending: &mut mpsc::Receiver<
 }
 
 /// Hands each request its own result, or the entry's error to all of them.
-fn deliver(outcome: Result<BatchResults, EtcdError>, replies: Vec<Reply>) {
+fn deliver(outcome: Result<(u64, BatchResults), EtcdError>, replies: Vec<Reply>) {
     match outcome {
-        Ok(results) => {
+        Ok((index, results)) => {
             debug_assert_eq!(results.len(), replies.len(), "one result per request");
             let mut results = results.into_iter();
             for reply in replies {
-                let _ = reply.send(results.next().unwrap_or(Err(EtcdError::Internal)));
+                let _ = reply.send(Ok(Proposed { index, result: results.next().unwrap_or(Err(EtcdError::Internal)) }));
             }
         }
         Err(e) => {
@@ -145,11 +154,13 @@ fn deliver(outcome: Result<BatchResults, EtcdError>, replies: Vec<Reply>) {
     }
 }
 
-fn write_error(e: ClientWriteError<NodeId, openraft::BasicNode>) -> EtcdError {
+fn write_error(e: ClientWriteError<NodeId, super::member::MemberNode>) -> EtcdError {
     match e {
+        // This member stopped leading before the entry was committed (a retryable error for clients:
+        // the node forwards to the leader it knows, and a client retries elsewhere).
         ClientWriteError::ForwardToLeader(to) => {
             if to.leader_id.is_some() {
-                EtcdError::NotLeader
+                EtcdError::LeaderChanged
             } else {
                 EtcdError::NoLeader
             }

@@ -88,7 +88,7 @@ pub struct StateMachine {
 /// A snapshot file: openraft's metadata and every kv table's records.
 #[derive(Serialize, Deserialize)]
 struct SnapshotFile {
-    meta: SnapshotMeta<u64, openraft::BasicNode>,
+    meta: SnapshotMeta<u64, crate::raft::member::MemberNode>,
     #[serde(with = "serde_bytes")]
     data: Vec<u8>,
 }
@@ -503,7 +503,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn install_snapshot(
         &mut self,
-        meta: &SnapshotMeta<u64, openraft::BasicNode>,
+        meta: &SnapshotMeta<u64, crate::raft::member::MemberNode>,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let file = SnapshotFile { meta: meta.clone(), data: snapshot.into_inner() };

@@ -77,13 +77,11 @@ impl Lease for LeaseService {
             let (node, who) = (node.clone(), who.clone());
             async move {
                 let req = req?;
-                if !node.is_leader() {
-                    return Err(EtcdError::NotLeader.into());
-                }
                 // Keeping a lease alive needs an authenticated user when auth is on (CVE-2026-33413).
                 authenticated(&node, &who, "lease_keep_alive").await?;
-                // An unknown or expired lease is answered with TTL 0, as etcd does.
-                let ttl = node.lessor.renew(req.id).unwrap_or(0);
+                // On the leader's clock (a follower forwards); an unknown or expired lease is answered
+                // with TTL 0, as etcd does.
+                let ttl = node.lease_renew(req.id).await?;
                 Ok(LeaseKeepAliveResponse { header: header(&node), id: req.id, ttl })
             }
         });
@@ -97,7 +95,7 @@ impl Lease for LeaseService {
         let who = requester(&self.node, &request)?;
         let req = request.into_inner();
         authenticated(&self.node, &who, "lease_time_to_live").await?;
-        let Some((granted_ttl, ttl)) = self.node.lessor.time_to_live(req.id) else {
+        let Some((granted_ttl, ttl)) = self.node.lease_time_to_live(req.id).await? else {
             // etcd answers an unknown lease with TTL -1 rather than an error.
             return Ok(Response::new(LeaseTimeToLiveResponse {
                 header: header(&self.node),

@@ -1,5 +1,6 @@
-//! The client-facing front end: one listener per `--listen-client-urls` entry, serving etcd's gRPC
-//! services and the HTTP endpoints on the same port.
+//! The member's listeners: one per `--listen-client-urls` entry, serving etcd's gRPC services and the
+//! HTTP endpoints on the same port; one per `--listen-peer-urls` entry, serving the peer protocol
+//! (`peer.rs`).
 
 pub mod auth;
 pub mod cluster;
@@ -7,6 +8,7 @@ pub mod http;
 pub mod kv;
 pub mod lease;
 pub mod maintenance;
+pub mod peer;
 pub mod requester;
 pub mod watch;
 
@@ -27,6 +29,7 @@ use crate::proto::etcdserverpb::kv_server::KvServer;
 use crate::proto::etcdserverpb::lease_server::LeaseServer;
 use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::proto::etcdserverpb::watch_server::WatchServer;
+use crate::proto::keywardpb::peer_server::PeerServer;
 
 /// Binds every client listener first (so a bad address fails startup), then serves until `shutdown`.
 pub async fn serve(
@@ -35,13 +38,48 @@ pub async fn serve(
     tls: Option<&TlsSettings>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let bound = bind(listeners, "client").await?;
+    serve_bound(bound, tls, move || routes(node.clone()), shutdown).await
+}
+
+/// Binds every peer listener: before raft elects, so that peers can reach this member.
+pub async fn bind_peer(listeners: &[Listener]) -> anyhow::Result<Vec<(TcpListener, bool)>> {
+    bind(listeners, "peer").await
+}
+
+/// Serves the peer protocol on listeners from `bind_peer` until `shutdown`.
+pub async fn serve_peer(
+    node: Arc<Node>,
+    bound: Vec<(TcpListener, bool)>,
+    tls: Option<&TlsSettings>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let make = move || {
+        let peer = PeerServer::new(peer::PeerService::new(node.clone()))
+            .max_decoding_message_size(crate::cluster::peers::MAX_PEER_MESSAGE_BYTES)
+            .max_encoding_message_size(crate::cluster::peers::MAX_PEER_MESSAGE_BYTES);
+        Routes::new(peer)
+    };
+    serve_bound(bound, tls, make, shutdown).await
+}
+
+async fn bind(listeners: &[Listener], traffic: &str) -> anyhow::Result<Vec<(TcpListener, bool)>> {
     let mut bound = Vec::new();
     for listener in listeners {
         let socket =
             TcpListener::bind(listener.addr).await.map_err(|e| anyhow::anyhow!("listen on {}: {e}", listener.url))?;
-        tracing::info!(url = %listener.url, "serving client traffic");
+        tracing::info!(url = %listener.url, "serving {traffic} traffic");
         bound.push((socket, listener.tls));
     }
+    Ok(bound)
+}
+
+async fn serve_bound(
+    bound: Vec<(TcpListener, bool)>,
+    tls: Option<&TlsSettings>,
+    routes: impl Fn() -> Routes,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
@@ -49,7 +87,7 @@ pub async fn serve(
     });
     let mut servers = Vec::new();
     for (socket, is_tls) in bound {
-        let routes = routes(node.clone());
+        let routes = routes();
         let mut stop = stop_rx.clone();
         let stopped = async move {
             let _ = stop.wait_for(|stopped| *stopped).await;
@@ -62,7 +100,7 @@ pub async fn serve(
                 let incoming = tokio_stream::wrappers::ReceiverStream::new(accepted);
                 tokio::spawn(async move { server.serve_with_incoming_shutdown(incoming, stopped).await })
             }
-            (true, None) => anyhow::bail!("an https:// listener needs --cert-file and --key-file"),
+            (true, None) => anyhow::bail!("an https:// listener needs a certificate and key"),
             (false, _) => tokio::spawn(async move {
                 // tonic ignores `tcp_nodelay` for custom incoming streams: set it per socket, or Nagle's
                 // algorithm delays small responses (watch events) by tens of milliseconds.

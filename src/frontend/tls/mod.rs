@@ -1,8 +1,11 @@
-//! The TLS listener: rustls via tokio-rustls on a client listener.
+//! TLS with rustls via tokio-rustls, for listeners and dialers alike.
 //!
 //! - `settings.rs`: the TLS flags as a typed value, and building a rustls `ServerConfig` from the files.
 //! - `listener.rs`: the accept loop — handshake deadline, allow-lists, certificate hot reload — which
 //!   hands tonic connections that carry their `PeerIdentity` (`frontend/certificate.rs`).
+//! - `client.rs`: the dialing side (a member to its peers): a rustls `ClientConfig` from the files and
+//!   a tonic connector.
 
+pub mod client;
 pub mod listener;
 pub mod settings;

@@ -1,0 +1,210 @@
+//! Membership as etcd's Cluster API sees it, on top of openraft's membership: the members (voters and
+//! learners) with their peer URLs, and the name and client URLs each started member published.
+//!
+//! Changes run on the leader (a follower forwards them, `node.rs`), with etcd 3.4's checks: peer URLs
+//! are unique; at most one learner; a voter is added or removed only while enough voters have started
+//! to keep a quorum (etcd's `--strict-reconfig-check`, on by default); a learner is promoted only once
+//! it is in sync with the leader. openraft commits each change through joint consensus.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
+use openraft::ChangeMembers;
+
+use crate::error::EtcdError;
+use crate::proto::etcdserverpb::Member;
+use crate::raft::member::MemberNode;
+use crate::raft::{Membership, NodeId, Raft};
+
+/// etcd 3.4 allows one learner at a time.
+const MAX_LEARNERS: usize = 1;
+/// A learner is in sync once it has at least this share of the leader's log (etcd's 90%).
+const LEARNER_READY_PERCENT: u64 = 90;
+
+/// The membership this member has (committed or not yet: as etcd, what it last applied or appended).
+pub fn current(raft: &Raft) -> Membership {
+    raft.metrics().borrow().membership_config.membership().clone()
+}
+
+/// Every member as etcd's `Member`, voters and learners, in id order.
+pub fn members(membership: &Membership) -> Vec<Member> {
+    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    membership
+        .nodes()
+        .map(|(&id, node)| Member {
+            id,
+            name: node.name.clone(),
+            peer_ur_ls: node.peer_urls.clone(),
+            client_ur_ls: node.client_urls.clone(),
+            is_learner: !voters.contains(&id),
+        })
+        .collect()
+}
+
+fn node_of(membership: &Membership, id: NodeId) -> Result<MemberNode, EtcdError> {
+    membership.get_node(&id).cloned().ok_or(EtcdError::MemberNotFound)
+}
+
+fn started(node: &MemberNode) -> bool {
+    !node.name.is_empty()
+}
+
+/// Refuses peer URLs that another member (other than `except`) already has.
+fn check_unique_urls(membership: &Membership, peer_urls: &[String], except: Option<NodeId>) -> Result<(), EtcdError> {
+    let taken = membership
+        .nodes()
+        .filter(|(id, _)| Some(**id) != except)
+        .any(|(_, node)| node.peer_urls.iter().any(|u| peer_urls.contains(u)));
+    if taken {
+        return Err(EtcdError::PeerUrlExists);
+    }
+    Ok(())
+}
+
+/// etcd's `IsReadyToAddVotingMember`: with the new voter, the started voters still form a quorum.
+fn ready_to_add_voter(membership: &Membership) -> bool {
+    let voters: Vec<&MemberNode> = membership.voter_ids().filter_map(|id| membership.get_node(&id)).collect();
+    let members = voters.len() + 1;
+    let started = voters.iter().filter(|n| started(n)).count();
+    // A single started member may add a second one (which has not started yet, by definition).
+    (started == 1 && members == 2) || started >= members / 2 + 1
+}
+
+/// etcd's `IsReadyToRemoveVotingMember`: without `id`, the started voters still form a quorum.
+fn ready_to_remove_voter(membership: &Membership, id: NodeId) -> bool {
+    let rest: Vec<&MemberNode> =
+        membership.voter_ids().filter(|v| *v != id).filter_map(|v| membership.get_node(&v)).collect();
+    let started = rest.iter().filter(|n| started(n)).count();
+    started >= rest.len() / 2 + 1
+}
+
+/// Adds a member with `peer_urls` (a learner, or a voter), returning its new id.
+pub async fn add(raft: &Raft, id: NodeId, peer_urls: Vec<String>, learner: bool) -> Result<NodeId, EtcdError> {
+    let membership = current(raft);
+    check_unique_urls(&membership, &peer_urls, None)?;
+    let node = MemberNode::unstarted(peer_urls);
+    if learner {
+        let learners = membership.learner_ids().count();
+        if learners >= MAX_LEARNERS {
+            return Err(EtcdError::TooManyLearners);
+        }
+        raft.add_learner(id, node, false).await.map_err(change_error)?;
+    } else {
+        if !ready_to_add_voter(&membership) {
+            return Err(EtcdError::Unhealthy);
+        }
+        raft.change_membership(ChangeMembers::AddVoters(BTreeMap::from([(id, node)])), false)
+            .await
+            .map_err(change_error)?;
+    }
+    Ok(id)
+}
+
+/// Removes member `id`, voter or learner.
+pub async fn remove(raft: &Raft, id: NodeId) -> Result<(), EtcdError> {
+    let membership = current(raft);
+    node_of(&membership, id)?;
+    let is_voter = membership.voter_ids().any(|v| v == id);
+    if is_voter {
+        if !ready_to_remove_voter(&membership, id) {
+            return Err(EtcdError::Unhealthy);
+        }
+        raft.change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false).await.map_err(change_error)?;
+    }
+    // A removed voter becomes a learner first (openraft's joint consensus), then leaves.
+    raft.change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false).await.map_err(change_error)?;
+    Ok(())
+}
+
+/// Changes member `id`'s peer URLs, keeping what it published.
+pub async fn update(raft: &Raft, id: NodeId, peer_urls: Vec<String>) -> Result<(), EtcdError> {
+    let membership = current(raft);
+    let mut node = node_of(&membership, id)?;
+    check_unique_urls(&membership, &peer_urls, Some(id))?;
+    node.peer_urls = peer_urls;
+    set_node(raft, id, node).await
+}
+
+/// Records the name and client URLs member `id` publishes once it has started.
+pub async fn publish(raft: &Raft, id: NodeId, name: String, client_urls: Vec<String>) -> Result<(), EtcdError> {
+    let mut node = node_of(&current(raft), id)?;
+    if node.name == name && node.client_urls == client_urls {
+        return Ok(());
+    }
+    node.name = name;
+    node.client_urls = client_urls;
+    set_node(raft, id, node).await
+}
+
+async fn set_node(raft: &Raft, id: NodeId, node: MemberNode) -> Result<(), EtcdError> {
+    raft.change_membership(ChangeMembers::SetNodes(BTreeMap::from([(id, node)])), true)
+        .await
+        .map(|_| ())
+        .map_err(change_error)
+}
+
+/// Makes learner `id` a voter, once it is in sync with this leader's log.
+pub async fn promote(raft: &Raft, id: NodeId) -> Result<(), EtcdError> {
+    let membership = current(raft);
+    node_of(&membership, id)?;
+    if membership.voter_ids().any(|v| v == id) {
+        return Err(EtcdError::MemberNotLearner);
+    }
+    let metrics = raft.metrics().borrow().clone();
+    let leader_index = metrics.last_log_index.unwrap_or(0);
+    let matched = metrics
+        .replication
+        .as_ref()
+        .and_then(|replication| replication.get(&id).cloned().flatten())
+        .map_or(0, |log_id| log_id.index);
+    if leader_index > 0 && matched * 100 < leader_index * LEARNER_READY_PERCENT {
+        return Err(EtcdError::LearnerNotReady);
+    }
+    raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false).await.map_err(change_error)?;
+    Ok(())
+}
+
+fn change_error(e: RaftError<NodeId, ClientWriteError<NodeId, MemberNode>>) -> EtcdError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => EtcdError::NotLeader,
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(ChangeMembershipError::InProgress(_))) => {
+            // etcd serializes configuration changes too; a client may retry.
+            EtcdError::Unsupported("another membership change is in progress; retry".into())
+        }
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            tracing::warn!(error = %e, "membership change refused");
+            EtcdError::Unhealthy
+        }
+        RaftError::Fatal(_) => EtcdError::Stopped,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn membership(voters: &[(NodeId, bool)], learners: &[NodeId]) -> Membership {
+        let mut nodes = BTreeMap::new();
+        for &(id, is_started) in voters {
+            let name = if is_started { format!("m{id}") } else { String::new() };
+            nodes.insert(id, MemberNode { peer_urls: vec![format!("http://m{id}:2380")], name, client_urls: vec![] });
+        }
+        for &id in learners {
+            nodes.insert(id, MemberNode::unstarted(vec![format!("http://m{id}:2380")]));
+        }
+        Membership::new(vec![voters.iter().map(|v| v.0).collect()], nodes)
+    }
+
+    #[test]
+    fn strict_reconfiguration_checks_count_started_voters_as_etcd() {
+        assert!(ready_to_add_voter(&membership(&[(1, true)], &[])), "1 started may add a second");
+        assert!(!ready_to_add_voter(&membership(&[(1, true), (2, false)], &[])), "1 of 3 started");
+        assert!(ready_to_add_voter(&membership(&[(1, true), (2, true), (3, true)], &[])));
+        assert!(ready_to_remove_voter(&membership(&[(1, true), (2, true), (3, true)], &[]), 3));
+        assert!(!ready_to_remove_voter(&membership(&[(1, true), (2, false), (3, true)], &[]), 3));
+        let m = membership(&[(1, true)], &[2]);
+        assert_eq!(members(&m).iter().map(|m| (m.id, m.is_learner)).collect::<Vec<_>>(), [(1, false), (2, true)]);
+        assert_eq!(check_unique_urls(&m, &["http://m2:2380".into()], None), Err(EtcdError::PeerUrlExists));
+        assert_eq!(check_unique_urls(&m, &["http://m2:2380".into()], Some(2)), Ok(()));
+    }
+}

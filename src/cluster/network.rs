@@ -1,0 +1,143 @@
+//! Raft's transport: openraft's `RaftNetwork` over the peer gRPC protocol.
+//!
+//! Each raft message is openraft's own type, postcard-encoded in a `RaftMessage`; the receiving member
+//! hands it to its raft core and returns the core's answer, or the core's error, the same way
+//! (`server/peer.rs`). A peer that cannot be dialed is reported `Unreachable`, on which openraft
+//! backs off (`backoff`) before retrying, and logged once per interval with the reason. Snapshots go
+//! in chunks of `snapshot_max_chunk_size` (openraft's chunked transport), one call per chunk.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{Backoff, RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
+    VoteResponse,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::peers::Peers;
+use crate::proto::keywardpb::RaftMessage;
+use crate::raft::member::MemberNode;
+use crate::raft::{NodeId, TypeConfig};
+
+#[derive(Clone)]
+pub struct PeerNetwork {
+    peers: Arc<Peers>,
+}
+
+impl PeerNetwork {
+    pub fn new(peers: Arc<Peers>) -> Self {
+        PeerNetwork { peers }
+    }
+}
+
+/// The connection to one peer, as openraft uses it.
+pub struct PeerConnection {
+    peers: Arc<Peers>,
+    target: NodeId,
+    url: Option<String>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
+    type Network = PeerConnection;
+
+    async fn new_client(&mut self, target: NodeId, node: &MemberNode) -> PeerConnection {
+        PeerConnection { peers: self.peers.clone(), target, url: node.peer_url().map(str::to_string) }
+    }
+}
+
+/// Which peer RPC carries a raft message.
+#[derive(Clone, Copy)]
+enum Rpc {
+    AppendEntries,
+    Vote,
+    InstallSnapshot,
+}
+
+impl PeerConnection {
+    async fn call<Req: Serialize, Resp: DeserializeOwned, E: std::error::Error + DeserializeOwned>(
+        &self,
+        rpc: Rpc,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, MemberNode, E>> {
+        let Some(url) = &self.url else {
+            return Err(unreachable(format!("member {:x} has no peer URL", self.target)));
+        };
+        let payload = postcard::to_allocvec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let mut client = self.peers.client(url).map_err(|s| unreachable(s.message().to_string()))?;
+        let request = self.peers.request(RaftMessage { payload }, Some(option.hard_ttl()));
+        let answer = match rpc {
+            Rpc::AppendEntries => client.append_entries(request).await,
+            Rpc::Vote => client.vote(request).await,
+            Rpc::InstallSnapshot => client.install_snapshot(request).await,
+        };
+        let answer = match answer {
+            Ok(answer) => answer.into_inner(),
+            Err(status) => {
+                let reason = describe(&status);
+                if status.code() == tonic::Code::Unavailable || status.code() == tonic::Code::FailedPrecondition {
+                    self.peers.report_unreachable(self.target, url, &reason);
+                    return Err(unreachable(reason));
+                }
+                return Err(RPCError::Network(NetworkError::new(&std::io::Error::other(reason))));
+            }
+        };
+        self.peers.report_reachable(self.target, url);
+        let answer: Result<Resp, E> =
+            postcard::from_bytes(&answer.payload).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+fn unreachable<E: std::error::Error>(reason: String) -> RPCError<NodeId, MemberNode, E> {
+    RPCError::Unreachable(Unreachable::new(&std::io::Error::other(reason)))
+}
+
+/// A transport failure, with its source chain (e.g. "connection refused").
+fn describe(status: &tonic::Status) -> String {
+    let mut out = status.message().to_string();
+    let mut source = std::error::Error::source(status);
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+impl RaftNetwork<TypeConfig> for PeerConnection {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, MemberNode, RaftError<NodeId>>> {
+        self.call(Rpc::AppendEntries, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<NodeId>, RPCError<NodeId, MemberNode, RaftError<NodeId, InstallSnapshotError>>>
+    {
+        self.call(Rpc::InstallSnapshot, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, MemberNode, RaftError<NodeId>>> {
+        self.call(Rpc::Vote, &rpc, &option).await
+    }
+
+    /// Retries an unreachable peer after 100 ms, doubling up to 2 s (openraft's default is a flat
+    /// 500 ms): a restarted member is caught up quickly, a dead one costs little.
+    fn backoff(&self) -> Backoff {
+        Backoff::new((0..).map(|i: u32| Duration::from_millis(100u64.saturating_mul(1 << i.min(5)).min(2_000))))
+    }
+}

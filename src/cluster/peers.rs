@@ -1,0 +1,111 @@
+//! The dialing side of the peer protocol (`proto/keywardpb/peer.proto`): one lazily connected gRPC
+//! channel per peer URL, over mTLS with `--peer-cert-file`/`--peer-key-file` when the URL is
+//! `https://`. Raft's transport (`cluster/network.rs`) and the follower's forwarding to the leader
+//! both dial through here, so a peer has one connection (HTTP/2 multiplexes their calls).
+//!
+//! Every request carries this member's cluster id and member id as metadata; the receiving member
+//! refuses a request from another cluster (`server/peer.rs`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustls::ClientConfig;
+use tonic::transport::Channel;
+
+use crate::proto::keywardpb::peer_client::PeerClient;
+
+/// Metadata naming the sender's cluster; a member refuses requests of another cluster.
+pub const CLUSTER_ID_HEADER: &str = "keyward-cluster-id";
+/// Metadata naming the sending member.
+pub const MEMBER_ID_HEADER: &str = "keyward-member-id";
+
+/// How long dialing a peer may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// An unreachable peer is logged at most this often.
+const UNREACHABLE_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// Largest peer message: a raft AppendEntries of `--max-request-bytes` requests, or a snapshot chunk.
+pub const MAX_PEER_MESSAGE_BYTES: usize = 64 << 20;
+
+pub struct Peers {
+    tls: Option<Arc<ClientConfig>>,
+    member_id: AtomicU64,
+    /// 0 while a joining member does not know its cluster yet.
+    cluster_id: AtomicU64,
+    channels: Mutex<HashMap<String, Channel>>,
+    /// When each peer URL was last reported unreachable (so a down peer is one log line per interval).
+    unreachable_since: Mutex<HashMap<String, Instant>>,
+}
+
+impl Peers {
+    pub fn new(tls: Option<Arc<ClientConfig>>) -> Self {
+        Peers {
+            tls,
+            member_id: AtomicU64::new(0),
+            cluster_id: AtomicU64::new(0),
+            channels: Default::default(),
+            unreachable_since: Default::default(),
+        }
+    }
+
+    /// Sets who this member is, once known (at bootstrap or after joining).
+    pub fn identify(&self, member_id: u64, cluster_id: u64) {
+        self.member_id.store(member_id, Ordering::Release);
+        self.cluster_id.store(cluster_id, Ordering::Release);
+    }
+
+    /// A client for the peer at `url`; connects on first use.
+    pub fn client(&self, url: &str) -> Result<PeerClient<Channel>, tonic::Status> {
+        let mut channels = self.channels.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let channel = match channels.get(url) {
+            Some(channel) => channel.clone(),
+            None => {
+                let channel = crate::frontend::tls::client::lazy_channel(url, self.tls.as_ref(), CONNECT_TIMEOUT)
+                    .map_err(tonic::Status::invalid_argument)?;
+                channels.insert(url.to_string(), channel.clone());
+                channel
+            }
+        };
+        Ok(PeerClient::new(channel)
+            .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES))
+    }
+
+    /// A request carrying this member's identity, failing after `timeout`.
+    pub fn request<T>(&self, message: T, timeout: Option<Duration>) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        let metadata = request.metadata_mut();
+        let cluster = format!("{:x}", self.cluster_id.load(Ordering::Acquire));
+        let member = format!("{:x}", self.member_id.load(Ordering::Acquire));
+        if let (Ok(cluster), Ok(member)) = (cluster.parse(), member.parse()) {
+            metadata.insert(CLUSTER_ID_HEADER, cluster);
+            metadata.insert(MEMBER_ID_HEADER, member);
+        }
+        if let Some(timeout) = timeout {
+            request.set_timeout(timeout);
+        }
+        request
+    }
+
+    /// Logs that the peer at `url` could not be reached (once per interval), with the reason.
+    pub fn report_unreachable(&self, peer: u64, url: &str, reason: &str) {
+        let mut since = self.unreachable_since.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = Instant::now();
+        match since.get(url) {
+            Some(last) if now.duration_since(*last) < UNREACHABLE_LOG_INTERVAL => {}
+            _ => {
+                tracing::warn!(peer = format!("{peer:x}"), url, reason, "peer unreachable; retrying with backoff");
+                since.insert(url.to_string(), now);
+            }
+        }
+    }
+
+    /// Notes that the peer at `url` answered; logs it if it had been reported unreachable.
+    pub fn report_reachable(&self, peer: u64, url: &str) {
+        let mut since = self.unreachable_since.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if since.remove(url).is_some() {
+            tracing::info!(peer = format!("{peer:x}"), url, "peer became active");
+        }
+    }
+}

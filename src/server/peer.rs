@@ -1,0 +1,193 @@
+//! The serving side of the peer protocol (`proto/keywardpb/peer.proto`), on `--listen-peer-urls`.
+//!
+//! Raft messages go to this member's raft core; the rest is what a follower asks of the leader
+//! (`node/leader.rs`). Every request must come from this cluster: its `keyward-cluster-id` must be
+//! this member's cluster id (a member started with another `--initial-cluster-token` or other peer
+//! URLs has another one), except the membership query a joining member makes before it knows its
+//! cluster. Who may connect at all is decided at the TLS handshake (`--peer-client-cert-auth`,
+//! `--peer-trusted-ca-file`, `--peer-cert-allowed-cn`, `--peer-crl-file`).
+
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::{Request, Response, Status};
+
+use crate::cluster::membership;
+use crate::cluster::peers::{CLUSTER_ID_HEADER, MEMBER_ID_HEADER};
+use crate::error::EtcdError;
+use crate::node::Node;
+use crate::proto::etcdserverpb::{
+    InternalRaftRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveRequest,
+    LeaseTimeToLiveResponse, MemberAddRequest, MemberAddResponse, MemberPromoteRequest, MemberPromoteResponse,
+    MemberRemoveRequest, MemberRemoveResponse, MemberUpdateRequest, MemberUpdateResponse,
+};
+use crate::proto::keywardpb::peer_server::Peer;
+use crate::proto::keywardpb::{
+    MembershipRequest, MembershipResponse, ProposeResponse, PublishRequest, PublishResponse, RaftMessage,
+    ReadIndexRequest, ReadIndexResponse,
+};
+
+pub struct PeerService {
+    node: Arc<Node>,
+}
+
+impl PeerService {
+    pub fn new(node: Arc<Node>) -> Self {
+        PeerService { node }
+    }
+
+    /// Refuses a request from another cluster (`unknown_ok`: a joining member that does not know
+    /// its cluster yet sends 0).
+    fn check_cluster<T>(&self, request: &Request<T>, unknown_ok: bool) -> Result<(), Status> {
+        let header = |name| request.metadata().get(name).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let theirs = u64::from_str_radix(header(CLUSTER_ID_HEADER), 16).unwrap_or(0);
+        if theirs == self.node.cluster_id || (unknown_ok && theirs == 0) {
+            return Ok(());
+        }
+        let from = header(MEMBER_ID_HEADER).to_string();
+        tracing::warn!(
+            local = format!("{:x}", self.node.cluster_id),
+            remote = format!("{theirs:x}"),
+            from_member = from,
+            "request from a member of another cluster refused (cluster ID mismatch)"
+        );
+        Err(Status::failed_precondition(format!(
+            "cluster ID mismatch: this member is in cluster {:x}, the request comes from cluster {theirs:x} \
+             (another --initial-cluster-token or --initial-cluster?)",
+            self.node.cluster_id
+        )))
+    }
+
+    /// This member must lead to serve a follower's request (the follower retries with the leader
+    /// it learns of next).
+    fn require_leader(&self) -> Result<(), Status> {
+        if self.node.is_leader() {
+            Ok(())
+        } else {
+            Err(EtcdError::NotLeader.into())
+        }
+    }
+}
+
+/// Decodes an openraft request, hands it to the raft core, and encodes the core's answer.
+async fn raft_call<Req: DeserializeOwned, Resp: Serialize, E: Serialize>(
+    request: Request<RaftMessage>,
+    call: impl AsyncFnOnce(Req) -> Result<Resp, E>,
+) -> Result<Response<RaftMessage>, Status> {
+    let req: Req = postcard::from_bytes(&request.into_inner().payload)
+        .map_err(|e| Status::invalid_argument(format!("undecodable raft message: {e}")))?;
+    let answer = call(req).await;
+    let payload = postcard::to_allocvec(&answer).map_err(|e| Status::internal(e.to_string()))?;
+    Ok(Response::new(RaftMessage { payload }))
+}
+
+#[tonic::async_trait]
+impl Peer for PeerService {
+    async fn append_entries(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        self.check_cluster(&request, false)?;
+        raft_call(request, async |req| self.node.raft.append_entries(req).await).await
+    }
+
+    async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        self.check_cluster(&request, false)?;
+        raft_call(request, async |req| self.node.raft.vote(req).await).await
+    }
+
+    async fn install_snapshot(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        self.check_cluster(&request, false)?;
+        raft_call(request, async |req| self.node.raft.install_snapshot(req).await).await
+    }
+
+    async fn propose(&self, request: Request<InternalRaftRequest>) -> Result<Response<ProposeResponse>, Status> {
+        self.check_cluster(&request, false)?;
+        let (index, result) = self.node.propose_forwarded(request.into_inner()).await?;
+        let result = postcard::to_allocvec(&result).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(ProposeResponse { result, index }))
+    }
+
+    async fn read_index(&self, request: Request<ReadIndexRequest>) -> Result<Response<ReadIndexResponse>, Status> {
+        self.check_cluster(&request, false)?;
+        self.require_leader()?;
+        Ok(Response::new(ReadIndexResponse { index: self.node.leader_read_index().await? }))
+    }
+
+    async fn lease_keep_alive(
+        &self,
+        request: Request<LeaseKeepAliveRequest>,
+    ) -> Result<Response<LeaseKeepAliveResponse>, Status> {
+        self.check_cluster(&request, false)?;
+        self.require_leader()?;
+        let id = request.into_inner().id;
+        let ttl = self.node.lessor.renew(id).unwrap_or(0);
+        Ok(Response::new(LeaseKeepAliveResponse { header: self.node.header(0), id, ttl }))
+    }
+
+    async fn lease_time_to_live(
+        &self,
+        request: Request<LeaseTimeToLiveRequest>,
+    ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        self.check_cluster(&request, false)?;
+        self.require_leader()?;
+        let id = request.into_inner().id;
+        let (granted_ttl, ttl) = self.node.lessor.time_to_live(id).unwrap_or((0, -1));
+        Ok(Response::new(LeaseTimeToLiveResponse { header: self.node.header(0), id, ttl, granted_ttl, keys: vec![] }))
+    }
+
+    async fn membership(&self, request: Request<MembershipRequest>) -> Result<Response<MembershipResponse>, Status> {
+        self.check_cluster(&request, true)?;
+        let members = membership::members(&membership::current(&self.node.raft));
+        Ok(Response::new(MembershipResponse { cluster_id: self.node.cluster_id, members }))
+    }
+
+    async fn publish(&self, request: Request<PublishRequest>) -> Result<Response<PublishResponse>, Status> {
+        self.check_cluster(&request, false)?;
+        self.require_leader()?;
+        self.node.publish_member(request.into_inner()).await?;
+        Ok(Response::new(PublishResponse {}))
+    }
+
+    async fn member_add(&self, request: Request<MemberAddRequest>) -> Result<Response<MemberAddResponse>, Status> {
+        self.check_cluster(&request, false)?;
+        self.require_leader()?;
+        let req = request.into_inner();
+        let (peer_urls, is_learner) = (req.peer_ur_ls.clone(), req.is_learner);
+        let id = self.node.member_add(req).await?;
+        let member = crate::proto::etcdserverpb::Member { id, peer_ur_ls: peer_urls, is_learner, ..Default::default() };
+        let members = membership::members(&membership::current(&self.node.raft));
+        Ok(Response::new(MemberAddResponse { header: self.node.header(0), member: Some(member), members }))
+    }
+
+    async fn member_remove(
+        &self,
+        request: Request<MemberRemoveRequest>,
+    ) -> Result<Response<MemberRemoveResponse>, Status> {
+        self.check_cluster(&request, false)?;
+        self.require_leader()?;
+        self.node.member_remove(request.into_inner()).await?;
+        let members = membership::members(&membership::current(&self.node.raft));
+        Ok(Response::new(MemberRemoveResponse { header: self.node.header(0), members }))
+    }
+
+    async fn member_update(
+        &self,
+        request: Request<MemberUpdateRequest>,
+    ) -> Result<Response<MemberUpdateResponse>, Status> {
+        self.check_cluster(&request, false)?;
+        self.require_leader()?;
+        self.node.member_update(request.into_inner()).await?;
+        let members = membership::members(&membership::current(&self.node.raft));
+        Ok(Response::new(MemberUpdateResponse { header: self.node.header(0), members }))
+    }
+
+    async fn member_promote(
+        &self,
+        request: Request<MemberPromoteRequest>,
+    ) -> Result<Response<MemberPromoteResponse>, Status> {
+        self.check_cluster(&request, false)?;
+        self.require_leader()?;
+        self.node.member_promote(request.into_inner()).await?;
+        let members = membership::members(&membership::current(&self.node.raft));
+        Ok(Response::new(MemberPromoteResponse { header: self.node.header(0), members }))
+    }
+}
