@@ -57,6 +57,10 @@ pub async fn serve(config: config::Config) -> anyhow::Result<()> {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => tracing::info!("shutting down"),
             _ = terminated => tracing::info!("shutting down"),
+            _ = watched.removed() => tracing::warn!(
+                "this member has been permanently removed from the cluster; shutting down (its data dir \
+                 must be removed before it can join again)"
+            ),
             fatal = watched.stopped() => {
                 tracing::error!(error = %fatal, "raft core stopped; exiting so that the member is restarted");
                 let _ = fatal_tx.send(fatal);

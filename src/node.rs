@@ -44,6 +44,7 @@ use crate::raft::{NodeId, Raft};
 use crate::space::Space;
 
 mod leader;
+mod transfer;
 
 pub struct Node {
     pub raft: Raft,
@@ -59,6 +60,8 @@ pub struct Node {
     pub peers: Arc<Peers>,
     /// `--election-timeout`: how much longer every lease lives when a new leader takes over.
     election_timeout: Duration,
+    /// Notified when the leader says this member was removed from the cluster.
+    removed: tokio::sync::Notify,
     pub max_request_bytes: usize,
     pub max_txn_ops: usize,
     /// Who is calling: `--client-cert-auth`, `--trusted-proxy-cn` (see `frontend/identity.rs`).
@@ -239,6 +242,7 @@ impl Node {
             cluster_token: config.cluster_token.clone(),
             peers,
             election_timeout: config.election_timeout,
+            removed: tokio::sync::Notify::new(),
             max_request_bytes: config.max_request_bytes,
             max_txn_ops: config.max_txn_ops,
             bcrypt_cost: config.bcrypt_cost,
@@ -311,6 +315,18 @@ impl Node {
                 return Fatal::Stopped;
             }
         }
+    }
+
+    /// Resolves once this member has been removed from the cluster (MemberRemove), as the leader
+    /// tells it (`server/peer.rs`): it gets no more entries and must stop, as etcd's member does
+    /// ("permanently removed from the cluster").
+    pub async fn removed(&self) {
+        self.removed.notified().await
+    }
+
+    /// The leader says this member was removed.
+    pub fn mark_removed(&self) {
+        self.removed.notify_one();
     }
 
     /// Whether the member can serve writes: a leader, a running core and an apply that is not

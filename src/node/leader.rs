@@ -153,7 +153,19 @@ impl Node {
 
     pub async fn member_remove(&self, req: MemberRemoveRequest) -> Result<(), EtcdError> {
         match self.route()? {
-            Route::Here => membership::remove(&self.raft, req.id).await,
+            Route::Here => {
+                let url =
+                    membership::current(&self.raft).get_node(&req.id).and_then(|n| n.peer_url()).map(str::to_string);
+                membership::remove(&self.raft, req.id).await?;
+                // Best effort: a member that is down when it is removed is not told; its peers no
+                // longer replicate to it, and it stays outside the cluster until it is stopped.
+                if let Some(Ok(mut peer)) = url.map(|u| self.peers.client(&u)) {
+                    let _ = peer
+                        .removed(self.peers.request(crate::proto::keywardpb::RemovedRequest {}, Some(APPLY_WAIT)))
+                        .await;
+                }
+                Ok(())
+            }
             Route::Leader(mut leader) => {
                 let id = req.id;
                 leader.member_remove(self.forwarded(req)).await?;

@@ -205,6 +205,21 @@ impl State {
         tables.chain(self.alarms.tables()).chain([self.long.db()]).collect()
     }
 
+    /// etcd's `Hash`: every replicated table — the kv store (its keys hashed whole, `mvcc/hash.rs`),
+    /// then leases, users, roles, the auth revision and alarms as stored — so members that applied the
+    /// same entries agree, and a member whose auth state diverged (etcd #11651) does not.
+    pub fn hash_all(&self, txn: &heed::RoTxn) -> Result<u32, EtcdError> {
+        let mut crc = self.kv.view(txn)?.hash_all()?;
+        let rest = self.leases.tables().into_iter().chain(self.auth.tables()).chain(self.alarms.tables());
+        for db in rest.chain([self.long.db()]) {
+            for record in db.iter(txn)? {
+                let (k, v) = record?;
+                crc = crc32c::crc32c_append(crc32c::crc32c_append(crc, k), v);
+            }
+        }
+        Ok(crc)
+    }
+
     /// Every alarm active as of the latest commit.
     pub fn active_alarms(&self) -> Arc<Vec<AlarmMember>> {
         self.active_alarms.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()

@@ -145,11 +145,12 @@ impl Maintenance for MaintenanceService {
         Ok(Response::new(DefragmentResponse { header: self.node.header(0) }))
     }
 
-    /// CRC-32C over every record of every kv table (see `ReadView::hash_all`); the header carries the
-    /// revision the hash was taken at.
+    /// CRC-32C over every replicated table, auth included (see `State::hash_all`); the header carries
+    /// the revision the hash was taken at.
     async fn hash(&self, request: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
         self.require_admin(&request, "hash").await?;
-        let (hash, rev) = self.node.read(false, |view, _| Ok((view.hash_all()?, view.rev))).await?;
+        let (hash, rev) =
+            self.node.read_state(|state, txn| Ok((state.hash_all(txn)?, state.kv.view(txn)?.rev))).await?;
         Ok(Response::new(HashResponse { header: self.node.header(rev), hash }))
     }
 
@@ -189,16 +190,11 @@ impl Maintenance for MaintenanceService {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
-    /// Transfers leadership to `target`. The only member keyward has is this one, which is already the
-    /// leader: moving to it succeeds (as in etcd); any other target is not a member.
+    /// Transfers leadership to voter `target` (`node/transfer.rs`). As etcd, only the leader takes
+    /// it (etcdctl sends it there); with auth on it is root's, as every membership operation.
     async fn move_leader(&self, request: Request<MoveLeaderRequest>) -> Result<Response<MoveLeaderResponse>, Status> {
-        if !self.node.is_leader() {
-            return Err(EtcdError::NotLeader.into());
-        }
-        if request.get_ref().target_id != self.node.member_id {
-            // etcd's ErrGRPCBadLeaderTransferee; to move into error.rs as an `EtcdError` variant.
-            return Err(Status::failed_precondition("etcdserver: bad leader transferee"));
-        }
+        self.require_admin(&request, "move_leader").await?;
+        self.node.move_leader(request.get_ref().target_id).await?;
         Ok(Response::new(MoveLeaderResponse { header: self.node.header(0) }))
     }
 }

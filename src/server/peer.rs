@@ -24,8 +24,9 @@ use crate::proto::etcdserverpb::{
 };
 use crate::proto::keywardpb::peer_server::Peer;
 use crate::proto::keywardpb::{
-    MembershipRequest, MembershipResponse, ProposeResponse, PublishRequest, PublishResponse, RaftMessage,
-    ReadIndexRequest, ReadIndexResponse,
+    CampaignRequest, CampaignResponse, ElectionsRequest, ElectionsResponse, MembershipRequest, MembershipResponse,
+    ProposeResponse, PublishRequest, PublishResponse, RaftMessage, ReadIndexRequest, ReadIndexResponse, RemovedRequest,
+    RemovedResponse,
 };
 
 pub struct PeerService {
@@ -189,5 +190,26 @@ impl Peer for PeerService {
         self.node.member_promote(request.into_inner()).await?;
         let members = membership::members(&membership::current(&self.node.raft));
         Ok(Response::new(MemberPromoteResponse { header: self.node.header(0), members }))
+    }
+
+    async fn elections(&self, request: Request<ElectionsRequest>) -> Result<Response<ElectionsResponse>, Status> {
+        self.check_cluster(&request, false)?;
+        let enabled = request.into_inner().enabled;
+        self.node.raft.runtime_config().elect(enabled);
+        tracing::info!(enabled, "elections paused or resumed by the leader for a leadership transfer");
+        Ok(Response::new(ElectionsResponse {}))
+    }
+
+    async fn campaign(&self, request: Request<CampaignRequest>) -> Result<Response<CampaignResponse>, Status> {
+        self.check_cluster(&request, false)?;
+        tracing::info!("campaigning for leadership: the leader transfers it here");
+        self.node.raft.trigger().elect().await.map_err(|_| Status::from(EtcdError::Stopped))?;
+        Ok(Response::new(CampaignResponse {}))
+    }
+
+    async fn removed(&self, request: Request<RemovedRequest>) -> Result<Response<RemovedResponse>, Status> {
+        self.check_cluster(&request, false)?;
+        self.node.mark_removed();
+        Ok(Response::new(RemovedResponse {}))
     }
 }
