@@ -214,14 +214,21 @@ impl Node {
         }
         .validate()?;
         let raft = Raft::new(member_id, Arc::new(raft_config), PeerNetwork::new(peers.clone()), log, sm).await?;
-        if !raft.is_initialized().await? && config.cluster_state == ClusterState::New {
+        let initialized = raft.is_initialized().await?;
+        if !initialized && config.cluster_state == ClusterState::New {
             // Every initial member initializes with the same membership: whichever start, they agree.
             let members: BTreeMap<_, _> = bootstrap::new_cluster(config).members;
             raft.initialize(members).await?;
         }
-        let sole_voter = {
-            let membership = crate::cluster::membership::current(&raft);
-            membership.voter_ids().eq([member_id])
+        let sole_voter = if initialized || config.cluster_state == ClusterState::New {
+            // The core publishes the membership it loaded (or was initialized with) shortly after start.
+            let metrics = raft
+                .wait(Some(Duration::from_secs(10)))
+                .metrics(|m| m.membership_config.membership().nodes().next().is_some(), "membership loaded")
+                .await?;
+            metrics.membership_config.membership().voter_ids().eq([member_id])
+        } else {
+            false // joining: the leader's log brings the membership
         };
         if sole_voter {
             // No one to wait for: campaign now rather than after an election timeout.

@@ -54,9 +54,9 @@ impl PeerService {
             "request from a member of another cluster refused (cluster ID mismatch)"
         );
         Err(Status::failed_precondition(format!(
-            "cluster ID mismatch: this member is in cluster {:x}, the request comes from cluster {theirs:x} \
+            "cluster ID mismatch: member {:x} is in cluster {:x}, the request comes from cluster {theirs:x} \
              (another --initial-cluster-token or --initial-cluster?)",
-            self.node.cluster_id
+            self.node.member_id, self.node.cluster_id
         )))
     }
 
