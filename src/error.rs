@@ -94,8 +94,12 @@ pub enum EtcdError {
     // membership
     #[error("etcdserver: Peer URLs already exists")]
     PeerUrlExists,
+    #[error("etcdserver: member ID already exist")]
+    MemberIdExists,
     #[error("etcdserver: unhealthy cluster")]
     Unhealthy,
+    #[error("etcdserver: re-configuration failed due to not enough started members")]
+    NotEnoughStartedMembers,
     #[error("etcdserver: can only promote a learner member")]
     MemberNotLearner,
     #[error("etcdserver: can only promote a learner member which is in sync with leader")]
@@ -141,9 +145,8 @@ impl EtcdError {
             Compacted | FutureRev | LeaseTtlTooLarge => Code::OutOfRange,
             NoSpace | StorageFull { .. } | TooManyRequests => Code::ResourceExhausted,
             LeaseNotFound | MemberNotFound => Code::NotFound,
-            PeerUrlExists | MemberNotLearner | LearnerNotReady | TooManyLearners | BadLeaderTransferee => {
-                Code::FailedPrecondition
-            }
+            PeerUrlExists | MemberIdExists | MemberNotLearner | LearnerNotReady | TooManyLearners
+            | BadLeaderTransferee => Code::FailedPrecondition,
             Unhealthy | LeaderTransferTimeout | TimeoutWaitAppliedIndex => Code::Unavailable,
             FromLeader { code, .. } => Code::from_i32(*code),
             LeaseExists | RootUserNotExist | RootRoleNotExist | UserAlreadyExist | UserNotFound | RoleAlreadyExist
@@ -151,7 +154,8 @@ impl EtcdError {
                 Code::FailedPrecondition
             }
             PermissionDenied | NotTrustedProxy | ForwardedCertRefused(_) => Code::PermissionDenied,
-            NoPasswordUser => Code::Unknown,
+            // etcd 3.4's server does not translate these into its gRPC errors: clients see Unknown.
+            NoPasswordUser | NotEnoughStartedMembers => Code::Unknown,
             InvalidAuthToken => Code::Unauthenticated,
             NoLeader | LeaderChanged | Stopped | Timeout => Code::Unavailable,
             Unsupported(_) => Code::Unimplemented,

@@ -393,22 +393,51 @@ async fn client_fields() {
     assert_eq!(grpc_code(c.member_promote(other).await.unwrap_err()), (Code::NotFound, MEMBER_NOT_FOUND.into()));
 }
 
-/// What keyward refuses (etcd would change the membership).
+/// Membership changes on a one-member cluster answer as etcd 3.4's: the last voter cannot be removed,
+/// a voter cannot be promoted, a learner is added, updated, not promoted before it has caught up, and
+/// removed — and the member stays writable throughout.
 #[tokio::test]
-async fn unsupported_changes_are_refused() {
-    if common::selftest() {
-        return; // etcd supports these
-    }
-    let server = Server::start(Kind::Keyward);
+async fn single_member_membership_changes_as_etcd() {
+    let server = Server::start(Kind::under_test());
     let mut c = server.client().await;
     let me = c.member_list().await.unwrap().header().unwrap().member_id();
-    let membership = "etcdserver: membership changes are not supported yet: keyward runs single-member clusters";
-    let unsupported = (Code::Unimplemented, membership.to_string());
-    assert_eq!(grpc_code(c.member_add(["http://127.0.0.1:1"], None).await.unwrap_err()), unsupported);
-    assert_eq!(grpc_code(c.member_remove(me).await.unwrap_err()), unsupported);
-    assert_eq!(grpc_code(c.member_update(me, vec!["http://127.0.0.1:1".to_string()]).await.unwrap_err()), unsupported);
-    assert_eq!(grpc_code(c.member_promote(me).await.unwrap_err()), unsupported);
-    // Still one member, still writable.
+    assert_eq!(
+        grpc_code(c.member_remove(me).await.unwrap_err()),
+        (Code::Unknown, "etcdserver: re-configuration failed due to not enough started members".into())
+    );
+    assert_eq!(
+        grpc_code(c.member_promote(me).await.unwrap_err()),
+        (Code::FailedPrecondition, "etcdserver: can only promote a learner member".into())
+    );
+    let url = format!("http://127.0.0.1:{}", common::free_port());
+    let added =
+        c.member_add([url.as_str()], Some(etcd_client::MemberAddOptions::new().with_is_learner())).await.unwrap();
+    let learner = added.member().unwrap().id();
+    let members = c.member_list().await.unwrap();
+    assert_eq!(members.members().len(), 2);
+    assert!(members.members().iter().any(|m| m.id() == learner && m.is_learner() && m.name().is_empty()));
+    // Member ids of adds within the same second collide (etcd's id hashes the time in seconds): then
+    // the id is refused first; past the second, the URL.
+    let (code, message) = grpc_code(c.member_add([url.as_str()], None).await.unwrap_err());
+    assert_eq!(code, Code::FailedPrecondition);
+    assert!(
+        ["etcdserver: member ID already exist", "etcdserver: Peer URLs already exists"].contains(&message.as_str()),
+        "{message}"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert_eq!(
+        grpc_code(c.member_add([url.as_str()], None).await.unwrap_err()),
+        (Code::FailedPrecondition, "etcdserver: Peer URLs already exists".into())
+    );
+    assert_eq!(
+        grpc_code(c.member_promote(learner).await.unwrap_err()),
+        (Code::FailedPrecondition, "etcdserver: can only promote a learner member which is in sync with leader".into())
+    );
+    let moved = format!("http://127.0.0.1:{}", common::free_port());
+    c.member_update(learner, vec![moved.clone()]).await.unwrap();
+    let members = c.member_list().await.unwrap();
+    assert!(members.members().iter().any(|m| m.id() == learner && m.peer_urls() == [moved.clone()]));
+    c.member_remove(learner).await.unwrap();
     assert_eq!(c.member_list().await.unwrap().members().len(), 1);
     c.put("a", "1", None).await.unwrap();
 }

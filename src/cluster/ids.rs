@@ -31,12 +31,13 @@ pub fn cluster_id(member_ids: &[u64], token: &str) -> u64 {
     stable_id(hex.iter().map(String::as_str).chain([token]))
 }
 
-/// A member added at runtime (MemberAdd): its peer URLs, the token and the time, as etcd's
-/// `NewMember` — adding the same URLs again after a removal gives a new id.
-pub fn added_member_id(peer_urls: &[String], token: &str, now_nanos: u128) -> u64 {
+/// A member added at runtime (MemberAdd): its peer URLs, the token and the time in seconds, as etcd's
+/// `NewMember` — adding the same URLs again a second later gives a new id (and within the same second,
+/// etcd's "member ID already exist").
+pub fn added_member_id(peer_urls: &[String], token: &str, unix_seconds: u64) -> u64 {
     let mut urls: Vec<&str> = peer_urls.iter().map(String::as_str).collect();
     urls.sort_unstable();
-    let now = now_nanos.to_string();
+    let now = unix_seconds.to_string();
     stable_id(urls.into_iter().chain([token, now.as_str()]))
 }
 
@@ -54,6 +55,7 @@ mod tests {
         assert_ne!(cluster_id(&[1, 2, 3], "t"), cluster_id(&[1, 2, 4], "t"));
         assert_ne!(cluster_id(&[1, 2, 3], "t"), cluster_id(&[1, 2, 3], "u"));
         assert_ne!(added_member_id(&a, "t", 1), added_member_id(&a, "t", 2));
+        assert_eq!(added_member_id(&a, "t", 1), added_member_id(&b, "t", 1));
     }
 
     /// Data dirs created before clusters had more than one member keep their ids.

@@ -45,6 +45,11 @@ fn node_of(membership: &Membership, id: NodeId) -> Result<MemberNode, EtcdError>
     membership.get_node(&id).cloned().ok_or(EtcdError::MemberNotFound)
 }
 
+/// Whether `count` of `members` voters form a quorum.
+fn majority(count: usize, members: usize) -> bool {
+    count > members / 2
+}
+
 fn started(node: &MemberNode) -> bool {
     !node.name.is_empty()
 }
@@ -67,7 +72,16 @@ fn ready_to_add_voter(membership: &Membership) -> bool {
     let members = voters.len() + 1;
     let started = voters.iter().filter(|n| started(n)).count();
     // A single started member may add a second one (which has not started yet, by definition).
-    (started == 1 && members == 2) || started >= members / 2 + 1
+    (started == 1 && members == 2) || majority(started, members)
+}
+
+/// etcd's `IsReadyToPromoteMember`: with the learner counted as a started voter, the started voters
+/// form a quorum.
+fn ready_to_promote(membership: &Membership) -> bool {
+    let voters: Vec<&MemberNode> = membership.voter_ids().filter_map(|id| membership.get_node(&id)).collect();
+    let members = voters.len() + 1;
+    let started = voters.iter().filter(|n| started(n)).count() + 1;
+    majority(started, members)
 }
 
 /// etcd's `IsReadyToRemoveVotingMember`: without `id`, the started voters still form a quorum.
@@ -75,12 +89,21 @@ fn ready_to_remove_voter(membership: &Membership, id: NodeId) -> bool {
     let rest: Vec<&MemberNode> =
         membership.voter_ids().filter(|v| *v != id).filter_map(|v| membership.get_node(&v)).collect();
     let started = rest.iter().filter(|n| started(n)).count();
-    started >= rest.len() / 2 + 1
+    majority(started, rest.len())
 }
 
 /// Adds a member with `peer_urls` (a learner, or a voter), returning its new id.
+///
+/// A voter is answered for as soon as the configuration that includes it is in the leader's log, as
+/// etcd answers once its ConfChange is applied: from then on the new voter counts in the quorum, and
+/// the change completes (openraft's joint consensus) once it has started and caught up. Waiting for
+/// that here would keep `etcdctl member add` waiting for a member that is only started after it.
 pub async fn add(raft: &Raft, id: NodeId, peer_urls: Vec<String>, learner: bool) -> Result<NodeId, EtcdError> {
     let membership = current(raft);
+    // etcd checks the id first (ids of adds within one second collide), then the URLs.
+    if membership.get_node(&id).is_some() {
+        return Err(EtcdError::MemberIdExists);
+    }
     check_unique_urls(&membership, &peer_urls, None)?;
     let node = MemberNode::unstarted(peer_urls);
     if learner {
@@ -91,11 +114,24 @@ pub async fn add(raft: &Raft, id: NodeId, peer_urls: Vec<String>, learner: bool)
         raft.add_learner(id, node, false).await.map_err(change_error)?;
     } else {
         if !ready_to_add_voter(&membership) {
-            return Err(EtcdError::Unhealthy);
+            return Err(EtcdError::NotEnoughStartedMembers);
         }
-        raft.change_membership(ChangeMembers::AddVoters(BTreeMap::from([(id, node)])), false)
-            .await
-            .map_err(change_error)?;
+        let change = {
+            let raft = raft.clone();
+            tokio::spawn(async move {
+                let added = raft.change_membership(ChangeMembers::AddVoters(BTreeMap::from([(id, node)])), false).await;
+                if let Err(e) = &added {
+                    tracing::warn!(member = format!("{id:x}"), error = %e, "adding a voter did not complete");
+                }
+                added
+            })
+        };
+        let wait = raft.wait(None);
+        let in_log = wait.metrics(|m| m.membership_config.membership().get_node(&id).is_some(), "voter in the log");
+        tokio::select! {
+            finished = change => finished.map_err(|_| EtcdError::Internal)?.map(|_| ()).map_err(change_error)?,
+            seen = in_log => seen.map(|_| ()).map_err(|_| EtcdError::Stopped)?,
+        }
     }
     Ok(id)
 }
@@ -107,7 +143,7 @@ pub async fn remove(raft: &Raft, id: NodeId) -> Result<(), EtcdError> {
     let is_voter = membership.voter_ids().any(|v| v == id);
     if is_voter {
         if !ready_to_remove_voter(&membership, id) {
-            return Err(EtcdError::Unhealthy);
+            return Err(EtcdError::NotEnoughStartedMembers);
         }
         raft.change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false).await.map_err(change_error)?;
     }
@@ -160,6 +196,9 @@ pub async fn promote(raft: &Raft, id: NodeId) -> Result<(), EtcdError> {
     if leader_index > 0 && matched * 100 < leader_index * LEARNER_READY_PERCENT {
         return Err(EtcdError::LearnerNotReady);
     }
+    if !ready_to_promote(&membership) {
+        return Err(EtcdError::NotEnoughStartedMembers);
+    }
     raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false).await.map_err(change_error)?;
     Ok(())
 }
@@ -202,6 +241,9 @@ mod tests {
         assert!(ready_to_add_voter(&membership(&[(1, true), (2, true), (3, true)], &[])));
         assert!(ready_to_remove_voter(&membership(&[(1, true), (2, true), (3, true)], &[]), 3));
         assert!(!ready_to_remove_voter(&membership(&[(1, true), (2, false), (3, true)], &[]), 3));
+        assert!(!ready_to_remove_voter(&membership(&[(1, true)], &[]), 1), "the last voter stays");
+        assert!(ready_to_promote(&membership(&[(1, true)], &[2])));
+        assert!(!ready_to_promote(&membership(&[(1, true), (2, false), (3, false)], &[4])));
         let m = membership(&[(1, true)], &[2]);
         assert_eq!(members(&m).iter().map(|m| (m.id, m.is_learner)).collect::<Vec<_>>(), [(1, false), (2, true)]);
         assert_eq!(check_unique_urls(&m, &["http://m2:2380".into()], None), Err(EtcdError::PeerUrlExists));

@@ -6,10 +6,15 @@
 //! member answers once it has applied that entry itself, so a client reads its own write here; a
 //! linearizable read asks the leader for a read index confirmed by a quorum, then waits until this
 //! member has applied it; lease keep-alives reach the leader's lease clock; membership changes run on
-//! the leader. Without a known leader the answer is etcd's retryable "no leader".
+//! the leader.
+//!
+//! During an election a request waits for the new leader (up to two election timeouts, as etcd's
+//! proposals wait), and a member that answers "not leader" before doing anything is asked again at
+//! the leader it names next. After that the answer is etcd's retryable "no leader".
 
 use std::time::Duration;
 
+use futures::future::{BoxFuture, FutureExt};
 use openraft::error::RaftError;
 use tonic::transport::Channel;
 
@@ -22,7 +27,7 @@ use crate::proto::etcdserverpb::{
     MemberRemoveRequest, MemberUpdateRequest,
 };
 use crate::proto::keywardpb::peer_client::PeerClient;
-use crate::proto::keywardpb::{PublishRequest, ReadIndexRequest};
+use crate::proto::keywardpb::{PublishRequest, ReadIndexRequest, RemovedRequest};
 use crate::raft::NodeId;
 
 /// How long a forwarded request may take at the leader (etcd's default request timeout is 5 s plus
@@ -30,22 +35,49 @@ use crate::raft::NodeId;
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(7);
 /// How long this member waits to apply what the leader applied or confirmed.
 const APPLY_WAIT: Duration = Duration::from_secs(5);
+/// Times a request is sent again to the next leader after "not leader".
+const REROUTES: usize = 3;
 
-/// Where a request that needs the leader goes.
-enum Route {
-    Here,
-    Leader(PeerClient<Channel>),
-}
+type Leader = PeerClient<Channel>;
 
 impl Node {
-    fn route(&self) -> Result<Route, EtcdError> {
-        let leader = self.leader().ok_or(EtcdError::NoLeader)?;
-        if leader == self.member_id {
-            return Ok(Route::Here);
+    /// Runs `here` if this member leads, else `there` against the leader; see the module docs.
+    async fn on_leader<'a, T>(
+        &'a self,
+        here: impl FnOnce() -> BoxFuture<'a, Result<T, EtcdError>>,
+        mut there: impl FnMut(Leader) -> BoxFuture<'a, Result<T, tonic::Status>>,
+    ) -> Result<T, EtcdError> {
+        let not_leader = EtcdError::NotLeader.to_string();
+        let mut tried = 0;
+        loop {
+            let leader = self.await_leader().await?;
+            if leader == self.member_id {
+                return here().await;
+            }
+            let url = membership::current(&self.raft)
+                .get_node(&leader)
+                .and_then(|n| n.peer_url().map(str::to_string))
+                .ok_or(EtcdError::NoLeader)?;
+            match there(self.peers.client(&url)?).await {
+                // Refused before anything was done: ask the leader it knows of next.
+                Err(status) if status.message() == not_leader && tried < REROUTES => {
+                    tried += 1;
+                    let heartbeat = Duration::from_millis(self.raft.config().heartbeat_interval);
+                    tokio::time::sleep(heartbeat).await;
+                }
+                answer => return answer.map_err(EtcdError::from),
+            }
         }
-        let membership = membership::current(&self.raft);
-        let url = membership.get_node(&leader).and_then(|n| n.peer_url()).ok_or(EtcdError::NoLeader)?;
-        Ok(Route::Leader(self.peers.client(url).map_err(|_| EtcdError::NoLeader)?))
+    }
+
+    /// The leader, waiting up to two election timeouts for one to be elected.
+    async fn await_leader(&self) -> Result<NodeId, EtcdError> {
+        if let Some(leader) = self.leader() {
+            return Ok(leader);
+        }
+        let patience = Duration::from_millis(2 * self.raft.config().election_timeout_max);
+        let _ = self.raft.wait(Some(patience)).metrics(|m| m.current_leader.is_some(), "a leader").await;
+        self.leader().ok_or(EtcdError::NoLeader)
     }
 
     fn forwarded<T>(&self, message: T) -> tonic::Request<T> {
@@ -54,17 +86,27 @@ impl Node {
 
     /// Proposes `req` (its header set) through the leader and returns what applying it produced.
     pub(super) async fn propose_on_leader(&self, req: InternalRaftRequest) -> Result<Applied, EtcdError> {
-        match self.route()? {
-            Route::Here => self.proposer.propose(req).await?.result,
-            Route::Leader(mut leader) => {
-                let answer = leader.propose(self.forwarded(req)).await?.into_inner();
-                let result: Result<Applied, EtcdError> =
-                    postcard::from_bytes(&answer.result).map_err(|_| EtcdError::Internal)?;
-                // Answer once applied here too: a client that reads from this member next sees it.
-                self.wait_applied(answer.index).await?;
-                result
-            }
+        let here = req.clone();
+        let (index, result) = self
+            .on_leader(
+                move || async move { self.proposer.propose(here).await.map(|p| (None, p.result)) }.boxed(),
+                |mut leader| {
+                    let req = self.forwarded(req.clone());
+                    async move {
+                        let answer = leader.propose(req).await?.into_inner();
+                        let result = postcard::from_bytes(&answer.result)
+                            .map_err(|e| tonic::Status::internal(format!("undecodable apply result: {e}")))?;
+                        Ok((Some(answer.index), result))
+                    }
+                    .boxed()
+                },
+            )
+            .await?;
+        if let Some(index) = index {
+            // Answer once applied here too: a client that reads from this member next sees it.
+            self.wait_applied(index).await?;
         }
+        result
     }
 
     /// Serves a follower's forwarded write: proposes it as it is (the follower built its header).
@@ -72,22 +114,30 @@ impl Node {
         &self,
         req: InternalRaftRequest,
     ) -> Result<(u64, Result<Applied, EtcdError>), EtcdError> {
-        match self.route()? {
-            Route::Here => self.proposer.propose(req).await.map(|p| (p.index, p.result)),
-            // Leadership moved on meanwhile: the follower retries with the leader it learns of.
-            Route::Leader(_) => Err(EtcdError::NotLeader),
+        if !self.is_leader() {
+            // Leadership moved on meanwhile: the follower asks the leader it learns of next.
+            return Err(EtcdError::NotLeader);
         }
+        self.proposer.propose(req).await.map(|p| (p.index, p.result))
     }
 
     /// Waits until this member may serve a linearizable read: a read index confirmed by the leader
     /// with a quorum, and this member's applied state caught up with it.
     pub async fn read_index(&self) -> Result<(), EtcdError> {
-        match self.route()? {
-            Route::Here => self.raft.ensure_linearizable().await.map(|_| ()).map_err(raft_read_error),
-            Route::Leader(mut leader) => {
-                let index = leader.read_index(self.forwarded(ReadIndexRequest {})).await?.into_inner().index;
-                self.wait_applied(index).await
-            }
+        let index = self
+            .on_leader(
+                move || {
+                    async move { self.raft.ensure_linearizable().await.map(|_| None).map_err(raft_read_error) }.boxed()
+                },
+                |mut leader| {
+                    let req = self.forwarded(ReadIndexRequest {});
+                    async move { Ok(Some(leader.read_index(req).await?.into_inner().index)) }.boxed()
+                },
+            )
+            .await?;
+        match index {
+            Some(index) => self.wait_applied(index).await,
+            None => Ok(()),
         }
     }
 
@@ -108,93 +158,107 @@ impl Node {
 
     /// Renews lease `id` on the leader's clock: its TTL, or 0 for an unknown or expired lease.
     pub async fn lease_renew(&self, id: i64) -> Result<i64, EtcdError> {
-        match self.route()? {
-            Route::Here => Ok(self.lessor.renew(id).unwrap_or(0)),
-            Route::Leader(mut leader) => {
-                let req = LeaseKeepAliveRequest { id };
-                Ok(leader.lease_keep_alive(self.forwarded(req)).await?.into_inner().ttl)
-            }
-        }
+        self.on_leader(
+            move || async move { Ok(self.lessor.renew(id).unwrap_or(0)) }.boxed(),
+            |mut leader| {
+                let req = self.forwarded(LeaseKeepAliveRequest { id });
+                async move { Ok(leader.lease_keep_alive(req).await?.into_inner().ttl) }.boxed()
+            },
+        )
+        .await
     }
 
     /// `(granted TTL, remaining seconds)` of lease `id` on the leader's clock.
     pub async fn lease_time_to_live(&self, id: i64) -> Result<Option<(i64, i64)>, EtcdError> {
-        match self.route()? {
-            Route::Here => Ok(self.lessor.time_to_live(id)),
-            Route::Leader(mut leader) => {
-                let req = LeaseTimeToLiveRequest { id, keys: false };
-                let answer = leader.lease_time_to_live(self.forwarded(req)).await?.into_inner();
-                Ok((answer.ttl >= 0).then_some((answer.granted_ttl, answer.ttl)))
-            }
-        }
-    }
-
-    /// Adds a member (MemberAdd) and returns its id.
-    pub async fn member_add(&self, req: MemberAddRequest) -> Result<NodeId, EtcdError> {
-        match self.route()? {
-            Route::Here => {
-                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-                let id = crate::cluster::ids::added_member_id(&req.peer_ur_ls, &self.cluster_token, now.as_nanos());
-                membership::add(&self.raft, id, req.peer_ur_ls, req.is_learner).await
-            }
-            Route::Leader(mut leader) => {
-                let answer = leader.member_add(self.forwarded(req)).await?.into_inner();
-                let id = answer.member.map_or(0, |m| m.id);
-                // Answer with the membership that includes the new member, as the leader did.
-                let _ = self
-                    .raft
-                    .wait(Some(APPLY_WAIT))
-                    .metrics(|m| m.membership_config.membership().get_node(&id).is_some(), "member added")
-                    .await;
-                Ok(id)
-            }
-        }
-    }
-
-    pub async fn member_remove(&self, req: MemberRemoveRequest) -> Result<(), EtcdError> {
-        match self.route()? {
-            Route::Here => {
-                let url =
-                    membership::current(&self.raft).get_node(&req.id).and_then(|n| n.peer_url()).map(str::to_string);
-                membership::remove(&self.raft, req.id).await?;
-                // Best effort: a member that is down when it is removed is not told; its peers no
-                // longer replicate to it, and it stays outside the cluster until it is stopped.
-                if let Some(Ok(mut peer)) = url.map(|u| self.peers.client(&u)) {
-                    let _ = peer
-                        .removed(self.peers.request(crate::proto::keywardpb::RemovedRequest {}, Some(APPLY_WAIT)))
-                        .await;
+        self.on_leader(
+            move || async move { Ok(self.lessor.time_to_live(id)) }.boxed(),
+            |mut leader| {
+                let req = self.forwarded(LeaseTimeToLiveRequest { id, keys: false });
+                async move {
+                    let answer = leader.lease_time_to_live(req).await?.into_inner();
+                    Ok((answer.ttl >= 0).then_some((answer.granted_ttl, answer.ttl)))
                 }
-                Ok(())
-            }
-            Route::Leader(mut leader) => {
-                let id = req.id;
-                leader.member_remove(self.forwarded(req)).await?;
-                let _ = self
-                    .raft
-                    .wait(Some(APPLY_WAIT))
-                    .metrics(|m| m.membership_config.membership().get_node(&id).is_none(), "member removed")
-                    .await;
-                Ok(())
-            }
-        }
+                .boxed()
+            },
+        )
+        .await
+    }
+
+    /// Adds a member (MemberAdd) and returns its id; answers once this member's view includes it.
+    pub async fn member_add(&self, req: MemberAddRequest) -> Result<NodeId, EtcdError> {
+        let local = req.clone();
+        let id = self
+            .on_leader(
+                move || {
+                    async move {
+                        let now =
+                            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                        let urls = local.peer_ur_ls;
+                        let id = crate::cluster::ids::added_member_id(&urls, &self.cluster_token, now.as_secs());
+                        membership::add(&self.raft, id, urls, local.is_learner).await
+                    }
+                    .boxed()
+                },
+                |mut leader| {
+                    let req = self.forwarded(req.clone());
+                    async move { Ok(leader.member_add(req).await?.into_inner().member.map_or(0, |m| m.id)) }.boxed()
+                },
+            )
+            .await?;
+        self.await_membership(move |m| m.get_node(&id).is_some()).await;
+        Ok(id)
+    }
+
+    /// Removes a member; the leader tells it, so that it shuts down.
+    pub async fn member_remove(&self, req: MemberRemoveRequest) -> Result<(), EtcdError> {
+        let id = req.id;
+        self.on_leader(
+            move || {
+                async move {
+                    let membership = membership::current(&self.raft);
+                    let url = membership.get_node(&id).and_then(|n| n.peer_url()).map(str::to_string);
+                    membership::remove(&self.raft, id).await?;
+                    // Best effort: a member that is down when it is removed is not told; its peers
+                    // no longer replicate to it, and it stays outside the cluster until it is stopped.
+                    if let Some(Ok(mut peer)) = url.map(|u| self.peers.client(&u)) {
+                        let _ = peer.removed(self.peers.request(RemovedRequest {}, Some(APPLY_WAIT))).await;
+                    }
+                    Ok(())
+                }
+                .boxed()
+            },
+            |mut leader| {
+                let req = self.forwarded(req);
+                async move { leader.member_remove(req).await.map(|_| ()) }.boxed()
+            },
+        )
+        .await?;
+        self.await_membership(move |m| m.get_node(&id).is_none()).await;
+        Ok(())
     }
 
     pub async fn member_update(&self, req: MemberUpdateRequest) -> Result<(), EtcdError> {
-        match self.route()? {
-            Route::Here => membership::update(&self.raft, req.id, req.peer_ur_ls).await,
-            Route::Leader(mut leader) => {
-                leader.member_update(self.forwarded(req)).await.map(|_| ()).map_err(Into::into)
-            }
-        }
+        let local = req.clone();
+        self.on_leader(
+            move || async move { membership::update(&self.raft, local.id, local.peer_ur_ls).await }.boxed(),
+            |mut leader| {
+                let req = self.forwarded(req.clone());
+                async move { leader.member_update(req).await.map(|_| ()) }.boxed()
+            },
+        )
+        .await
     }
 
     pub async fn member_promote(&self, req: MemberPromoteRequest) -> Result<(), EtcdError> {
-        match self.route()? {
-            Route::Here => membership::promote(&self.raft, req.id).await,
-            Route::Leader(mut leader) => {
-                leader.member_promote(self.forwarded(req)).await.map(|_| ()).map_err(Into::into)
-            }
-        }
+        let id = req.id;
+        self.on_leader(
+            move || async move { membership::promote(&self.raft, id).await }.boxed(),
+            |mut leader| {
+                let req = self.forwarded(req);
+                async move { leader.member_promote(req).await.map(|_| ()) }.boxed()
+            },
+        )
+        .await
     }
 
     /// Publishes this member's name and client URLs (on the leader, through raft).
@@ -209,10 +273,28 @@ impl Node {
 
     /// Records a member's published attributes (on the leader; a follower forwards).
     pub async fn publish_member(&self, req: PublishRequest) -> Result<(), EtcdError> {
-        match self.route()? {
-            Route::Here => membership::publish(&self.raft, req.member_id, req.name, req.client_urls).await,
-            Route::Leader(mut leader) => leader.publish(self.forwarded(req)).await.map(|_| ()).map_err(Into::into),
-        }
+        let local = req.clone();
+        self.on_leader(
+            move || {
+                async move { membership::publish(&self.raft, local.member_id, local.name, local.client_urls).await }
+                    .boxed()
+            },
+            |mut leader| {
+                let req = self.forwarded(req.clone());
+                async move { leader.publish(req).await.map(|_| ()) }.boxed()
+            },
+        )
+        .await
+    }
+
+    /// Waits (briefly) until this member's membership satisfies `done`: a member answers a change
+    /// with a membership that shows it, as the leader did.
+    async fn await_membership(&self, done: impl Fn(&crate::raft::Membership) -> bool + Send + Sync) {
+        let _ = self
+            .raft
+            .wait(Some(APPLY_WAIT))
+            .metrics(|m| done(m.membership_config.membership()), "membership change seen")
+            .await;
     }
 }
 
