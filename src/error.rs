@@ -175,10 +175,10 @@ impl From<Status> for EtcdError {
     /// The leader's (or any peer's) answer to a forwarded request, to pass on to the client.
     fn from(status: Status) -> EtcdError {
         match status.code() {
-            // The peer could not be reached or did not answer in time: a client retries elsewhere.
-            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled
-                if !status.message().starts_with("etcdserver:") =>
-            {
+            // The leader did not answer in time (etcd's "request timed out"), or could not be reached
+            // (it changed, or is going): both retryable for a client.
+            Code::DeadlineExceeded => EtcdError::Timeout,
+            Code::Unavailable | Code::Cancelled if !status.message().starts_with("etcdserver:") => {
                 tracing::debug!(error = %status, "forwarding to the leader failed");
                 EtcdError::LeaderChanged
             }

@@ -32,6 +32,16 @@ pub mod storage;
 pub async fn serve(config: config::Config) -> anyhow::Result<()> {
     // Bound before raft starts: peers must reach this member for it to join an election.
     let peer_listeners = server::bind_peer(&config.listen_peer).await?;
+    for listener in config.listen_peer.iter().filter(|l| !l.addr.ip().is_loopback()) {
+        // Whoever reaches a peer port takes part in raft, as with etcd: only mTLS keeps others out.
+        if !listener.tls || config.peer_tls.as_ref().is_none_or(|t| !t.client_cert_auth) {
+            tracing::warn!(
+                url = %listener.url,
+                "peer traffic is not authenticated: anyone who reaches this port can act as a member; use \
+                 https:// peer URLs with --peer-client-cert-auth"
+            );
+        }
+    }
     let node = node::Node::start(&config).await?;
     let (peer_stop_tx, peer_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let peer_server = {
