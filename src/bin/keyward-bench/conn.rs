@@ -1,25 +1,19 @@
 //! Connections for `keyward-bench`: tonic channels over plain TCP or tokio-rustls TLS (a custom
 //! connector, since tonic's own TLS feature is not enabled), and the per-connection auth token.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::task::{Context, Poll};
 
 use anyhow::{anyhow, bail, Context as _};
-use hyper_util::rt::TokioIo;
 use rustls::{ClientConfig, RootCertStore};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
-use tonic::codegen::Service;
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::transport::{Channel, Endpoint, Uri};
 use tonic::{Code, Status};
 
 use crate::args::BenchArgs;
+use keyward::frontend::tls::client::TlsConnector;
 use keyward::proto::etcdserverpb::auth_client::AuthClient;
 use keyward::proto::etcdserverpb::AuthenticateRequest;
 
@@ -160,7 +154,7 @@ async fn connect(endpoint: &str, tls: Option<Arc<ClientConfig>>, args: &BenchArg
         let Some(config) = tls else { bail!("endpoint {endpoint:?} is https:// but --cacert is not given") };
         let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_string();
         let server_name = ServerName::try_from(host.clone()).with_context(|| format!("server name {host:?}"))?;
-        ep.connect_with_connector(TlsConnector { config, server_name }).await
+        ep.connect_with_connector(TlsConnector::new(config, server_name)).await
     } else {
         ep.connect().await
     };
@@ -176,37 +170,4 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
-}
-
-/// A tower connector for tonic: TCP (no Nagle) then a rustls client handshake with ALPN h2.
-#[derive(Clone)]
-struct TlsConnector {
-    config: Arc<ClientConfig>,
-    server_name: ServerName<'static>,
-}
-
-type ConnectFuture = Pin<Box<dyn Future<Output = std::io::Result<TokioIo<TlsStream<TcpStream>>>> + Send>>;
-
-impl Service<Uri> for TlsConnector {
-    type Response = TokioIo<TlsStream<TcpStream>>;
-    type Error = std::io::Error;
-    type Future = ConnectFuture;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        let connector = tokio_rustls::TlsConnector::from(self.config.clone());
-        let server_name = self.server_name.clone();
-        Box::pin(async move {
-            let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_string();
-            let port = uri.port_u16().unwrap_or(443);
-            let tcp = TcpStream::connect((host.as_str(), port)).await?;
-            tcp.set_nodelay(true)?;
-            // HTTP/2 with prior knowledge follows, whether or not the server answered the ALPN offer.
-            let tls = connector.connect(server_name, tcp).await?;
-            Ok(TokioIo::new(tls))
-        })
-    }
 }

@@ -86,6 +86,13 @@ pub struct TlsConnector {
     server_name: ServerName<'static>,
 }
 
+impl TlsConnector {
+    /// Dials with `config`, expecting the server's certificate to name `server_name`.
+    pub fn new(config: Arc<ClientConfig>, server_name: ServerName<'static>) -> Self {
+        TlsConnector { config, server_name }
+    }
+}
+
 type ConnectFuture = Pin<Box<dyn Future<Output = std::io::Result<TokioIo<TlsStream<TcpStream>>>> + Send>>;
 
 impl Service<Uri> for TlsConnector {
