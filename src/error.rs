@@ -57,6 +57,9 @@ pub enum EtcdError {
     RoleEmpty,
     #[error("etcdserver: authentication failed, invalid user ID or password")]
     AuthFailed,
+    /// keyward's own: bcrypt reads at most 72 bytes, and a longer password would be cut silently.
+    #[error("etcdserver: password is too long (at most 72 bytes)")]
+    PasswordTooLong,
     /// etcd answers a password login to a `--no-password` user with its raw auth error (code Unknown).
     #[error("auth: authentication failed, password was given for no password user")]
     NoPasswordUser,
@@ -141,7 +144,9 @@ impl EtcdError {
         use EtcdError::*;
         match self {
             EmptyKey | KeyNotFound | ValueProvided | LeaseProvided | TooManyOps | DuplicateKey | RequestTooLarge
-            | UserEmpty | RoleEmpty | AuthFailed | InvalidAuthMgmt | AuthOldRevision => Code::InvalidArgument,
+            | UserEmpty | RoleEmpty | AuthFailed | InvalidAuthMgmt | AuthOldRevision | PasswordTooLong => {
+                Code::InvalidArgument
+            }
             Compacted | FutureRev | LeaseTtlTooLarge => Code::OutOfRange,
             NoSpace | StorageFull { .. } | TooManyRequests => Code::ResourceExhausted,
             LeaseNotFound | MemberNotFound => Code::NotFound,

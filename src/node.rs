@@ -460,6 +460,16 @@ impl Node {
         self.read_state(read).await
     }
 
+    /// Requires an authenticated user when auth is on, against the current auth state: anonymous
+    /// calls are refused even where etcd 3.4 answers them (MemberList, Status, Alarm GET, leases:
+    /// CVE-2026-33413's class).
+    pub async fn require_user(&self, who: Requester, op: &'static str) -> Result<(), EtcdError> {
+        if !self.auth_enabled() {
+            return Ok(());
+        }
+        self.read_state(move |state, txn| Authorizer::new(&state.auth, txn)?.check_user(&who, op)).await
+    }
+
     /// Requires the root role when auth is on, against the current auth state (etcd's
     /// `IsAdminPermitted`; no linearizability wait, as etcd).
     pub async fn require_admin(&self, who: Requester, op: &'static str) -> Result<(), EtcdError> {

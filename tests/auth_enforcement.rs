@@ -524,6 +524,29 @@ async fn keep_alive_requires_authenticated_user() {
     assert!(resp.ttl() > 0);
 }
 
+/// With auth on, MemberList, Status and Alarm GET need an authenticated user (etcd 3.4 answers them
+/// anonymously: CVE-2026-33413's class); any authenticated user may call them.
+#[tokio::test]
+async fn cluster_and_maintenance_reads_require_authenticated_user() {
+    if common::selftest() {
+        return; // etcd 3.4 answers these anonymously
+    }
+    let mut s = AuthServer::start().await;
+    let mut anonymous = connect(&s.ep()).await;
+    assert_err("anonymous member list", anonymous.member_list().await, USER_EMPTY);
+    let status = anonymous.status().await.expect_err("anonymous status must be refused");
+    assert!(msg(&status).contains("user name is empty"), "{status:?}");
+    let alarms = anonymous.alarm(etcd_client::AlarmAction::Get, etcd_client::AlarmType::None, None).await;
+    assert!(msg(&alarms.expect_err("anonymous alarm list must be refused")).contains("user name is empty"));
+    let mut alice = s.user("alice", &[]).await;
+    assert_ok("authenticated member list", alice.member_list().await);
+    assert_ok("authenticated status", alice.status().await);
+    assert_ok(
+        "authenticated alarm list",
+        alice.alarm(etcd_client::AlarmAction::Get, etcd_client::AlarmType::None, None).await,
+    );
+}
+
 // ---------------------------------------------------------------------------
 // compaction
 // ---------------------------------------------------------------------------

@@ -69,15 +69,26 @@ async fn on_pool<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -
     result.await.map_err(|_| EtcdError::Internal)
 }
 
+/// bcrypt reads at most this many bytes of a password and ignores the rest.
+pub const MAX_PASSWORD_BYTES: usize = 72;
+
+/// The bcrypt hash of `password`; a password longer than bcrypt reads is refused, never cut.
 pub async fn hash(password: String, cost: u32) -> Result<String, EtcdError> {
+    if password.len() > MAX_PASSWORD_BYTES {
+        return Err(EtcdError::PasswordTooLong);
+    }
     on_pool(move || bcrypt::hash(password, cost)).await?.map_err(|e| {
         tracing::error!(error = %e, "bcrypt hashing failed");
         EtcdError::Internal
     })
 }
 
-/// Whether `password` matches `hash`; a malformed hash never matches.
+/// Whether `password` matches `hash`; a malformed hash never matches, and neither does a password
+/// longer than bcrypt reads (its first 72 bytes alone must not log in).
 pub async fn verify(password: String, hash: Vec<u8>) -> bool {
+    if password.len() > MAX_PASSWORD_BYTES {
+        return false;
+    }
     on_pool(move || {
         let Ok(hash) = String::from_utf8(hash) else { return false };
         bcrypt::verify(password, &hash).unwrap_or(false)
@@ -89,6 +100,15 @@ pub async fn verify(password: String, hash: Vec<u8>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_password_longer_than_bcrypt_reads_is_refused_not_cut() {
+        let limit = "A".repeat(MAX_PASSWORD_BYTES);
+        let hashed = hash(limit.clone(), 4).await.unwrap();
+        assert!(verify(limit.clone(), hashed.clone().into_bytes()).await);
+        assert!(!verify(format!("{limit}anything"), hashed.into_bytes()).await, "the 73rd byte counts");
+        assert_eq!(hash(format!("{limit}B"), 4).await, Err(EtcdError::PasswordTooLong));
+    }
 
     #[tokio::test]
     async fn verifies_what_it_hashed() {

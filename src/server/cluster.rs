@@ -70,7 +70,9 @@ impl Cluster for ClusterService {
         Ok(Response::new(MemberUpdateResponse { header: self.node.header(0), members: self.members() }))
     }
 
-    async fn member_list(&self, _request: Request<MemberListRequest>) -> Result<Response<MemberListResponse>, Status> {
+    async fn member_list(&self, request: Request<MemberListRequest>) -> Result<Response<MemberListResponse>, Status> {
+        // An authenticated user when auth is on (etcd 3.4 answers anyone).
+        self.node.require_user(requester(&self.node, &request)?, "member_list").await?;
         // etcd leaves the revision at 0 in this header (so `member list -w json` prints none).
         Ok(Response::new(MemberListResponse { header: self.node.header(0), members: self.members() }))
     }

@@ -8,7 +8,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::requester::requester;
 use crate::apply::Applied;
-use crate::auth::check::{Authorizer, Requester};
+use crate::auth::check::Authorizer;
 use crate::auth::permissions::Access;
 use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
@@ -78,7 +78,7 @@ impl Lease for LeaseService {
             async move {
                 let req = req?;
                 // Keeping a lease alive needs an authenticated user when auth is on (CVE-2026-33413).
-                authenticated(&node, &who, "lease_keep_alive").await?;
+                node.require_user(who.clone(), "lease_keep_alive").await?;
                 // On the leader's clock (a follower forwards); an unknown or expired lease is answered
                 // with TTL 0, as etcd does.
                 let ttl = node.lease_renew(req.id).await?;
@@ -94,7 +94,7 @@ impl Lease for LeaseService {
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
         let who = requester(&self.node, &request)?;
         let req = request.into_inner();
-        authenticated(&self.node, &who, "lease_time_to_live").await?;
+        self.node.require_user(who.clone(), "lease_time_to_live").await?;
         let Some((granted_ttl, ttl)) = self.node.lease_time_to_live(req.id).await? else {
             // etcd answers an unknown lease with TTL -1 rather than an error.
             return Ok(Response::new(LeaseTimeToLiveResponse {
@@ -145,13 +145,4 @@ impl Lease for LeaseService {
         let leases = leases.into_iter().map(|(_, id)| LeaseStatus { id }).collect();
         Ok(Response::new(LeaseLeasesResponse { header: header(&self.node), leases }))
     }
-}
-
-/// Requires an authenticated user when auth is on, against the current auth state.
-async fn authenticated(node: &Node, who: &Requester, op: &'static str) -> Result<(), EtcdError> {
-    if !node.auth_enabled() {
-        return Ok(());
-    }
-    let who = who.clone();
-    node.read(false, move |_, authz| authz.check_user(&who, op)).await
 }

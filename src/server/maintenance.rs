@@ -53,6 +53,13 @@ impl MaintenanceService {
 
     /// With auth enabled, Defragment, Snapshot, Hash and HashKV are root's, as in etcd
     /// (`authMaintenanceServer`: `IsAdminPermitted`); so is Alarm (see `alarm`). Returns the requester.
+    /// With auth on, an authenticated user (errors in etcd's maintenance style, as below).
+    async fn require_user<T>(&self, request: &Request<T>, op: &'static str) -> Result<Requester, Status> {
+        let who = requester(&self.node, request).map_err(raw_auth_status)?;
+        self.node.require_user(who.clone(), op).await.map_err(|e| raw_auth_status(e.into()))?;
+        Ok(who)
+    }
+
     async fn require_admin<T>(&self, request: &Request<T>, op: &'static str) -> Result<Requester, Status> {
         let who = requester(&self.node, request).map_err(raw_auth_status)?;
         self.node.require_admin(who.clone(), op).await.map_err(|e| raw_auth_status(e.into()))?;
@@ -72,7 +79,7 @@ impl Maintenance for MaintenanceService {
         let action = AlarmAction::try_from(request.get_ref().action)
             .map_err(|_| EtcdError::Unsupported(format!("unknown alarm action {}", request.get_ref().action)))?;
         let who = match action {
-            AlarmAction::Get => requester(&self.node, &request)?,
+            AlarmAction::Get => self.require_user(&request, "alarm").await?,
             AlarmAction::Activate | AlarmAction::Deactivate => self.require_admin(&request, "alarm").await?,
         };
         let req = request.into_inner();
@@ -101,7 +108,8 @@ impl Maintenance for MaintenanceService {
         }
     }
 
-    async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+    async fn status(&self, request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        self.require_user(&request, "status").await?;
         let metrics = self.node.raft.metrics().borrow().clone();
         let db_size = self.node.state().env.real_disk_size().unwrap_or(0) as i64;
         let leader = self.node.leader();
