@@ -423,7 +423,11 @@ impl Node {
         if req.encoded_len() > self.max_request_bytes {
             return Err(EtcdError::RequestTooLarge);
         }
-        let mut applied = self.propose_on_leader(req).await?;
+        // etcd's request timeout: 5 s plus two election timeouts. The entry may still be committed
+        // later (as in etcd, the client cannot tell); the caller is told it timed out.
+        let deadline = Duration::from_secs(5) + 2 * self.election_timeout;
+        let mut applied =
+            tokio::time::timeout(deadline, self.propose_on_leader(req)).await.map_err(|_| EtcdError::Timeout)??;
         if let Some(header) = applied.header_mut() {
             self.fill(header);
         }
@@ -702,6 +706,20 @@ mod tests {
         assert!(metrics.contains("etcd_server_is_leader 0\n"), "{metrics}");
         assert!(crate::metrics::PROPOSALS_FAILED.get() > failed_before, "the failed proposal is counted");
         assert!(!node.serving());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_proposal_not_applied_in_time_gets_etcds_request_timed_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let fast = ["--heartbeat-interval", "10", "--election-timeout", "100"];
+        let node = Node::start(&config(dir.path(), &fast)).await.unwrap();
+        node.propose(put("a"), &Requester::Member).await.unwrap();
+        // Storage stays full: apply retries the batch and the proposal waits for it.
+        node.state.inject_full.store(u32::MAX, Ordering::SeqCst);
+        let started = std::time::Instant::now();
+        assert_eq!(node.propose(put("b"), &Requester::Member).await, Err(EtcdError::Timeout));
+        assert!(started.elapsed() >= Duration::from_secs(5), "not before etcd's request timeout");
+        node.state.inject_full.store(0, Ordering::SeqCst);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
