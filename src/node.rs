@@ -177,7 +177,8 @@ impl Node {
             ),
             None => None,
         };
-        let peers = Arc::new(Peers::new(peer_tls));
+        let peer_message_limit = crate::cluster::peers::max_peer_message_bytes(config.max_request_bytes);
+        let peers = Arc::new(Peers::new(peer_tls, peer_message_limit));
         let (member_id, cluster_id) = match log.identity()? {
             Some(ids) => ids,
             None => {
@@ -203,8 +204,9 @@ impl Node {
             // etcd randomizes each election timeout in [timeout, 2 × timeout).
             election_timeout_min: election,
             election_timeout_max: 2 * election,
-            // A single raft message stays well under the peer transport's limit.
+            // A single raft message stays within the peer transport's limit.
             snapshot_max_chunk_size: 4 << 20,
+            max_payload_entries: crate::cluster::peers::max_append_entries(config.max_request_bytes),
             // --snapshot-count counts requests, as etcd's does, not entries (which group-commit
             // requests): the observer above triggers snapshots.
             snapshot_policy: openraft::SnapshotPolicy::Never,

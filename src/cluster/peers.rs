@@ -25,11 +25,26 @@ pub const MEMBER_ID_HEADER: &str = "keyward-member-id";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// An unreachable peer is logged at most this often.
 const UNREACHABLE_LOG_INTERVAL: Duration = Duration::from_secs(10);
-/// Largest peer message: a raft AppendEntries of `--max-request-bytes` requests, or a snapshot chunk.
-pub const MAX_PEER_MESSAGE_BYTES: usize = 64 << 20;
+/// Largest peer message, at least: a raft AppendEntries of several entries, or a snapshot chunk.
+const MIN_PEER_MESSAGE_BYTES: usize = 64 << 20;
+
+/// The largest peer message for a member taking requests of up to `max_request_bytes`: an
+/// AppendEntries must carry at least one whole entry (up to `max_request_bytes` of requests, or one
+/// larger request) with room to spare. `max_append_entries` keeps openraft's batches within it.
+pub fn max_peer_message_bytes(max_request_bytes: usize) -> usize {
+    MIN_PEER_MESSAGE_BYTES.max(max_request_bytes.saturating_mul(2).saturating_add(8 << 20))
+}
+
+/// How many entries one AppendEntries may carry so that it stays within `max_peer_message_bytes`
+/// (openraft's default is 300, which at 1.5 MiB entries would be 450 MiB).
+pub fn max_append_entries(max_request_bytes: usize) -> u64 {
+    let half = max_peer_message_bytes(max_request_bytes) / 2;
+    (half / max_request_bytes.max(1)).clamp(1, 300) as u64
+}
 
 pub struct Peers {
     tls: Option<Arc<ClientConfig>>,
+    max_message_bytes: usize,
     member_id: AtomicU64,
     /// 0 while a joining member does not know its cluster yet.
     cluster_id: AtomicU64,
@@ -39,9 +54,10 @@ pub struct Peers {
 }
 
 impl Peers {
-    pub fn new(tls: Option<Arc<ClientConfig>>) -> Self {
+    pub fn new(tls: Option<Arc<ClientConfig>>, max_message_bytes: usize) -> Self {
         Peers {
             tls,
+            max_message_bytes,
             member_id: AtomicU64::new(0),
             cluster_id: AtomicU64::new(0),
             channels: Default::default(),
@@ -53,6 +69,11 @@ impl Peers {
     pub fn identify(&self, member_id: u64, cluster_id: u64) {
         self.member_id.store(member_id, Ordering::Release);
         self.cluster_id.store(cluster_id, Ordering::Release);
+    }
+
+    /// The largest message a peer may send or receive.
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_message_bytes
     }
 
     /// A client for the peer at `url`; connects on first use.
@@ -68,8 +89,8 @@ impl Peers {
             }
         };
         Ok(PeerClient::new(channel)
-            .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES))
+            .max_decoding_message_size(self.max_message_bytes)
+            .max_encoding_message_size(self.max_message_bytes))
     }
 
     /// A request carrying this member's identity, failing after `timeout`.
@@ -107,5 +128,22 @@ impl Peers {
         if since.remove(url).is_some() {
             tracing::info!(peer = format!("{peer:x}"), url, "peer became active");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_append_entries_of_whole_entries_fits_the_message_limit() {
+        for max_request in [1, 1024, 1_572_864, 10 << 20, 100 << 20, u32::MAX as usize] {
+            let limit = max_peer_message_bytes(max_request);
+            let entries = max_append_entries(max_request) as usize;
+            assert!(entries >= 1);
+            assert!(entries.saturating_mul(max_request) <= limit / 2 || entries == 1, "{max_request}");
+            assert!(limit >= 2 * max_request, "one entry, even of one oversized request, fits");
+        }
+        assert_eq!(max_append_entries(1_572_864), 21);
     }
 }

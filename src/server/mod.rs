@@ -55,9 +55,10 @@ pub async fn serve_peer(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let make = move || {
+        let limit = node.peers.max_message_bytes();
         let peer = PeerServer::new(peer::PeerService::new(node.clone()))
-            .max_decoding_message_size(crate::cluster::peers::MAX_PEER_MESSAGE_BYTES)
-            .max_encoding_message_size(crate::cluster::peers::MAX_PEER_MESSAGE_BYTES);
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit);
         Routes::new(peer)
     };
     serve_bound(bound, tls, make, shutdown).await
