@@ -85,9 +85,10 @@ pub enum Applied {
         #[serde(with = "crate::proto::option_as_bytes")]
         header: Option<ResponseHeader>,
     },
-    /// A token was issued (empty for JWT: the API layer signs it) at this auth revision.
+    /// A login was ordered at `index` and this auth revision: a simple token was issued there (its
+    /// prefix is the proposer's; `auth/simple.rs`), or the API layer signs a JWT.
     Authenticated {
-        token: String,
+        index: u64,
         auth_revision: u64,
     },
 }
@@ -314,16 +315,13 @@ fn authenticate(
     if user.options.is_some_and(|o| o.no_password) {
         return Err(EtcdError::AuthFailed);
     }
-    let token = match stores.simple_tokens {
-        Some(tokens) => {
-            let token = format!("{simple_token}.{index}");
-            tokens.assign(&token, name, revision);
-            token
-        }
-        // JWT: the API layer signs a token for (name, revision) once this entry is applied.
-        None => String::new(),
-    };
-    Ok((Applied::Authenticated { token, auth_revision: revision }, Effects::default()))
+    if let Some(tokens) = stores.simple_tokens {
+        // `simple_token` is the digest of the token's prefix (`auth/simple.rs`); the proposer, who
+        // alone knows the prefix, makes the token from it and this entry's index.
+        tokens.assign(simple_token, index, name, revision);
+    }
+    // JWT: the API layer signs a token for (name, revision) once this entry is applied.
+    Ok((Applied::Authenticated { index, auth_revision: revision }, Effects::default()))
 }
 
 /// User and role management: root only when auth is on.

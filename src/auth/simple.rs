@@ -1,6 +1,11 @@
 //! etcd's "simple" tokens: random strings mapped to `(user, auth revision)` in memory, issued by applying
 //! an Authenticate entry (so every member knows every token) and expiring after `--auth-token-ttl`
 //! without use. Not signed: etcd recommends JWT for production, and so does keyward.
+//!
+//! A token is `PREFIX.INDEX`: a random prefix the API layer chose and the index of the entry that
+//! issued it. The entry carries only the SHA-256 of the prefix (etcd's carries the prefix itself), so
+//! nobody who reads the raft log, a snapshot or a peer's traffic can rebuild a token; members keep the
+//! digest too, and hash the prefix of each token they are shown.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -38,21 +43,36 @@ impl SimpleTokens {
         (0..PREFIX_LEN).map(|_| LETTERS[rng.random_range(0..LETTERS.len())] as char).collect()
     }
 
-    /// Records a token (apply phase). Expired tokens are swept at the same time.
-    pub fn assign(&self, token: &str, user: &str, revision: u64) {
+    /// What the Authenticate entry carries for `prefix`: its SHA-256, in hex.
+    pub fn digest(prefix: &str) -> String {
+        use sha2::Digest;
+        sha2::Sha256::digest(prefix.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The token a client gets for `prefix`, issued by the entry at `index`.
+    pub fn token(prefix: &str, index: u64) -> String {
+        format!("{prefix}.{index}")
+    }
+
+    /// Records the token whose prefix has `digest`, issued at `index` (apply phase). Expired tokens
+    /// are swept at the same time.
+    pub fn assign(&self, digest: &str, index: u64, user: &str, revision: u64) {
         let now = Instant::now();
         let mut tokens = self.lock();
         tokens.retain(|_, e| e.expires > now);
-        tokens.insert(token.to_string(), Entry { user: user.to_string(), revision, expires: now + self.ttl });
+        let key = format!("{digest}.{index}");
+        tokens.insert(key, Entry { user: user.to_string(), revision, expires: now + self.ttl });
     }
 
     /// The token's user and revision; using a token extends its life by the TTL.
     pub fn info(&self, token: &str) -> Option<(String, u64)> {
+        let (prefix, index) = token.rsplit_once('.')?;
+        let key = format!("{}.{index}", Self::digest(prefix));
         let now = Instant::now();
         let mut tokens = self.lock();
-        let entry = tokens.get_mut(token)?;
+        let entry = tokens.get_mut(&key)?;
         if entry.expires <= now {
-            tokens.remove(token);
+            tokens.remove(&key);
             return None;
         }
         entry.expires = now + self.ttl;
@@ -75,14 +95,25 @@ mod tests {
     #[test]
     fn tokens_resolve_until_invalidated_or_expired() {
         let tokens = SimpleTokens::new(Duration::from_millis(50));
-        tokens.assign("t1.5", "alice", 3);
+        tokens.assign(&SimpleTokens::digest("t1"), 5, "alice", 3);
         assert_eq!(tokens.info("t1.5"), Some(("alice".into(), 3)));
         assert_eq!(tokens.info("t2.5"), None);
+        assert_eq!(tokens.info("t1.6"), None, "the index is part of the token");
         tokens.invalidate_user("alice");
         assert_eq!(tokens.info("t1.5"), None);
-        tokens.assign("t3.6", "bob", 4);
+        tokens.assign(&SimpleTokens::digest("t3"), 6, "bob", 4);
         std::thread::sleep(Duration::from_millis(80));
         assert_eq!(tokens.info("t3.6"), None, "an unused token expires after the TTL");
         assert_eq!(SimpleTokens::prefix().len(), 16);
+    }
+
+    /// What the log holds (the digest, with the index) does not resolve: only the prefix does.
+    #[test]
+    fn the_digest_in_the_log_is_not_a_token() {
+        let tokens = SimpleTokens::new(Duration::from_secs(60));
+        let digest = SimpleTokens::digest("secretprefix");
+        tokens.assign(&digest, 9, "alice", 1);
+        assert_eq!(tokens.info(&format!("{digest}.9")), None);
+        assert_eq!(tokens.info(&SimpleTokens::token("secretprefix", 9)), Some(("alice".into(), 1)));
     }
 }

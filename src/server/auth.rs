@@ -123,17 +123,19 @@ impl Auth for AuthService {
                 tracing::info!(user = %req.name, "authentication failed: wrong password");
                 return Err(EtcdError::AuthFailed.into());
             }
+            // The token's secret part stays here: the entry carries only its digest.
+            let prefix = SimpleTokens::prefix();
             let issue = InternalAuthenticateRequest {
                 name: req.name.clone(),
-                simple_token: SimpleTokens::prefix(),
+                simple_token: SimpleTokens::digest(&prefix),
                 // Never filled: the password was checked above and must not enter the log.
                 password: String::new(),
             };
             let who = Requester::Client { username: req.name.clone(), revision: checked_at };
             match self.node.propose(internal(|r| r.authenticate = Some(issue)), &who).await {
-                Ok(Applied::Authenticated { token, auth_revision }) => {
+                Ok(Applied::Authenticated { index, auth_revision }) => {
                     let token = match self.node.tokens.as_ref() {
-                        Tokens::Simple(_) => token,
+                        Tokens::Simple(_) => SimpleTokens::token(&prefix, index),
                         Tokens::Jwt(jwt) => jwt.sign(&req.name, auth_revision)?,
                     };
                     let header = self.node.header(self.node.revision());
