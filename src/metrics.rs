@@ -41,6 +41,19 @@ pub static TLS_HANDSHAKE_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+pub static PASSWORD_CHECKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "keyward_auth_password_checks_total",
+                "Password checks (bcrypt) by outcome: match, mismatch, unknown_user, queue_full, abandoned.",
+            ),
+            &["outcome"],
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
 pub static PROPOSALS_FAILED: LazyLock<IntCounter> = LazyLock::new(|| {
     register(
         IntCounter::new("etcd_server_proposals_failed_total", "Proposals that failed.")

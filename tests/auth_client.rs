@@ -570,3 +570,21 @@ async fn simple_tokens_never_enter_the_raft_log() {
     assert!(contains(&digest), "the entry is in the log, with the prefix's digest");
     assert!(!contains(prefix), "the token's secret prefix is not in the log");
 }
+
+/// A login for a user that does not exist costs one bcrypt, like a wrong password, so timing does not
+/// tell which user names exist (`keyward_auth_password_checks_total` counts the checks).
+#[tokio::test]
+async fn an_unknown_user_costs_a_password_check_like_a_wrong_password() {
+    if common::selftest() {
+        return; // keyward's own metric
+    }
+    let s = AuthServer::start_with(Kind::Keyward, &["--bcrypt-cost", "4"]).await;
+    let checks = |outcome: &str| {
+        let (_, text) = common::http_get(&s.ep(), "/metrics");
+        common::metric(&text, &format!("keyward_auth_password_checks_total{{outcome=\"{outcome}\"}}"))
+    };
+    assert_eq!(raw_token(&s.ep(), "nosuchuser", "pw").await.unwrap_err().message(), AUTH_FAILED);
+    assert_eq!(checks("unknown_user"), 1.0);
+    assert_eq!(raw_token(&s.ep(), "root", "wrong").await.unwrap_err().message(), AUTH_FAILED);
+    assert_eq!(checks("mismatch"), 1.0);
+}

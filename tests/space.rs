@@ -24,7 +24,10 @@ use std::time::{Duration, Instant};
 
 use auth_helpers::{connect, connect_as, msg, AuthServer, FAST_BCRYPT, ROOT_PW};
 use common::etcd_errors::NO_SPACE;
-use common::{assert_status, etcdctl, free_port, keyward_bin, member_flags, step, step_stdin, Kind, Scenario, Server};
+use common::{
+    assert_status, etcdctl, free_port, http_get, keyward_bin, member_flags, metric, step, step_stdin, Kind, Scenario,
+    Server,
+};
 use etcd_client::{
     AlarmAction, AlarmOptions, AlarmType, Client, CompactionOptions, DeleteOptions, GetOptions, Txn, TxnOp,
 };
@@ -210,28 +213,6 @@ async fn only_nospace_can_be_raised() {
 // ---------------------------------------------------------------------------
 // /health and /metrics
 // ---------------------------------------------------------------------------
-
-/// `GET path` over plain HTTP: (status code, body).
-fn http_get(endpoint: &str, path: &str) -> (u16, String) {
-    let mut tcp = std::net::TcpStream::connect(endpoint).expect("connect");
-    tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(tcp, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").unwrap();
-    let mut response = String::new();
-    tcp.read_to_string(&mut response).expect("read response");
-    let code = response.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
-    (code, body)
-}
-
-/// The value of an unlabelled metric in `/metrics` text.
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
-        .trim()
-        .parse()
-        .unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_metrics_and_status_report_the_quota_the_size_in_use_and_the_alarm() {

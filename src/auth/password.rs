@@ -5,9 +5,14 @@
 //! core; each thread runs at the lowest scheduling priority (nice 19), so when the apply loop or
 //! request handling wants a core the kernel gives it to them (CFS weighs nice 19 at 15 against 1024
 //! for nice 0): a burst of Authenticate calls slows down, not the writes.
+//!
+//! The queue is bounded: when it is full a login is refused at once with etcd's "too many requests"
+//! rather than queued without limit, and a queued job whose caller has gone (the client hung up) is
+//! dropped unrun. A login for a user that does not exist costs one bcrypt at the configured cost
+//! too (`verify_nobody`), so the answer's timing does not tell which user names exist.
 
 use std::sync::mpsc;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 
 use tokio::sync::oneshot;
 
@@ -18,13 +23,22 @@ pub const DEFAULT_COST: u32 = 10;
 /// The nice value of bcrypt threads: the lowest priority that still gets idle cores.
 const BCRYPT_NICE: i32 = 19;
 
+/// Jobs waiting for a bcrypt thread: about ten seconds of work at cost 10 on two cores. Past it,
+/// "too many requests".
+const QUEUE_CAPACITY: usize = 256;
+
 type Job = Box<dyn FnOnce() + Send>;
 
-static POOL: LazyLock<mpsc::Sender<Job>> = LazyLock::new(|| {
-    let (jobs, queue) = mpsc::channel::<Job>();
-    let queue = Arc::new(Mutex::new(queue));
+static POOL: LazyLock<mpsc::SyncSender<Job>> = LazyLock::new(|| {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    for i in 0..cores {
+    start_pool(cores, QUEUE_CAPACITY)
+});
+
+/// Starts `threads` bcrypt threads fed by a queue of `capacity` jobs.
+fn start_pool(threads: usize, capacity: usize) -> mpsc::SyncSender<Job> {
+    let (jobs, queue) = mpsc::sync_channel::<Job>(capacity);
+    let queue = Arc::new(Mutex::new(queue));
+    for i in 0..threads {
         let queue = queue.clone();
         let spawned = std::thread::Builder::new().name(format!("bcrypt-{i}")).spawn(move || {
             lower_priority();
@@ -45,7 +59,7 @@ static POOL: LazyLock<mpsc::Sender<Job>> = LazyLock::new(|| {
         }
     }
     jobs
-});
+}
 
 #[cfg(target_os = "linux")]
 fn lower_priority() {
@@ -61,11 +75,29 @@ fn lower_priority() {}
 
 /// Runs `work` on the bcrypt pool.
 async fn on_pool<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, EtcdError> {
+    run_on(&POOL, work).await
+}
+
+async fn run_on<T: Send + 'static>(
+    pool: &mpsc::SyncSender<Job>,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, EtcdError> {
     let (done, result) = oneshot::channel();
     let job: Job = Box::new(move || {
+        // The caller is gone (its client hung up): nobody waits for this answer.
+        if done.is_closed() {
+            crate::metrics::PASSWORD_CHECKS.with_label_values(&["abandoned"]).inc();
+            return;
+        }
         let _ = done.send(work());
     });
-    POOL.send(job).map_err(|_| EtcdError::Internal)?;
+    pool.try_send(job).map_err(|e| match e {
+        mpsc::TrySendError::Full(_) => {
+            crate::metrics::PASSWORD_CHECKS.with_label_values(&["queue_full"]).inc();
+            EtcdError::TooManyRequests
+        }
+        mpsc::TrySendError::Disconnected(_) => EtcdError::Internal,
+    })?;
     result.await.map_err(|_| EtcdError::Internal)
 }
 
@@ -84,17 +116,37 @@ pub async fn hash(password: String, cost: u32) -> Result<String, EtcdError> {
 }
 
 /// Whether `password` matches `hash`; a malformed hash never matches, and neither does a password
-/// longer than bcrypt reads (its first 72 bytes alone must not log in).
-pub async fn verify(password: String, hash: Vec<u8>) -> bool {
+/// longer than bcrypt reads (its first 72 bytes alone must not log in). An error when the check
+/// could not run (the queue is full).
+pub async fn verify(password: String, hash: Vec<u8>) -> Result<bool, EtcdError> {
     if password.len() > MAX_PASSWORD_BYTES {
-        return false;
+        return Ok(false);
     }
-    on_pool(move || {
+    let matched = on_pool(move || {
         let Ok(hash) = String::from_utf8(hash) else { return false };
         bcrypt::verify(password, &hash).unwrap_or(false)
     })
-    .await
-    .unwrap_or(false)
+    .await?;
+    crate::metrics::PASSWORD_CHECKS.with_label_values(&[if matched { "match" } else { "mismatch" }]).inc();
+    Ok(matched)
+}
+
+/// The cost of checking a password for a user that does not exist: one bcrypt at `cost`, against a
+/// hash of a random password made once. Never matches.
+pub async fn verify_nobody(password: String, cost: u32) -> Result<(), EtcdError> {
+    static NOBODY: OnceLock<(u32, String)> = OnceLock::new();
+    let hash = match NOBODY.get() {
+        Some((made_at, hash)) if *made_at == cost => hash.clone(),
+        _ => {
+            let random: String = (0..32).map(|_| char::from(b'a' + rand::random::<u8>() % 26)).collect();
+            let hash = hash(random, cost).await?;
+            let _ = NOBODY.set((cost, hash.clone()));
+            hash
+        }
+    };
+    on_pool(move || bcrypt::verify(password, &hash).unwrap_or(false)).await?;
+    crate::metrics::PASSWORD_CHECKS.with_label_values(&["unknown_user"]).inc();
+    Ok(())
 }
 
 #[cfg(test)]
@@ -105,17 +157,45 @@ mod tests {
     async fn a_password_longer_than_bcrypt_reads_is_refused_not_cut() {
         let limit = "A".repeat(MAX_PASSWORD_BYTES);
         let hashed = hash(limit.clone(), 4).await.unwrap();
-        assert!(verify(limit.clone(), hashed.clone().into_bytes()).await);
-        assert!(!verify(format!("{limit}anything"), hashed.into_bytes()).await, "the 73rd byte counts");
+        assert!(verify(limit.clone(), hashed.clone().into_bytes()).await.unwrap());
+        assert!(!verify(format!("{limit}anything"), hashed.into_bytes()).await.unwrap(), "the 73rd byte counts");
         assert_eq!(hash(format!("{limit}B"), 4).await, Err(EtcdError::PasswordTooLong));
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_answers_too_many_requests_and_abandoned_jobs_never_run() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let pool = start_pool(1, 1);
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let p = pool.clone();
+        let busy = tokio::spawn(async move {
+            run_on(&p, move || {
+                let _ = started_tx.send(());
+                let _ = release_rx.recv();
+            })
+            .await
+        });
+        started_rx.await.unwrap(); // the one thread is taken
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        let mut queued = Box::pin(run_on(&pool, move || r.store(true, Ordering::SeqCst)));
+        // Its first poll puts the job in the queue (of one) and waits for the answer.
+        assert!(futures::poll!(&mut queued).is_pending());
+        assert_eq!(run_on(&pool, || ()).await, Err(EtcdError::TooManyRequests));
+        drop(queued); // its client went away
+        release_tx.send(()).unwrap();
+        busy.await.unwrap().unwrap();
+        run_on(&pool, || ()).await.unwrap(); // runs after the abandoned job was taken
+        assert!(!ran.load(Ordering::SeqCst), "a job whose caller is gone is not run");
     }
 
     #[tokio::test]
     async fn verifies_what_it_hashed() {
         let hashed = hash("secret".into(), 4).await.unwrap();
-        assert!(verify("secret".into(), hashed.clone().into_bytes()).await);
-        assert!(!verify("Secret".into(), hashed.into_bytes()).await);
-        assert!(!verify("secret".into(), b"not a bcrypt hash".to_vec()).await);
+        assert!(verify("secret".into(), hashed.clone().into_bytes()).await.unwrap());
+        assert!(!verify("Secret".into(), hashed.into_bytes()).await.unwrap());
+        assert!(!verify("secret".into(), b"not a bcrypt hash".to_vec()).await.unwrap());
     }
 
     #[cfg(target_os = "linux")]

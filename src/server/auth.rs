@@ -112,6 +112,8 @@ impl Auth for AuthService {
                 })
                 .await?;
             let Some((user, checked_at)) = found else {
+                // As long as a wrong password takes: the timing must not tell which names exist.
+                password::verify_nobody(req.password.clone(), self.node.bcrypt_cost).await?;
                 tracing::info!(user = %req.name, "authentication failed: no such user");
                 return Err(EtcdError::AuthFailed.into());
             };
@@ -119,7 +121,7 @@ impl Auth for AuthService {
                 tracing::info!(user = %req.name, "authentication failed: the user has no password (certificate only)");
                 return Err(EtcdError::NoPasswordUser.into());
             }
-            if !password::verify(req.password.clone(), user.password).await {
+            if !password::verify(req.password.clone(), user.password).await? {
                 tracing::info!(user = %req.name, "authentication failed: wrong password");
                 return Err(EtcdError::AuthFailed.into());
             }

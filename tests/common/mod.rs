@@ -1049,3 +1049,31 @@ fn harness_free_port_distinct() {
     sorted.dedup();
     assert_eq!(sorted.len(), ports.len());
 }
+
+// ---------------------------------------------------------------------------
+// /health and /metrics
+// ---------------------------------------------------------------------------
+
+/// `GET path` over plain HTTP: (status code, body).
+pub fn http_get(endpoint: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut tcp = std::net::TcpStream::connect(endpoint).expect("connect");
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    write!(tcp, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").unwrap();
+    let mut response = String::new();
+    tcp.read_to_string(&mut response).expect("read response");
+    let code = response.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    (code, body)
+}
+
+/// The value of a metric in `/metrics` text; `name` includes its labels, if any
+/// (`name{label="value"}`).
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
