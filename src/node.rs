@@ -141,7 +141,7 @@ impl Node {
             let (auth_enabled, auth_revision) = (auth_enabled.clone(), auth_revision.clone());
             let (snapshot_due, snapshot_count) = (snapshot_due.clone(), config.snapshot_count);
             let since_snapshot = AtomicU64::new(0);
-            state.observe(Box::new(move |batch: Committed| {
+            state.observe(Box::new(move |mut batch: Committed| {
                 // Only the apply thread calls this: load and store need not be one atomic step.
                 let applied = since_snapshot.load(Ordering::Relaxed) + batch.requests;
                 if applied >= snapshot_count {
@@ -156,6 +156,19 @@ impl Node {
                 }
                 for &id in &batch.effects.revoked {
                     lessor.revoked(id);
+                }
+                if let Some(installed) = &mut batch.installed {
+                    // A snapshot install: the lease clock follows the installed lease table. Leases it
+                    // no longer holds are dropped, the others resume from their last checkpoint (as
+                    // after a restart). Taken out: the broadcast keeps the last batches.
+                    let leases = std::mem::take(&mut installed.leases);
+                    let kept: std::collections::HashSet<i64> = leases.iter().map(|&(id, _)| id).collect();
+                    for (id, _) in lessor.remaining() {
+                        if !kept.contains(&id) {
+                            lessor.revoked(id);
+                        }
+                    }
+                    lessor.recover(leases);
                 }
                 // No subscriber is fine: nobody is watching.
                 let _ = committed.send(Arc::new(batch));

@@ -296,7 +296,9 @@ impl Watcher {
             tokio::select! {
                 batch = live.recv() => match batch {
                     Ok(batch) => {
-                        if batch.revision < self.next {
+                        // A snapshot install carries no events: the top of the loop replays what it
+                        // brought from the installed store (or cancels the watcher if compacted).
+                        if batch.revision < self.next || batch.installed.is_some() {
                             continue;
                         }
                         let events = batch

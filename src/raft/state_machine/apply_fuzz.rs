@@ -14,7 +14,7 @@ use openraft::{CommittedLeaderId, EntryPayload};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError};
 
-use super::{encode_tables, StateMachine};
+use super::StateMachine;
 use crate::proto::authpb::{permission::Type as PermType, Permission, UserAddOptions};
 use crate::proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
 use crate::proto::etcdserverpb::request_op::Request;
@@ -245,10 +245,8 @@ impl Member {
     }
 
     /// Every replicated table, as a snapshot would hold it.
-    fn tables(&self) -> Result<Vec<u8>, TestCaseError> {
-        let state = &self.sm.state;
-        let txn = state.env.read_txn().map_err(|e| fail("read_txn", e))?;
-        encode_tables(&state.tables(), &txn).map_err(|e| fail("encode", e))
+    fn tables(&self) -> Result<Vec<Vec<(Vec<u8>, Vec<u8>)>>, TestCaseError> {
+        Ok(self.sm.state.table_records())
     }
 }
 
