@@ -598,6 +598,38 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_snapshot_install_rebuilds_the_revision_the_auth_state_and_the_lease_clock() {
+        use crate::raft::state_machine::snapshot_tests::{as_member, auth_with_alice_reading, checkpoint, grant};
+        let dir = tempfile::tempdir().unwrap();
+        let node = Node::start(&config(dir.path(), &[])).await.unwrap();
+        for id in [1, 2] {
+            node.propose(grant(id, 60), &Requester::Member).await.unwrap();
+        }
+        assert_eq!((node.revision(), node.auth_enabled()), (1, false));
+        // The leader's state: lease 1 revoked, lease 2 checkpointed with 20 s left, lease 3 new,
+        // three more revisions, auth on.
+        let leader_dir = tempfile::tempdir().unwrap();
+        let leader =
+            StateMachine::open(&leader_dir.path().join("kv"), &leader_dir.path().join("snap")).unwrap().state();
+        let mut requests = vec![grant(2, 60), checkpoint(2, 20), grant(3, 30), put("a"), put("b"), put("c")];
+        requests.extend(auth_with_alice_reading(b"a"));
+        let results = leader.apply_requests(1, requests.into_iter().map(as_member).collect());
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+
+        node.state.install_snapshot_of(&leader).unwrap();
+
+        assert_eq!(node.lessor.time_to_live(1), None, "a lease the installed state does not hold is dropped");
+        let (ttl, left) = node.lessor.time_to_live(2).expect("lease 2");
+        assert_eq!(ttl, 60);
+        assert!((19..=20).contains(&left), "resumes from its checkpoint: {left}");
+        assert!(node.lessor.time_to_live(3).is_some_and(|(ttl, left)| ttl == 30 && left >= 29));
+        let txn = leader.env.read_txn().unwrap();
+        assert_eq!(node.revision(), 4);
+        assert!(node.auth_enabled());
+        assert_eq!(node.auth_revision(), leader.auth.revision(&txn).unwrap());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn writes_over_the_quota_raise_this_members_nospace_alarm_once() {
         let dir = tempfile::tempdir().unwrap();
         let node = Node::start(&config(dir.path(), &["--quota-backend-bytes", "1048576"])).await.unwrap();

@@ -36,7 +36,7 @@ use crate::storage::{self, Db, LmdbEnv};
 #[cfg(test)]
 mod apply_fuzz;
 #[cfg(test)]
-mod snapshot_tests;
+pub(crate) mod snapshot_tests;
 
 const APPLIED: &[u8] = b"applied";
 const MEMBERSHIP: &[u8] = b"membership";

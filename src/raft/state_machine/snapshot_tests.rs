@@ -1,5 +1,6 @@
 //! Snapshots through openraft's state machine trait: built on one member, sent chunk by chunk, installed
 //! on another; what an install must rebuild; the snap dir's edges (old format, crashes, corruption).
+//! Its request builders serve the node's and the watchers' install tests too.
 
 use std::sync::Mutex;
 
@@ -29,25 +30,25 @@ fn open(dir: &Path) -> StateMachine {
     StateMachine::open(&dir.join("kv"), &dir.join("snap")).expect("open")
 }
 
-fn as_member(req: InternalRaftRequest) -> InternalRaftRequest {
+pub(crate) fn as_member(req: InternalRaftRequest) -> InternalRaftRequest {
     InternalRaftRequest { header: Some(RequestHeader { member_internal: true, ..Default::default() }), ..req }
 }
 
-fn put(key: &[u8], value: &[u8], lease: i64) -> InternalRaftRequest {
+pub(crate) fn put(key: &[u8], value: &[u8], lease: i64) -> InternalRaftRequest {
     let put = PutRequest { key: key.to_vec(), value: value.to_vec(), lease, ..Default::default() };
     InternalRaftRequest { put: Some(put), ..Default::default() }
 }
 
-fn delete(key: &[u8]) -> InternalRaftRequest {
+pub(crate) fn delete(key: &[u8]) -> InternalRaftRequest {
     let delete = DeleteRangeRequest { key: key.to_vec(), ..Default::default() };
     InternalRaftRequest { delete_range: Some(delete), ..Default::default() }
 }
 
-fn grant(id: i64, ttl: i64) -> InternalRaftRequest {
+pub(crate) fn grant(id: i64, ttl: i64) -> InternalRaftRequest {
     InternalRaftRequest { lease_grant: Some(LeaseGrantRequest { ttl, id }), ..Default::default() }
 }
 
-fn checkpoint(id: i64, remaining_ttl: i64) -> InternalRaftRequest {
+pub(crate) fn checkpoint(id: i64, remaining_ttl: i64) -> InternalRaftRequest {
     let checkpoints = vec![LeaseCheckpoint { id, remaining_ttl }];
     as_member(InternalRaftRequest {
         lease_checkpoint: Some(LeaseCheckpointRequest { checkpoints }),
@@ -55,14 +56,14 @@ fn checkpoint(id: i64, remaining_ttl: i64) -> InternalRaftRequest {
     })
 }
 
-fn alarm(member_id: u64) -> InternalRaftRequest {
+pub(crate) fn alarm(member_id: u64) -> InternalRaftRequest {
     let alarm = AlarmRequest { action: AlarmAction::Activate as i32, member_id, alarm: AlarmType::Nospace as i32 };
     as_member(InternalRaftRequest { alarm: Some(alarm), ..Default::default() })
 }
 
 /// root, and alice who may read `readable`; then auth on. The same number of auth changes whatever
 /// `readable` is, so two members end at the same auth revision with different permissions.
-fn auth_with_alice_reading(readable: &[u8]) -> Vec<InternalRaftRequest> {
+pub(crate) fn auth_with_alice_reading(readable: &[u8]) -> Vec<InternalRaftRequest> {
     let user = |name: &str| AuthUserAddRequest { name: name.into(), hashed_password: "x".into(), ..Default::default() };
     let role = |name: &str| AuthRoleAddRequest { name: name.into() };
     let user_role = |user: &str, role: &str| AuthUserGrantRoleRequest { user: user.into(), role: role.into() };
