@@ -7,6 +7,7 @@
 //! Files are owner-only: they hold every value and the users' bcrypt hashes.
 
 use std::fs::{File, OpenOptions};
+use std::io::Seek;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,7 +60,6 @@ impl SnapDir {
             Err(e) => return Err(e.into()),
         };
         let (meta, _) = snapshot_file::Reader::open(file.try_clone()?)?;
-        use std::io::Seek;
         file.rewind()?;
         Ok(Some((meta, file)))
     }

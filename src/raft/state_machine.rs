@@ -556,11 +556,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 }
 
+/// Every table's records, in snapshot order (tests).
+#[cfg(test)]
+pub(crate) type TableRecords = Vec<Vec<(Vec<u8>, Vec<u8>)>>;
+
 /// Helpers for tests here and elsewhere in the crate (the node's, the watchers').
 #[cfg(test)]
 impl State {
     /// Every table's records, in snapshot order.
-    pub(crate) fn table_records(&self) -> Vec<Vec<(Vec<u8>, Vec<u8>)>> {
+    pub(crate) fn table_records(&self) -> TableRecords {
         let txn = self.env.read_txn().expect("read txn");
         let records = |db: &Db| -> Vec<(Vec<u8>, Vec<u8>)> {
             db.iter(&txn).expect("iter").map(|kv| kv.map(|(k, v)| (k.to_vec(), v.to_vec())).expect("record")).collect()
