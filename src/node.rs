@@ -146,7 +146,7 @@ impl Node {
             let (auth_enabled, auth_revision) = (auth_enabled.clone(), auth_revision.clone());
             let (snapshot_due, snapshot_count) = (snapshot_due.clone(), config.snapshot_count);
             let since_snapshot = AtomicU64::new(0);
-            state.observe(Box::new(move |batch: Committed| {
+            state.observe(Box::new(move |mut batch: Committed| {
                 // Only the apply thread calls this: load and store need not be one atomic step.
                 let applied = since_snapshot.load(Ordering::Relaxed) + batch.requests;
                 if applied >= snapshot_count {
@@ -161,6 +161,19 @@ impl Node {
                 }
                 for &id in &batch.effects.revoked {
                     lessor.revoked(id);
+                }
+                if let Some(installed) = &mut batch.installed {
+                    // A snapshot install: the lease clock follows the installed lease table. Leases it
+                    // no longer holds are dropped, the others resume from their last checkpoint (as
+                    // after a restart). Taken out: the broadcast keeps the last batches.
+                    let leases = std::mem::take(&mut installed.leases);
+                    let kept: std::collections::HashSet<i64> = leases.iter().map(|&(id, _)| id).collect();
+                    for (id, _) in lessor.remaining() {
+                        if !kept.contains(&id) {
+                            lessor.revoked(id);
+                        }
+                    }
+                    lessor.recover(leases);
                 }
                 // No subscriber is fine: nobody is watching.
                 let _ = committed.send(Arc::new(batch));
@@ -722,6 +735,38 @@ mod tests {
         assert_eq!(node.propose(put("b"), &Requester::Member).await, Err(EtcdError::Timeout));
         assert!(started.elapsed() >= Duration::from_secs(5), "not before etcd's request timeout");
         node.state.inject_full.store(0, Ordering::SeqCst);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_snapshot_install_rebuilds_the_revision_the_auth_state_and_the_lease_clock() {
+        use crate::raft::state_machine::snapshot_tests::{as_member, auth_with_alice_reading, checkpoint, grant};
+        let dir = tempfile::tempdir().unwrap();
+        let node = Node::start(&config(dir.path(), &[])).await.unwrap();
+        for id in [1, 2] {
+            node.propose(grant(id, 60), &Requester::Member).await.unwrap();
+        }
+        assert_eq!((node.revision(), node.auth_enabled()), (1, false));
+        // The leader's state: lease 1 revoked, lease 2 checkpointed with 20 s left, lease 3 new,
+        // three more revisions, auth on.
+        let leader_dir = tempfile::tempdir().unwrap();
+        let leader =
+            StateMachine::open(&leader_dir.path().join("kv"), &leader_dir.path().join("snap")).unwrap().state();
+        let mut requests = vec![grant(2, 60), checkpoint(2, 20), grant(3, 30), put("a"), put("b"), put("c")];
+        requests.extend(auth_with_alice_reading(b"a"));
+        let results = leader.apply_requests(1, requests.into_iter().map(as_member).collect());
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+
+        node.state.install_snapshot_of(&leader).unwrap();
+
+        assert_eq!(node.lessor.time_to_live(1), None, "a lease the installed state does not hold is dropped");
+        let (ttl, left) = node.lessor.time_to_live(2).expect("lease 2");
+        assert_eq!(ttl, 60);
+        assert!(left <= 20 && left > 10, "resumes from its checkpoint (20 s), not its TTL: {left}");
+        assert!(node.lessor.time_to_live(3).is_some_and(|(ttl, left)| ttl == 30 && left > 20));
+        let txn = leader.env.read_txn().unwrap();
+        assert_eq!(node.revision(), 4);
+        assert!(node.auth_enabled());
+        assert_eq!(node.auth_revision(), leader.auth.revision(&txn).unwrap());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

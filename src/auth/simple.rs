@@ -86,6 +86,12 @@ impl SimpleTokens {
     pub fn clear(&self) {
         self.lock().clear();
     }
+
+    /// Keeps only the tokens issued at auth revision `revision` (after a snapshot install: see
+    /// `State::rebuild_after_install`).
+    pub fn retain_issued_at(&self, revision: u64) {
+        self.lock().retain(|_, e| e.revision == revision);
+    }
 }
 
 #[cfg(test)]

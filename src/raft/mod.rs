@@ -12,9 +12,10 @@ pub mod log_cache;
 pub mod log_store;
 pub mod member;
 pub mod proposer;
+pub mod snap_dir;
+pub mod snapshot_data;
+pub mod snapshot_file;
 pub mod state_machine;
-
-use std::io::Cursor;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -30,7 +31,7 @@ openraft::declare_raft_types!(
         R = BatchResults,
         NodeId = NodeId,
         Node = member::MemberNode,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = snapshot_data::SnapshotData,
 );
 
 pub type Raft = openraft::Raft<TypeConfig>;

@@ -1,29 +1,32 @@
 //! The raft state machine on LMDB (`<data-dir>/member/kv`): applies committed entries to the MVCC store
 //! and records the applied log id and membership in the same transaction.
 //!
-//! Snapshots are a dump of every kv table; the newest one is kept in `<data-dir>/member/snap/` so a
-//! restarted member can still send it to a follower. Snapshot files are owner-only (they hold the
-//! users' bcrypt hashes) and their rename is made durable by an fsync of the directory.
+//! Snapshots are a dump of every kv table, streamed from a read transaction into a file
+//! (`snapshot_file.rs`) and kept in the snap dir (`snap_dir.rs`); installing one streams its records
+//! into one write transaction, then rebuilds everything derived from the applied state and tells the
+//! observer (`Committed::installed`).
 //!
 //! A batch that finds storage full (the disk, or LMDB's map) is aborted and applied again, unchanged,
 //! until it fits (`space.rs`): what an entry does never depends on one member's disk.
 
-use std::io::Cursor;
-use std::path::{Path, PathBuf};
+use std::fs::File;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
 use openraft::{EntryPayload, RaftSnapshotBuilder, StorageIOError};
-use serde::{Deserialize, Serialize};
 
+use super::snap_dir::{SnapDir, TempFile};
+use super::snapshot_data::SnapshotData;
+use super::snapshot_file::{self, Meta};
 use super::{any_error, blocking, BatchResults, Entry, LogId, StorageError, StoredMembership, TypeConfig};
 use crate::alarm::AlarmStore;
 use crate::apply::{Effects, Stores};
 use crate::auth::store::AuthStore;
 use crate::auth::tokens::Tokens;
 use crate::error::EtcdError;
-use crate::lease::store::LeaseStore;
+use crate::lease::store::{LeaseRecord, LeaseStore};
 use crate::mvcc::KvStore;
 use crate::proto::etcdserverpb::{AlarmMember, AlarmType};
 use crate::space::{Full, Space};
@@ -32,10 +35,11 @@ use crate::storage::{self, Db, LmdbEnv};
 
 #[cfg(test)]
 mod apply_fuzz;
+#[cfg(test)]
+pub(crate) mod snapshot_tests;
 
 const APPLIED: &[u8] = b"applied";
 const MEMBERSHIP: &[u8] = b"membership";
-const SNAPSHOT_FILE: &str = "current.snap";
 /// Longest wait between attempts to apply a batch while storage is full.
 const FULL_RETRY_MAX: Duration = Duration::from_secs(10);
 
@@ -54,7 +58,7 @@ pub struct State {
     active_alarms: std::sync::RwLock<Arc<Vec<AlarmMember>>>,
     tokens: std::sync::OnceLock<Arc<Tokens>>,
     meta: Db,
-    snap_dir: PathBuf,
+    snaps: SnapDir,
     observer: std::sync::OnceLock<Observer>,
     /// Tests: how many more batches find storage full before anything is written.
     #[cfg(test)]
@@ -75,6 +79,17 @@ pub struct Committed {
     pub effects: Effects,
     /// Requests applied in the batch (a blank or membership entry counts as one), for `--snapshot-count`.
     pub requests: u64,
+    /// Set when a snapshot install replaced the whole applied state instead of a batch: there are no
+    /// events, the revision may have jumped, and whatever was derived from the old state must be
+    /// derived again from the new one.
+    pub installed: Option<Installed>,
+}
+
+/// What a snapshot install tells the observer beyond the revision and the auth state.
+#[derive(Debug, Default, Clone)]
+pub struct Installed {
+    /// Every lease of the installed state, for the lease clock.
+    pub leases: Vec<(i64, LeaseRecord)>,
 }
 
 /// Called on the apply thread after each commit: must be quick and must not block.
@@ -83,19 +98,6 @@ pub type Observer = Box<dyn Fn(Committed) + Send + Sync>;
 #[derive(Clone)]
 pub struct StateMachine {
     state: Arc<State>,
-}
-
-/// A snapshot file: openraft's metadata and every kv table's records.
-#[derive(Serialize, Deserialize)]
-struct SnapshotFile {
-    meta: SnapshotMeta<u64, crate::raft::member::MemberNode>,
-    #[serde(with = "serde_bytes")]
-    data: Vec<u8>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct SnapshotData {
-    tables: Vec<Vec<(serde_bytes::ByteBuf, serde_bytes::ByteBuf)>>,
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -156,7 +158,7 @@ impl StateMachine {
         let map_size = crate::space::map_size(space.quota(), existing);
         let (env, dbs) = storage::open_with_map_size(kv_dir, names, storage::Durability::LastCommitMayUndo, map_size)?;
         let [live, revs, index, kv_meta, leases, lease_keys, users, roles, auth_meta, alarms, long_keys, meta] = dbs;
-        crate::data_dir::create_private_dir(snap_dir)?;
+        let snaps = SnapDir::open(snap_dir).map_err(|e| heed::Error::Io(std::io::Error::other(e)))?;
         let long = LongKeys::new(long_keys);
         let state = State {
             env,
@@ -169,13 +171,14 @@ impl StateMachine {
             active_alarms: Default::default(),
             tokens: std::sync::OnceLock::new(),
             meta,
-            snap_dir: snap_dir.to_path_buf(),
+            snaps,
             observer: std::sync::OnceLock::new(),
             #[cfg(test)]
             inject_full: Default::default(),
             #[cfg(test)]
             inject_failure: Default::default(),
         };
+        state.install_current_if_newer().map_err(|e| heed::Error::Io(std::io::Error::other(e)))?;
         {
             let txn = state.env.read_txn()?;
             state.after_commit(&txn)?;
@@ -368,76 +371,121 @@ impl State {
         }
         // Only after the commit: observers must never see effects that a crash could undo.
         if let Some(observer) = self.observer.get() {
-            observer(Committed { revision, auth_enabled, auth_revision, effects, requests });
+            observer(Committed { revision, auth_enabled, auth_revision, effects, requests, installed: None });
         }
         Ok(results)
     }
 
-    fn build_snapshot(&self) -> Result<SnapshotFile, BoxError> {
+    /// Streams every table into a new snapshot file and makes it current. Returns its metadata and
+    /// the file, open for reading.
+    fn build_snapshot(&self) -> Result<(Meta, File), BoxError> {
         // The log is purged behind a snapshot: everything the snapshot covers must be durable first.
         self.env.force_sync()?;
         let txn = self.env.read_txn()?;
         let last_log_id = self.read_meta::<Option<LogId>>(&txn, APPLIED)?.flatten();
         let last_membership: StoredMembership = self.read_meta(&txn, MEMBERSHIP)?.unwrap_or_default();
-        let data = encode_tables(&self.tables(), &txn)?;
-        drop(txn);
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let snapshot_id = match last_log_id {
             Some(id) => format!("{}-{}-{nanos}", id.leader_id, id.index),
             None => format!("empty-{nanos}"),
         };
-        let file = SnapshotFile { meta: SnapshotMeta { last_log_id, last_membership, snapshot_id }, data };
-        self.save_snapshot(&file)?;
-        Ok(file)
+        let meta = SnapshotMeta { last_log_id, last_membership, snapshot_id };
+        let (temp, file) = self.snaps.temp("build")?;
+        snapshot_file::write(file, &meta, &self.tables(), &txn)?;
+        drop(txn);
+        // Opened before it is published: if a newer snapshot is installed meanwhile, this one is not
+        // made current, and the open file stays readable after its name is gone.
+        let reading = File::open(temp.path())?;
+        self.snaps.publish(temp, &meta)?;
+        Ok((meta, reading))
     }
 
-    fn install_snapshot(&self, file: &SnapshotFile) -> Result<(), BoxError> {
-        let data: SnapshotData = postcard::from_bytes(&file.data)?;
-        let tables = self.tables();
-        if data.tables.len() != tables.len() {
-            return Err("snapshot has an unexpected number of tables".into());
-        }
+    /// Installs the snapshot in `file` (received into `received`, or from elsewhere): its records replace
+    /// every table in one write transaction, and the file becomes the current snapshot.
+    fn install_snapshot(&self, meta: &Meta, file: File, received: Option<TempFile>) -> Result<(), BoxError> {
+        let temp = match received {
+            Some(temp) if temp.path().parent() == Some(self.snaps.path()) => temp,
+            // Not received into this snap dir (openraft's storage suite hands over another state
+            // machine's snapshot): copied in, so that it can become current.
+            _ => self.copy_in(file)?,
+        };
         let mut txn = self.env.write_txn()?;
-        for (db, records) in tables.iter().zip(&data.tables) {
-            db.clear(&mut txn)?;
-            for (k, v) in records {
-                db.put(&mut txn, k, v)?;
-            }
-        }
-        self.meta.put(&mut txn, APPLIED, &postcard::to_allocvec(&file.meta.last_log_id)?)?;
-        self.meta.put(&mut txn, MEMBERSHIP, &postcard::to_allocvec(&file.meta.last_membership)?)?;
+        self.load(&mut txn, File::open(temp.path())?, meta)?;
+        // Current before the commit: a crash in between leaves a snapshot newer than the applied
+        // state, which `open` installs (`install_current_if_newer`); the other order could leave a
+        // member whose current snapshot is older than its purged log.
+        self.snaps.publish(temp, meta)?;
         txn.commit()?;
-        // Everything may have changed: no cached permission survives a snapshot install.
-        self.auth.cache.clear();
-        self.after_commit(&self.env.read_txn()?)?;
-        self.save_snapshot(file)
+        // openraft purges the log behind the snapshot: the installed state must survive a power loss.
+        self.env.force_sync()?;
+        self.rebuild_after_install()
     }
 
-    /// Writes the snapshot file atomically and durably: a crash leaves the previous one or the new
-    /// one. The file is owner-only: it holds the users' bcrypt hashes.
-    fn save_snapshot(&self, file: &SnapshotFile) -> Result<(), BoxError> {
-        let tmp = self.snap_dir.join(format!("{SNAPSHOT_FILE}.tmp"));
-        {
-            use std::io::Write;
-            // Streamed: the snapshot is not held in memory a second time while it is written.
-            let mut f = std::io::BufWriter::new(crate::data_dir::create_private_file(&tmp)?);
-            postcard::to_io(file, &mut f)?;
-            f.flush()?;
-            f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    /// Copies a snapshot file into a synced temp file of the snap dir.
+    fn copy_in(&self, mut file: File) -> Result<TempFile, BoxError> {
+        let (temp, out) = self.snaps.temp("copy")?;
+        let mut out = std::io::BufWriter::new(out);
+        std::io::copy(&mut file, &mut out)?;
+        out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        Ok(temp)
+    }
+
+    /// Replaces every table with the snapshot's records and records its log id and membership as
+    /// applied, in `txn`. The file must hold the snapshot `expected` describes.
+    fn load(&self, txn: &mut heed::RwTxn, file: File, expected: &Meta) -> Result<(), BoxError> {
+        let (meta, records) = snapshot_file::Reader::open(file)?;
+        if meta != *expected {
+            return Err(format!("the snapshot file holds {meta}, not {expected}").into());
         }
-        std::fs::rename(&tmp, self.snap_dir.join(SNAPSHOT_FILE))?;
-        // The rename is durable only once the directory is: until then a power loss can bring back
-        // the previous snapshot after the log behind the new one was purged.
-        crate::data_dir::sync_dir(&self.snap_dir)?;
+        snapshot_file::load(records, &self.tables(), txn)?;
+        self.meta.put(txn, APPLIED, &postcard::to_allocvec(&meta.last_log_id)?)?;
+        self.meta.put(txn, MEMBERSHIP, &postcard::to_allocvec(&meta.last_membership)?)?;
         Ok(())
     }
 
-    fn load_snapshot(&self) -> Result<Option<SnapshotFile>, BoxError> {
-        match std::fs::read(self.snap_dir.join(SNAPSHOT_FILE)) {
-            Ok(bytes) => Ok(Some(postcard::from_bytes(&bytes)?)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e.into()),
+    /// At open: a current snapshot newer than the applied state (a crash between making an installed
+    /// snapshot current and committing it) is installed again.
+    fn install_current_if_newer(&self) -> Result<(), BoxError> {
+        let Some((meta, file)) = self.snaps.current()? else { return Ok(()) };
+        let (applied, _) = self.applied_state()?;
+        if meta.last_log_id <= applied {
+            return Ok(());
         }
+        tracing::warn!(snapshot = %meta, "the current snapshot is newer than the applied state: installing it");
+        let mut txn = self.env.write_txn()?;
+        self.load(&mut txn, file, &meta)?;
+        txn.commit()?;
+        self.env.force_sync()?;
+        Ok(())
+    }
+
+    /// After an install, everything derived from the applied state is derived again from the installed
+    /// state (etcd #14571 restored a snapshot and kept serving from an emptied permission cache): the
+    /// permission cache, the size in use, the active alarms and the simple tokens here; the observer
+    /// rebuilds the rest (the node's auth state and revision, the lease clock, watchers).
+    fn rebuild_after_install(&self) -> Result<(), BoxError> {
+        self.auth.cache.clear();
+        let txn = self.env.read_txn()?;
+        self.after_commit(&txn)?;
+        let revision = self.kv.view(&txn)?.rev;
+        let (auth_enabled, auth_revision) = (self.auth.enabled(&txn)?, self.auth.revision(&txn)?);
+        if let Some(simple) = self.tokens.get().and_then(|t| t.simple()) {
+            // Entries this member never applied may have deleted a user, changed a password or
+            // disabled auth, each of which moved the auth revision: only tokens issued at the
+            // installed revision are known to be still valid.
+            if auth_enabled {
+                simple.retain_issued_at(auth_revision);
+            } else {
+                simple.clear();
+            }
+        }
+        let leases = self.leases.all(&txn)?;
+        drop(txn);
+        if let Some(observer) = self.observer.get() {
+            let installed = Some(Installed { leases });
+            observer(Committed { revision, auth_enabled, auth_revision, installed, ..Default::default() });
+        }
+        Ok(())
     }
 }
 
@@ -457,24 +505,8 @@ fn merge_affected(
     }
 }
 
-/// Encodes every table's records exactly as postcard encodes `SnapshotData`, straight from the read
-/// transaction into one buffer: the snapshot is in memory once, as its encoding, instead of also as a
-/// pair of allocations per record.
-fn encode_tables(tables: &[Db], txn: &heed::RoTxn<'_, heed::WithoutTls>) -> Result<Vec<u8>, BoxError> {
-    // A sequence is its length as a varint, then its elements; a byte string likewise.
-    let mut data = postcard::to_extend(&tables.len(), Vec::new())?;
-    for db in tables {
-        data = postcard::to_extend(&(db.len(txn)? as usize), data)?;
-        for item in db.iter(txn)? {
-            let (k, v) = item?;
-            data = postcard::to_extend(&(serde_bytes::Bytes::new(k), serde_bytes::Bytes::new(v)), data)?;
-        }
-    }
-    Ok(data)
-}
-
-fn to_snapshot(file: SnapshotFile) -> Snapshot<TypeConfig> {
-    Snapshot { meta: file.meta, snapshot: Box::new(Cursor::new(file.data)) }
+fn to_snapshot((meta, file): (Meta, File)) -> Snapshot<TypeConfig> {
+    Snapshot { meta, snapshot: Box::new(SnapshotData::reading(file)) }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
@@ -512,65 +544,68 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        meta: &SnapshotMeta<u64, crate::raft::member::MemberNode>,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), StorageError> {
-        let file = SnapshotFile { meta: meta.clone(), data: snapshot.into_inner() };
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotData>, StorageError> {
         let state = self.state.clone();
-        let signature = meta.signature();
         blocking(move || {
-            state
-                .install_snapshot(&file)
-                .map_err(|e| StorageIOError::write_snapshot(Some(signature), any_error(e)).into())
+            let (temp, file) =
+                state.snaps.temp("receive").map_err(|e| StorageIOError::write_snapshot(None, any_error(e)))?;
+            Ok(Box::new(SnapshotData::receiving(temp, file)))
         })
         .await
     }
 
+    async fn install_snapshot(&mut self, meta: &Meta, snapshot: Box<SnapshotData>) -> Result<(), StorageError> {
+        fn failed(meta: &Meta, e: impl std::fmt::Display) -> StorageError {
+            StorageIOError::write_snapshot(Some(meta.signature()), any_error(e)).into()
+        }
+        let (file, received) = snapshot.finish().await.map_err(|e| failed(meta, e))?;
+        let (state, meta) = (self.state.clone(), meta.clone());
+        blocking(move || state.install_snapshot(&meta, file, received).map_err(|e| failed(&meta, e))).await
+    }
+
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         let state = self.state.clone();
-        blocking(move || state.load_snapshot().map_err(|e| StorageIOError::read_snapshot(None, any_error(e)).into()))
+        blocking(move || state.snaps.current().map_err(|e| StorageIOError::read_snapshot(None, any_error(e)).into()))
             .await
-            .map(|file| file.map(to_snapshot))
+            .map(|current| current.map(to_snapshot))
     }
 }
 
+/// Every table's records, in snapshot order (tests).
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) type TableRecords = Vec<Vec<(Vec<u8>, Vec<u8>)>>;
 
-    #[test]
-    fn streamed_table_encoding_is_postcards_encoding_of_the_records() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let sm = StateMachine::open(&dir.path().join("kv"), &dir.path().join("snap")).expect("open");
-        let state = sm.state();
-        let tables = state.tables();
-        let mut txn = state.env.write_txn().unwrap();
-        for (i, db) in tables.iter().enumerate().take(3) {
-            for j in 0..(i * 200) {
-                db.put(&mut txn, format!("key-{j:04}").as_bytes(), &vec![i as u8; j]).unwrap();
-            }
-        }
-        txn.commit().unwrap();
+/// Helpers for tests here and elsewhere in the crate (the node's, the watchers').
+#[cfg(test)]
+impl State {
+    /// Every table's records, in snapshot order.
+    pub(crate) fn table_records(&self) -> TableRecords {
+        let txn = self.env.read_txn().expect("read txn");
+        let records = |db: &Db| -> Vec<(Vec<u8>, Vec<u8>)> {
+            db.iter(&txn).expect("iter").map(|kv| kv.map(|(k, v)| (k.to_vec(), v.to_vec())).expect("record")).collect()
+        };
+        self.tables().iter().map(records).collect()
+    }
 
-        let txn = state.env.read_txn().unwrap();
-        let streamed = encode_tables(&tables, &txn).unwrap();
-        let records = tables
-            .iter()
-            .map(|db| {
-                db.iter(&txn)
-                    .unwrap()
-                    .map(|kv| kv.map(|(k, v)| (serde_bytes::ByteBuf::from(k), serde_bytes::ByteBuf::from(v))).unwrap())
-                    .collect::<Vec<_>>()
-            })
-            .collect::<Vec<_>>();
-        assert_eq!(records.iter().map(Vec::len).sum::<usize>(), 200 + 400);
-        assert_eq!(streamed, postcard::to_allocvec(&SnapshotData { tables: records }).unwrap());
+    /// Applies `requests` as the entry at log index `index`.
+    pub(crate) fn apply_requests(
+        &self,
+        index: u64,
+        requests: Vec<crate::proto::etcdserverpb::InternalRaftRequest>,
+    ) -> BatchResults {
+        let entry = Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(super::RaftBatch(crate::proto::etcdserverpb::InternalRaftBatch { requests })),
+        };
+        self.apply_until_applied(&[entry]).expect("apply").remove(0)
+    }
+
+    /// Builds a snapshot of `source` and installs it here as `install_snapshot` installs one from
+    /// outside the snap dir, without openraft (which owns a node's state machine).
+    pub(crate) fn install_snapshot_of(&self, source: &State) -> Result<Meta, BoxError> {
+        let (meta, file) = source.build_snapshot()?;
+        self.install_snapshot(&meta, file, None)?;
+        Ok(meta)
     }
 }
 
@@ -801,14 +836,14 @@ mod space_tests {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let source = open(a.path(), Space::without_ballast());
         apply(&source, 1, vec![put("k", b"v"), alarm(AlarmAction::Activate)]);
-        let file = source.build_snapshot().unwrap();
-        let path = a.path().join("snap").join(SNAPSHOT_FILE);
+        let (meta, file) = source.build_snapshot().unwrap();
+        let path = a.path().join("snap").join("current.snap");
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         for dir in [a.path().join("kv"), a.path().join("snap")] {
             assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700, "{}", dir.display());
         }
         let target = open(b.path(), Space::without_ballast());
-        target.install_snapshot(&file).unwrap();
+        target.install_snapshot(&meta, file, None).unwrap();
         assert!(target.nospace(), "the alarm is replicated state");
         assert_eq!(value(&target, "k"), Some(b"v".to_vec()));
         assert_eq!(target.space.in_use(), source.space.in_use());

@@ -296,7 +296,9 @@ impl Watcher {
             tokio::select! {
                 batch = live.recv() => match batch {
                     Ok(batch) => {
-                        if batch.revision < self.next {
+                        // A snapshot install carries no events: the top of the loop replays what it
+                        // brought from the installed store (or cancels the watcher if compacted).
+                        if batch.revision < self.next || batch.installed.is_some() {
                             continue;
                         }
                         let events = batch
@@ -474,6 +476,77 @@ mod tests {
         let mut expected = vec![true; parts.len()];
         *expected.last_mut().unwrap() = false;
         assert_eq!(flags, expected);
+    }
+
+    /// A snapshot install makes the revision jump with no events: a watcher replays what it brought from
+    /// the installed store, each revision once, or is canceled if its next revision was compacted away.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_a_snapshot_install_a_watcher_gets_each_revision_once_or_is_canceled_as_compacted() {
+        use clap::Parser;
+
+        use crate::config::{Cli, Command};
+        use crate::proto::etcdserverpb::{CompactionRequest, InternalRaftRequest};
+        use crate::raft::state_machine::snapshot_tests::put;
+        use crate::raft::state_machine::StateMachine;
+
+        let dir = tempfile::tempdir().unwrap();
+        let data_dir = dir.path().display().to_string();
+        let args = ["keyward", "serve", "--data-dir", data_dir.as_str(), "--ballast-bytes", "0"];
+        let Command::Serve(args) = Cli::try_parse_from(args).unwrap().command;
+        let node = Node::start(&args.into_config().unwrap()).await.unwrap();
+        node.propose(put(b"w/0", b"v", 0), &Requester::Member).await.unwrap();
+        // The leader went on: w/1..w/6 at revisions 3..8, then compacted at 4.
+        let leader_dir = tempfile::tempdir().unwrap();
+        let leader =
+            StateMachine::open(&leader_dir.path().join("kv"), &leader_dir.path().join("snap")).unwrap().state();
+        let mut requests: Vec<_> = (0..7).map(|i| put(format!("w/{i}").as_bytes(), b"v", 0)).collect();
+        let compact = CompactionRequest { revision: 4, physical: false };
+        requests.push(InternalRaftRequest { compaction: Some(compact), ..Default::default() });
+        assert!(leader.apply_requests(1, requests).iter().all(Result::is_ok));
+
+        let watch_from = |next| {
+            let watcher = Watcher {
+                id: next,
+                range: KeyRange::new(b"w/", b"w0"),
+                next,
+                prev_kv: false,
+                no_put: false,
+                no_delete: false,
+                progress_notify: false,
+                fragment: false,
+                who: Requester::Member,
+                auth_checked: node.auth_revision(),
+            };
+            let (out, responses) = mpsc::channel(16);
+            let (stop, stopped) = oneshot::channel();
+            tokio::spawn(watcher.run(node.clone(), node.committed.subscribe(), out, stopped));
+            (responses, stop)
+        };
+        let (mut from_5, _stop_5) = watch_from(5);
+        let (mut from_3, _stop_3) = watch_from(3);
+
+        node.state().install_snapshot_of(&leader).unwrap();
+        node.propose(put(b"w/7", b"v", 0), &Requester::Member).await.unwrap();
+
+        // A deadline only so that a missing response fails the test instead of hanging it.
+        async fn next(responses: &mut mpsc::Receiver<Result<WatchResponse, Status>>) -> WatchResponse {
+            let response = tokio::time::timeout(Duration::from_secs(60), responses.recv()).await;
+            response.expect("a response").expect("the watcher is running").expect("not an error")
+        }
+        let mut delivered = Vec::new();
+        while delivered.last().is_none_or(|&(_, revision)| revision < 9) {
+            let response = next(&mut from_5).await;
+            assert!(!response.canceled, "{response:?}");
+            for event in response.events {
+                let kv = event.kv.unwrap();
+                delivered.push((String::from_utf8(kv.key).unwrap(), kv.mod_revision));
+            }
+        }
+        let expected: Vec<_> = (3..8).map(|i| (format!("w/{i}"), i as i64 + 2)).collect();
+        assert_eq!(delivered, expected, "revisions 5..9, each once, in order");
+        let canceled = next(&mut from_3).await;
+        assert!(canceled.canceled && canceled.events.is_empty(), "{canceled:?}");
+        assert_eq!(canceled.compact_revision, 4);
     }
 
     /// etcd 3.4's `TestSendFragment` table (etcdserver/api/v3rpc/watch_test.go).

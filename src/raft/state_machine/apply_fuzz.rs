@@ -14,7 +14,7 @@ use openraft::{CommittedLeaderId, EntryPayload};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError};
 
-use super::{encode_tables, StateMachine};
+use super::{StateMachine, TableRecords};
 use crate::proto::authpb::{permission::Type as PermType, Permission, UserAddOptions};
 use crate::proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
 use crate::proto::etcdserverpb::request_op::Request;
@@ -245,10 +245,8 @@ impl Member {
     }
 
     /// Every replicated table, as a snapshot would hold it.
-    fn tables(&self) -> Result<Vec<u8>, TestCaseError> {
-        let state = &self.sm.state;
-        let txn = state.env.read_txn().map_err(|e| fail("read_txn", e))?;
-        encode_tables(&state.tables(), &txn).map_err(|e| fail("encode", e))
+    fn tables(&self) -> TableRecords {
+        self.sm.state.table_records()
     }
 }
 
@@ -262,14 +260,14 @@ proptest! {
     #[test]
     fn applying_any_entry_gives_a_result_and_refusals_change_nothing(reqs in prop::collection::vec(request(), 1..40)) {
         let (a, b) = (Member::new()?, Member::new()?);
-        let mut before = a.tables()?;
+        let mut before = a.tables();
         for (i, req) in reqs.into_iter().enumerate() {
             let index = i as u64 + 1;
             let ra = a.sm.state.apply_batch(&[entry(index, req.clone())]).map_err(|e| fail("apply (member a)", e))?;
             let rb = b.sm.state.apply_batch(&[entry(index, req.clone())]).map_err(|e| fail("apply (member b)", e))?;
             prop_assert_eq!(&ra, &rb, "members disagree on {:?}", req);
-            let after = a.tables()?;
-            prop_assert_eq!(&after, &b.tables()?, "members' tables differ after {:?}", req);
+            let after = a.tables();
+            prop_assert_eq!(&after, &b.tables(), "members' tables differ after {:?}", req);
             let result = ra.first().and_then(|r| r.first()).ok_or_else(|| fail("no result", &req))?;
             if let Err(err) = result {
                 prop_assert!(after == before, "refused with {:?} but changed the tables: {:?}", err, req);

@@ -1,0 +1,77 @@
+//! `SnapshotData`, the handle openraft carries a snapshot in: an open snapshot file, never its bytes.
+//!
+//! A leader's openraft reads the snapshot it sends by seek + read, `snapshot_max_chunk_size` bytes at a
+//! time; a follower's writes each received chunk into what `begin_receiving_snapshot` returned — a
+//! temp file in the snap dir, which becomes `current.snap` when the snapshot is installed and is
+//! removed if the transfer is abandoned.
+
+use std::io::{self, Seek, SeekFrom};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, AsyncWriteExt, ReadBuf};
+
+use super::snap_dir::TempFile;
+
+#[derive(Debug)]
+pub struct SnapshotData {
+    file: tokio::fs::File,
+    /// The temp file of a snapshot being received (removed unless installed).
+    receiving: Option<TempFile>,
+}
+
+impl SnapshotData {
+    /// A snapshot file to read (and send).
+    pub fn reading(file: std::fs::File) -> Self {
+        SnapshotData { file: tokio::fs::File::from_std(file), receiving: None }
+    }
+
+    /// The temp file `file` (at `temp`) that a snapshot being received is written into.
+    pub fn receiving(temp: TempFile, file: std::fs::File) -> Self {
+        SnapshotData { file: tokio::fs::File::from_std(file), receiving: Some(temp) }
+    }
+
+    /// Waits until every write has reached the file and, for a received snapshot, syncs it. Returns
+    /// the file at its start, and the temp file it is if it was received.
+    pub async fn finish(self) -> io::Result<(std::fs::File, Option<TempFile>)> {
+        let SnapshotData { mut file, receiving } = self;
+        // tokio's file completes a write in the background: flush waits for the last one.
+        file.flush().await?;
+        if receiving.is_some() {
+            file.sync_all().await?;
+        }
+        let mut file = file.into_std().await;
+        file.seek(SeekFrom::Start(0))?;
+        Ok((file, receiving))
+    }
+}
+
+impl AsyncRead for SnapshotData {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().file).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for SnapshotData {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().file).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().file).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().file).poll_shutdown(cx)
+    }
+}
+
+impl AsyncSeek for SnapshotData {
+    fn start_seek(self: Pin<&mut Self>, position: SeekFrom) -> io::Result<()> {
+        Pin::new(&mut self.get_mut().file).start_seek(position)
+    }
+
+    fn poll_complete(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<u64>> {
+        Pin::new(&mut self.get_mut().file).poll_complete(cx)
+    }
+}
