@@ -1,4 +1,7 @@
-//! Compiles keyward's own etcd-compatible protos with protox (pure Rust), so a build needs no `protoc`.
+//! Compiles keyward's own etcd-compatible protos with protox (pure Rust), so a build needs no `protoc`,
+//! and generates their proto3 JSON mapping (pbjson) for the HTTP/JSON gateway.
+
+use prost::Message;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
@@ -12,6 +15,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={f}");
     }
     let fds = protox::compile(files, ["proto"])?;
+    // The raft log's own messages never travel as JSON: no serde code for them.
+    let internal: Vec<String> = fds
+        .file
+        .iter()
+        .filter(|file| file.name() == "etcdserverpb/raft_internal.proto")
+        .flat_map(|file| file.message_type.iter().map(|m| format!(".etcdserverpb.{}", m.name())))
+        .collect();
+    let encoded = fds.encode_to_vec();
     tonic_prost_build::configure().build_client(true).generate_default_stubs(true).compile_fds(fds)?;
+    // etcd's gateway marshals with grpc-gateway's default `JSONPb{OrigName: true}`: field names as
+    // written in the .proto, 64-bit integers as strings, bytes as base64, defaults omitted; it ignores
+    // unknown fields in requests.
+    pbjson_build::Builder::new()
+        .register_descriptors(&encoded)?
+        .preserve_proto_field_names()
+        .ignore_unknown_fields()
+        .exclude(internal)
+        .build(&[".etcdserverpb", ".mvccpb", ".authpb"])?;
     Ok(())
 }

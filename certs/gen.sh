@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Makes a development PKI for keyward in one command (openssl only):
 #   ca.pem/ca-key.pem                 a CA
-#   member{1,2,3}.pem/-key.pem        server+peer certificates, SANs 127.0.0.1 and localhost
+#   member{1..N}.pem/-key.pem         server+peer certificates (N: $KEYWARD_DEV_MEMBERS, default 3), SANs
+#                                     127.0.0.1, localhost, memberI (docker compose), and the names of
+#                                     deploy/kubernetes in namespace default (*.keyward-peer.default.svc,
+#                                     keyward.default.svc)
+#   proxy.pem                         CN=keyward-proxy, server+client: the grpc-proxy's own certificate
 #   root.pem, alice.pem, bob.pem      client certificates with CN=root, CN=alice, CN=bob
 #   revoked.pem                       a client certificate (CN=mallory), revoked in crl.pem
 #   crl.pem                           the CA's certificate revocation list
@@ -11,6 +15,9 @@ out="${1:-$(dirname "$0")/dev}"
 mkdir -p "$out"
 cd "$out"
 days=825
+members="${KEYWARD_DEV_MEMBERS:-3}"
+# openssl resolves ${ENV::...} when it reads the config, for every certificate: always set.
+export SAN_NAME=localhost
 
 cat > openssl.cnf <<'CNF'
 [ ca ]
@@ -30,7 +37,7 @@ commonName = supplied
 basicConstraints = CA:FALSE
 keyUsage = digitalSignature, keyEncipherment
 extendedKeyUsage = serverAuth, clientAuth
-subjectAltName = IP:127.0.0.1, DNS:localhost
+subjectAltName = IP:127.0.0.1, DNS:localhost, DNS:${ENV::SAN_NAME}, DNS:*.keyward-peer.default.svc, DNS:keyward.default.svc
 [ client_ext ]
 basicConstraints = CA:FALSE
 keyUsage = digitalSignature, keyEncipherment
@@ -44,7 +51,7 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca-
     -days "$days" -subj "/CN=keyward dev CA" -addext "basicConstraints=critical,CA:TRUE" \
     -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
 
-issue() { # name cn extension
+issue() { # name cn extension (server_ext reads SAN_NAME from the environment)
     openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$1-key.pem" -out "$1.csr" \
         -subj "/CN=$2" 2>/dev/null
     openssl ca -batch -config openssl.cnf -cert ca.pem -keyfile ca-key.pem -in "$1.csr" -out "$1.pem" \
@@ -52,7 +59,10 @@ issue() { # name cn extension
     rm -f "$1.csr"
 }
 
-for m in member1 member2 member3; do issue "$m" "$m" server_ext; done
+for i in $(seq 1 "$members"); do
+    SAN_NAME="member$i" issue "member$i" "member$i" server_ext
+done
+SAN_NAME=keyward-proxy issue proxy keyward-proxy server_ext
 for u in root alice bob; do issue "$u" "$u" client_ext; done
 issue revoked mallory client_ext
 openssl ca -config openssl.cnf -cert ca.pem -keyfile ca-key.pem -revoke revoked.pem 2>/dev/null

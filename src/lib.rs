@@ -15,6 +15,7 @@ pub mod config;
 pub mod data_dir;
 pub mod error;
 pub mod frontend;
+pub mod gateway;
 pub mod keyrange;
 pub mod lease;
 pub mod metrics;

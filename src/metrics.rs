@@ -54,6 +54,20 @@ pub static PASSWORD_CHECKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+pub static GATEWAY_BASIC_LOGINS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "keyward_gateway_basic_logins_total",
+                "HTTP gateway requests with Basic credentials, by outcome: cached (a verified login reused), \
+                 verified (Authenticate ran and accepted them), refused (Authenticate refused them).",
+            ),
+            &["outcome"],
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
 pub static PROPOSALS_FAILED: LazyLock<IntCounter> = LazyLock::new(|| {
     register(
         IntCounter::new("etcd_server_proposals_failed_total", "Proposals that failed.")

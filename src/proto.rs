@@ -1,15 +1,18 @@
 //! Code generated from keyward's own etcd-compatible protos (`proto/`), one module per protobuf package,
-//! and serde adapters that carry a protobuf message as its encoding (raft entries and apply results).
+//! with their proto3 JSON mapping (pbjson's serde impls, used by the HTTP/JSON gateway), and serde adapters that carry a protobuf message as its encoding (raft entries and apply results).
 #![allow(clippy::all, missing_docs)]
 
 pub mod mvccpb {
     tonic::include_proto!("mvccpb");
+    include!(concat!(env!("OUT_DIR"), "/mvccpb.serde.rs"));
 }
 pub mod authpb {
     tonic::include_proto!("authpb");
+    include!(concat!(env!("OUT_DIR"), "/authpb.serde.rs"));
 }
 pub mod etcdserverpb {
     tonic::include_proto!("etcdserverpb");
+    include!(concat!(env!("OUT_DIR"), "/etcdserverpb.serde.rs"));
 }
 /// keyward's member-to-member protocol (`proto/keywardpb/peer.proto`).
 pub mod keywardpb {

@@ -7,6 +7,10 @@
 #   curl         -> the TLS tests read /metrics over https with a client certificate
 #   lmdb-utils   -> mdb_dump/mdb_load for the documented snapshot-restore script (tests/maintenance.rs;
 #                   without them that test restores with heed instead)
+#   systemd      -> systemd-analyze verify for deploy/systemd (tests/deploy.rs; no running systemd needed)
+#   docker-compose -> `docker-compose config` validates deploy/docker-compose.yml (no Docker engine needed)
+#   python3-venv -> a venv in target/tools-venv with pip's kubernetes-validate (the Kubernetes JSON
+#                   schemas, bundled) for deploy/kubernetes
 # `--no-fail-fast`: every test target runs even when an earlier one fails, so one failure never hides
 # another; cargo still exits non-zero if any failed.
 set -euo pipefail
@@ -19,11 +23,19 @@ command -v protoc >/dev/null || need+=(protobuf-compiler)
 command -v openssl >/dev/null || need+=(openssl)
 command -v curl >/dev/null || need+=(curl)
 command -v mdb_dump >/dev/null || need+=(lmdb-utils)
+command -v systemd-analyze >/dev/null || need+=(systemd)
+command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || need+=(docker-compose)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
+fi
+
+if [ ! -x target/tools-venv/bin/kubernetes-validate ]; then
+    python3 -m venv target/tools-venv
+    target/tools-venv/bin/pip install -q kubernetes-validate
 fi
 
 cargo test --all-targets --no-fail-fast -- --test-threads="${KEYWARD_TEST_THREADS:-4}"

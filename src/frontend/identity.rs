@@ -1,5 +1,6 @@
 //! Who is calling: decided once per request, in this one place, for every front end (the member's
-//! gRPC services today; the proxy and the HTTP gateway call the same `IdentityRules::identify`).
+//! gRPC services, also when the HTTP gateway calls them in process; the proxy calls the same
+//! `IdentityRules::identify`).
 //!
 //! The inputs are the request's metadata (a token: `token` from etcd 3.4 clients, `authorization`
 //! from newer ones; a certificate forwarded by a trusted proxy) and the connection's `PeerIdentity`,

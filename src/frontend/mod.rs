@@ -1,7 +1,8 @@
 //! The front end every client-facing listener shares: who is calling, and the TLS that proves it.
 //!
-//! The member's gRPC services (`server/`) call it today; the proxy and the HTTP gateway call the same
-//! code, so "who is calling" is decided in one place.
+//! The member's gRPC services (`server/`) call it today, and the proxy will; the HTTP gateway
+//! (`gateway/`) reaches it through the gRPC services it calls in process, so "who is calling" is
+//! decided in one place.
 //!
 //! - `identity.rs`: `Identity`, resolved once per request from a token, the connection's verified
 //!   certificate, or a certificate forwarded by a trusted proxy, into the `Requester` that the raft

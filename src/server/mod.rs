@@ -1,6 +1,6 @@
-//! The member's listeners: one per `--listen-client-urls` entry, serving etcd's gRPC services and the
-//! HTTP endpoints on the same port; one per `--listen-peer-urls` entry, serving the peer protocol
-//! (`peer.rs`).
+//! The member's listeners: one per `--listen-client-urls` entry, serving etcd's gRPC services, the
+//! HTTP endpoints and the HTTP/JSON gateway (`crate::gateway`) on the same port; one per
+//! `--listen-peer-urls` entry, serving the peer protocol (`peer.rs`).
 
 pub mod auth;
 pub mod cluster;
@@ -135,6 +135,8 @@ async fn serve_bound(
 /// How long open client connections get to finish after a shutdown signal.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// The listener's services: etcd's gRPC services; beside them on the same port the HTTP endpoints
+/// (`http.rs`) and the HTTP/JSON gateway, which calls those same gRPC services in process.
 fn routes(node: Arc<Node>) -> Routes {
     let limit = node.max_request_bytes + GRPC_OVERHEAD_BYTES;
     let kv = KvServer::new(kv::KvService::new(node.clone())).max_decoding_message_size(limit);
@@ -143,11 +145,12 @@ fn routes(node: Arc<Node>) -> Routes {
     let lease = LeaseServer::new(lease::LeaseService::new(node.clone()));
     let watch = WatchServer::new(watch::WatchService::new(node.clone()));
     let auth = AuthServer::new(auth::AuthService::new(node.clone()));
-    Routes::from(http::router(node))
-        .add_service(kv)
+    let grpc = Routes::new(kv)
         .add_service(maintenance)
         .add_service(cluster)
         .add_service(lease)
         .add_service(watch)
-        .add_service(auth)
+        .add_service(auth);
+    let gateway = crate::gateway::router(grpc.clone(), node.max_request_bytes);
+    Routes::from(grpc.into_axum_router().merge(http::router(node)).merge(gateway))
 }

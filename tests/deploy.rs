@@ -1,0 +1,277 @@
+//! `deploy/` checked by the tools that consume it: `systemd-analyze verify` for the units,
+//! `docker compose config` for the compose file, `kubernetes-validate` (the Kubernetes JSON schemas,
+//! strict) for the manifests; and `deploy/local-cluster.sh` run end to end: it starts a member (plus
+//! the proxy once this build has `grpc-proxy`), etcdctl puts and gets through it, and `stop` or Ctrl-C
+//! ends every process it started.
+//!
+//! Each check has a twin that feeds the tool a broken copy and expects it to complain, so a tool that
+//! silently accepts everything cannot make the check pass. The tools are installed by
+//! `tests/run-all.sh`; a missing one fails the test with the command that installs it.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// How long the script may take to report ready (a bound against hanging, not a timing assertion).
+const SCRIPT_WAIT: Duration = Duration::from_secs(120);
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn deploy(path: &str) -> PathBuf {
+    repo().join("deploy").join(path)
+}
+
+/// Runs a tool; a missing tool fails with how to get it.
+fn run(cmd: &mut Command, install: &str) -> Output {
+    cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?} ({e}); {install} (tests/run-all.sh does)"))
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+// ---------------------------------------------------------------------------
+// systemd
+// ---------------------------------------------------------------------------
+
+/// `systemd-analyze verify` on copies of the units whose ExecStart names the binary cargo built
+/// (verify refuses a unit whose binary does not exist). Returns its exit status and output.
+fn verify_units(edit: impl Fn(&str) -> String) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut units = Vec::new();
+    for unit in ["keyward.service", "keyward-proxy.service"] {
+        let text = std::fs::read_to_string(deploy("systemd").join(unit)).unwrap();
+        assert!(text.contains("ExecStart=/usr/local/bin/keyward "), "{unit} runs /usr/local/bin/keyward");
+        let text = text.replace("/usr/local/bin/keyward", common::keyward_bin().to_str().unwrap());
+        let path = dir.path().join(unit);
+        std::fs::write(&path, edit(&text)).unwrap();
+        units.push(path);
+    }
+    let out = run(Command::new("systemd-analyze").arg("verify").args(&units), "install systemd");
+    (out.status.success(), text(&out))
+}
+
+#[test]
+fn systemd_units_verify_clean() {
+    let (ok, output) = verify_units(|unit| unit.to_string());
+    assert!(ok && output.trim().is_empty(), "systemd-analyze verify:\n{output}");
+    // Twin: a misspelt key and a bad value are reported.
+    let (_, output) = verify_units(|unit| unit.replace("Restart=on-failure", "Restart=sometimes\nLimitNOFLIE=1"));
+    assert!(output.contains("LimitNOFLIE") && output.contains("sometimes"), "verify missed the errors:\n{output}");
+}
+
+// ---------------------------------------------------------------------------
+// docker compose
+// ---------------------------------------------------------------------------
+
+/// `docker compose config -q` (the Docker CLI plugin) or `docker-compose config -q`, on `file`.
+fn compose_config(file: &Path) -> Output {
+    let plugin = Command::new("docker").args(["compose", "version"]).output().is_ok_and(|o| o.status.success());
+    let mut cmd = if plugin {
+        let mut cmd = Command::new("docker");
+        cmd.arg("compose");
+        cmd
+    } else {
+        Command::new("docker-compose")
+    };
+    // The project directory is deploy/, so relative paths resolve as for the real file.
+    cmd.arg("--project-directory").arg(deploy("")).arg("-f").arg(file).args(["config", "-q"]);
+    run(&mut cmd, "install docker-compose")
+}
+
+#[test]
+fn compose_file_is_valid() {
+    let out = compose_config(&deploy("docker-compose.yml"));
+    assert!(out.status.success(), "compose config:\n{}", text(&out));
+    let compose = std::fs::read_to_string(deploy("docker-compose.yml")).unwrap();
+    for member in ["member1", "member2", "member3"] {
+        assert!(compose.contains(&format!("ETCD_NAME: {member}")), "{member} is in the compose file");
+    }
+    // Twin: a port that is not a port is refused.
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("docker-compose.yml");
+    std::fs::write(&broken, compose.replace(r#"ports: ["12379:2379"]"#, "ports: {bad: true}")).unwrap();
+    assert!(!compose_config(&broken).status.success(), "compose config accepted a broken file");
+}
+
+// ---------------------------------------------------------------------------
+// Kubernetes
+// ---------------------------------------------------------------------------
+
+/// `kubernetes-validate --strict` (from PATH, or the venv tests/run-all.sh makes in target/).
+fn kubernetes_validate(files: &[PathBuf]) -> Output {
+    let venv = repo().join("target/tools-venv/bin/kubernetes-validate");
+    let program = if venv.exists() { venv } else { PathBuf::from("kubernetes-validate") };
+    run(Command::new(program).args(["--strict", "--quiet"]).args(files), "pip install kubernetes-validate")
+}
+
+#[test]
+fn kubernetes_manifests_validate_against_the_schemas() {
+    let manifests = [deploy("kubernetes/statefulset.yaml"), deploy("kubernetes/sidecar-pod.yaml")];
+    let out = kubernetes_validate(&manifests);
+    assert!(out.status.success(), "kubernetes-validate:\n{}", text(&out));
+    let statefulset = std::fs::read_to_string(&manifests[0]).unwrap();
+    for needed in ["kind: StatefulSet", "replicas: 3", "--initial-cluster-state=new", "--peer-client-cert-auth"] {
+        assert!(statefulset.contains(needed), "statefulset.yaml has {needed}");
+    }
+    // Twin: a misspelt field is refused (strict).
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("statefulset.yaml");
+    std::fs::write(&broken, statefulset.replace("serviceName:", "serviceNme:")).unwrap();
+    assert!(!kubernetes_validate(&[broken]).status.success(), "kubernetes-validate accepted a misspelt field");
+}
+
+// ---------------------------------------------------------------------------
+// deploy/local-cluster.sh
+// ---------------------------------------------------------------------------
+
+/// A base port whose member ports (base, base + 1) and proxy port (base + 10) are free.
+fn free_base_port() -> u16 {
+    for _ in 0..50 {
+        let base = common::free_port();
+        let free = [1u16, 10]
+            .iter()
+            .all(|offset| base.checked_add(*offset).is_some_and(|port| TcpListener::bind(("127.0.0.1", port)).is_ok()));
+        if free {
+            return base;
+        }
+    }
+    panic!("no free port range for the local cluster");
+}
+
+/// The script's ready report.
+struct Ready {
+    members: String,
+    /// The proxy's URL, or why there is none.
+    proxy: String,
+}
+
+/// `deploy/local-cluster.sh start --members 1 ...` until it reports ready; returns its child (still
+/// running unless `--detach`) and the report.
+fn start_script(dir: &Path, detach: bool) -> (std::process::Child, Ready) {
+    let mut cmd = Command::new("bash");
+    cmd.arg(deploy("local-cluster.sh"))
+        .args(["start", "--members", "1", "--base-port", &free_base_port().to_string()])
+        .arg("--dir")
+        .arg(dir)
+        .arg("--bin")
+        .arg(common::keyward_bin())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if detach {
+        cmd.arg("--detach");
+    }
+    common::scrub_env(&mut cmd);
+    let mut child = cmd.spawn().expect("run deploy/local-cluster.sh");
+    let (tx, lines) = mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let stderr = child.stderr.take().unwrap();
+    let (etx, errors) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            all.push_str(&line);
+            all.push('\n');
+            let _ = etx.send(all.clone());
+        }
+    });
+    let (mut members, mut proxy) = (None, None);
+    loop {
+        let line = lines.recv_timeout(SCRIPT_WAIT).unwrap_or_else(|_| {
+            let _ = child.kill();
+            panic!("local-cluster.sh never reported ready; stderr:\n{}", errors.try_iter().last().unwrap_or_default())
+        });
+        if let Some(urls) = line.strip_prefix("members:") {
+            members = Some(urls.trim().to_string());
+        }
+        if let Some(url) = line.strip_prefix("proxy:") {
+            proxy = Some(url.trim().to_string());
+        }
+        if line.starts_with("try:") {
+            break;
+        }
+    }
+    (child, Ready { members: members.expect("members line"), proxy: proxy.expect("proxy line") })
+}
+
+/// etcdctl over TLS with the dev PKI's root certificate.
+fn etcdctl(pki: &Path, endpoint: &str, args: &[&str]) -> common::Output {
+    let (ca, cert, key) = (pki.join("ca.pem"), pki.join("root.pem"), pki.join("root-key.pem"));
+    let mut all =
+        vec!["--cacert", ca.to_str().unwrap(), "--cert", cert.to_str().unwrap(), "--key", key.to_str().unwrap()];
+    all.extend_from_slice(args);
+    common::etcdctl(endpoint, &all)
+}
+
+fn put_and_get(pki: &Path, endpoint: &str, key: &str) {
+    etcdctl(pki, endpoint, &["put", key, "through-the-script"]).assert_ok();
+    let got = etcdctl(pki, endpoint, &["get", key, "--print-value-only"]);
+    assert_eq!(got.assert_ok().stdout.trim(), "through-the-script", "get {key} from {endpoint}");
+}
+
+/// The PIDs the script recorded.
+fn started_pids(dir: &Path) -> Vec<u32> {
+    let pids = std::fs::read_to_string(dir.join("pids")).unwrap_or_default();
+    pids.lines().filter_map(|line| line.split_whitespace().next()?.parse().ok()).collect()
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z ")
+}
+
+/// Checks the proxy part of the report: served when this build has `grpc-proxy`, otherwise skipped
+/// with a message saying so.
+fn proxy_served_or_skipped(ready: &Ready, pki: &Path) {
+    let has_proxy = Command::new(common::keyward_bin())
+        .args(["grpc-proxy", "start", "--help"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if has_proxy {
+        assert!(ready.proxy.starts_with("https://"), "proxy: {}", ready.proxy);
+        put_and_get(pki, &ready.proxy, "/deploy/through-proxy");
+    } else {
+        assert!(ready.proxy.contains("no 'grpc-proxy start' command"), "proxy: {}", ready.proxy);
+    }
+}
+
+#[test]
+fn local_cluster_script_serves_put_and_get_and_stop_ends_it() {
+    let dir = tempfile::Builder::new().prefix("local-cluster-").tempdir().unwrap();
+    let (mut script, ready) = start_script(dir.path(), true);
+    assert!(script.wait().unwrap().success(), "--detach returns once ready");
+    let pki = dir.path().join("pki");
+    let pids = started_pids(dir.path());
+    assert!(!pids.is_empty() && pids.iter().all(|pid| alive(*pid)), "started {pids:?}");
+    put_and_get(&pki, &ready.members, "/deploy/direct");
+    proxy_served_or_skipped(&ready, &pki);
+    let stop = Command::new("bash").arg(deploy("local-cluster.sh")).arg("stop").arg("--dir").arg(dir.path()).output();
+    assert!(stop.unwrap().status.success());
+    assert!(pids.iter().all(|pid| !alive(*pid)), "stop ended every process: {pids:?}");
+}
+
+#[test]
+fn local_cluster_script_stops_everything_on_ctrl_c() {
+    let dir = tempfile::Builder::new().prefix("local-cluster-").tempdir().unwrap();
+    let (mut script, ready) = start_script(dir.path(), false);
+    let pids = started_pids(dir.path());
+    assert!(!pids.is_empty() && pids.iter().all(|pid| alive(*pid)), "started {pids:?}");
+    put_and_get(&dir.path().join("pki"), &ready.members, "/deploy/foreground");
+    let interrupted = Command::new("kill").args(["-INT", &script.id().to_string()]).status().unwrap();
+    assert!(interrupted.success());
+    assert!(script.wait().unwrap().success(), "Ctrl-C is a clean stop");
+    assert!(pids.iter().all(|pid| !alive(*pid)), "Ctrl-C ended every process: {pids:?}");
+}
