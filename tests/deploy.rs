@@ -1,6 +1,6 @@
 //! `deploy/` checked by the tools that consume it: `systemd-analyze verify` for the units,
 //! `docker compose config` for the compose file, `kubernetes-validate` (the Kubernetes JSON schemas,
-//! strict) for the manifests; and `deploy/local-cluster.sh` run end to end: it starts a member (plus
+//! strict) for the manifests; and `deploy/local-cluster.sh` run end to end: it starts three members (plus
 //! the proxy once this build has `grpc-proxy`), etcdctl puts and gets through it, and `stop` or Ctrl-C
 //! ends every process it started.
 //!
@@ -136,7 +136,8 @@ fn kubernetes_manifests_validate_against_the_schemas() {
 fn free_base_port() -> u16 {
     for _ in 0..50 {
         let base = common::free_port();
-        let free = [1u16, 10]
+        // Three members (client port, peer port after it, every 10) and the proxy after them.
+        let free = [1u16, 10, 11, 20, 21, 30]
             .iter()
             .all(|offset| base.checked_add(*offset).is_some_and(|port| TcpListener::bind(("127.0.0.1", port)).is_ok()));
         if free {
@@ -153,12 +154,12 @@ struct Ready {
     proxy: String,
 }
 
-/// `deploy/local-cluster.sh start --members 1 ...` until it reports ready; returns its child (still
+/// `deploy/local-cluster.sh start --members 3 ...` until it reports ready; returns its child (still
 /// running unless `--detach`) and the report.
 fn start_script(dir: &Path, detach: bool) -> (std::process::Child, Ready) {
     let mut cmd = Command::new("bash");
     cmd.arg(deploy("local-cluster.sh"))
-        .args(["start", "--members", "1", "--base-port", &free_base_port().to_string()])
+        .args(["start", "--members", "3", "--base-port", &free_base_port().to_string()])
         .arg("--dir")
         .arg(dir)
         .arg("--bin")

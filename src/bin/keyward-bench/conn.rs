@@ -149,7 +149,10 @@ async fn connect(endpoint: &str, tls: Option<Arc<ClientConfig>>, args: &BenchArg
         None => ("http", endpoint),
     };
     let uri: Uri = format!("{scheme}://{host_port}").parse().with_context(|| format!("endpoint {endpoint:?}"))?;
-    let ep = Endpoint::from(uri.clone()).connect_timeout(args.dial_timeout).tcp_nodelay(true);
+    // tonic is given http:// when the TLS connector below does TLS: a tonic built with its own TLS
+    // feature would refuse an https:// URI it has no configuration for.
+    let plain: Uri = format!("http://{host_port}").parse().with_context(|| format!("endpoint {endpoint:?}"))?;
+    let ep = Endpoint::from(plain).connect_timeout(args.dial_timeout).tcp_nodelay(true);
     let channel = if scheme == "https" {
         let Some(config) = tls else { bail!("endpoint {endpoint:?} is https:// but --cacert is not given") };
         let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_string();

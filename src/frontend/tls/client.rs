@@ -57,7 +57,7 @@ pub fn client_config(
 /// `tls`. Nothing is dialed until the first request, and a broken connection is dialed again.
 pub fn lazy_channel(url: &str, tls: Option<&Arc<ClientConfig>>, connect_timeout: Duration) -> Result<Channel, String> {
     let uri: Uri = url.parse().map_err(|e| format!("URL {url:?}: {e}"))?;
-    let endpoint = Endpoint::from(uri.clone())
+    let endpoint = Endpoint::from(plain_scheme(&uri)?)
         .connect_timeout(connect_timeout)
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
@@ -73,6 +73,14 @@ pub fn lazy_channel(url: &str, tls: Option<&Arc<ClientConfig>>, connect_timeout:
         Some("http") => Ok(endpoint.connect_lazy()),
         _ => Err(format!("URL {url:?}: the scheme must be http or https")),
     }
+}
+
+/// The URI tonic is given: `http://` even when `TlsConnector` does TLS underneath. When tonic's own
+/// TLS feature is compiled in (test builds unify it in through the `etcd-client` dev-dependency), it
+/// refuses an `https://` URI that it has no TLS configuration of its own for.
+fn plain_scheme(uri: &Uri) -> Result<Uri, String> {
+    let authority = uri.authority().ok_or_else(|| format!("URL {uri}: no host and port"))?;
+    format!("http://{authority}").parse().map_err(|e| format!("URL {uri}: {e}"))
 }
 
 fn host_of(uri: &Uri) -> String {
