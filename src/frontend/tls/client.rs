@@ -57,20 +57,27 @@ pub fn client_config(
 /// `tls`. Nothing is dialed until the first request, and a broken connection is dialed again.
 pub fn lazy_channel(url: &str, tls: Option<&Arc<ClientConfig>>, connect_timeout: Duration) -> Result<Channel, String> {
     let uri: Uri = url.parse().map_err(|e| format!("URL {url:?}: {e}"))?;
-    let endpoint = Endpoint::from(uri.clone())
-        .connect_timeout(connect_timeout)
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(5));
+    let endpoint = |uri: Uri| {
+        Endpoint::from(uri)
+            .connect_timeout(connect_timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(5))
+    };
     match uri.scheme_str() {
         Some("https") => {
             let config = tls.ok_or_else(|| format!("{url} is https:// but no TLS client configuration is set"))?;
             let host = host_of(&uri);
             let server_name =
                 ServerName::try_from(host.clone()).map_err(|e| format!("server name {host:?} of {url}: {e}"))?;
-            Ok(endpoint.connect_with_connector_lazy(TlsConnector { config: config.clone(), server_name }))
+            // Our connector does the TLS; tonic is handed an http:// URI because a tonic built with
+            // any of its TLS features (which a dependency may switch on) refuses an https:// URI whose
+            // TLS it did not set up itself ("Connecting to HTTPS without TLS enabled").
+            let authority = uri.authority().map(|a| a.as_str()).unwrap_or_default();
+            let plain: Uri = format!("http://{authority}").parse().map_err(|e| format!("URL {url:?}: {e}"))?;
+            Ok(endpoint(plain).connect_with_connector_lazy(TlsConnector { config: config.clone(), server_name }))
         }
-        Some("http") => Ok(endpoint.connect_lazy()),
+        Some("http") => Ok(endpoint(uri).connect_lazy()),
         _ => Err(format!("URL {url:?}: the scheme must be http or https")),
     }
 }
