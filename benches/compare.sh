@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Compares keyward with the real etcd (Debian's etcd-server, /usr/bin/etcd) under the same load.
 #
-# Both servers are started in this run with the same flags on free loopback ports, data dirs in one
+# Both servers (or both clusters) are started in this run with the same flags on free loopback ports, data dirs in one
 # temp dir, and killed by PID at the end. `keyward-bench` (the client; it speaks etcd's v3 API) runs
 # the same matrix against each, keyward first and then etcd for every cell:
 #   (a) no auth                              (b/f) auth, simple token, a user with one permission
 #   (c) auth, JWT RS256                      (e)   auth, simple token, a user with 10,000 permissions
 #   (d) TLS, client-cert-auth, CN user       (g)   Authenticate throughput (bcrypt cost 10)
+#   (h) a 3-member cluster of each (keyward against a real 3-member etcd), auth with JWT RS256; the
+#       clients' connections are spread over the three members, so followers forward to the leader
 # cells: put and linearizable range at 1 client (1 conn) and at 100 clients over 10 conns, txn-put at
-# 100 clients (and a watch cell in (a)). It prints a Markdown report (also written to $OUT): every
+# 100 clients (and a watch cell in (a); (h) runs put at 1 and 100 clients and range at 100). It prints a Markdown report (also written to $OUT): every
 # cell's absolute numbers, keyward/etcd ratios, peak RSS (VmHWM) of each server, the local bcrypt
 # rate, and the targets of the performance issue, each met or not.
 #
@@ -16,6 +18,8 @@
 # Environment: DURATION (per cell, in seconds: default 5s), AUTH_DURATION (per Authenticate cell, default
 #   15s), PERMS (grants of the (e) user, default 10000),
 #   OUT (report path, default target/compare.md), ETCD (etcd binary), KEEP_TMP=1 (keep the temp dir),
+#   CONFIGS (which configurations run, default "a b c d h": (b) includes (e) and (g); the report's
+#   targets cover what ran),
 #   PROFILE=1 (also record a perf profile of keyward's put path at 100 clients, if perf works; builds and
 #   measures the `profiling` profile: release code with debug info).
 set -uo pipefail
@@ -33,6 +37,9 @@ PROFILE_DIR=release
 KW="$root/target/$PROFILE_DIR/keyward"
 KWB="$root/target/$PROFILE_DIR/keyward-bench"
 PREFIX="bench/"
+CONFIGS="${CONFIGS:-a b c d h}"
+# want X: configuration X is in $CONFIGS
+want() { [[ " $CONFIGS " == *" $1 "* ]]; }
 SHAPE=(--prefix "$PREFIX" --key-size 16 --val-size 256)
 SIZES=("${SHAPE[@]}" --key-space 10000)
 
@@ -116,6 +123,53 @@ stop_all() {
     done
 }
 
+# start_cluster KIND CONFIG EXTRA_FLAGS... : three members of KIND (new cluster, all started at once);
+# EP[KIND] lists the three client URLs, PID[KIND] is the first member (CPIDS[KIND] all three)
+declare -A CPIDS
+start_cluster() {
+    local kind="$1" config="$2"
+    shift 2
+    local i client=() peer=() initial="" endpoints=""
+    for i in 1 2 3; do
+        client[$i]="$(free_port)"
+        peer[$i]="$(free_port)"
+        initial+="${initial:+,}m$i=http://127.0.0.1:${peer[$i]}"
+        endpoints+="${endpoints:+,}http://127.0.0.1:${client[$i]}"
+    done
+    CPIDS[$kind]=""
+    for i in 1 2 3; do
+        local dir="$tmp/$config-m$i-$kind"
+        local flags=(--name "m$i" --data-dir "$dir"
+            --listen-client-urls "http://127.0.0.1:${client[$i]}" --advertise-client-urls "http://127.0.0.1:${client[$i]}"
+            --listen-peer-urls "http://127.0.0.1:${peer[$i]}" --initial-advertise-peer-urls "http://127.0.0.1:${peer[$i]}"
+            --initial-cluster "$initial" --initial-cluster-state new --initial-cluster-token "bench-$kind"
+            --bcrypt-cost 10 --log-level warn "$@")
+        if [ "$kind" = keyward ]; then
+            "$KW" serve "${flags[@]}" > "$dir.log" 2>&1 &
+        else
+            "$ETCD" "${flags[@]}" > "$dir.log" 2>&1 &
+        fi
+        pids+=("$!")
+        CPIDS[$kind]+="$! "
+    done
+    PID[$kind]="${CPIDS[$kind]%% *}"
+    EP[$kind]="$endpoints"
+}
+
+# stop_clusters CONFIG: records each cluster's memory (the sum over its members), then stops it
+stop_clusters() {
+    local config="$1"
+    for kind in keyward etcd; do
+        local pid sums
+        # shellcheck disable=SC2086
+        sums="$(for pid in ${CPIDS[$kind]}; do awk '/^(VmHWM|RssAnon|RssFile):/ {printf "%s ", $2}' "/proc/$pid/status"; echo; done \
+            | awk '{ h += $1; a += $2; f += $3 } END { printf "%d\t%d\t%d\t", h, a, f }')"
+        echo -e "$config\t$kind\t$sums" >> "$rss"
+        for pid in ${CPIDS[$kind]}; do kill "$pid" 2>/dev/null; done
+        for pid in ${CPIDS[$kind]}; do wait "$pid" 2>/dev/null; done
+    done
+}
+
 # cell CONFIG CELL CLIENTS CONNS CLIENT_FLAGS... -- WORKLOAD ARGS... : run on keyward, then etcd
 cell() {
     local config="$1" name="$2" clients="$3" conns="$4"
@@ -171,6 +225,7 @@ echo "bcrypt capacity at cost 10..." >&2
 "$KWB" bcrypt --cost 10 --clients "$(nproc)" --duration "$DURATION" -w json > "$tmp/bcrypt-n.json"
 
 # --- (a) no auth ----------------------------------------------------------------------------------
+if want a; then
 echo "(a) no auth" >&2
 for kind in keyward etcd; do start "$kind" none http; done
 for kind in keyward etcd; do wait_ready "$kind"; done
@@ -192,8 +247,10 @@ if [ "${PROFILE:-0}" = 1 ] && perf stat -e task-clock true > /dev/null 2>&1; the
         | sed 's/ *$//' | cut -c1-200 | head -40 > "$tmp/perf-children.txt"
 fi
 stop_all none
+fi
 
 # --- (b/f), (e), (g) simple token -----------------------------------------------------------------
+if want b; then
 echo "(b/f, e, g) auth, simple token" >&2
 for kind in keyward etcd; do start "$kind" simple http --auth-token simple; done
 for kind in keyward etcd; do wait_ready "$kind"; done
@@ -230,13 +287,15 @@ paired txn-put-c100 100 10 txn-put
 DURATION="$AUTH_DURATION" cell simple authenticate-c1 1 1 "${one[@]}" -- authenticate
 DURATION="$AUTH_DURATION" cell simple authenticate-c100 100 10 "${one[@]}" -- authenticate
 stop_all simple
+fi
 
 # --- (c) JWT RS256 --------------------------------------------------------------------------------
-echo "(c) auth, JWT RS256" >&2
 mkdir -p "$tmp/jwt"
 openssl genrsa -out "$tmp/jwt/priv.pem" 2048 2> /dev/null
 openssl rsa -in "$tmp/jwt/priv.pem" -pubout -out "$tmp/jwt/pub.pem" 2> /dev/null
 jwt="jwt,pub-key=$tmp/jwt/pub.pem,priv-key=$tmp/jwt/priv.pem,sign-method=RS256"
+if want c; then
+echo "(c) auth, JWT RS256" >&2
 for kind in keyward etcd; do start "$kind" jwt http --auth-token "$jwt"; done
 for kind in keyward etcd; do wait_ready "$kind"; done
 for kind in keyward etcd; do
@@ -245,8 +304,10 @@ for kind in keyward etcd; do
 done
 standard_cells jwt --user bench1 --password pw1
 stop_all jwt
+fi
 
 # --- (d) TLS with client-cert-auth, the CN is the user --------------------------------------------
+if want d; then
 echo "(d) TLS, client certificate CN" >&2
 bash "$root/certs/gen.sh" "$tmp/pki" > /dev/null || die "certs/gen.sh failed"
 pki="$tmp/pki"
@@ -263,6 +324,24 @@ for kind in keyward etcd; do
 done
 standard_cells tls "${as_alice[@]}"
 stop_all tls
+fi
+
+# --- (h) 3-member clusters, auth with JWT RS256 ----------------------------------------------------
+if want h; then
+echo "(h) 3-member clusters, auth, JWT RS256" >&2
+for kind in keyward etcd; do start_cluster "$kind" jwt-3m --auth-token "$jwt"; done
+for kind in keyward etcd; do wait_ready "$kind"; done
+for kind in keyward etcd; do
+    "$KWB" --endpoints "${EP[$kind]}" --prefix "$PREFIX" setup-auth --root-password rootpw \
+        --new-user bench1:pw1:0 --enable 2> /dev/null || die "auth setup on the $kind cluster failed"
+done
+cluster_user=(--user bench1 --password pw1)
+seed "${cluster_user[@]}"
+cell jwt-3m put-c1 1 1 "${cluster_user[@]}" -- put
+cell jwt-3m put-c100 100 10 "${cluster_user[@]}" -- put
+cell jwt-3m range-l-c100 100 10 "${cluster_user[@]}" -- range --consistency l
+stop_clusters jwt-3m
+fi
 
 elapsed=$(( $(date +%s) - started_at ))
 
@@ -293,6 +372,9 @@ PY
 
 # --- report ---------------------------------------------------------------------------------------
 {
+    get() { awk -F'\t' -v c="$1" -v n="$2" -v k="$3" -v f="$4" '$1 == c && $2 == n && $3 == k { print $f }' "$results"; }
+    # ran CONFIG CELL: the cell has numbers for both servers
+    ran() { [ -n "$(get "$1" "$2" keyward 4)" ] && [ -n "$(get "$1" "$2" etcd 4)" ]; }
     echo "Produced by \`benches/compare.sh\` (DURATION=$DURATION per cell, PERMS=$PERMS) on $(date -u +%Y-%m-%d) in ${elapsed} s."
     echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'),"
     echo "$(awk '/MemTotal/ {printf "%.0f GiB RAM", $2/1048576}' /proc/meminfo); $("$ETCD" --version | head -1); keyward $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?') (+ working tree)."
@@ -314,11 +396,12 @@ PY
                     ms(b[5]), ms(b[6]), ms(b[7]), ms(b[8]), p99, a[10], b[10], a[11], b[11]
             }
         }' "$results"
-    echo
-    echo "The watch cells count events delivered (10 streams x 10 watchers, or x 100 = 1,000 watchers, on the prefix, while 10 clients put); their latency is put-send to event-receipt."
+    ran none watch-c10 && echo
+    ran none watch-c10 && echo "The watch cells count events delivered (10 streams x 10 watchers, or x 100 = 1,000 watchers, on the prefix, while 10 clients put); their latency is put-send to event-receipt."
     echo
     echo "Peak RSS (VmHWM at the end of each configuration), and what was resident at that point: anonymous"
     echo "memory (heap) and file-backed pages (the memory-mapped database files: LMDB for keyward, bbolt for etcd)."
+    echo "A 3-member configuration (-3m) counts its three members together."
     echo
     echo "| config | keyward peak MiB | etcd peak MiB | ratio | keyward anon / file MiB | etcd anon / file MiB | anon ratio |"
     echo "| --- | ---: | ---: | ---: | --- | --- | ---: |"
@@ -332,28 +415,32 @@ PY
     echo
     echo "Targets:"
     echo
-    get() { awk -F'\t' -v c="$1" -v n="$2" -v k="$3" -v f="$4" '$1 == c && $2 == n && $3 == k { print $f }' "$results"; }
     verdict() { if [ "$(echo "$1" | bc -l)" = 1 ]; then echo met; else echo "NOT met"; fi; }
-    for config in jwt tls; do
+    for config in jwt tls jwt-3m; do
+        ran "$config" put-c100 || continue
         kt=$(get "$config" put-c100 keyward 4); et=$(get "$config" put-c100 etcd 4)
         kp=$(get "$config" put-c100 keyward 7); ep=$(get "$config" put-c100 etcd 7)
         r=$(echo "$kt / $et" | bc -l); p=$(echo "$kp / $ep" | bc -l)
         printf -- "- put, 100 clients, %s: throughput %.2fx (target >= 2.0: %s), p99 %.2fx (target <= 0.5: %s)\n" \
             "$config" "$r" "$(verdict "$r >= 2.0")" "$p" "$(verdict "$p <= 0.5")"
     done
-    for config in simple jwt tls; do
+    for config in simple jwt tls jwt-3m; do
+        ran "$config" range-l-c100 || continue
         r=$(echo "$(get "$config" range-l-c100 keyward 4) / $(get "$config" range-l-c100 etcd 4)" | bc -l)
         printf -- "- linearizable range, 100 clients, %s: %.2fx (target >= 1.5: %s)\n" "$config" "$r" "$(verdict "$r >= 1.5")"
     done
     for c in put-c1 put-c100 range-l-c1 range-l-c100 txn-put-c100; do
+        [ -n "$(get perms10k "$c" keyward 4)" ] || continue
         r=$(echo "$(get perms10k "$c" keyward 4) / $(get simple "$c" keyward 4)" | bc -l)
         printf -- "- keyward %s, 10,000-permission user / one-permission user: %.3f (target >= 0.95: %s)\n" "$c" "$r" "$(verdict "$r >= 0.95")"
     done
-    a=$(get simple authenticate-c100 keyward 4)
-    r=$(echo "$a / $bn" | bc -l)
-    r1=$(echo "$a / ($b1 * $(nproc))" | bc -l)
-    printf -- "- Authenticate, 100 clients: keyward %.2f/s = %.3f of bcrypt on all %s cores measured in-process (target >= 0.95: %s); %.3f of 1-thread bcrypt x %s; etcd %.2f/s\n" \
-        "$a" "$r" "$(nproc)" "$(verdict "$r >= 0.95")" "$r1" "$(nproc)" "$(get simple authenticate-c100 etcd 4)"
+    if ran simple authenticate-c100; then
+        a=$(get simple authenticate-c100 keyward 4)
+        r=$(echo "$a / $bn" | bc -l)
+        r1=$(echo "$a / ($b1 * $(nproc))" | bc -l)
+        printf -- "- Authenticate, 100 clients: keyward %.2f/s = %.3f of bcrypt on all %s cores measured in-process (target >= 0.95: %s); %.3f of 1-thread bcrypt x %s; etcd %.2f/s\n" \
+            "$a" "$r" "$(nproc)" "$(verdict "$r >= 0.95")" "$r1" "$(nproc)" "$(get simple authenticate-c100 etcd 4)"
+    fi
     worst=$(awk -F'\t' '$2 == "keyward" { k[$1] = $3 } $2 == "etcd" { e[$1] = $3 } END { m = 0; for (c in k) if (k[c] / e[c] > m) m = k[c] / e[c]; print m }' "$rss")
     printf -- "- peak RSS: worst keyward/etcd ratio over the configurations %.2f (target <= 0.5: %s)\n" "$worst" "$(verdict "$worst <= 0.5")"
     if [ -s "$tmp/perf-top.txt" ]; then

@@ -4,9 +4,12 @@
 //! Changes run on the leader (a follower forwards them, `node.rs`), with etcd 3.4's checks: peer URLs
 //! are unique; at most one learner; a voter is added or removed only while enough voters have started
 //! to keep a quorum (etcd's `--strict-reconfig-check`, on by default); a learner is promoted only once
-//! it is in sync with the leader. openraft commits each change through joint consensus.
+//! it is in sync with the leader. openraft commits each change through joint consensus, and refuses
+//! a change while the previous one is not committed yet; etcd queues configuration changes instead, so
+//! a change waits here for the previous one (its checks run again on the membership that results).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use openraft::ChangeMembers;
@@ -15,6 +18,10 @@ use crate::error::EtcdError;
 use crate::proto::etcdserverpb::Member;
 use crate::raft::member::MemberNode;
 use crate::raft::{Membership, NodeId, Raft};
+
+/// How long a change waits for the previous one to commit (etcd's request timeout) before it fails
+/// with "request timed out".
+const PREVIOUS_CHANGE_WAIT: Duration = Duration::from_secs(5);
 
 /// etcd 3.4 allows one learner at a time.
 const MAX_LEARNERS: usize = 1;
@@ -99,22 +106,77 @@ fn ready_to_remove_voter(membership: &Membership, id: NodeId) -> bool {
 /// the change completes (openraft's joint consensus) once it has started and caught up. Waiting for
 /// that here would keep `etcdctl member add` waiting for a member that is only started after it.
 pub async fn add(raft: &Raft, id: NodeId, peer_urls: Vec<String>, learner: bool) -> Result<NodeId, EtcdError> {
+    after_previous_change(|| add_once(raft, id, peer_urls.clone(), learner)).await
+}
+
+/// Removes member `id`, voter or learner.
+pub async fn remove(raft: &Raft, id: NodeId) -> Result<(), EtcdError> {
+    after_previous_change(|| remove_once(raft, id)).await
+}
+
+/// Changes member `id`'s peer URLs, keeping what it published.
+pub async fn update(raft: &Raft, id: NodeId, peer_urls: Vec<String>) -> Result<(), EtcdError> {
+    after_previous_change(|| update_once(raft, id, peer_urls.clone())).await
+}
+
+/// Records the name and client URLs member `id` publishes once it has started.
+pub async fn publish(raft: &Raft, id: NodeId, name: String, client_urls: Vec<String>) -> Result<(), EtcdError> {
+    after_previous_change(|| publish_once(raft, id, name.clone(), client_urls.clone())).await
+}
+
+/// Makes learner `id` a voter, once it is in sync with this leader's log.
+pub async fn promote(raft: &Raft, id: NodeId) -> Result<(), EtcdError> {
+    after_previous_change(|| promote_once(raft, id)).await
+}
+
+/// Why a change did not happen: etcd's error, or the previous change is not committed yet.
+enum Refused {
+    Etcd(EtcdError),
+    PreviousInProgress,
+}
+
+impl From<EtcdError> for Refused {
+    fn from(e: EtcdError) -> Self {
+        Refused::Etcd(e)
+    }
+}
+
+/// Runs `change` (checks included) again while the previous change is uncommitted, up to
+/// [`PREVIOUS_CHANGE_WAIT`].
+async fn after_previous_change<T, Fut>(mut change: impl FnMut() -> Fut) -> Result<T, EtcdError>
+where
+    Fut: std::future::Future<Output = Result<T, Refused>>,
+{
+    let deadline = tokio::time::Instant::now() + PREVIOUS_CHANGE_WAIT;
+    loop {
+        match change().await {
+            Ok(done) => return Ok(done),
+            Err(Refused::Etcd(e)) => return Err(e),
+            Err(Refused::PreviousInProgress) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(Refused::PreviousInProgress) => return Err(EtcdError::Timeout),
+        }
+    }
+}
+
+async fn add_once(raft: &Raft, id: NodeId, peer_urls: Vec<String>, learner: bool) -> Result<NodeId, Refused> {
     let membership = current(raft);
     // etcd checks the id first (ids of adds within one second collide), then the URLs.
     if membership.get_node(&id).is_some() {
-        return Err(EtcdError::MemberIdExists);
+        return Err(EtcdError::MemberIdExists.into());
     }
     check_unique_urls(&membership, &peer_urls, None)?;
     let node = MemberNode::unstarted(peer_urls);
     if learner {
         let learners = membership.learner_ids().count();
         if learners >= MAX_LEARNERS {
-            return Err(EtcdError::TooManyLearners);
+            return Err(EtcdError::TooManyLearners.into());
         }
         raft.add_learner(id, node, false).await.map_err(change_error)?;
     } else {
         if !ready_to_add_voter(&membership) {
-            return Err(EtcdError::NotEnoughStartedMembers);
+            return Err(EtcdError::NotEnoughStartedMembers.into());
         }
         let change = {
             let raft = raft.clone();
@@ -136,14 +198,13 @@ pub async fn add(raft: &Raft, id: NodeId, peer_urls: Vec<String>, learner: bool)
     Ok(id)
 }
 
-/// Removes member `id`, voter or learner.
-pub async fn remove(raft: &Raft, id: NodeId) -> Result<(), EtcdError> {
+async fn remove_once(raft: &Raft, id: NodeId) -> Result<(), Refused> {
     let membership = current(raft);
     node_of(&membership, id)?;
     let is_voter = membership.voter_ids().any(|v| v == id);
     if is_voter {
         if !ready_to_remove_voter(&membership, id) {
-            return Err(EtcdError::NotEnoughStartedMembers);
+            return Err(EtcdError::NotEnoughStartedMembers.into());
         }
         raft.change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false).await.map_err(change_error)?;
     }
@@ -152,8 +213,7 @@ pub async fn remove(raft: &Raft, id: NodeId) -> Result<(), EtcdError> {
     Ok(())
 }
 
-/// Changes member `id`'s peer URLs, keeping what it published.
-pub async fn update(raft: &Raft, id: NodeId, peer_urls: Vec<String>) -> Result<(), EtcdError> {
+async fn update_once(raft: &Raft, id: NodeId, peer_urls: Vec<String>) -> Result<(), Refused> {
     let membership = current(raft);
     let mut node = node_of(&membership, id)?;
     check_unique_urls(&membership, &peer_urls, Some(id))?;
@@ -161,8 +221,7 @@ pub async fn update(raft: &Raft, id: NodeId, peer_urls: Vec<String>) -> Result<(
     set_node(raft, id, node).await
 }
 
-/// Records the name and client URLs member `id` publishes once it has started.
-pub async fn publish(raft: &Raft, id: NodeId, name: String, client_urls: Vec<String>) -> Result<(), EtcdError> {
+async fn publish_once(raft: &Raft, id: NodeId, name: String, client_urls: Vec<String>) -> Result<(), Refused> {
     let mut node = node_of(&current(raft), id)?;
     if node.name == name && node.client_urls == client_urls {
         return Ok(());
@@ -172,19 +231,18 @@ pub async fn publish(raft: &Raft, id: NodeId, name: String, client_urls: Vec<Str
     set_node(raft, id, node).await
 }
 
-async fn set_node(raft: &Raft, id: NodeId, node: MemberNode) -> Result<(), EtcdError> {
+async fn set_node(raft: &Raft, id: NodeId, node: MemberNode) -> Result<(), Refused> {
     raft.change_membership(ChangeMembers::SetNodes(BTreeMap::from([(id, node)])), true)
         .await
         .map(|_| ())
         .map_err(change_error)
 }
 
-/// Makes learner `id` a voter, once it is in sync with this leader's log.
-pub async fn promote(raft: &Raft, id: NodeId) -> Result<(), EtcdError> {
+async fn promote_once(raft: &Raft, id: NodeId) -> Result<(), Refused> {
     let membership = current(raft);
     node_of(&membership, id)?;
     if membership.voter_ids().any(|v| v == id) {
-        return Err(EtcdError::MemberNotLearner);
+        return Err(EtcdError::MemberNotLearner.into());
     }
     let metrics = raft.metrics().borrow().clone();
     let leader_index = metrics.last_log_index.unwrap_or(0);
@@ -194,27 +252,26 @@ pub async fn promote(raft: &Raft, id: NodeId) -> Result<(), EtcdError> {
         .and_then(|replication| replication.get(&id).cloned().flatten())
         .map_or(0, |log_id| log_id.index);
     if leader_index > 0 && matched * 100 < leader_index * LEARNER_READY_PERCENT {
-        return Err(EtcdError::LearnerNotReady);
+        return Err(EtcdError::LearnerNotReady.into());
     }
     if !ready_to_promote(&membership) {
-        return Err(EtcdError::NotEnoughStartedMembers);
+        return Err(EtcdError::NotEnoughStartedMembers.into());
     }
     raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false).await.map_err(change_error)?;
     Ok(())
 }
 
-fn change_error(e: RaftError<NodeId, ClientWriteError<NodeId, MemberNode>>) -> EtcdError {
+fn change_error(e: RaftError<NodeId, ClientWriteError<NodeId, MemberNode>>) -> Refused {
     match e {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => EtcdError::NotLeader,
+        RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => EtcdError::NotLeader.into(),
         RaftError::APIError(ClientWriteError::ChangeMembershipError(ChangeMembershipError::InProgress(_))) => {
-            // etcd serializes configuration changes too; a client may retry.
-            EtcdError::Unsupported("another membership change is in progress; retry".into())
+            Refused::PreviousInProgress
         }
         RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
             tracing::warn!(error = %e, "membership change refused");
-            EtcdError::Unhealthy
+            EtcdError::Unhealthy.into()
         }
-        RaftError::Fatal(_) => EtcdError::Stopped,
+        RaftError::Fatal(_) => EtcdError::Stopped.into(),
     }
 }
 
