@@ -9,7 +9,7 @@
 
 use tonic::metadata::MetadataMap;
 
-use super::certificate::{NoIdentity, PeerIdentity};
+use super::certificate::{IdentitySource, NoIdentity, PeerIdentity};
 use super::forwarded::{ForwardedVerifier, FORWARDED_CERT};
 use super::tls::settings::TlsSettings;
 use crate::auth::check::Requester;
@@ -75,19 +75,28 @@ pub struct IdentityRules {
     client_cert_auth: bool,
     trusted_proxy_cns: Vec<String>,
     forwarded: Option<ForwardedVerifier>,
+    /// `--client-cert-identity`, applied to a forwarded certificate as the listener applies it to
+    /// the connection's own.
+    identity_source: IdentitySource,
 }
 
 impl IdentityRules {
     /// The rules for the client TLS settings (`None`: no TLS, so no certificate ever names a user).
     pub fn new(tls: Option<&TlsSettings>) -> Result<IdentityRules, String> {
         let Some(tls) = tls else {
-            return Ok(IdentityRules { client_cert_auth: false, trusted_proxy_cns: Vec::new(), forwarded: None });
+            return Ok(IdentityRules {
+                client_cert_auth: false,
+                trusted_proxy_cns: Vec::new(),
+                forwarded: None,
+                identity_source: IdentitySource::default(),
+            });
         };
         let forwarded = if tls.trusted_proxy_cns.is_empty() { None } else { ForwardedVerifier::new(tls)? };
         Ok(IdentityRules {
             client_cert_auth: tls.client_cert_auth,
             trusted_proxy_cns: tls.trusted_proxy_cns.clone(),
             forwarded,
+            identity_source: tls.identity_source,
         })
     }
 
@@ -146,7 +155,7 @@ impl IdentityRules {
             tracing::debug!(proxy = %proxy_cn, reason = %why, "forwarded client certificate refused");
             EtcdError::ForwardedCertRefused(why)
         })?;
-        Ok(Some(match PeerIdentity::from_names(&names) {
+        Ok(Some(match self.identity_source.identify(&names) {
             PeerIdentity::Cert { common_name } => Identity::Forwarded { proxy_cn: proxy_cn.clone(), common_name },
             PeerIdentity::None(why) => Identity::Anonymous(Anonymous::Forwarded(why)),
         }))
@@ -248,6 +257,7 @@ mod tests {
             allowed_cns: Vec::new(),
             allowed_hostnames: Vec::new(),
             trusted_proxy_cns: vec!["proxy".into()],
+            identity_source: IdentitySource::CommonName,
         };
         Setup { dir, ca, settings }
     }
@@ -377,6 +387,28 @@ mod tests {
         assert_eq!(
             identify(&s.settings, Some(&proxy()), &[(FORWARDED_CERT, &bob)]),
             Ok(Identity::Forwarded { proxy_cn: "proxy".into(), common_name: "bob".into() })
+        );
+    }
+
+    #[test]
+    fn with_uri_san_identity_a_forwarded_certificate_is_its_one_uri_san() {
+        let mut s = setup();
+        s.settings.identity_source = IdentitySource::UriSan;
+        // The proxy, too, is named by its URI SAN under this rule.
+        let proxy_id = "spiffe://example.org/ns/infra/sa/proxy";
+        s.settings.trusted_proxy_cns = vec![proxy_id.into()];
+        let proxy = PeerIdentity::Cert { common_name: proxy_id.into() };
+        let web = "spiffe://example.org/ns/app/sa/web";
+        let mut params = client_params(&["alice"], 1);
+        params.subject_alt_names = vec![rcgen::SanType::URI(web.try_into().unwrap())];
+        assert_eq!(
+            identify(&s.settings, Some(&proxy), &[(FORWARDED_CERT, &forwarded(params, &s.ca))]),
+            Ok(Identity::Forwarded { proxy_cn: proxy_id.into(), common_name: web.into() })
+        );
+        // CN alice but no URI SAN: nobody, not alice.
+        assert_eq!(
+            identify(&s.settings, Some(&proxy), &[(FORWARDED_CERT, &alice_by(&s.ca))]),
+            Ok(Identity::Anonymous(Anonymous::Forwarded(NoIdentity::NoSan)))
         );
     }
 
