@@ -85,6 +85,7 @@ impl IdentitySource {
 
 /// What the leaf certificate names: its CNs, its DNS and IP SANs (for the hostname allow-list), and
 /// its URI and DNS SANs (for `--client-cert-identity`).
+#[derive(Clone, Debug)]
 pub struct CertNames {
     /// Every subject Common Name in order; `None` for one that cannot be read as text, which still
     /// counts (two CNs are two CNs even when one is unreadable).

@@ -412,6 +412,44 @@ mod tests {
         );
     }
 
+    /// One set of rules for several requests, as a member keeps them: what a verifier remembers as
+    /// passed is used again.
+    fn identify_with(rules: &IdentityRules, certificate: &str) -> Result<Identity, EtcdError> {
+        let mut map = MetadataMap::new();
+        map.append(FORWARDED_CERT, MetadataValue::try_from(certificate).unwrap());
+        rules.identify(&map, Some(&proxy()), &OneToken)
+    }
+
+    #[test]
+    fn a_remembered_certificate_is_forgotten_when_the_crl_changes() {
+        let mut s = setup();
+        let crl_path = s.dir.path().join("crl.pem");
+        crl(&s.ca, &[], &crl_path);
+        s.settings.crl_file = Some(crl_path.clone());
+        let rules = IdentityRules::new(Some(&s.settings)).unwrap();
+        let alice = alice_by(&s.ca); // serial 1
+        assert_eq!(identify_with(&rules, &alice), Ok(as_alice()));
+        assert_eq!(identify_with(&rules, &alice), Ok(as_alice()), "remembered");
+        crl(&s.ca, &[1], &crl_path);
+        // The CA and CRL files are looked at every RELOAD_INTERVAL.
+        std::thread::sleep(std::time::Duration::from_millis(2200));
+        assert_refused(identify_with(&rules, &alice), "verification failed");
+    }
+
+    #[test]
+    fn a_remembered_certificate_is_not_used_past_its_not_after() {
+        let s = setup();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+        let mut params = client_params(&["alice"], 1);
+        params.not_before = rcgen::date_time_ymd(2024, 1, 1);
+        params.not_after = rcgen::date_time_ymd(1970, 1, 1) + (now + std::time::Duration::from_secs(2));
+        let short_lived = forwarded(params, &s.ca);
+        let rules = IdentityRules::new(Some(&s.settings)).unwrap();
+        assert_eq!(identify_with(&rules, &short_lived), Ok(as_alice()));
+        std::thread::sleep(std::time::Duration::from_secs(3));
+        assert_refused(identify_with(&rules, &short_lived), "verification failed");
+    }
+
     #[test]
     fn a_forwarded_certificate_with_two_cns_gives_no_identity() {
         let s = setup();
