@@ -9,6 +9,8 @@
 #   (d) TLS, client-cert-auth, CN user       (g)   Authenticate throughput (bcrypt cost 10)
 #   (h) a 3-member cluster of each (keyward against a real 3-member etcd), auth with JWT RS256; the
 #       clients' connections are spread over the three members, so followers forward to the leader
+#   (i) keyward only: TLS with client-cert-auth directly vs through `keyward grpc-proxy` forwarding the
+#       client's certificate (the proxy's overhead; its own table, proxy/direct ratios)
 # cells: put and linearizable range at 1 client (1 conn) and at 100 clients over 10 conns, txn-put at
 # 100 clients (and a watch cell in (a); (h) runs put at 1 and 100 clients and range at 100). It prints a Markdown report (also written to $OUT): every
 # cell's absolute numbers, keyward/etcd ratios, peak RSS (VmHWM) of each server, the local bcrypt
@@ -37,9 +39,11 @@ PROFILE_DIR=release
 KW="$root/target/$PROFILE_DIR/keyward"
 KWB="$root/target/$PROFILE_DIR/keyward-bench"
 PREFIX="bench/"
-CONFIGS="${CONFIGS:-a b c d h}"
+CONFIGS="${CONFIGS:-a b c d h i}"
 # want X: configuration X is in $CONFIGS
 want() { [[ " $CONFIGS " == *" $1 "* ]]; }
+# The servers each cell runs on, in order: keyward then etcd, except in (i).
+KINDS=(keyward etcd)
 SHAPE=(--prefix "$PREFIX" --key-size 16 --val-size 256)
 SIZES=("${SHAPE[@]}" --key-space 10000)
 
@@ -114,7 +118,7 @@ wait_ready() {
 
 stop_all() {
     local config="$1"
-    for kind in keyward etcd; do
+    for kind in "${KINDS[@]}"; do
         local pid="${PID[$kind]}"
         # peak RSS, then what is resident at the end: anonymous (heap) and file-backed (mapped files)
         echo -e "$config\t$kind\t$(awk '/^(VmHWM|RssAnon|RssFile):/ {printf "%s\t", $2}' "/proc/$pid/status")" >> "$rss"
@@ -177,7 +181,7 @@ cell() {
     local flags=()
     while [ "$1" != -- ]; do flags+=("$1"); shift; done
     shift
-    for kind in keyward etcd; do
+    for kind in "${KINDS[@]}"; do
         local json="$tmp/$config-$name-$kind.json" load
         load="$(cut -d' ' -f1 /proc/loadavg)"
         if ! "$KWB" --endpoints "${EP[$kind]}" "${flags[@]}" --clients "$clients" --conns "$conns" \
@@ -199,7 +203,7 @@ cell() {
 
 # seed CLIENT_FLAGS... : the key the range cells read (index 0 of the key space) exists on both
 seed() {
-    for kind in keyward etcd; do
+    for kind in "${KINDS[@]}"; do
         "$KWB" --endpoints "${EP[$kind]}" "$@" "${SHAPE[@]}" --key-space 1 put --total 1 > /dev/null \
             || die "seeding the range key on $kind failed"
     done
@@ -343,6 +347,42 @@ cell jwt-3m range-l-c100 100 10 "${cluster_user[@]}" -- range --consistency l
 stop_clusters jwt-3m
 fi
 
+# --- (i) the proxy's overhead: keyward direct vs through keyward grpc-proxy -------------------------
+# One TLS member with --client-cert-auth trusting the proxy's certificate (the dev PKI's proxy.pem,
+# CN=keyward-proxy, server and client); the proxy listens with it too, verifies alice's and forwards
+# it. Each cell runs directly against the member ("keyward"), then through the proxy ("proxy"), as alice.
+if want i; then
+echo "(i) TLS, client certificate CN, through the proxy" >&2
+[ -d "$tmp/pki" ] || bash "$root/certs/gen.sh" "$tmp/pki" > /dev/null || die "certs/gen.sh failed"
+pki="$tmp/pki"
+KINDS=(keyward)
+start keyward proxied https --cert-file "$pki/member1.pem" --key-file "$pki/member1-key.pem" \
+    --trusted-ca-file "$pki/ca.pem" --client-cert-auth --trusted-proxy-cn keyward-proxy
+as_root=(--cacert "$pki/ca.pem" --cert "$pki/root.pem" --key "$pki/root-key.pem")
+as_alice=(--cacert "$pki/ca.pem" --cert "$pki/alice.pem" --key "$pki/alice-key.pem")
+wait_ready keyward "${as_root[@]}"
+"$KWB" --endpoints "${EP[keyward]}" "${as_root[@]}" --prefix "$PREFIX" setup-auth \
+    --root-password rootpw --new-user alice:alicepw:0 --enable 2> /dev/null || die "auth setup on keyward failed"
+pport="$(free_port)"
+"$KW" grpc-proxy start --endpoints "${EP[keyward]}" --listen-addr "127.0.0.1:$pport" \
+    --cacert "$pki/ca.pem" --cert "$pki/proxy.pem" --key "$pki/proxy-key.pem" \
+    --cert-file "$pki/proxy.pem" --key-file "$pki/proxy-key.pem" --trusted-ca-file "$pki/ca.pem" \
+    --client-cert-auth > "$tmp/proxied-proxy.log" 2>&1 &
+PID[proxy]=$!
+pids+=("$!")
+EP[proxy]="https://127.0.0.1:$pport"
+KINDS=(proxy)
+wait_ready proxy "${as_root[@]}"
+KINDS=(keyward proxy)
+seed "${as_alice[@]}"
+cell proxied put-c1 1 1 "${as_alice[@]}" -- put
+cell proxied put-c100 100 10 "${as_alice[@]}" -- put
+cell proxied range-l-c1 1 1 "${as_alice[@]}" -- range --consistency l
+cell proxied range-l-c100 100 10 "${as_alice[@]}" -- range --consistency l
+stop_all proxied
+KINDS=(keyward etcd)
+fi
+
 elapsed=$(( $(date +%s) - started_at ))
 
 # The ABBA halves of a cell become one row: the mean of the two runs (throughput, percentiles, counts).
@@ -380,10 +420,33 @@ PY
     echo "$(awk '/MemTotal/ {printf "%.0f GiB RAM", $2/1048576}' /proc/meminfo); $("$ETCD" --version | head -1); keyward $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?') (+ working tree)."
     echo "Both servers and the client share the same cores; each cell runs on one server at a time (keyward first)."
     echo
+    if want i; then
+    echo "The proxy's overhead (i): the same keyward member directly and through \`keyward grpc-proxy\` forwarding alice's certificate (TLS on both hops)."
+    echo
+    echo "| cell | direct req/s | proxy req/s | proxy/direct | direct p50 / p99 ms | proxy p50 / p99 ms | p99 proxy/direct | errors direct / proxy |"
+    echo "| --- | ---: | ---: | ---: | --- | --- | ---: | --- |"
+    awk -F'\t' '
+        function ms(us) { return sprintf("%.2f", us / 1000) }
+        $1 != "proxied" { next }
+        $3 == "keyward" { d[$2] = $0; order[++n] = $2 }
+        $3 == "proxy" { p[$2] = $0 }
+        END {
+            for (i = 1; i <= n; i++) {
+                split(d[order[i]], a, "\t"); split(p[order[i]], b, "\t")
+                ratio = (a[4] > 0) ? sprintf("%.2f", b[4] / a[4]) : "n/a"
+                p99 = (a[7] > 0) ? sprintf("%.2f", b[7] / a[7]) : "n/a"
+                printf "| %s | %.0f | %.0f | %s | %s / %s | %s / %s | %s | %s / %s |\n",
+                    order[i], a[4], b[4], ratio, ms(a[5]), ms(a[7]), ms(b[5]), ms(b[7]), p99, a[10], b[10]
+            }
+        }' "$results"
+    awk -F'\t' '$1 == "proxied" && $2 == "proxy" { printf "\nProxy peak RSS (VmHWM): %.1f MiB; anon / file at the end %.1f / %.1f MiB.\n", $3 / 1024, $4 / 1024, $5 / 1024 }' "$rss"
+    echo
+    fi
     echo "| config | cell | keyward req/s | etcd req/s | ratio | keyward p50 / p90 / p99 / max ms | etcd p50 / p90 / p99 / max ms | p99 ratio | errors kw / etcd | load 1m kw / etcd |"
     echo "| --- | --- | ---: | ---: | ---: | --- | --- | ---: | --- | --- |"
     awk -F'\t' '
         function ms(us) { return sprintf("%.2f", us / 1000) }
+        $1 == "proxied" { next }
         $3 == "keyward" { k[$1 SUBSEP $2] = $0; order[++n] = $1 SUBSEP $2 }
         $3 == "etcd" { e[$1 SUBSEP $2] = $0 }
         END {
@@ -405,7 +468,8 @@ PY
     echo
     echo "| config | keyward peak MiB | etcd peak MiB | ratio | keyward anon / file MiB | etcd anon / file MiB | anon ratio |"
     echo "| --- | ---: | ---: | ---: | --- | --- | ---: |"
-    awk -F'\t' '$2 == "keyward" { k[$1] = $3; ka[$1] = $4; kf[$1] = $5; order[++n] = $1 }
+    awk -F'\t' '$1 == "proxied" { next }
+        $2 == "keyward" { k[$1] = $3; ka[$1] = $4; kf[$1] = $5; order[++n] = $1 }
         $2 == "etcd" { e[$1] = $3; ea[$1] = $4; ef[$1] = $5 }
         END { for (i = 1; i <= n; i++) { c = order[i]; printf "| %s | %.1f | %.1f | %.2f | %.1f / %.1f | %.1f / %.1f | %.2f |\n",
             c, k[c] / 1024, e[c] / 1024, k[c] / e[c], ka[c] / 1024, kf[c] / 1024, ea[c] / 1024, ef[c] / 1024, ka[c] / ea[c] } }' "$rss"
@@ -441,7 +505,7 @@ PY
         printf -- "- Authenticate, 100 clients: keyward %.2f/s = %.3f of bcrypt on all %s cores measured in-process (target >= 0.95: %s); %.3f of 1-thread bcrypt x %s; etcd %.2f/s\n" \
             "$a" "$r" "$(nproc)" "$(verdict "$r >= 0.95")" "$r1" "$(nproc)" "$(get simple authenticate-c100 etcd 4)"
     fi
-    worst=$(awk -F'\t' '$2 == "keyward" { k[$1] = $3 } $2 == "etcd" { e[$1] = $3 } END { m = 0; for (c in k) if (k[c] / e[c] > m) m = k[c] / e[c]; print m }' "$rss")
+    worst=$(awk -F'\t' '$1 == "proxied" { next } $2 == "keyward" { k[$1] = $3 } $2 == "etcd" { e[$1] = $3 } END { m = 0; for (c in k) if (k[c] / e[c] > m) m = k[c] / e[c]; print m }' "$rss")
     printf -- "- peak RSS: worst keyward/etcd ratio over the configurations %.2f (target <= 0.5: %s)\n" "$worst" "$(verdict "$worst <= 0.5")"
     if [ -s "$tmp/perf-top.txt" ]; then
         echo

@@ -124,19 +124,14 @@ done
 proxy_endpoint=""
 proxy_note="none (--no-proxy)"
 if [ "$proxy" -eq 1 ]; then
-    if "$bin" grpc-proxy start --help > /dev/null 2>&1; then
-        proxy_endpoint="https://127.0.0.1:$proxy_port"
-        "$bin" grpc-proxy start \
-            --endpoints "$endpoints" --listen-addr "127.0.0.1:$proxy_port" \
-            --cert "$pki/proxy.pem" --key "$pki/proxy-key.pem" --cacert "$pki/ca.pem" \
-            --cert-file "$pki/proxy.pem" --key-file "$pki/proxy-key.pem" \
-            --trusted-ca-file "$pki/ca.pem" --client-cert-auth \
-            > "$dir/proxy.log" 2>&1 &
-        started $! proxy
-    else
-        proxy_note="skipped: $bin has no 'grpc-proxy start' command yet"
-        echo "local-cluster: $proxy_note" >&2
-    fi
+    proxy_endpoint="https://127.0.0.1:$proxy_port"
+    "$bin" grpc-proxy start \
+        --endpoints "$endpoints" --listen-addr "127.0.0.1:$proxy_port" \
+        --cert "$pki/proxy.pem" --key "$pki/proxy-key.pem" --cacert "$pki/ca.pem" \
+        --cert-file "$pki/proxy.pem" --key-file "$pki/proxy-key.pem" \
+        --trusted-ca-file "$pki/ca.pem" --client-cert-auth \
+        > "$dir/proxy.log" 2>&1 &
+    started $! proxy
 fi
 
 trap 'stop_all; echo "local-cluster: stopped"; exit 0' INT TERM

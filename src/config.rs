@@ -8,6 +8,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::frontend::certificate::IdentitySource;
+
 #[derive(Parser, Debug)]
 #[command(name = "keyward", version, about = "An etcd-v3-compatible key-value store with authentication done right")]
 pub struct Cli {
@@ -19,6 +21,16 @@ pub struct Cli {
 pub enum Command {
     /// Run a cluster member.
     Serve(Box<ServeArgs>),
+    /// gRPC proxy in front of the members (etcd's `grpc-proxy`), keeping each client's certificate
+    /// identity; also the sidecar.
+    #[command(subcommand)]
+    GrpcProxy(GrpcProxyCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum GrpcProxyCommand {
+    /// Start the gRPC proxy.
+    Start(Box<crate::proxy::config::StartArgs>),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -108,6 +120,12 @@ pub struct ServeArgs {
     /// (gRPC metadata keyward-forwarded-client-cert; comma-separated). Needs --client-cert-auth.
     #[arg(long, env = "KEYWARD_TRUSTED_PROXY_CN", value_delimiter = ',')]
     pub trusted_proxy_cn: Vec<String>,
+    /// What names the user in a verified client certificate: cn (its subject Common Name, as etcd),
+    /// uri-san (its one URI SAN, e.g. a SPIFFE ID) or dns-san (its one DNS SAN). With a SAN rule a
+    /// certificate with none or several such SANs names nobody, and --trusted-proxy-cn lists the
+    /// proxies' SANs.
+    #[arg(long, env = "KEYWARD_CLIENT_CERT_IDENTITY", default_value = "cn")]
+    pub client_cert_identity: IdentitySource,
     /// Path to the peer server TLS cert file.
     #[arg(long, env = "ETCD_PEER_CERT_FILE")]
     pub peer_cert_file: Option<PathBuf>,
@@ -230,6 +248,7 @@ impl ServeArgs {
                 allowed_cns: self.client_cert_allowed_cn.clone(),
                 allowed_hostnames: self.client_cert_allowed_hostname.clone(),
                 trusted_proxy_cns: self.trusted_proxy_cn.clone(),
+                identity_source: self.client_cert_identity,
             }),
             (None, None) => None,
             _ => return Err(invalid("--cert-file and --key-file go together")),
@@ -249,6 +268,9 @@ impl ServeArgs {
             return Err(invalid(
                 "--client-crl-file, --client-cert-allowed-cn, --client-cert-allowed-hostname and --trusted-proxy-cn need client TLS (--cert-file, --key-file, --trusted-ca-file)",
             ));
+        }
+        if self.client_cert_identity != IdentitySource::CommonName && !self.client_cert_auth {
+            return Err(invalid("--client-cert-identity names users by certificate: it needs --client-cert-auth"));
         }
         if !self.trusted_proxy_cn.is_empty() {
             // A proxy is trusted by its verified certificate, and what it forwards names a user only
@@ -275,6 +297,7 @@ impl ServeArgs {
                     allowed_cns: self.peer_cert_allowed_cn.clone(),
                     allowed_hostnames: Vec::new(),
                     trusted_proxy_cns: Vec::new(),
+                    identity_source: IdentitySource::CommonName,
                 };
                 tls.server_config().map_err(|e| invalid(format!("peer TLS: {e}")))?;
                 Some(tls)
@@ -509,7 +532,7 @@ mod tests {
         let mut argv = vec!["keyward", "serve"];
         argv.extend_from_slice(args);
         let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
-        let Command::Serve(args) = cli.command;
+        let Command::Serve(args) = cli.command else { panic!("not serve") };
         args.into_config().map_err(|e| e.to_string())
     }
 
@@ -573,6 +596,8 @@ mod tests {
         assert!(parse(&["--log-level", "loud"]).unwrap_err().contains("unknown log level"));
         assert!(parse(&["--initial-cluster", "other=http://127.0.0.1:2380"]).unwrap_err().contains("no member named"));
         assert!(parse(&["--no-such-flag"]).is_err());
+        assert!(parse(&["--client-cert-identity", "uri-san"]).unwrap_err().contains("needs --client-cert-auth"));
+        assert!(parse(&["--client-cert-identity", "subject"]).unwrap_err().contains("want cn, uri-san or dns-san"));
     }
 
     fn go_style(argv: &[&str]) -> Vec<String> {
@@ -599,7 +624,7 @@ mod tests {
             go_style(&["keyward", "serve", "-initial-cluster-token", "-abc", "-name", "-n1", "--data-dir", "-d"]);
         assert_eq!(args, ["keyward", "serve", "--initial-cluster-token=-abc", "--name=-n1", "--data-dir=-d"]);
         let cli = Cli::try_parse_from(args).unwrap();
-        let Command::Serve(serve) = cli.command;
+        let Command::Serve(serve) = cli.command else { panic!("not serve") };
         assert_eq!(
             (serve.initial_cluster_token.as_str(), serve.name.as_str(), serve.data_dir.to_str()),
             ("-abc", "-n1", Some("-d"))

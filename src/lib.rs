@@ -3,7 +3,8 @@
 //! The request path, top to bottom: `server` (the member's gRPC services, request validation; who is
 //! calling is decided in `frontend`, shared with the proxy and the gateway) → `node` (proposes
 //! writes through raft, serves reads) → `raft` (openraft log and state machine on LMDB) → `apply` (one
-//! committed entry → effects) → `mvcc` (the revisioned store).
+//! committed entry → effects) → `mvcc` (the revisioned store). `proxy` is `keyward grpc-proxy`:
+//! it shares `frontend` and has no store.
 #![deny(unsafe_code)] // the one exception is opening LMDB, in storage.rs
 
 pub mod alarm;
@@ -22,6 +23,7 @@ pub mod metrics;
 pub mod mvcc;
 pub mod node;
 pub mod proto;
+pub mod proxy;
 pub mod raft;
 pub mod server;
 pub mod space;

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use keyward::config::{Cli, Command};
+use keyward::config::{Cli, Command, GrpcProxyCommand};
 
 fn main() -> ExitCode {
     let cli = Cli::parse_from(keyward::config::etcd_style_args(std::env::args_os()));
@@ -17,21 +17,37 @@ fn main() -> ExitCode {
                 }
             };
             init_logging(config.log_filter);
-            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-                Ok(rt) => rt,
+            run(keyward::serve(config))
+        }
+        Command::GrpcProxy(GrpcProxyCommand::Start(args)) => {
+            let config = match args.into_config() {
+                Ok(config) => config,
                 Err(e) => {
-                    eprintln!("keyward: cannot start the runtime: {e}");
-                    return ExitCode::FAILURE;
+                    eprintln!("keyward grpc-proxy: {e}");
+                    return ExitCode::from(2);
                 }
             };
-            match runtime.block_on(keyward::serve(config)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    tracing::error!("{e:#}");
-                    eprintln!("keyward: {e:#}");
-                    ExitCode::FAILURE
-                }
-            }
+            init_logging(config.log_filter);
+            run(keyward::proxy::run(config))
+        }
+    }
+}
+
+/// Runs `task` on a multi-threaded runtime; its error is logged and makes the exit status 1.
+fn run(task: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("keyward: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(task) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("keyward: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }

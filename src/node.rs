@@ -694,7 +694,7 @@ mod tests {
         let dir = data_dir.display().to_string();
         let mut args = vec!["keyward", "serve", "--data-dir", dir.as_str(), "--ballast-bytes", "0"];
         args.extend_from_slice(extra);
-        let Command::Serve(args) = Cli::try_parse_from(args).expect("flags").command;
+        let Command::Serve(args) = Cli::try_parse_from(args).expect("flags").command else { panic!("not serve") };
         args.into_config().expect("config")
     }
 

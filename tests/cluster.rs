@@ -13,8 +13,6 @@ mod auth_helpers;
 #[path = "common/cluster.rs"]
 mod cluster_harness;
 mod common;
-#[path = "common/pki.rs"]
-mod pki;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +24,7 @@ use auth_helpers::{
 };
 use cluster_harness::{Cluster, Member, Netns, Options, SETTLE_TIMEOUT};
 use common::etcd_errors::{AUTH_OLD_REVISION, INVALID_AUTH_TOKEN, PERMISSION_DENIED, USER_EMPTY};
+use common::pki;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Permission, RoleRevokePermissionOptions, Txn, TxnOp};
 
 /// Runs blocking harness work (process starts, etcdctl) without stalling the runtime's other tasks.

@@ -1,7 +1,7 @@
 //! `deploy/` checked by the tools that consume it: `systemd-analyze verify` for the units,
 //! `docker compose config` for the compose file, `kubernetes-validate` (the Kubernetes JSON schemas,
-//! strict) for the manifests; and `deploy/local-cluster.sh` run end to end: it starts three members (plus
-//! the proxy once this build has `grpc-proxy`), etcdctl puts and gets through it, and `stop` or Ctrl-C
+//! strict) for the manifests; and `deploy/local-cluster.sh` run end to end: it starts three members and
+//! the proxy, etcdctl puts and gets directly and through the proxy, and `stop` or Ctrl-C
 //! ends every process it started.
 //!
 //! Each check has a twin that feeds the tool a broken copy and expects it to complain, so a tool that
@@ -234,21 +234,6 @@ fn alive(pid: u32) -> bool {
         && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z ")
 }
 
-/// Checks the proxy part of the report: served when this build has `grpc-proxy`, otherwise skipped
-/// with a message saying so.
-fn proxy_served_or_skipped(ready: &Ready, pki: &Path) {
-    let has_proxy = Command::new(common::keyward_bin())
-        .args(["grpc-proxy", "start", "--help"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if has_proxy {
-        assert!(ready.proxy.starts_with("https://"), "proxy: {}", ready.proxy);
-        put_and_get(pki, &ready.proxy, "/deploy/through-proxy");
-    } else {
-        assert!(ready.proxy.contains("no 'grpc-proxy start' command"), "proxy: {}", ready.proxy);
-    }
-}
-
 #[test]
 fn local_cluster_script_serves_put_and_get_and_stop_ends_it() {
     let dir = tempfile::Builder::new().prefix("local-cluster-").tempdir().unwrap();
@@ -258,7 +243,8 @@ fn local_cluster_script_serves_put_and_get_and_stop_ends_it() {
     let pids = started_pids(dir.path());
     assert!(!pids.is_empty() && pids.iter().all(|pid| alive(*pid)), "started {pids:?}");
     put_and_get(&pki, &ready.members, "/deploy/direct");
-    proxy_served_or_skipped(&ready, &pki);
+    assert!(ready.proxy.starts_with("https://"), "proxy: {}", ready.proxy);
+    put_and_get(&pki, &ready.proxy, "/deploy/through-proxy");
     let stop = Command::new("bash").arg(deploy("local-cluster.sh")).arg("stop").arg("--dir").arg(dir.path()).output();
     assert!(stop.unwrap().status.success());
     assert!(pids.iter().all(|pid| !alive(*pid)), "stop ended every process: {pids:?}");

@@ -93,6 +93,7 @@ fn parse(args: &[OsString], env: &[(String, OsString)]) -> Parsed {
             Ok(config) => Parsed::Config(Box::new(config)),
             Err(e) => Parsed::Refused(e.to_string()),
         },
+        Ok(Cli { command: other }) => panic!("`keyward serve` arguments parsed as {other:?}"),
     }
 }
 

@@ -10,8 +10,6 @@
 //! deadline, the CN allow-list, exit code 2 on a bad configuration) is skipped there.
 
 mod common;
-#[path = "common/pki.rs"]
-mod pki;
 
 use std::fs;
 use std::io::{ErrorKind, Read, Write};
@@ -23,6 +21,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::etcd_errors::{AUTH_FAILED, PERMISSION_DENIED, USER_EMPTY, USER_NOT_FOUND};
+use common::pki;
 use common::{Kind, Output};
 use pki::{client_params, replace_file, server_params, Ca, Cert, Pki};
 use rcgen::{DnType, SanType};

@@ -1,8 +1,10 @@
 //! Who a TLS connection says it is, decided once at the handshake.
 //!
-//! A connection carries a `PeerIdentity`: the subject Common Name of its verified client certificate,
-//! or the reason there is none. Requests on the connection turn it into a `Requester` (see
-//! `frontend/identity.rs`); nothing re-parses certificates later.
+//! A connection carries a `PeerIdentity`: the name its verified client certificate gives under
+//! `--client-cert-identity` (`IdentitySource`: the subject Common Name by default, as etcd; or the
+//! one URI SAN, e.g. a SPIFFE ID; or the one DNS SAN), or the reason there is none. Requests on the
+//! connection turn it into a `Requester` (see `frontend/identity.rs`); nothing re-parses
+//! certificates later.
 
 use rustls_pki_types::CertificateDer;
 use x509_parser::asn1_rs::Tag;
@@ -10,7 +12,8 @@ use x509_parser::prelude::{AttributeTypeAndValue, FromDer, GeneralName, X509Cert
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PeerIdentity {
-    /// A client certificate verified against `--trusted-ca-file`, with its subject Common Name.
+    /// A client certificate verified against `--trusted-ca-file`, with the name it gives: its subject
+    /// Common Name, or with `--client-cert-identity uri-san|dns-san` that SAN.
     Cert { common_name: String },
     /// No identity, and why.
     None(NoIdentity),
@@ -30,37 +33,87 @@ pub enum NoIdentity {
     /// The verified certificate's one Common Name is of a string type or encoding that cannot be
     /// read as text (Go, and so etcd, refuses such a certificate at the handshake).
     UnreadableCommonName,
+    /// `--client-cert-identity uri-san|dns-san`: the certificate has no (non-empty) SAN of that kind.
+    NoSan,
+    /// `--client-cert-identity uri-san|dns-san`: the certificate has several SANs of that kind, and
+    /// which one is the user would be a guess.
+    SeveralSans,
 }
 
-/// What the leaf certificate names: its CNs and its DNS and IP SANs (for the hostname allow-list).
+/// `--client-cert-identity`: which part of a verified client certificate names the user.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IdentitySource {
+    /// The subject Common Name (etcd's rule).
+    #[default]
+    CommonName,
+    /// The one URI SAN, e.g. a SPIFFE ID `spiffe://example.org/ns/app/sa/web`.
+    UriSan,
+    /// The one DNS SAN.
+    DnsSan,
+}
+
+impl std::str::FromStr for IdentitySource {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<IdentitySource, String> {
+        match s {
+            "cn" => Ok(IdentitySource::CommonName),
+            "uri-san" => Ok(IdentitySource::UriSan),
+            "dns-san" => Ok(IdentitySource::DnsSan),
+            other => Err(format!("unknown client certificate identity {other:?} (want cn, uri-san or dns-san)")),
+        }
+    }
+}
+
+impl IdentitySource {
+    /// The identity a verified certificate's names give under this rule. A SAN rule needs exactly
+    /// one non-empty SAN of its kind; the CN plays no part then (a mesh certificate's CN is often a
+    /// host name or empty).
+    pub fn identify(self, names: &CertNames) -> PeerIdentity {
+        let sans = match self {
+            IdentitySource::CommonName => return PeerIdentity::from_names(names),
+            IdentitySource::UriSan => &names.uri_sans,
+            IdentitySource::DnsSan => &names.dns_sans,
+        };
+        match sans.as_slice() {
+            [one] if !one.is_empty() => PeerIdentity::Cert { common_name: one.clone() },
+            [] | [_] => PeerIdentity::None(NoIdentity::NoSan),
+            _ => PeerIdentity::None(NoIdentity::SeveralSans),
+        }
+    }
+}
+
+/// What the leaf certificate names: its CNs, its DNS and IP SANs (for the hostname allow-list), and
+/// its URI and DNS SANs (for `--client-cert-identity`).
+#[derive(Clone, Debug)]
 pub struct CertNames {
     /// Every subject Common Name in order; `None` for one that cannot be read as text, which still
     /// counts (two CNs are two CNs even when one is unreadable).
     pub common_names: Vec<Option<String>>,
     pub san_hosts: Vec<String>,
+    pub uri_sans: Vec<String>,
+    pub dns_sans: Vec<String>,
 }
 
 /// Parses the names out of a (verified) leaf certificate; `None` if it does not parse.
 pub fn cert_names(leaf: &CertificateDer<'_>) -> Option<CertNames> {
     let (_, cert) = X509Certificate::from_der(leaf.as_ref()).ok()?;
     let common_names = cert.subject().iter_common_name().map(common_name_text).collect();
-    let san_hosts = cert
-        .subject_alternative_name()
-        .ok()
-        .flatten()
-        .map(|san| {
-            san.value
-                .general_names
-                .iter()
-                .filter_map(|name| match name {
-                    GeneralName::DNSName(dns) => Some(dns.to_string()),
-                    GeneralName::IPAddress(bytes) => ip_string(bytes),
-                    _ => None,
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    Some(CertNames { common_names, san_hosts })
+    let mut names = CertNames { common_names, san_hosts: Vec::new(), uri_sans: Vec::new(), dns_sans: Vec::new() };
+    // A SAN extension that does not parse names nothing (and so no SAN identity).
+    let general_names = cert.subject_alternative_name().ok().flatten().map(|san| &san.value.general_names);
+    for name in general_names.into_iter().flatten() {
+        match name {
+            GeneralName::DNSName(dns) => {
+                names.san_hosts.push(dns.to_string());
+                names.dns_sans.push(dns.to_string());
+            }
+            GeneralName::IPAddress(bytes) => names.san_hosts.extend(ip_string(bytes)),
+            GeneralName::URI(uri) => names.uri_sans.push(uri.to_string()),
+            _ => {}
+        }
+    }
+    Some(names)
 }
 
 /// A Common Name as text, decoded as Go's `crypto/x509` decodes the directory string types etcd
@@ -168,6 +221,63 @@ mod tests {
             DnValue::UniversalString(UniversalString::try_from("admin").unwrap()),
         )]);
         assert_eq!(identity_of(&der), PeerIdentity::None(NoIdentity::UnreadableCommonName));
+    }
+
+    /// A certificate with CN `cn` and the given SANs.
+    fn cert_with_sans(cn: &str, sans: Vec<rcgen::SanType>) -> Vec<u8> {
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.subject_alt_names = sans;
+        let key = KeyPair::generate().expect("key pair");
+        params.self_signed(&key).expect("self-sign").der().to_vec()
+    }
+
+    fn identity_by(source: IdentitySource, der: &[u8]) -> PeerIdentity {
+        source.identify(&cert_names(&CertificateDer::from(der)).expect("rcgen's certificate parses"))
+    }
+
+    fn uri(s: &str) -> rcgen::SanType {
+        rcgen::SanType::URI(s.try_into().unwrap())
+    }
+
+    fn dns(s: &str) -> rcgen::SanType {
+        rcgen::SanType::DnsName(s.try_into().unwrap())
+    }
+
+    const WEB: &str = "spiffe://example.org/ns/app/sa/web";
+
+    #[test]
+    fn uri_san_identity_is_the_one_uri_san_and_ignores_the_cn() {
+        let der = cert_with_sans("web.app.svc", vec![dns("web.app.svc"), uri(WEB)]);
+        assert_eq!(identity_by(IdentitySource::UriSan, &der), PeerIdentity::Cert { common_name: WEB.into() });
+        // The same certificate under etcd's rule is its CN, and under dns-san its DNS SAN.
+        assert_eq!(
+            identity_by(IdentitySource::CommonName, &der),
+            PeerIdentity::Cert { common_name: "web.app.svc".into() }
+        );
+        assert_eq!(identity_by(IdentitySource::DnsSan, &der), PeerIdentity::Cert { common_name: "web.app.svc".into() });
+    }
+
+    #[test]
+    fn a_san_identity_needs_exactly_one_san_of_its_kind() {
+        let two = cert_with_sans("alice", vec![uri(WEB), uri("spiffe://example.org/ns/app/sa/db")]);
+        assert_eq!(identity_by(IdentitySource::UriSan, &two), PeerIdentity::None(NoIdentity::SeveralSans));
+        // A CN is no fallback: without a URI SAN there is no identity, whatever the CN says.
+        let none = cert_with_sans("alice", vec![dns("alice.example")]);
+        assert_eq!(identity_by(IdentitySource::UriSan, &none), PeerIdentity::None(NoIdentity::NoSan));
+        let two_dns = cert_with_sans("alice", vec![dns("a.example"), dns("b.example")]);
+        assert_eq!(identity_by(IdentitySource::DnsSan, &two_dns), PeerIdentity::None(NoIdentity::SeveralSans));
+        let only_uri = cert_with_sans("alice", vec![uri(WEB)]);
+        assert_eq!(identity_by(IdentitySource::DnsSan, &only_uri), PeerIdentity::None(NoIdentity::NoSan));
+    }
+
+    #[test]
+    fn identity_sources_parse_from_the_flag_values() {
+        assert_eq!("cn".parse(), Ok(IdentitySource::CommonName));
+        assert_eq!("uri-san".parse(), Ok(IdentitySource::UriSan));
+        assert_eq!("dns-san".parse(), Ok(IdentitySource::DnsSan));
+        assert!("CN".parse::<IdentitySource>().is_err());
+        assert_eq!(IdentitySource::default(), IdentitySource::CommonName);
     }
 
     #[test]

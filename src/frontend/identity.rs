@@ -10,7 +10,7 @@
 
 use tonic::metadata::MetadataMap;
 
-use super::certificate::{NoIdentity, PeerIdentity};
+use super::certificate::{IdentitySource, NoIdentity, PeerIdentity};
 use super::forwarded::{ForwardedVerifier, FORWARDED_CERT};
 use super::tls::settings::TlsSettings;
 use crate::auth::check::Requester;
@@ -76,19 +76,28 @@ pub struct IdentityRules {
     client_cert_auth: bool,
     trusted_proxy_cns: Vec<String>,
     forwarded: Option<ForwardedVerifier>,
+    /// `--client-cert-identity`, applied to a forwarded certificate as the listener applies it to
+    /// the connection's own.
+    identity_source: IdentitySource,
 }
 
 impl IdentityRules {
     /// The rules for the client TLS settings (`None`: no TLS, so no certificate ever names a user).
     pub fn new(tls: Option<&TlsSettings>) -> Result<IdentityRules, String> {
         let Some(tls) = tls else {
-            return Ok(IdentityRules { client_cert_auth: false, trusted_proxy_cns: Vec::new(), forwarded: None });
+            return Ok(IdentityRules {
+                client_cert_auth: false,
+                trusted_proxy_cns: Vec::new(),
+                forwarded: None,
+                identity_source: IdentitySource::default(),
+            });
         };
         let forwarded = if tls.trusted_proxy_cns.is_empty() { None } else { ForwardedVerifier::new(tls)? };
         Ok(IdentityRules {
             client_cert_auth: tls.client_cert_auth,
             trusted_proxy_cns: tls.trusted_proxy_cns.clone(),
             forwarded,
+            identity_source: tls.identity_source,
         })
     }
 
@@ -147,7 +156,7 @@ impl IdentityRules {
             tracing::debug!(proxy = %proxy_cn, reason = %why, "forwarded client certificate refused");
             EtcdError::ForwardedCertRefused(why)
         })?;
-        Ok(Some(match PeerIdentity::from_names(&names) {
+        Ok(Some(match self.identity_source.identify(&names) {
             PeerIdentity::Cert { common_name } => Identity::Forwarded { proxy_cn: proxy_cn.clone(), common_name },
             PeerIdentity::None(why) => Identity::Anonymous(Anonymous::Forwarded(why)),
         }))
@@ -249,6 +258,7 @@ mod tests {
             allowed_cns: Vec::new(),
             allowed_hostnames: Vec::new(),
             trusted_proxy_cns: vec!["proxy".into()],
+            identity_source: IdentitySource::CommonName,
         };
         Setup { dir, ca, settings }
     }
@@ -379,6 +389,66 @@ mod tests {
             identify(&s.settings, Some(&proxy()), &[(FORWARDED_CERT, &bob)]),
             Ok(Identity::Forwarded { proxy_cn: "proxy".into(), common_name: "bob".into() })
         );
+    }
+
+    #[test]
+    fn with_uri_san_identity_a_forwarded_certificate_is_its_one_uri_san() {
+        let mut s = setup();
+        s.settings.identity_source = IdentitySource::UriSan;
+        // The proxy, too, is named by its URI SAN under this rule.
+        let proxy_id = "spiffe://example.org/ns/infra/sa/proxy";
+        s.settings.trusted_proxy_cns = vec![proxy_id.into()];
+        let proxy = PeerIdentity::Cert { common_name: proxy_id.into() };
+        let web = "spiffe://example.org/ns/app/sa/web";
+        let mut params = client_params(&["alice"], 1);
+        params.subject_alt_names = vec![rcgen::SanType::URI(web.try_into().unwrap())];
+        assert_eq!(
+            identify(&s.settings, Some(&proxy), &[(FORWARDED_CERT, &forwarded(params, &s.ca))]),
+            Ok(Identity::Forwarded { proxy_cn: proxy_id.into(), common_name: web.into() })
+        );
+        // CN alice but no URI SAN: nobody, not alice.
+        assert_eq!(
+            identify(&s.settings, Some(&proxy), &[(FORWARDED_CERT, &alice_by(&s.ca))]),
+            Ok(Identity::Anonymous(Anonymous::Forwarded(NoIdentity::NoSan)))
+        );
+    }
+
+    /// One set of rules for several requests, as a member keeps them: what a verifier remembers as
+    /// passed is used again.
+    fn identify_with(rules: &IdentityRules, certificate: &str) -> Result<Identity, EtcdError> {
+        let mut map = MetadataMap::new();
+        map.append(FORWARDED_CERT, MetadataValue::try_from(certificate).unwrap());
+        rules.identify(&map, Some(&proxy()), &OneToken)
+    }
+
+    #[test]
+    fn a_remembered_certificate_is_forgotten_when_the_crl_changes() {
+        let mut s = setup();
+        let crl_path = s.dir.path().join("crl.pem");
+        crl(&s.ca, &[], &crl_path);
+        s.settings.crl_file = Some(crl_path.clone());
+        let rules = IdentityRules::new(Some(&s.settings)).unwrap();
+        let alice = alice_by(&s.ca); // serial 1
+        assert_eq!(identify_with(&rules, &alice), Ok(as_alice()));
+        assert_eq!(identify_with(&rules, &alice), Ok(as_alice()), "remembered");
+        crl(&s.ca, &[1], &crl_path);
+        // The CA and CRL files are looked at every RELOAD_INTERVAL.
+        std::thread::sleep(std::time::Duration::from_millis(2200));
+        assert_refused(identify_with(&rules, &alice), "verification failed");
+    }
+
+    #[test]
+    fn a_remembered_certificate_is_not_used_past_its_not_after() {
+        let s = setup();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+        let mut params = client_params(&["alice"], 1);
+        params.not_before = rcgen::date_time_ymd(2024, 1, 1);
+        params.not_after = rcgen::date_time_ymd(1970, 1, 1) + (now + std::time::Duration::from_secs(2));
+        let short_lived = forwarded(params, &s.ca);
+        let rules = IdentityRules::new(Some(&s.settings)).unwrap();
+        assert_eq!(identify_with(&rules, &short_lived), Ok(as_alice()));
+        std::thread::sleep(std::time::Duration::from_secs(3));
+        assert_refused(identify_with(&rules, &short_lived), "verification failed");
     }
 
     #[test]

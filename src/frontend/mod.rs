@@ -1,15 +1,16 @@
 //! The front end every client-facing listener shares: who is calling, and the TLS that proves it.
 //!
-//! The member's gRPC services (`server/`) call it today, and the proxy will; the HTTP gateway
-//! (`gateway/`) reaches it through the gRPC services it calls in process, so "who is calling" is
-//! decided in one place.
+//! The member's gRPC services (`server/`) and the proxy (`proxy/`, which accepts through `tls/` and
+//! forwards the certificate it verified) call it; the HTTP gateway (`gateway/`) reaches it through the
+//! gRPC services it calls in process, so "who is calling" is decided in one place.
 //!
 //! - `identity.rs`: `Identity`, resolved once per request from a token, the connection's verified
 //!   certificate, or a certificate forwarded by a trusted proxy, into the `Requester` that the raft
 //!   header is built from.
 //! - `forwarded.rs`: checking a client certificate forwarded by a trusted proxy
 //!   (`keyward-forwarded-client-cert`) against the member's own CA, CRL and allow-lists.
-//! - `certificate.rs`: what a verified certificate names (`PeerIdentity`: its one CN, or why none);
+//! - `certificate.rs`: what a verified certificate names (`PeerIdentity`: its one CN, or under
+//!   `--client-cert-identity` its one URI or DNS SAN, or why none);
 //!   `certificate_fuzz.rs` fuzzes it (bounded, in the test suite).
 //! - `tls/`: the TLS flags (`settings.rs`) and the accept loop (`listener.rs`) that hands tonic
 //!   connections carrying their `PeerIdentity`.

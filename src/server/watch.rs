@@ -492,7 +492,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let data_dir = dir.path().display().to_string();
         let args = ["keyward", "serve", "--data-dir", data_dir.as_str(), "--ballast-bytes", "0"];
-        let Command::Serve(args) = Cli::try_parse_from(args).unwrap().command;
+        let Command::Serve(args) = Cli::try_parse_from(args).unwrap().command else { panic!("not serve") };
         let node = Node::start(&args.into_config().unwrap()).await.unwrap();
         node.propose(put(b"w/0", b"v", 0), &Requester::Member).await.unwrap();
         // The leader went on: w/1..w/6 at revisions 3..8, then compacted at 4.

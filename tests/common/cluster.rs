@@ -1,6 +1,6 @@
-//! A keyward cluster on this machine for end-to-end tests (`tests/cluster.rs`), included with
-//! `#[path = "common/cluster.rs"] mod cluster_harness;` next to `mod common;` and
-//! `#[path = "common/pki.rs"] mod pki;`.
+//! A keyward cluster on this machine for end-to-end tests (`tests/cluster.rs`, `tests/proxy.rs`),
+//! included with `#[path = "common/cluster.rs"] mod cluster_harness;` next to `mod common;` and
+//! `use common::pki;`.
 //!
 //! * [`Cluster::start`] starts N members (`--initial-cluster-state new`) on free loopback ports, in
 //!   plaintext or with peer mTLS (`https://` peer URLs, `--peer-client-cert-auth`) and optionally

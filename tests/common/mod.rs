@@ -32,6 +32,8 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
+pub mod pki;
+
 use etcd_client::Client;
 use tempfile::TempDir;
 use tonic::Code;

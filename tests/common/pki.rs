@@ -1,6 +1,6 @@
 //! A test PKI generated with rcgen at run time (no key is ever committed): a CA, server and client
-//! certificates as PEM files in a temp dir, certificates of a foreign CA, and CRLs. Used by `tls.rs`
-//! and the cluster tests (peer mTLS); included with `#[path = "common/pki.rs"] mod pki;`.
+//! certificates as PEM files in a temp dir, certificates of a foreign CA, and CRLs. Used (as `common::pki`)
+//! by `tls.rs`, the cluster tests (peer mTLS) and the proxy tests.
 #![allow(dead_code)]
 
 use std::fs;
@@ -152,6 +152,30 @@ impl Pki {
         replace_file(&path, crl.pem().unwrap().as_bytes());
         path
     }
+
+    pub fn ca_str(&self) -> String {
+        self.ca_file().to_str().unwrap().to_string()
+    }
+
+    /// A client certificate (EKU clientAuth) with Common Name `cn` (or none), as `NAME.pem`.
+    pub fn client(&self, name: &str, cn: Option<&str>) -> Cert {
+        self.client_with_sans(name, cn, Vec::new())
+    }
+
+    /// A client certificate with Common Name `cn` (or none) and the given SANs.
+    pub fn client_with_sans(&self, name: &str, cn: Option<&str>, sans: Vec<SanType>) -> Cert {
+        let mut params = client_params(cn);
+        params.subject_alt_names = sans;
+        self.issue(name, params)
+    }
+
+    /// Issues a client certificate for `cn` and moves it over `target`'s files (certificate first,
+    /// then key, each replaced atomically), as a mesh agent rotates a workload's certificate.
+    pub fn rotate(&self, target: &Cert, cn: &str) {
+        let fresh = self.client("rotated", Some(cn));
+        fs::rename(&fresh.cert, &target.cert).unwrap();
+        fs::rename(&fresh.key, &target.key).unwrap();
+    }
 }
 
 /// Signs `params` by `ca` with a fresh key (and a fresh serial unless the params carry one) and writes
@@ -179,4 +203,9 @@ pub fn replace_file(path: &Path, contents: &[u8]) {
     let tmp = path.with_extension("tmp");
     fs::write(&tmp, contents).unwrap();
     fs::rename(&tmp, path).unwrap();
+}
+
+/// A URI SAN (e.g. a SPIFFE ID).
+pub fn uri_san(uri: &str) -> SanType {
+    SanType::URI(uri.try_into().expect("an IA5 URI"))
 }

@@ -44,6 +44,9 @@ pub fn client_config(
             let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
                 .and_then(|certs| certs.collect())
                 .map_err(|e| format!("{cert_flag} {}: {e}", cert.display()))?;
+            if certs.is_empty() {
+                return Err(format!("{cert_flag} {}: no certificate found", cert.display()));
+            }
             let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{key_flag} {}: {e}", key.display()))?;
             builder.with_client_auth_cert(certs, key).map_err(|e| format!("{cert_flag}/{key_flag}: {e}"))?
         }

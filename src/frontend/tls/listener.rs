@@ -14,6 +14,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use rustls::ServerConfig;
+use rustls_pki_types::CertificateDer;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
@@ -35,6 +36,18 @@ const ACCEPTED_BACKLOG: usize = 128;
 pub struct TlsConnection {
     stream: TlsStream<TcpStream>,
     identity: PeerIdentity,
+}
+
+impl TlsConnection {
+    /// The identity the connection's certificate established at the handshake.
+    pub fn identity(&self) -> &PeerIdentity {
+        &self.identity
+    }
+
+    /// The client's verified leaf certificate, if it presented one (a proxy forwards it).
+    pub fn client_certificate(&self) -> Option<&CertificateDer<'static>> {
+        self.stream.get_ref().1.peer_certificates().and_then(|certs| certs.first())
+    }
 }
 
 impl Connected for TlsConnection {
@@ -143,7 +156,7 @@ async fn handshake(acceptor: TlsAcceptor, socket: TcpStream, settings: &TlsSetti
     // certificate that cannot be read is refused: the allow-lists must never be skipped.
     let names = cert_names(leaf).ok_or(Refused::Unreadable)?;
     settings.allows(&names)?;
-    let identity = PeerIdentity::from_names(&names);
+    let identity = settings.identity_source.identify(&names);
     Ok(TlsConnection { stream, identity })
 }
 

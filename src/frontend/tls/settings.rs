@@ -1,5 +1,6 @@
 //! TLS flags (`--cert-file`, `--key-file`, `--trusted-ca-file`, `--client-cert-auth`,
-//! `--client-crl-file`, allow-lists, `--trusted-proxy-cn`) and the rustls configuration built from them.
+//! `--client-crl-file`, allow-lists, `--trusted-proxy-cn`, `--client-cert-identity`) and the rustls
+//! configuration built from them.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 
-use crate::frontend::certificate::{CertNames, PeerIdentity};
+use crate::frontend::certificate::{CertNames, IdentitySource, PeerIdentity};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsSettings {
@@ -26,8 +27,11 @@ pub struct TlsSettings {
     /// addresses; the CN is not a host name, as in Go's check).
     pub allowed_hostnames: Vec<String>,
     /// `--trusted-proxy-cn`: client-certificate CNs of the proxies allowed to forward a client's
-    /// certificate (`keyward-forwarded-client-cert`).
+    /// certificate (`keyward-forwarded-client-cert`). A proxy is named the way a user is, by
+    /// `identity_source`: its CN by default.
     pub trusted_proxy_cns: Vec<String>,
+    /// `--client-cert-identity`: what part of a verified client certificate names the user.
+    pub identity_source: IdentitySource,
 }
 
 impl TlsSettings {

@@ -1,0 +1,103 @@
+//! What the proxy tells a member about the client behind one connection: the proxy's one auth
+//! decision, taken once per connection and applied to every request on it.
+//!
+//! A client-sent `keyward-forwarded-client-cert` is always removed: only the proxy speaks for a
+//! client, and only for one whose certificate its own listener verified. Tokens (`token`,
+//! `authorization`) are left as they are: the member resolves them.
+
+use base64::Engine as _;
+use http::{HeaderMap, HeaderValue};
+use rustls_pki_types::CertificateDer;
+
+use super::config::Mode;
+use super::error::ProxyError;
+use crate::frontend::forwarded::FORWARDED_CERT;
+
+/// The identity the proxy passes on for one client connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientIdentity {
+    /// Forwarding proxy: the client's verified leaf certificate, DER, standard base64.
+    Forward(HeaderValue),
+    /// Forwarding proxy, but the connection has no verified certificate (the listener requires one,
+    /// so this is a connection that should not exist): refused, never passed on as the proxy.
+    Unverified,
+    /// Sidecar: nothing is forwarded; the member sees the proxy's own certificate.
+    Proxy,
+}
+
+impl ClientIdentity {
+    /// The identity for a connection whose listener verified `certificate` (or none).
+    pub fn of_connection(mode: Mode, certificate: Option<&CertificateDer<'_>>) -> ClientIdentity {
+        match (mode, certificate) {
+            (Mode::OwnIdentity, _) => ClientIdentity::Proxy,
+            (Mode::ForwardClientCertificates, Some(leaf)) => {
+                let encoded = base64::engine::general_purpose::STANDARD.encode(leaf.as_ref());
+                match HeaderValue::from_str(&encoded) {
+                    Ok(value) => ClientIdentity::Forward(value),
+                    // Standard base64 is always a valid header value; fail closed all the same.
+                    Err(_) => ClientIdentity::Unverified,
+                }
+            }
+            (Mode::ForwardClientCertificates, None) => ClientIdentity::Unverified,
+        }
+    }
+
+    /// Rewrites a request's metadata for the member: removes whatever forwarded certificate the
+    /// client sent, then sets this connection's, if it forwards one.
+    pub fn apply(&self, headers: &mut HeaderMap) -> Result<(), ProxyError> {
+        headers.remove(FORWARDED_CERT);
+        match self {
+            ClientIdentity::Forward(certificate) => {
+                headers.insert(FORWARDED_CERT, certificate.clone());
+                Ok(())
+            }
+            ClientIdentity::Unverified => Err(ProxyError::NoClientCertificate),
+            ClientIdentity::Proxy => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn forged(headers: &mut HeaderMap) {
+        headers.append(FORWARDED_CERT, HeaderValue::from_static("Zm9yZ2VkIGFsaWNl"));
+        headers.append(FORWARDED_CERT, HeaderValue::from_static("c2Vjb25kIGZvcmdlcnk="));
+        headers.insert("token", HeaderValue::from_static("tok-bob"));
+    }
+
+    #[test]
+    fn a_forwarding_proxy_replaces_what_the_client_sent_with_its_verified_certificate() {
+        let leaf = CertificateDer::from(vec![0x30, 0x03, 0x02, 0x01, 0x07]);
+        let client = ClientIdentity::of_connection(Mode::ForwardClientCertificates, Some(&leaf));
+        let mut headers = HeaderMap::new();
+        forged(&mut headers);
+        client.apply(&mut headers).unwrap();
+        let values: Vec<_> = headers.get_all(FORWARDED_CERT).iter().collect();
+        assert_eq!(values, [&HeaderValue::from_static("MAMCAQc=")], "exactly the verified leaf, DER in base64");
+        assert_eq!(headers.get("token").unwrap(), "tok-bob", "tokens pass through");
+    }
+
+    #[test]
+    fn a_sidecar_forwards_nothing_and_drops_what_the_client_sent() {
+        let leaf = CertificateDer::from(vec![0x30, 0x00]);
+        for certificate in [None, Some(&leaf)] {
+            let client = ClientIdentity::of_connection(Mode::OwnIdentity, certificate);
+            assert_eq!(client, ClientIdentity::Proxy);
+            let mut headers = HeaderMap::new();
+            forged(&mut headers);
+            client.apply(&mut headers).unwrap();
+            assert!(headers.get(FORWARDED_CERT).is_none());
+            assert_eq!(headers.get("token").unwrap(), "tok-bob");
+        }
+    }
+
+    #[test]
+    fn a_forwarding_proxy_without_a_verified_certificate_refuses_rather_than_act_as_itself() {
+        let client = ClientIdentity::of_connection(Mode::ForwardClientCertificates, None);
+        let mut headers = HeaderMap::new();
+        forged(&mut headers);
+        assert!(matches!(client.apply(&mut headers), Err(ProxyError::NoClientCertificate)));
+    }
+}

@@ -1,0 +1,169 @@
+//! The proxy's own TLS towards the members (`--cert`, `--key`, `--cacert`), reloaded when the files
+//! change.
+//!
+//! A sidecar's workload certificate rotates (mesh certificates live hours), and the member knows the
+//! workload by the certificate presented at the handshake. So the files are re-read every
+//! `RELOAD_INTERVAL`; when their contents change and still load, a new rustls configuration (with an
+//! empty session cache: a resumed session would carry the old identity) replaces the old one and the
+//! generation counter moves, which tells `upstream.rs` to open new connections for the requests that
+//! follow. Streams already open on an old connection keep it, and its identity, until they end.
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use rustls::ClientConfig;
+
+use crate::frontend::tls::client::client_config;
+
+/// How often the certificate files are compared with what was loaded.
+pub const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
+
+/// `--cert`, `--key`, `--cacert`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientTlsFiles {
+    /// The proxy's (or the workload's) certificate and key, presented to the members.
+    pub identity: Option<(PathBuf, PathBuf)>,
+    /// The CA bundle that signs the members' server certificates.
+    pub cacert: PathBuf,
+}
+
+impl ClientTlsFiles {
+    fn paths(&self) -> Vec<&PathBuf> {
+        let mut paths = vec![&self.cacert];
+        if let Some((cert, key)) = &self.identity {
+            paths.extend([cert, key]);
+        }
+        paths
+    }
+
+    /// The files' current contents (a file that cannot be read counts as empty).
+    fn contents(&self) -> Vec<Vec<u8>> {
+        self.paths().into_iter().map(|p| std::fs::read(p).unwrap_or_default()).collect()
+    }
+
+    /// Builds the client configuration: TLS 1.2 and 1.3, the members verified against `--cacert`,
+    /// the certificate presented if given, ALPN h2.
+    pub fn config(&self) -> Result<Arc<ClientConfig>, String> {
+        let identity = self.identity.as_ref().map(|(cert, key)| (cert.as_path(), key.as_path()));
+        client_config(&self.cacert, identity, ("--cacert", "--cert", "--key"))
+    }
+}
+
+/// The current client configuration and its generation.
+pub struct ClientTls {
+    files: ClientTlsFiles,
+    current: RwLock<Loaded>,
+}
+
+struct Loaded {
+    config: Arc<ClientConfig>,
+    generation: u64,
+    contents: Vec<Vec<u8>>,
+}
+
+impl ClientTls {
+    /// Loads the files now (a missing or broken file fails startup).
+    pub fn load(files: ClientTlsFiles) -> Result<Arc<ClientTls>, String> {
+        let contents = files.contents();
+        let config = files.config()?;
+        Ok(Arc::new(ClientTls { files, current: RwLock::new(Loaded { config, generation: 0, contents }) }))
+    }
+
+    /// The configuration new connections use, and its generation.
+    pub fn current(&self) -> (Arc<ClientConfig>, u64) {
+        let loaded = self.current.read().unwrap_or_else(|e| e.into_inner());
+        (loaded.config.clone(), loaded.generation)
+    }
+
+    /// The generation new connections would get.
+    pub fn generation(&self) -> u64 {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).generation
+    }
+
+    /// Re-reads the files; a change that loads becomes the next generation. A change that does not
+    /// load (a half-written rotation) keeps the current one and is tried again next time.
+    pub fn reload_if_changed(&self) {
+        let contents = self.files.contents();
+        if contents == self.current.read().unwrap_or_else(|e| e.into_inner()).contents {
+            return;
+        }
+        match self.files.config() {
+            Ok(config) => {
+                let mut loaded = self.current.write().unwrap_or_else(|e| e.into_inner());
+                loaded.config = config;
+                loaded.contents = contents;
+                loaded.generation += 1;
+                tracing::info!(
+                    generation = loaded.generation,
+                    "--cert/--key/--cacert changed; new member connections use the new certificate"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "--cert/--key/--cacert changed but do not load; keeping the previous ones")
+            }
+        }
+    }
+
+    /// Checks the files every `RELOAD_INTERVAL` while the proxy runs.
+    pub fn spawn_reloader(self: &Arc<ClientTls>) {
+        let tls = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(RELOAD_INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(tls) = tls.upgrade() else { return };
+                // Reading three small files; off the reactor all the same.
+                let _ = tokio::task::spawn_blocking(move || tls.reload_if_changed()).await;
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{CertificateParams, KeyPair};
+
+    fn write_cert(dir: &std::path::Path, name: &str, cn: &str) -> (PathBuf, PathBuf) {
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        let key = KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let (cert_path, key_path) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}-key.pem")));
+        std::fs::write(&cert_path, cert.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        (cert_path, key_path)
+    }
+
+    #[test]
+    fn a_changed_certificate_is_a_new_generation_and_a_broken_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, _) = write_cert(dir.path(), "ca", "ca");
+        let identity = write_cert(dir.path(), "web", "web");
+        let tls = ClientTls::load(ClientTlsFiles { identity: Some(identity.clone()), cacert: ca }).unwrap();
+        assert_eq!(tls.generation(), 0);
+        tls.reload_if_changed();
+        assert_eq!(tls.generation(), 0, "unchanged files are no new generation");
+        write_cert(dir.path(), "web", "web-rotated");
+        tls.reload_if_changed();
+        assert_eq!(tls.generation(), 1);
+        // Half a rotation (the new certificate, the old key) does not load either.
+        let other = tempfile::tempdir().unwrap();
+        let (next_cert, _) = write_cert(other.path(), "web", "web-next");
+        std::fs::copy(next_cert, &identity.0).unwrap();
+        tls.reload_if_changed();
+        assert_eq!(tls.generation(), 1, "a certificate without its key keeps the previous configuration");
+        std::fs::write(&identity.1, "not a key").unwrap();
+        tls.reload_if_changed();
+        assert_eq!(tls.generation(), 1, "a key that does not load keeps the previous configuration");
+    }
+
+    #[test]
+    fn missing_files_fail_at_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = ClientTlsFiles { identity: None, cacert: dir.path().join("none.pem") };
+        assert!(ClientTls::load(files).err().unwrap().contains("--cacert"));
+    }
+}

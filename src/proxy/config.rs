@@ -1,0 +1,265 @@
+//! `keyward grpc-proxy start` flags, named as etcd's grpc-proxy names them, parsed once into a typed
+//! `ProxyConfig`.
+//!
+//! etcd's grpc-proxy flags keyward takes: `--endpoints`, `--listen-addr`, `--cert`/`--key`/`--cacert`
+//! (the proxy's TLS towards the members), `--cert-file`/`--key-file`/`--trusted-ca-file` and
+//! `--client-crl-file` (the client-facing listener), `--debug`. keyward's own: `--client-cert-auth`,
+//! `--client-cert-identity` and `--max-request-bytes` (the HTTP/JSON gateway's limit). Any other etcd grpc-proxy flag is refused by the parser rather than
+//! silently ignored.
+//!
+//! Whose identity reaches the member (the one rule, also in the README):
+//! - **with `--client-cert-auth`** (forwarding proxy): the listener requires a client certificate
+//!   verified against `--trusted-ca-file` (and `--client-crl-file`), and every request carries that
+//!   certificate to the member as `keyward-forwarded-client-cert`; the member, trusting the proxy's
+//!   own certificate by `--trusted-proxy-cn`, derives the user from it.
+//! - **without it** (sidecar): nothing is forwarded; the member sees the proxy's own certificate
+//!   (`--cert`/`--key`, the workload's) as the client. Anyone who can reach the listener acts as that
+//!   identity, so a sidecar listens on 127.0.0.1 or a Unix socket.
+//!
+//! Either way a `keyward-forwarded-client-cert` sent by a client is removed, and tokens pass through.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::client_tls::ClientTlsFiles;
+use super::endpoint::Endpoint;
+use crate::frontend::certificate::IdentitySource;
+use crate::frontend::tls::settings::TlsSettings;
+
+#[derive(Args, Debug, Clone)]
+pub struct StartArgs {
+    /// Comma-separated member client URLs (https://host:port, http://host:port, or host:port: TLS
+    /// when --cacert, --cert or --key is given).
+    #[arg(long, default_value = "127.0.0.1:2379", value_delimiter = ',')]
+    pub endpoints: Vec<String>,
+    /// Listen address: host:port, or unix://PATH for a sidecar's socket.
+    #[arg(long, default_value = "127.0.0.1:23790")]
+    pub listen_addr: String,
+    /// Identify secure connections with the members using this TLS certificate file (a sidecar:
+    /// the workload's certificate; re-read when it changes).
+    #[arg(long)]
+    pub cert: Option<PathBuf>,
+    /// Identify secure connections with the members using this TLS key file.
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    /// Verify certificates of TLS-enabled members using this CA bundle.
+    #[arg(long)]
+    pub cacert: Option<PathBuf>,
+    /// Identify secure connections to the proxy using this TLS certificate file.
+    #[arg(long)]
+    pub cert_file: Option<PathBuf>,
+    /// Identify secure connections to the proxy using this TLS key file.
+    #[arg(long)]
+    pub key_file: Option<PathBuf>,
+    /// Verify client certificates of connections to the proxy using this CA bundle.
+    #[arg(long)]
+    pub trusted_ca_file: Option<PathBuf>,
+    /// Proxy client certificate revocation list file (PEM).
+    #[arg(long)]
+    pub client_crl_file: Option<PathBuf>,
+    /// Require and verify client certificates, and forward each client's certificate to the members
+    /// (keyward-forwarded-client-cert) so that they act as that client. Without it the members see
+    /// the proxy's own certificate (sidecar mode).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub client_cert_auth: bool,
+    /// What names the client in its certificate (cn, uri-san or dns-san), for the proxy's logs. The
+    /// member decides the user from the forwarded certificate by its own --client-cert-identity: set
+    /// both alike.
+    #[arg(long, default_value = "cn")]
+    pub client_cert_identity: IdentitySource,
+    /// Largest request the HTTP/JSON gateway accepts, as the members' --max-request-bytes (the
+    /// members enforce their own limit on every call).
+    #[arg(long, default_value_t = 1_572_864)]
+    pub max_request_bytes: usize,
+    /// Enable debug-level logging.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub debug: bool,
+}
+
+/// Where the proxy listens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenAddr {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+/// Whose identity the members see (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `--client-cert-auth`: each client's verified certificate is forwarded.
+    ForwardClientCertificates,
+    /// No `--client-cert-auth`: the proxy's own certificate is the identity (sidecar).
+    OwnIdentity,
+}
+
+/// A validated proxy configuration.
+#[derive(Clone, Debug)]
+pub struct ProxyConfig {
+    pub endpoints: Vec<Endpoint>,
+    pub listen: ListenAddr,
+    /// TLS towards the members (`None`: every endpoint is plain text).
+    pub client_tls: Option<ClientTlsFiles>,
+    /// The client-facing TLS listener (`None`: plain text).
+    pub listener_tls: Option<TlsSettings>,
+    pub mode: Mode,
+    /// The gateway's request limit (`--max-request-bytes`).
+    pub max_request_bytes: usize,
+    pub log_filter: &'static str,
+}
+
+impl StartArgs {
+    pub fn into_config(self) -> Result<ProxyConfig, String> {
+        let tls_flag = self.cert.is_some() || self.key.is_some() || self.cacert.is_some();
+        let endpoints = self
+            .endpoints
+            .iter()
+            .filter(|e| !e.is_empty())
+            .map(|e| Endpoint::parse(e, tls_flag))
+            .collect::<Result<Vec<_>, _>>()?;
+        if endpoints.is_empty() {
+            return Err("--endpoints names no member".into());
+        }
+        let identity = match (self.cert, self.key) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => return Err("--cert and --key go together".into()),
+        };
+        let client_tls = match (self.cacert, endpoints.iter().any(|e| e.tls)) {
+            (Some(cacert), _) => Some(ClientTlsFiles { identity, cacert }),
+            (None, true) => {
+                return Err("TLS endpoints need --cacert (the CA that signs the members' certificates)".into())
+            }
+            (None, false) if identity.is_some() => {
+                return Err("--cert/--key identify the proxy to TLS endpoints, but every endpoint is http://".into())
+            }
+            (None, false) => None,
+        };
+        if let Some(files) = &client_tls {
+            // Fail at startup, not at the first request, when a file is missing or malformed.
+            files.config()?;
+        }
+        let listen = parse_listen_addr(&self.listen_addr)?;
+        let listener_tls = match (self.cert_file, self.key_file) {
+            (Some(cert_file), Some(key_file)) => Some(TlsSettings {
+                cert_file,
+                key_file,
+                trusted_ca_file: self.trusted_ca_file.clone(),
+                client_cert_auth: self.client_cert_auth,
+                crl_file: self.client_crl_file.clone(),
+                allowed_cns: Vec::new(),
+                allowed_hostnames: Vec::new(),
+                trusted_proxy_cns: Vec::new(),
+                identity_source: self.client_cert_identity,
+            }),
+            (None, None) => None,
+            _ => return Err("--cert-file and --key-file go together".into()),
+        };
+        if listener_tls.is_none() && (self.trusted_ca_file.is_some() || self.client_crl_file.is_some()) {
+            return Err("--trusted-ca-file and --client-crl-file need a TLS listener (--cert-file, --key-file)".into());
+        }
+        if self.client_cert_auth && (listener_tls.is_none() || self.trusted_ca_file.is_none()) {
+            return Err("--client-cert-auth needs --cert-file, --key-file and --trusted-ca-file".into());
+        }
+        if self.client_cert_identity != IdentitySource::CommonName && !self.client_cert_auth {
+            return Err("--client-cert-identity names clients by certificate: it needs --client-cert-auth".into());
+        }
+        if let Some(tls) = &listener_tls {
+            if matches!(listen, ListenAddr::Unix(_)) {
+                return Err(
+                    "a unix:// --listen-addr is plain text (a sidecar's socket): drop --cert-file/--key-file".into()
+                );
+            }
+            tls.server_config()?;
+        }
+        let mode = if self.client_cert_auth { Mode::ForwardClientCertificates } else { Mode::OwnIdentity };
+        Ok(ProxyConfig {
+            endpoints,
+            listen,
+            client_tls,
+            listener_tls,
+            mode,
+            max_request_bytes: self.max_request_bytes,
+            log_filter: if self.debug { "debug" } else { "info" },
+        })
+    }
+}
+
+fn parse_listen_addr(text: &str) -> Result<ListenAddr, String> {
+    if let Some(path) = text.strip_prefix("unix://") {
+        if path.is_empty() {
+            return Err(format!("--listen-addr {text:?} names no socket path"));
+        }
+        return Ok(ListenAddr::Unix(PathBuf::from(path)));
+    }
+    if text.contains("://") {
+        return Err(format!("--listen-addr {text:?} must be host:port or unix://PATH"));
+    }
+    let addr = text
+        .to_socket_addrs()
+        .map_err(|e| format!("--listen-addr {text:?}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("--listen-addr {text:?} resolves to no address"))?;
+    Ok(ListenAddr::Tcp(addr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: StartArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<ProxyConfig, String> {
+        let cli =
+            Cli::try_parse_from(std::iter::once("start").chain(args.iter().copied())).map_err(|e| e.to_string())?;
+        cli.args.into_config()
+    }
+
+    #[test]
+    fn defaults_are_etcds() {
+        let config = parse(&[]).unwrap();
+        assert_eq!(config.listen, ListenAddr::Tcp("127.0.0.1:23790".parse().unwrap()));
+        assert_eq!(config.endpoints.len(), 1);
+        assert_eq!((config.endpoints[0].port, config.endpoints[0].tls), (2379, false));
+        assert_eq!(config.mode, Mode::OwnIdentity);
+        assert!(config.client_tls.is_none() && config.listener_tls.is_none());
+    }
+
+    #[test]
+    fn a_sidecar_listens_on_a_unix_socket_in_plain_text() {
+        let config =
+            parse(&["--listen-addr", "unix:///run/keyward.sock", "--endpoints", "http://10.0.0.1:2379"]).unwrap();
+        assert_eq!(config.listen, ListenAddr::Unix("/run/keyward.sock".into()));
+        assert_eq!(config.mode, Mode::OwnIdentity);
+    }
+
+    #[test]
+    fn inconsistent_flags_are_refused() {
+        let refused = |args: &[&str], why: &str| {
+            let err = parse(args).unwrap_err();
+            assert!(err.contains(why), "{args:?}: {err:?} lacks {why:?}");
+        };
+        refused(&["--endpoints", "https://127.0.0.1:2379"], "need --cacert");
+        refused(&["--cert", "c.pem"], "--cert and --key go together");
+        refused(&["--cert", "c.pem", "--key", "k.pem"], "TLS endpoints need --cacert");
+        refused(
+            &["--endpoints", "http://127.0.0.1:2379", "--cert", "c.pem", "--key", "k.pem"],
+            "every endpoint is http://",
+        );
+        refused(&["--cert-file", "c.pem"], "--cert-file and --key-file go together");
+        refused(&["--client-cert-auth"], "--client-cert-auth needs");
+        refused(&["--trusted-ca-file", "ca.pem"], "need a TLS listener");
+        refused(&["--client-cert-identity", "uri-san"], "needs --client-cert-auth");
+        refused(&["--client-cert-identity", "spiffe"], "want cn, uri-san or dns-san");
+        refused(&["--listen-addr", "http://127.0.0.1:1"], "host:port or unix://");
+        refused(&["--endpoints", ""], "names no member");
+        refused(&["--cacert", "/nonexistent/ca.pem"], "--cacert");
+        assert!(parse(&["--namespace", "x"]).is_err(), "etcd flags keyward does not implement are refused");
+    }
+}
