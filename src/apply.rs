@@ -288,8 +288,9 @@ fn check_put(
 }
 
 /// Issues a token for a user whose password the API layer checked at the auth revision in the entry's
-/// header. If the auth state changed since (a password change, say), the check is stale and the entry
-/// is refused; the API layer checks again. This closes the time-of-check/time-of-use gap.
+/// header. If the user's credentials changed since (a password change, the user deleted and added
+/// again, or auth disabled), the check is stale and the entry is refused; the API layer checks again.
+/// This closes the time-of-check/time-of-use gap. Other auth changes since the check do not matter.
 fn authenticate(
     stores: &Stores,
     txn: &RoTxn,
@@ -305,7 +306,7 @@ fn authenticate(
     let revision = auth.revision(txn)?;
     match who {
         Requester::Client { username, revision: checked_at } if username == name => {
-            if *checked_at != revision {
+            if !auth.token_valid(txn, name, *checked_at)? {
                 return Err(EtcdError::AuthOldRevision);
             }
         }

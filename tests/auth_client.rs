@@ -296,13 +296,14 @@ async fn go_style_put(c: &mut Client, key: &str, value: &str) -> Result<(), etcd
     }
 }
 
-/// Pins the flow a client sees around an auth change: token issued; an auth change (root adds an
-/// unrelated user); the old token now gets "revision of auth store is old" (checked with a raw call
-/// holding that token); a re-authentication gives a token that works.
+/// Pins the flow a client sees around auth changes: token issued; an auth change unrelated to alice
+/// (root adds a user) leaves her token and her clients working, with no re-authentication; her own
+/// password change voids the token ("revision of auth store is old" for a JWT, "invalid auth token"
+/// for a forgotten simple token), and a client holding the old password can no longer log in.
 ///
-/// The etcd-client crate (0.21) does *not* re-authenticate on that error (etcd's Go client does):
-/// its automatic refresh only reacts to Unauthenticated / "invalid auth token", so the put fails and
-/// the application must call `refresh_token` itself; `go_style_put` does what the Go client does.
+/// The etcd-client crate (0.21) does *not* re-authenticate on "revision of auth store is old" (etcd's
+/// Go client does): its automatic refresh only reacts to Unauthenticated / "invalid auth token";
+/// `go_style_put` does what the Go client does.
 #[tokio::test]
 async fn go_client_style_reauth_flow() {
     let _heavy = HEAVY.lock().await;
@@ -318,17 +319,23 @@ async fn go_client_style_reauth_flow() {
         let ch = channel(&ep).await;
         raw_get(&ch, &held, "k").await.expect("the held token works before the change");
 
-        assert_ok("auth change", s.root.user_add("zed", "zedpw", None).await);
+        assert_ok("unrelated auth change", s.root.user_add("zed", "zedpw", None).await);
+        if !(common::selftest() && token == TokenKind::Jwt) {
+            raw_get(&ch, &held, "k").await.unwrap_or_else(|e| panic!("{token:?}: held token after it: {e:?}"));
+            assert_ok("etcd-client put after the change", alice.put("k", "2", None).await);
+            assert_ok("etcd-client put with auto refresh", auto.put("k", "2", None).await);
+        }
+        go_style_put(&mut alice, "k", "3").await.unwrap_or_else(|e| panic!("{token:?}: put: {e:?}"));
 
-        let status = raw_get(&ch, &held, "k").await.expect_err("the held token after the change");
-        assert_eq!(status.message(), AUTH_OLD_REVISION, "{token:?}: {status:?}");
-        assert_err("etcd-client put after the change", alice.put("k", "2", None).await, AUTH_OLD_REVISION);
-        assert_err("etcd-client put with auto refresh", auto.put("k", "2", None).await, AUTH_OLD_REVISION);
-        // the Go client's reaction
-        go_style_put(&mut alice, "k", "3").await.unwrap_or_else(|e| panic!("{token:?}: re-authenticated put: {e:?}"));
-        assert_ok("the refreshed client keeps working", alice.get("k", None).await);
-        let fresh = raw_token(&ep, "alice", "alicepw").await.expect("re-authenticate");
-        assert_ne!(fresh, held, "{token:?}: re-authentication must issue a new token");
+        assert_ok("alice's password changes", s.root.user_change_password("alice", "newpw").await);
+        let status = raw_get(&ch, &held, "k").await.expect_err("the held token after her password changed");
+        let expected = if token == TokenKind::Jwt { AUTH_OLD_REVISION } else { INVALID_AUTH_TOKEN };
+        assert_eq!(status.message(), expected, "{token:?}: {status:?}");
+        // A client with the old password cannot log in again (the Go client's reaction fails).
+        let err = go_style_put(&mut alice, "k", "4").await.expect_err("a client with the old password");
+        assert!([AUTH_FAILED, expected].contains(&msg(&err).as_str()), "{token:?}: {err:?}");
+        let fresh = raw_token(&ep, "alice", "newpw").await.expect("authenticate with the new password");
+        assert_ne!(fresh, held, "{token:?}: a new login must issue a new token");
         let resp = raw_get(&ch, &fresh, "k").await.expect("the new token works");
         assert_eq!(resp.kvs[0].value, b"3");
     }
@@ -587,4 +594,51 @@ async fn an_unknown_user_costs_a_password_check_like_a_wrong_password() {
     assert_eq!(checks("unknown_user"), 1.0);
     assert_eq!(raw_token(&s.ep(), "root", "wrong").await.unwrap_err().message(), AUTH_FAILED);
     assert_eq!(checks("mismatch"), 1.0);
+}
+
+/// 1,000 logged-in clients (tokens spread over 10 connections) and one role change that concerns
+/// none of them: every client's next request succeeds with the token it holds, so none has to log in
+/// again (no bcrypt storm). etcd 3.4 keeps simple tokens too, but its JWTs all go stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrelated_role_change_makes_no_client_log_in_again() {
+    const CLIENTS: usize = 1000;
+    let _heavy = HEAVY.lock().await;
+    for token_kind in [TokenKind::Simple, TokenKind::Jwt] {
+        let mut s = AuthServer::start_with_token(token_kind).await;
+        s.add_user("app", "apppw", &[Permission::read_write("app/").with_prefix()]).await;
+        let ep = s.ep();
+        let mut channels = Vec::new();
+        for _ in 0..10 {
+            channels.push(channel(&ep).await);
+        }
+        let mut tokens = Vec::new();
+        for _ in 0..CLIENTS {
+            tokens.push(raw_token(&ep, "app", "apppw").await.expect("authenticate"));
+        }
+        let checks = || {
+            let (_, text) = common::http_get(&ep, "/metrics");
+            common::metric(&text, "keyward_auth_password_checks_total{outcome=\"match\"}")
+        };
+        let before = if common::selftest() { 0.0 } else { checks() };
+        assert_ok("unrelated role change", s.root.role_add("reporting").await);
+        let mut stale = 0;
+        for (i, token) in tokens.iter().enumerate() {
+            match raw_put(&channels[i % channels.len()], token, &format!("app/{i}"), "v").await {
+                Ok(_) => {}
+                Err(e) if e.message() == AUTH_OLD_REVISION || e.message() == INVALID_AUTH_TOKEN => stale += 1,
+                Err(e) => panic!("{token_kind:?}: client {i}: {e:?}"),
+            }
+        }
+        eprintln!(
+            "{token_kind:?}: {stale} of {CLIENTS} clients would have to log in again after an unrelated role change"
+        );
+        if common::selftest() && token_kind == TokenKind::Jwt {
+            assert_eq!(stale, CLIENTS, "etcd: every JWT is stale");
+            continue;
+        }
+        assert_eq!(stale, 0, "{token_kind:?}: clients that must log in again");
+        if !common::selftest() {
+            assert_eq!(checks(), before, "{token_kind:?}: no password was checked after the change");
+        }
+    }
 }

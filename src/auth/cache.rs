@@ -27,22 +27,30 @@ pub enum UserPermissions {
     Granted(PermissionSet),
 }
 
+/// What a check needs of one user: its permissions, and since when its credentials stand (tokens
+/// issued before are void; `AuthStore::token_valid`).
+#[derive(Debug)]
+pub struct CachedUser {
+    pub credentials_revision: u64,
+    pub permissions: UserPermissions,
+}
+
 #[derive(Default)]
 pub struct PermissionCache {
-    entries: Mutex<HashMap<String, (u64, Arc<UserPermissions>)>>,
+    entries: Mutex<HashMap<String, (u64, Arc<CachedUser>)>>,
 }
 
 impl PermissionCache {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, Arc<UserPermissions>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, Arc<CachedUser>)>> {
         // The map holds no invariant across entries, so a poisoned lock is still usable.
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn get(&self, user: &str, revision: u64) -> Option<Arc<UserPermissions>> {
+    pub fn get(&self, user: &str, revision: u64) -> Option<Arc<CachedUser>> {
         self.lock().get(user).filter(|(at, _)| *at == revision).map(|(_, p)| p.clone())
     }
 
-    pub fn insert(&self, user: &str, revision: u64, permissions: Arc<UserPermissions>) {
+    pub fn insert(&self, user: &str, revision: u64, permissions: Arc<CachedUser>) {
         self.lock().insert(user.to_string(), (revision, permissions));
     }
 
@@ -73,12 +81,16 @@ impl PermissionCache {
 mod tests {
     use super::*;
 
+    fn root() -> Arc<CachedUser> {
+        Arc::new(CachedUser { credentials_revision: 1, permissions: UserPermissions::Root })
+    }
+
     #[test]
     fn advancing_keeps_only_unaffected_users() {
         let cache = PermissionCache::default();
-        cache.insert("alice", 5, Arc::new(UserPermissions::Root));
-        cache.insert("bob", 5, Arc::new(UserPermissions::Root));
-        cache.insert("carol", 4, Arc::new(UserPermissions::Root));
+        cache.insert("alice", 5, root());
+        cache.insert("bob", 5, root());
+        cache.insert("carol", 4, root());
         cache.advance(5, 6, &Affected::Users(vec!["alice".into()]));
         assert!(cache.get("alice", 6).is_none(), "affected user must be rebuilt");
         assert!(cache.get("bob", 6).is_some(), "unaffected user moves forward");

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use heed::RoTxn;
 
-use super::cache::UserPermissions;
+use super::cache::{CachedUser, UserPermissions};
 use super::permissions::{Access, PermissionSet};
 use super::store::{is_root, AuthStore};
 use crate::error::EtcdError;
@@ -50,11 +50,19 @@ pub struct Authorizer<'t> {
     txn: &'t RoTxn<'t>,
     enabled: bool,
     revision: u64,
+    /// Tokens issued before this auth revision are void (`AuthStore::tokens_valid_from`).
+    tokens_valid_from: u64,
 }
 
 impl<'t> Authorizer<'t> {
     pub fn new(store: &'t AuthStore, txn: &'t RoTxn<'t>) -> Result<Self, EtcdError> {
-        Ok(Authorizer { store, txn, enabled: store.enabled(txn)?, revision: store.revision(txn)? })
+        Ok(Authorizer {
+            store,
+            txn,
+            enabled: store.enabled(txn)?,
+            revision: store.revision(txn)?,
+            tokens_valid_from: store.tokens_valid_from(txn)?,
+        })
     }
 
     pub fn enabled(&self) -> bool {
@@ -66,7 +74,7 @@ impl<'t> Authorizer<'t> {
     }
 
     /// The user's merged permissions at this revision (`None`: no such user).
-    fn permissions(&self, username: &str) -> Result<Option<Arc<UserPermissions>>, EtcdError> {
+    fn user(&self, username: &str) -> Result<Option<Arc<CachedUser>>, EtcdError> {
         if let Some(cached) = self.store.cache.get(username, self.revision) {
             return Ok(Some(cached));
         }
@@ -82,21 +90,27 @@ impl<'t> Authorizer<'t> {
             }
             UserPermissions::Granted(PermissionSet::from_permissions(&perms))
         };
-        let permissions = Arc::new(permissions);
-        self.store.cache.insert(username, self.revision, permissions.clone());
-        Ok(Some(permissions))
+        let cached = Arc::new(CachedUser { credentials_revision: user.credentials_revision, permissions });
+        self.store.cache.insert(username, self.revision, cached.clone());
+        Ok(Some(cached))
     }
 
-    /// A known user at a current revision (etcd's `isOpPermitted` up to the key check).
-    fn authenticated(&self, who: &Requester) -> Result<Option<Arc<UserPermissions>>, EtcdError> {
-        let Requester::Client { username, revision } = who else { return Ok(Some(Arc::new(UserPermissions::Root))) };
+    /// A known user whose identity still stands (etcd's `isOpPermitted` up to the key check). A
+    /// token is void once it predates its user's current credentials or the last auth disable
+    /// ("revision of auth store is old", so clients log in again); any other auth change since its
+    /// issue leaves it valid, and the permissions are those of this transaction.
+    fn authenticated(&self, who: &Requester) -> Result<Option<Arc<CachedUser>>, EtcdError> {
+        let Requester::Client { username, revision } = who else {
+            return Ok(Some(Arc::new(CachedUser { credentials_revision: 0, permissions: UserPermissions::Root })));
+        };
         if *revision == 0 || username.is_empty() {
             return Err(EtcdError::UserEmpty);
         }
-        if *revision < self.revision {
+        let Some(user) = self.user(username)? else { return Ok(None) };
+        if *revision < user.credentials_revision.max(self.tokens_valid_from) {
             return Err(EtcdError::AuthOldRevision);
         }
-        self.permissions(username)
+        Ok(Some(user))
     }
 
     /// May `who` read or write every key in `range`?
@@ -104,7 +118,8 @@ impl<'t> Authorizer<'t> {
         if !self.enabled || *who == Requester::Member {
             return Ok(());
         }
-        let allowed = match self.authenticated(who).inspect_err(|e| denied(who, op, Some(range), e))?.as_deref() {
+        let user = self.authenticated(who).inspect_err(|e| denied(who, op, Some(range), e))?;
+        let allowed = match user.as_ref().map(|u| &u.permissions) {
             Some(UserPermissions::Root) => true,
             Some(UserPermissions::Granted(set)) => set.allows(access, range),
             None => false,
@@ -171,15 +186,20 @@ impl<'t> Authorizer<'t> {
         }
     }
 
-    /// Requires the root role when auth is on (etcd's `IsAdminPermitted`: no revision check).
+    /// Requires the root role when auth is on (etcd's `IsAdminPermitted`, which has no revision
+    /// check: there, a token issued before its user's password changed kept admin rights). Here a
+    /// void token is refused as it is for keys.
     pub fn check_admin(&self, who: &Requester, op: &'static str) -> Result<(), EtcdError> {
         if !self.enabled || *who == Requester::Member {
             return Ok(());
         }
         let result = match who {
             Requester::Client { username, .. } if username.is_empty() => Err(EtcdError::UserEmpty),
-            Requester::Client { username, .. } => match self.store.user(self.txn, username)? {
+            Requester::Client { username, revision } => match self.store.user(self.txn, username)? {
                 None => Err(EtcdError::UserNotFound),
+                Some(user) if *revision < user.credentials_revision.max(self.tokens_valid_from) => {
+                    Err(EtcdError::AuthOldRevision)
+                }
                 Some(user) if is_root(&user) => Ok(()),
                 Some(_) => Err(EtcdError::PermissionDenied),
             },
@@ -188,14 +208,27 @@ impl<'t> Authorizer<'t> {
         result.inspect_err(|e| denied(who, op, None, e))
     }
 
-    /// Whether `who` is the named user (users may read their own record).
-    pub fn is_user(&self, who: &Requester, name: &str) -> bool {
-        matches!(who, Requester::Client { username, .. } if username == name)
+    /// Whether `who` is the named user, by an identity that still stands (users may read their own
+    /// record). A void token of that user is refused, not passed on to the root check.
+    pub fn is_user(&self, who: &Requester, name: &str) -> Result<bool, EtcdError> {
+        match who {
+            Requester::Client { username, .. } if self.enabled && username == name => {
+                Ok(self.authenticated(who)?.is_some())
+            }
+            _ => Ok(false),
+        }
     }
 
-    /// Whether `who` holds the named role (users may read their own roles).
+    /// Whether `who` holds the named role, by an identity that still stands (users may read their own
+    /// roles).
     pub fn has_role(&self, who: &Requester, role: &str) -> Result<bool, EtcdError> {
-        let Requester::Client { username, .. } = who else { return Ok(false) };
+        let Requester::Client { username, revision } = who else { return Ok(false) };
+        if !self.enabled || username.is_empty() || *revision == 0 {
+            return Ok(false);
+        }
+        if self.authenticated(who)?.is_none() {
+            return Ok(false);
+        }
         Ok(self.store.user(self.txn, username)?.is_some_and(|u| u.roles.iter().any(|r| r == role)))
     }
 }

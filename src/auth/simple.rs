@@ -87,10 +87,10 @@ impl SimpleTokens {
         self.lock().clear();
     }
 
-    /// Keeps only the tokens issued at auth revision `revision` (after a snapshot install: see
+    /// Keeps only the tokens for which `valid(user, issued at)` holds (after a snapshot install: see
     /// `State::rebuild_after_install`).
-    pub fn retain_issued_at(&self, revision: u64) {
-        self.lock().retain(|_, e| e.revision == revision);
+    pub fn retain(&self, mut valid: impl FnMut(&str, u64) -> bool) {
+        self.lock().retain(|_, e| valid(&e.user, e.revision));
     }
 }
 

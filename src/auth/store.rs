@@ -3,10 +3,13 @@
 //! - `auth_roles`: name → `authpb::Role` (key permissions, sorted by key)
 //!
 //! Both are [`Table`]s: etcd takes names of any length, LMDB keys stop at 511 bytes.
-//! - `auth_meta`:  whether auth is enabled, and the auth revision
+//! - `auth_meta`:  whether auth is enabled, the auth revision, and the revision of the last disable
 //!
-//! Every mutation that changes who may do what bumps the auth revision, exactly where etcd's does;
-//! a request carrying an older revision is refused ("revision of auth store is old") at apply time.
+//! Every mutation that changes who may do what bumps the auth revision, exactly where etcd's does.
+//! A token is tied to its user's own record, not to the revision: it is refused ("revision of auth
+//! store is old") once it predates its user's `credentials_revision` (the user was added again or
+//! its password changed) or the last auth disable (`token_valid`). Any other change leaves it valid;
+//! permissions are always those in force where the request is checked.
 
 use heed::{RoTxn, RwTxn};
 use prost::Message;
@@ -22,6 +25,8 @@ pub const ROOT_ROLE: &str = "root";
 
 const ENABLED: &[u8] = b"enabled";
 const REVISION: &[u8] = b"revision";
+/// The auth revision of the last disable: every token issued before it is void.
+const DISABLED_AT: &[u8] = b"disabled_at";
 
 pub struct AuthStore {
     users: Table,
@@ -61,6 +66,21 @@ impl AuthStore {
             None => Ok(1),
             Some(bytes) => Ok(u64::from_be_bytes(bytes.try_into().map_err(|_| corrupt())?)),
         }
+    }
+
+    /// Tokens issued before this auth revision are void, whoever they belong to (0: none yet).
+    pub fn tokens_valid_from(&self, txn: &RoTxn) -> Result<u64, EtcdError> {
+        match self.meta.get(txn, DISABLED_AT)? {
+            None => Ok(0),
+            Some(bytes) => Ok(u64::from_be_bytes(bytes.try_into().map_err(|_| corrupt())?)),
+        }
+    }
+
+    /// Whether a token of `name` issued at auth revision `issued` still stands: the user exists,
+    /// its credentials are the ones the token was issued for, and auth was not disabled since.
+    pub fn token_valid(&self, txn: &RoTxn, name: &str, issued: u64) -> Result<bool, EtcdError> {
+        let Some(user) = self.user(txn, name)? else { return Ok(false) };
+        Ok(issued >= user.credentials_revision && issued >= self.tokens_valid_from(txn)?)
     }
 
     pub fn user(&self, txn: &RoTxn, name: &str) -> Result<Option<User>, EtcdError> {
@@ -136,7 +156,9 @@ impl AuthStore {
             return Ok(Affected::Nobody);
         }
         self.meta.put(txn, ENABLED, &[0])?;
-        self.commit_revision(txn, Affected::Everyone)
+        let affected = self.commit_revision(txn, Affected::Everyone)?;
+        self.meta.put(txn, DISABLED_AT, &self.revision(txn)?.to_be_bytes())?;
+        Ok(affected)
     }
 
     pub fn user_add(
@@ -154,7 +176,13 @@ impl AuthStore {
         }
         let options = options.unwrap_or_default();
         let password = if options.no_password { Vec::new() } else { hashed_password.as_bytes().to_vec() };
-        let user = User { name: name.as_bytes().to_vec(), password, roles: Vec::new(), options: Some(options) };
+        let user = User {
+            name: name.as_bytes().to_vec(),
+            password,
+            roles: Vec::new(),
+            options: Some(options),
+            credentials_revision: self.revision(txn)? + 1,
+        };
         self.put_user(txn, &user)?;
         self.commit_revision(txn, Affected::Users(vec![name.to_string()]))
     }
@@ -178,6 +206,7 @@ impl AuthStore {
     ) -> Result<Affected, EtcdError> {
         let mut user = self.user(txn, name)?.ok_or(EtcdError::UserNotFound)?;
         user.password = hashed_password.as_bytes().to_vec();
+        user.credentials_revision = self.revision(txn)? + 1;
         self.put_user(txn, &user)?;
         self.commit_revision(txn, Affected::Users(vec![name.to_string()]))
     }

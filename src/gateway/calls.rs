@@ -86,8 +86,7 @@ impl Gateway {
         login.map_err(Failure::unauthorized)
     }
 
-    /// Authenticate through the gRPC service. The auth revision is read first, so the login records
-    /// a revision no newer than its token's. `None`: auth is not enabled (as etcd's clients do, the
+    /// Authenticate through the gRPC service. `None`: auth is not enabled (as etcd's clients do, the
     /// request then goes ahead without a token).
     async fn authenticate(&self, basic: &Basic, extensions: &Extensions) -> Result<Option<Login>, Status> {
         let status = auth(self.grpc()).auth_status(call_request(AuthStatusRequest {}, extensions, None)?).await?;
@@ -97,15 +96,15 @@ impl Gateway {
         }
         let request = AuthenticateRequest { name: basic.user.clone(), password: basic.password.clone() };
         match auth(self.grpc()).authenticate(call_request(request, extensions, None)?).await {
-            Ok(response) => Ok(Some(Login { token: response.into_inner().token, auth_revision: status.auth_revision })),
+            Ok(response) => Ok(Some(Login { token: response.into_inner().token })),
             Err(status) if is(&status, EtcdError::AuthNotEnabled) => Ok(None),
             Err(status) => Err(status),
         }
     }
 
     /// A token good for opening a stream. A stream's identity is fixed when it opens, so a cached
-    /// login is checked first: its token must still resolve (it may have expired) and the auth
-    /// revision must not have moved since it was issued; otherwise the credentials are verified again.
+    /// login is checked first: its token must still stand (it may have expired, or its user's password
+    /// changed); otherwise the credentials are verified again.
     pub async fn stream_token(&self, credentials: &Credentials, extensions: &Extensions) -> Result<Token, Failure> {
         let Credentials::Basic(basic) = credentials else { return self.token(credentials, extensions).await };
         let Some((login, source)) = self.login(basic, extensions).await? else { return Ok(Token::None) };
@@ -116,15 +115,14 @@ impl Gateway {
         Ok(self.login(basic, extensions).await?.map_or(Token::None, |(login, _)| Token::Login(login)))
     }
 
+    /// Whether the login's token still stands: reading the user's own record with it succeeds.
     async fn still_current(&self, basic: &Basic, login: &Login, extensions: &Extensions) -> Result<bool, Failure> {
         let own = AuthUserGetRequest { name: basic.user.clone() };
         match auth(self.grpc()).user_get(call_request(own, extensions, Some(&login.token))?).await {
-            Ok(_) => {}
-            Err(status) if stale(&status) => return Ok(false),
-            Err(status) => return Err(status.into()),
+            Ok(_) => Ok(true),
+            Err(status) if stale(&status) => Ok(false),
+            Err(status) => Err(status.into()),
         }
-        let now = auth(self.grpc()).auth_status(call_request(AuthStatusRequest {}, extensions, None)?).await?;
-        Ok(now.into_inner().auth_revision == login.auth_revision)
     }
 
     /// Forgets a login whose token the member refused as stale; true if it was one.

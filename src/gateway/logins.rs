@@ -22,17 +22,15 @@ use super::credentials::Basic;
 /// How many verified credentials are kept; beyond that an idle entry is dropped.
 const MAX_LOGINS: usize = 4096;
 
-/// A token Authenticate issued, and the auth revision read just before it was asked for (at most the
-/// token's own revision: when the current revision is larger, the token may be stale).
+/// A token Authenticate issued for verified credentials.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Login {
     pub token: String,
-    pub auth_revision: u64,
 }
 
 impl std::fmt::Debug for Login {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Login {{ token: .., auth_revision: {} }}", self.auth_revision)
+        write!(f, "Login {{ token: .. }}")
     }
 }
 
@@ -174,7 +172,7 @@ mod tests {
             let n = self.calls.fetch_add(1, Ordering::SeqCst);
             tokio::task::yield_now().await;
             if basic.user == "alice" && basic.password == "right" {
-                Ok(Some(Login { token: format!("token-{n}"), auth_revision: 5 }))
+                Ok(Some(Login { token: format!("token-{n}") }))
             } else {
                 Err(Status::invalid_argument("etcdserver: authentication failed, invalid user ID or password"))
             }
@@ -248,7 +246,7 @@ mod tests {
         let logins = Logins::new();
         for i in 0..MAX_LOGINS + 10 {
             let user = basic(&format!("u{i}"), "pw");
-            let login = Login { token: format!("t{i}"), auth_revision: 1 };
+            let login = Login { token: format!("t{i}") };
             logins.login(&user, || async { Ok(Some(login)) }).await.unwrap();
         }
         assert_eq!(logins.len(), MAX_LOGINS);

@@ -471,10 +471,9 @@ impl State {
         let (auth_enabled, auth_revision) = (self.auth.enabled(&txn)?, self.auth.revision(&txn)?);
         if let Some(simple) = self.tokens.get().and_then(|t| t.simple()) {
             // Entries this member never applied may have deleted a user, changed a password or
-            // disabled auth, each of which moved the auth revision: only tokens issued at the
-            // installed revision are known to be still valid.
+            // disabled auth: only the tokens that still stand in the installed state are kept.
             if auth_enabled {
-                simple.retain_issued_at(auth_revision);
+                simple.retain(|user, issued| self.auth.token_valid(&txn, user, issued).unwrap_or(false));
             } else {
                 simple.clear();
             }

@@ -174,7 +174,7 @@ impl Auth for AuthService {
         let (roles, header) = self
             .read(move |authz, auth, txn| {
                 // Users may read their own record; anything else is root's.
-                if !authz.is_user(&who, &name) {
+                if !authz.is_user(&who, &name)? {
                     authz.check_admin(&who, "user_get")?;
                 }
                 Ok(auth.user(txn, &name)?.ok_or(EtcdError::UserNotFound)?.roles)

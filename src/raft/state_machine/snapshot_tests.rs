@@ -174,8 +174,11 @@ async fn an_install_rebuilds_everything_derived_from_the_applied_state() {
     let tokens = Arc::new(Tokens::new(&TokenConfig::Simple, Duration::from_secs(300)).unwrap());
     dst.use_tokens(tokens.clone());
     let simple = tokens.simple().unwrap();
-    simple.assign(&SimpleTokens::digest("issued-before"), 1, "alice", auth_revision - 1);
+    // Before alice was added (auth revision 1): void in the installed state.
+    simple.assign(&SimpleTokens::digest("issued-before"), 1, "alice", 1);
     simple.assign(&SimpleTokens::digest("issued-at"), 2, "alice", auth_revision);
+    // A user the installed state does not have.
+    simple.assign(&SimpleTokens::digest("ghost"), 3, "ghost", auth_revision);
     let size_before = dst.space.in_use();
     let observed = Arc::new(Mutex::new(Vec::new()));
     let seen = observed.clone();
@@ -190,7 +193,8 @@ async fn an_install_rebuilds_everything_derived_from_the_applied_state() {
     assert!(reported < size_before / 2, "{size_before} -> {reported}");
     dst.refresh_size_in_use(&dst.env.read_txn().unwrap()).unwrap();
     assert_eq!(dst.space.in_use(), reported, "the size in use was measured on the installed state");
-    assert_eq!(simple.info("issued-before.1"), None, "may belong to a change this member never applied");
+    assert_eq!(simple.info("issued-before.1"), None, "issued before alice's credentials in the installed state");
+    assert_eq!(simple.info("ghost.3"), None, "the installed state has no such user");
     assert_eq!(simple.info("issued-at.2"), Some(("alice".into(), auth_revision)));
 
     let observed = observed.lock().unwrap();
