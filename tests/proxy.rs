@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use cluster_harness::{Cluster, Options};
-use common::etcd_errors::{PERMISSION_DENIED, USER_EMPTY};
+use common::etcd_errors::PERMISSION_DENIED;
 use common::pki;
 use common::pki::{uri_san, Cert, Pki};
 use common::Output;
@@ -405,7 +405,7 @@ fn through_the_forwarding_proxy_a_client_is_its_own_certificate() {
     fails_with(proxy.ctl(&ca, Some(&alice), &["put", "/bob/k", "v"]), PERMISSION_DENIED, "alice outside her range");
     // A certificate without a CN names nobody through the proxy, as it does directly.
     let no_cn = pki.client("no-cn", None);
-    fails_with(proxy.ctl(&ca, Some(&no_cn), &["put", "/alice/k", "v"]), USER_EMPTY, "no CN through the proxy");
+    fails_with(proxy.ctl(&ca, Some(&no_cn), &["put", "/alice/k", "v"]), PERMISSION_DENIED, "no CN through the proxy");
     // Tokens pass through untouched: bob's password login wins over alice's certificate.
     let as_bob = ["--user", "bob:bob-pw", "put", "/bob/k", "from-bob"];
     ok(proxy.ctl(&ca, Some(&alice), &as_bob), &as_bob);
@@ -573,9 +573,9 @@ fn with_uri_san_identity_the_spiffe_id_is_the_user_directly_and_through_the_prox
     // Two URI SANs, or none (whatever the CN says): nobody.
     let two =
         pki.client_with_sans("two", Some("alice"), vec![uri_san(WEB), uri_san("spiffe://example.org/ns/app/sa/db")]);
-    fails_with(proxy.ctl(&ca, Some(&two), &["put", "/web/k", "v"]), USER_EMPTY, "two URI SANs");
+    fails_with(proxy.ctl(&ca, Some(&two), &["put", "/web/k", "v"]), PERMISSION_DENIED, "two URI SANs");
     let plain_alice = pki.client("alice", Some("alice"));
-    fails_with(proxy.ctl(&ca, Some(&plain_alice), &["put", "/alice/k", "v"]), USER_EMPTY, "CN only under uri-san");
+    fails_with(proxy.ctl(&ca, Some(&plain_alice), &["put", "/alice/k", "v"]), PERMISSION_DENIED, "CN only under uri-san");
 }
 
 // ---------------------------------------------------------------------------

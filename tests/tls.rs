@@ -472,15 +472,11 @@ fn cert_without_cn_has_no_user_and_is_denied_once_auth_is_enabled() {
     server.ok(&no_cn, &["put", "/k", "v"]);
     assert_eq!(server.ok(&no_cn, &["get", "/k", "--print-value-only"]).trim(), "v");
     enable_auth_as_root(&server, &pki.root);
-    // A certificate without CN names nobody, like a request without credentials. etcd 3.4 instead
-    // looks up a user named "" at the current auth revision for key-value requests and answers
-    // "permission denied" there (admin requests get "user name is empty" on both).
-    let kv_refusal = match Kind::under_test() {
-        Kind::Etcd => PERMISSION_DENIED,
-        Kind::Keyward => USER_EMPTY,
-    };
-    server.fails_with(&no_cn, &["get", "/k"], kv_refusal);
-    server.fails_with(&no_cn, &["put", "/k", "w"], kv_refusal);
+    // A certificate without CN names nobody. As etcd 3.4, which looks up a user named "" at the
+    // current auth revision, key-value requests get "permission denied" (admin requests get "user
+    // name is empty").
+    server.fails_with(&no_cn, &["get", "/k"], PERMISSION_DENIED);
+    server.fails_with(&no_cn, &["put", "/k", "w"], PERMISSION_DENIED);
     server.fails_with(&no_cn, &["user", "list"], USER_EMPTY);
     assert_eq!(server.ok(&pki.root, &["get", "/k", "--print-value-only"]).trim(), "v");
 }
@@ -1218,7 +1214,7 @@ fn forwarded_certificates_that_fail_verification_are_refused_and_two_cns_name_no
         }
         // Valid, but which CN is the user is a guess: nobody (as at the handshake), never root.
         let status = put(&mut kv, "/alice/k", Some(&forwarded(&two_cns))).await.unwrap_err();
-        assert_eq!(status.message(), USER_EMPTY, "two CNs: {status:?}");
+        assert_eq!(status.message(), PERMISSION_DENIED, "two CNs: {status:?}");
         // The twin: alice's valid certificate passes the same member's checks.
         put(&mut kv, "/alice/k", Some(&forwarded(&pki.alice))).await.expect("alice's valid certificate");
     });

@@ -75,6 +75,9 @@ impl<'t> Authorizer<'t> {
 
     /// The user's merged permissions at this revision (`None`: no such user).
     fn user(&self, username: &str) -> Result<Option<Arc<CachedUser>>, EtcdError> {
+        if username.is_empty() {
+            return Ok(None); // no user has an empty name (and LMDB has no empty keys)
+        }
         if let Some(cached) = self.store.cache.get(username, self.revision) {
             return Ok(Some(cached));
         }
@@ -103,9 +106,10 @@ impl<'t> Authorizer<'t> {
         let Requester::Client { username, revision } = who else {
             return Ok(Some(Arc::new(CachedUser { credentials_revision: 0, permissions: UserPermissions::Root })));
         };
-        if *revision == 0 || username.is_empty() {
+        if *revision == 0 {
             return Err(EtcdError::UserEmpty);
         }
+        // "": a verified certificate that names nobody (`Identity::requester`), no such user.
         let Some(user) = self.user(username)? else { return Ok(None) };
         if *revision < user.credentials_revision.max(self.tokens_valid_from) {
             return Err(EtcdError::AuthOldRevision);

@@ -41,10 +41,24 @@ pub enum Anonymous {
     Forwarded(NoIdentity),
 }
 
+impl Anonymous {
+    /// A verified client certificate was presented (directly or forwarded) but names no user.
+    pub fn is_nameless_certificate(&self) -> bool {
+        match self {
+            Anonymous::CertAuthOff => false,
+            Anonymous::Connection(why) | Anonymous::Forwarded(why) => {
+                !matches!(why, NoIdentity::PlainText | NoIdentity::NoClientCert)
+            }
+        }
+    }
+}
+
 impl Identity {
     /// The requester this identity runs as. A certificate names a user at the current auth
-    /// revision; a token, at the revision it was issued at (so a token older than an auth change
-    /// gets "revision of auth store is old", as in etcd).
+    /// revision; a token, at the revision it was issued at (the checks void it if its user's
+    /// credentials changed since). A verified certificate that names nobody is, as in etcd 3.4, the
+    /// user "" at the current revision: refused with "permission denied" (etcd looks that user up
+    /// and finds none), where a request with no credentials at all gets "user name is empty".
     pub fn requester(&self, current_auth_revision: u64) -> Requester {
         match self {
             Identity::Token { username, revision } => {
@@ -52,6 +66,9 @@ impl Identity {
             }
             Identity::Certificate { common_name } | Identity::Forwarded { common_name, .. } => {
                 Requester::Client { username: common_name.clone(), revision: current_auth_revision }
+            }
+            Identity::Anonymous(why) if why.is_nameless_certificate() => {
+                Requester::Client { username: String::new(), revision: current_auth_revision }
             }
             Identity::Anonymous(_) => Requester::anonymous(),
         }
