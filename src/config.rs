@@ -70,6 +70,26 @@ pub struct ServeArgs {
     /// Maximum client request size in bytes the server will accept.
     #[arg(long, env = "ETCD_MAX_REQUEST_BYTES", default_value_t = 1_572_864)]
     pub max_request_bytes: u32,
+    /// Minimum duration interval that a client should wait before pinging server (accepted as etcd's;
+    /// keyward's HTTP/2 server cannot enforce a client ping policy).
+    #[arg(long, env = "ETCD_GRPC_KEEPALIVE_MIN_TIME", default_value = "5s")]
+    pub grpc_keepalive_min_time: String,
+    /// Frequency duration of server-to-client ping to check if a connection is alive (0 to disable).
+    #[arg(long, env = "ETCD_GRPC_KEEPALIVE_INTERVAL", default_value = "2h")]
+    pub grpc_keepalive_interval: String,
+    /// Additional duration of wait before closing a non-responsive connection (0 to disable).
+    #[arg(long, env = "ETCD_GRPC_KEEPALIVE_TIMEOUT", default_value = "20s")]
+    pub grpc_keepalive_timeout: String,
+    /// Maximum concurrent streams that each client can open at a time.
+    #[arg(long, env = "ETCD_MAX_CONCURRENT_STREAMS", default_value_t = u32::MAX)]
+    pub max_concurrent_streams: u32,
+    /// Client connections each client listener holds at most; more are closed on accept (keyward).
+    #[arg(long, env = "KEYWARD_MAX_CLIENT_CONNECTIONS", default_value_t = 10_000)]
+    pub max_client_connections: usize,
+    /// A client connection on which the client sends nothing for this long is closed (keyward; a
+    /// live client answers the keepalive pings, so keep it above the keepalive interval + timeout).
+    #[arg(long, env = "KEYWARD_CLIENT_IDLE_TIMEOUT", default_value = "3h")]
+    pub client_idle_timeout: String,
     /// Number of committed entries that trigger a snapshot of the state (and let the raft log be
     /// compacted behind it). Counts requests, also when several share one entry (group commit).
     #[arg(long, env = "ETCD_SNAPSHOT_COUNT", default_value_t = 100_000)]
@@ -95,6 +115,17 @@ pub struct ServeArgs {
     /// Cost of bcrypt password hashing (4 to 31).
     #[arg(long, env = "ETCD_BCRYPT_COST", default_value_t = 10)]
     pub bcrypt_cost: u32,
+    /// Failed logins per user and client address before further attempts are slowed down (keyward;
+    /// four times as many for one address trying several users).
+    #[arg(long, env = "KEYWARD_LOGIN_THROTTLE_FREE_FAILURES", default_value_t = 5)]
+    pub login_throttle_free_failures: u32,
+    /// The first throttled attempt's wait, in milliseconds; it doubles with every further failure.
+    #[arg(long, env = "KEYWARD_LOGIN_THROTTLE_BASE_DELAY", default_value_t = 200)]
+    pub login_throttle_base_delay: u64,
+    /// The longest wait, in milliseconds; an attempt that would wait longer is refused ("too many
+    /// requests").
+    #[arg(long, env = "KEYWARD_LOGIN_THROTTLE_MAX_DELAY", default_value_t = 30_000)]
+    pub login_throttle_max_delay: u64,
     /// Path to the client server TLS cert file.
     #[arg(long, env = "ETCD_CERT_FILE")]
     pub cert_file: Option<PathBuf>,
@@ -179,6 +210,8 @@ pub struct Config {
     pub heartbeat_interval: std::time::Duration,
     pub election_timeout: std::time::Duration,
     pub max_request_bytes: usize,
+    /// Client connection bounds and HTTP/2 settings (`server/connections.rs`).
+    pub connections: crate::frontend::connection_limits::ConnectionLimits,
     pub max_txn_ops: usize,
     pub snapshot_count: u64,
     /// `--quota-backend-bytes`.
@@ -187,6 +220,7 @@ pub struct Config {
     pub auth_token: crate::auth::token_config::TokenConfig,
     pub auth_token_ttl: std::time::Duration,
     pub bcrypt_cost: u32,
+    pub login_throttle: crate::auth::throttle::Limits,
     /// TLS for `https://` client listeners.
     pub client_tls: Option<crate::frontend::tls::settings::TlsSettings>,
     /// Peer TLS: the peer listener's settings, and the certificate this member presents to its peers.
@@ -400,6 +434,38 @@ impl ServeArgs {
         if !(4..=31).contains(&self.bcrypt_cost) {
             return Err(invalid(format!("--bcrypt-cost {} is out of range [4, 31]", self.bcrypt_cost)));
         }
+        let duration = |flag: &str, text: &str| {
+            crate::auth::token_config::parse_go_duration(text).map_err(|e| invalid(format!("--{flag}: {e}")))
+        };
+        duration("grpc-keepalive-min-time", &self.grpc_keepalive_min_time)?;
+        let connections = crate::frontend::connection_limits::ConnectionLimits {
+            max_connections: self.max_client_connections,
+            idle_timeout: duration("client-idle-timeout", &self.client_idle_timeout)?,
+            keepalive_interval: duration("grpc-keepalive-interval", &self.grpc_keepalive_interval)?,
+            keepalive_timeout: duration("grpc-keepalive-timeout", &self.grpc_keepalive_timeout)?,
+            max_concurrent_streams: self.max_concurrent_streams,
+        };
+        if connections.max_connections == 0 || connections.max_concurrent_streams == 0 {
+            return Err(invalid("--max-client-connections and --max-concurrent-streams must be at least 1"));
+        }
+        if connections.idle_timeout.is_zero() {
+            return Err(invalid("--client-idle-timeout must be above 0"));
+        }
+        if !connections.keepalive_interval.is_zero()
+            && connections.idle_timeout <= connections.keepalive_interval + connections.keepalive_timeout
+        {
+            return Err(invalid(format!(
+                "--client-idle-timeout {} must be above --grpc-keepalive-interval + --grpc-keepalive-timeout, or \
+                 quiet live clients (an idle watch) are cut off",
+                self.client_idle_timeout
+            )));
+        }
+        if self.login_throttle_base_delay > self.login_throttle_max_delay {
+            return Err(invalid(format!(
+                "--login-throttle-base-delay {} is above --login-throttle-max-delay {}",
+                self.login_throttle_base_delay, self.login_throttle_max_delay
+            )));
+        }
         if self.auth_token_ttl == 0 {
             return Err(invalid("--auth-token-ttl must be at least 1 second"));
         }
@@ -420,6 +486,7 @@ impl ServeArgs {
             heartbeat_interval: std::time::Duration::from_millis(self.heartbeat_interval),
             election_timeout: std::time::Duration::from_millis(self.election_timeout),
             max_request_bytes: self.max_request_bytes as usize,
+            connections,
             max_txn_ops: self.max_txn_ops as usize,
             snapshot_count: self.snapshot_count.max(1),
             quota,
@@ -427,6 +494,11 @@ impl ServeArgs {
             auth_token,
             auth_token_ttl: std::time::Duration::from_secs(self.auth_token_ttl),
             bcrypt_cost: self.bcrypt_cost,
+            login_throttle: crate::auth::throttle::Limits {
+                free_failures: self.login_throttle_free_failures,
+                base_delay: std::time::Duration::from_millis(self.login_throttle_base_delay),
+                max_delay: std::time::Duration::from_millis(self.login_throttle_max_delay),
+            },
             client_tls,
             peer_tls,
             log_filter,

@@ -80,7 +80,7 @@ pub async fn serve(config: config::Config) -> anyhow::Result<()> {
             }
         }
     };
-    server::serve(node.clone(), &config.listen_client, config.client_tls.as_ref(), stop).await?;
+    server::serve(node.clone(), &config.listen_client, config.client_tls.as_ref(), config.connections, stop).await?;
     let _ = peer_stop_tx.send(());
     if peer_server.is_finished() {
         // The peer listeners failed while clients were served: say why.

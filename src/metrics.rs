@@ -54,6 +54,20 @@ pub static PASSWORD_CHECKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+pub static LOGINS_THROTTLED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "keyward_auth_logins_throttled_total",
+                "Authenticate attempts slowed down after failed logins from the same address: delayed (waited \
+                 before the password check) or refused (too many requests).",
+            ),
+            &["action"],
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
 pub static GATEWAY_BASIC_LOGINS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
@@ -63,6 +77,27 @@ pub static GATEWAY_BASIC_LOGINS: LazyLock<IntCounterVec> = LazyLock::new(|| {
                  verified (Authenticate ran and accepted them), refused (Authenticate refused them).",
             ),
             &["outcome"],
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
+pub static CLIENT_CONNECTIONS_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(
+        IntCounter::new(
+            "keyward_client_connections_refused_total",
+            "Client connections closed on accept because the listener held --max-client-connections.",
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
+pub static CLIENT_CONNECTIONS_IDLE_CLOSED: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(
+        IntCounter::new(
+            "keyward_client_connections_idle_closed_total",
+            "Client connections closed because the client sent nothing for --client-idle-timeout (or no \
+             first bytes within 10 s).",
         )
         .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
     )

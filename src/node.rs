@@ -67,6 +67,8 @@ pub struct Node {
     /// Who is calling: `--client-cert-auth`, `--trusted-proxy-cn` (see `frontend/identity.rs`).
     pub identity: IdentityRules,
     pub bcrypt_cost: u32,
+    /// Failed logins slow down the next attempts from the same address (`auth/throttle.rs`).
+    pub login_throttle: crate::auth::throttle::LoginThrottle,
     pub tokens: Arc<Tokens>,
     /// Whether auth is enabled, and the auth revision, as of the latest applied batch.
     auth_enabled: Arc<std::sync::atomic::AtomicBool>,
@@ -268,6 +270,7 @@ impl Node {
             max_request_bytes: config.max_request_bytes,
             max_txn_ops: config.max_txn_ops,
             bcrypt_cost: config.bcrypt_cost,
+            login_throttle: crate::auth::throttle::LoginThrottle::new(config.login_throttle),
             identity,
             tokens,
             auth_enabled,

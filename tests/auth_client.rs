@@ -642,3 +642,140 @@ async fn an_unrelated_role_change_makes_no_client_log_in_again() {
         }
     }
 }
+
+/// Dials `target` from the loopback address `from` (the server still listens on 127.0.0.1 only):
+/// another client address on the same machine.
+#[derive(Clone)]
+struct DialFrom {
+    from: std::net::Ipv4Addr,
+    target: std::net::SocketAddr,
+}
+
+type Dialed = std::pin::Pin<
+    Box<dyn std::future::Future<Output = std::io::Result<hyper_util::rt::TokioIo<tokio::net::TcpStream>>> + Send>,
+>;
+
+impl tonic::codegen::Service<tonic::transport::Uri> for DialFrom {
+    type Response = hyper_util::rt::TokioIo<tokio::net::TcpStream>;
+    type Error = std::io::Error;
+    type Future = Dialed;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: tonic::transport::Uri) -> Dialed {
+        let DialFrom { from, target } = self.clone();
+        Box::pin(async move {
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            socket.bind((from, 0).into())?;
+            socket.set_nodelay(true)?;
+            Ok(hyper_util::rt::TokioIo::new(socket.connect(target).await?))
+        })
+    }
+}
+
+async fn channel_from(ep: &str, from: std::net::Ipv4Addr) -> tonic::transport::Channel {
+    let target = ep.parse().expect("host:port");
+    tonic::transport::Endpoint::from_shared(format!("http://{ep}"))
+        .unwrap()
+        .connect_with_connector(DialFrom { from, target })
+        .await
+        .expect("connect from another loopback address")
+}
+
+async fn login_on(ch: &tonic::transport::Channel, user: &str, pw: &str) -> (Result<String, tonic::Status>, Duration) {
+    let mut auth = pb::auth_client::AuthClient::new(ch.clone());
+    let started = Instant::now();
+    let req = pb::AuthenticateRequest { name: user.to_string(), password: pw.to_string() };
+    let result = auth.authenticate(req).await.map(|r| r.into_inner().token);
+    (result, started.elapsed())
+}
+
+/// 300 wrong passwords for root from one address get slower and slower (each failure beyond the
+/// free ones doubles the wait, up to the limit), while root from another address logs in without
+/// any wait; the right password from the throttled address still works (after its wait) and clears
+/// the throttle. The waits are counted by `keyward_auth_logins_throttled_total`; the latencies are
+/// compared within this run only.
+#[tokio::test]
+async fn failed_logins_slow_down_their_address_but_not_the_same_user_elsewhere() {
+    if common::selftest() {
+        return; // etcd has no login throttling: all 300 answer at bcrypt speed
+    }
+    let _heavy = HEAVY.lock().await;
+    let args = ["--bcrypt-cost", "4", "--login-throttle-free-failures", "5"]
+        .into_iter()
+        .chain(["--login-throttle-base-delay", "1", "--login-throttle-max-delay", "32"])
+        .collect::<Vec<_>>();
+    let s = AuthServer::start_with(Kind::Keyward, &args).await;
+    let ep = s.ep();
+    let throttled = |action: &str| {
+        let (_, text) = common::http_get(&ep, "/metrics");
+        common::metric(&text, &format!("keyward_auth_logins_throttled_total{{action=\"{action}\"}}"))
+    };
+    let attacker = channel_from(&ep, std::net::Ipv4Addr::new(127, 0, 0, 1)).await;
+    let elsewhere = channel_from(&ep, std::net::Ipv4Addr::new(127, 0, 0, 2)).await;
+    let mut latencies = Vec::new();
+    for i in 0..300 {
+        let (result, took) = login_on(&attacker, "root", "wrong").await;
+        assert_eq!(result.unwrap_err().message(), AUTH_FAILED, "attempt {i}");
+        latencies.push(took);
+        if i == 150 {
+            // Meanwhile root logs in from another address: no wait at all.
+            let delayed = throttled("delayed");
+            let (result, took) = login_on(&elsewhere, "root", ROOT_PW).await;
+            result.expect("root from another address");
+            assert_eq!(throttled("delayed"), delayed, "the login from 127.0.0.2 waited (took {took:?})");
+            eprintln!("root from 127.0.0.2 during the attack: {took:?}");
+        }
+    }
+    let median = |slice: &[Duration]| {
+        let mut v = slice.to_vec();
+        v.sort();
+        v[v.len() / 2]
+    };
+    let (first, last) = (median(&latencies[..5]), median(&latencies[250..]));
+    eprintln!("wrong passwords from 127.0.0.1: median of the first 5 {first:?}, of the last 50 {last:?}");
+    assert!(last > first * 2, "later attempts are slower: first {first:?}, last {last:?}");
+    assert!(throttled("delayed") >= 290.0, "every attempt beyond the free ones waited");
+    let increasing = latencies[5..12].windows(2).filter(|w| w[1] > w[0]).count();
+    assert!(increasing >= 4, "the wait grows attempt by attempt: {:?}", &latencies[5..12]);
+    // The right password from the throttled address: admitted after its wait, and then no more waits.
+    login_on(&attacker, "root", ROOT_PW).await.0.expect("the right password still works");
+    let delayed = throttled("delayed");
+    login_on(&attacker, "root", "wrong-again").await.0.unwrap_err();
+    assert_eq!(throttled("delayed"), delayed, "a success cleared the throttle");
+}
+
+/// Logging in as a user that does not exist takes as long as a wrong password (both run one bcrypt
+/// at the configured cost), so timing does not tell which names exist: medians within 20%, measured
+/// in the same run, alternating.
+#[tokio::test]
+async fn an_unknown_user_takes_as_long_as_a_wrong_password() {
+    if common::selftest() {
+        return; // etcd answers an unknown user without bcrypt
+    }
+    let _heavy = HEAVY.lock().await;
+    let args = ["--bcrypt-cost", "10", "--login-throttle-free-failures", "1000"];
+    let s = AuthServer::start_with(Kind::Keyward, &args).await;
+    let ch = channel(&s.ep()).await;
+    let (mut unknown, mut wrong) = (Vec::new(), Vec::new());
+    for _ in 0..15 {
+        let (result, took) = login_on(&ch, "nosuchuser", "pw").await;
+        assert_eq!(result.unwrap_err().message(), AUTH_FAILED);
+        unknown.push(took);
+        let (result, took) = login_on(&ch, "root", "wrong").await;
+        assert_eq!(result.unwrap_err().message(), AUTH_FAILED);
+        wrong.push(took);
+    }
+    unknown.sort();
+    wrong.sort();
+    let (u, w) = (unknown[7].as_secs_f64(), wrong[7].as_secs_f64());
+    eprintln!(
+        "median login time: unknown user {:.1} ms, wrong password {:.1} ms (ratio {:.2})",
+        u * 1e3,
+        w * 1e3,
+        u / w
+    );
+    assert!((0.8..=1.25).contains(&(u / w)), "unknown {u:.4}s vs wrong password {w:.4}s");
+}

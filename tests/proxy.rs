@@ -575,7 +575,11 @@ fn with_uri_san_identity_the_spiffe_id_is_the_user_directly_and_through_the_prox
         pki.client_with_sans("two", Some("alice"), vec![uri_san(WEB), uri_san("spiffe://example.org/ns/app/sa/db")]);
     fails_with(proxy.ctl(&ca, Some(&two), &["put", "/web/k", "v"]), PERMISSION_DENIED, "two URI SANs");
     let plain_alice = pki.client("alice", Some("alice"));
-    fails_with(proxy.ctl(&ca, Some(&plain_alice), &["put", "/alice/k", "v"]), PERMISSION_DENIED, "CN only under uri-san");
+    fails_with(
+        proxy.ctl(&ca, Some(&plain_alice), &["put", "/alice/k", "v"]),
+        PERMISSION_DENIED,
+        "CN only under uri-san",
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 //! - `cache.rs`: merged permissions per user, valid at one auth revision.
 //! - `check.rs`: the decisions — may this requester touch these keys — for apply and reads.
 //! - `password.rs`: bcrypt, always off the async threads and never inside apply.
+//! - `throttle.rs`: failed logins slow down the next attempts from the same client address.
 //! - `simple.rs`, `jwt.rs`, `tokens.rs`, `token_config.rs`: `--auth-token` and the token providers.
 
 pub mod cache;
@@ -14,5 +15,6 @@ pub mod password;
 pub mod permissions;
 pub mod simple;
 pub mod store;
+pub mod throttle;
 pub mod token_config;
 pub mod tokens;

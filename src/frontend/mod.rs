@@ -13,13 +13,18 @@
 //!   `--client-cert-identity` its one URI or DNS SAN, or why none);
 //!   `certificate_fuzz.rs` fuzzes it (bounded, in the test suite).
 //! - `tls/`: the TLS flags (`settings.rs`) and the accept loop (`listener.rs`) that hands tonic
-//!   connections carrying their `PeerIdentity`.
+//!   connections carrying their `PeerIdentity` and the client's address.
+//! - `connection.rs`: reading those back from a request (the identity; the client's address, which
+//!   login throttling keys on).
+//! - `connection_limits.rs`: how many connections a listener holds and how long one may stay silent.
 //!
 //! It must not depend on the member (`node`, `raft`, `server`): a proxy has none of them.
 
 pub mod certificate;
 #[cfg(test)]
 mod certificate_fuzz;
+pub mod connection;
+pub mod connection_limits;
 pub mod forwarded;
 pub mod identity;
 pub mod tls;

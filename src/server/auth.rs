@@ -16,6 +16,7 @@ use crate::auth::password;
 use crate::auth::simple::SimpleTokens;
 use crate::auth::tokens::Tokens;
 use crate::error::EtcdError;
+use crate::frontend::connection::client_addr;
 use crate::node::Node;
 use crate::proto::etcdserverpb::auth_server::Auth;
 use crate::proto::etcdserverpb::*;
@@ -60,6 +61,62 @@ impl AuthService {
             .await?;
         Ok((value, self.node.header(revision)))
     }
+
+    /// Checks the password here (bcrypt, in parallel, off the apply path) at the auth revision it
+    /// read, then proposes the token issue with that revision (see `authenticate`).
+    async fn check_password_and_issue(&self, req: &AuthenticateRequest) -> Result<AuthenticateResponse, EtcdError> {
+        for _ in 0..AUTHENTICATE_ATTEMPTS {
+            let name = req.name.clone();
+            let (found, _) = self
+                .read(move |authz, auth, txn| {
+                    if !authz.enabled() {
+                        return Err(EtcdError::AuthNotEnabled);
+                    }
+                    let user = auth.user(txn, &name)?;
+                    Ok(user.map(|u| (u, authz.revision())))
+                })
+                .await?;
+            let Some((user, checked_at)) = found else {
+                // As long as a wrong password takes: the timing must not tell which names exist.
+                password::verify_nobody(req.password.clone(), self.node.bcrypt_cost).await?;
+                tracing::info!(user = %req.name, "authentication failed: no such user");
+                return Err(EtcdError::AuthFailed);
+            };
+            if user.options.is_some_and(|o| o.no_password) {
+                tracing::info!(user = %req.name, "authentication failed: the user has no password (certificate only)");
+                return Err(EtcdError::NoPasswordUser);
+            }
+            if !password::verify(req.password.clone(), user.password).await? {
+                tracing::info!(user = %req.name, "authentication failed: wrong password");
+                return Err(EtcdError::AuthFailed);
+            }
+            // The token's secret part stays here: the entry carries only its digest.
+            let prefix = SimpleTokens::prefix();
+            let issue = InternalAuthenticateRequest {
+                name: req.name.clone(),
+                simple_token: SimpleTokens::digest(&prefix),
+                // Never filled: the password was checked above and must not enter the log.
+                password: String::new(),
+            };
+            let who = Requester::Client { username: req.name.clone(), revision: checked_at };
+            match self.node.propose(internal(|r| r.authenticate = Some(issue)), &who).await {
+                Ok(Applied::Authenticated { index, auth_revision }) => {
+                    let token = match self.node.tokens.as_ref() {
+                        Tokens::Simple(_) => SimpleTokens::token(&prefix, index),
+                        Tokens::Jwt(jwt) => jwt.sign(&req.name, auth_revision)?,
+                    };
+                    let header = self.node.header(self.node.revision());
+                    return Ok(AuthenticateResponse { header, token });
+                }
+                Ok(other) => return Err(other.mismatch()),
+                Err(EtcdError::AuthOldRevision) => {
+                    tracing::info!(user = %req.name, "auth state changed while checking the password; checking again");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(EtcdError::Timeout)
+    }
 }
 
 fn internal<T>(build: impl FnOnce(&mut InternalRaftRequest) -> T) -> InternalRaftRequest {
@@ -91,66 +148,35 @@ impl Auth for AuthService {
         Ok(Response::new(AuthStatusResponse { header, enabled, auth_revision }))
     }
 
-    /// Checks the password here (bcrypt, in parallel, off the apply path) at the auth revision it read,
-    /// then proposes the token issue with that revision. Apply refuses it if the auth state moved in
-    /// between (for example the password changed), and the check runs again: a token is never issued
-    /// for a password that was no longer current when the token was ordered in the log.
+    /// Login: throttled by earlier failures from the same client address (`auth/throttle.rs`), then
+    /// `check_password_and_issue`. Apply refuses the token issue if the user's credentials changed
+    /// since the check, and the check runs again: a token is never issued for a password that was no
+    /// longer current when the token was ordered in the log.
     async fn authenticate(
         &self,
         request: Request<AuthenticateRequest>,
     ) -> Result<Response<AuthenticateResponse>, Status> {
+        let client = client_addr(request.extensions()).map(|a| a.ip());
         let req = request.into_inner();
-        for _ in 0..AUTHENTICATE_ATTEMPTS {
-            let name = req.name.clone();
-            let (found, _) = self
-                .read(move |authz, auth, txn| {
-                    if !authz.enabled() {
-                        return Err(EtcdError::AuthNotEnabled);
-                    }
-                    let user = auth.user(txn, &name)?;
-                    Ok(user.map(|u| (u, authz.revision())))
-                })
-                .await?;
-            let Some((user, checked_at)) = found else {
-                // As long as a wrong password takes: the timing must not tell which names exist.
-                password::verify_nobody(req.password.clone(), self.node.bcrypt_cost).await?;
-                tracing::info!(user = %req.name, "authentication failed: no such user");
-                return Err(EtcdError::AuthFailed.into());
-            };
-            if user.options.is_some_and(|o| o.no_password) {
-                tracing::info!(user = %req.name, "authentication failed: the user has no password (certificate only)");
-                return Err(EtcdError::NoPasswordUser.into());
-            }
-            if !password::verify(req.password.clone(), user.password).await? {
-                tracing::info!(user = %req.name, "authentication failed: wrong password");
-                return Err(EtcdError::AuthFailed.into());
-            }
-            // The token's secret part stays here: the entry carries only its digest.
-            let prefix = SimpleTokens::prefix();
-            let issue = InternalAuthenticateRequest {
-                name: req.name.clone(),
-                simple_token: SimpleTokens::digest(&prefix),
-                // Never filled: the password was checked above and must not enter the log.
-                password: String::new(),
-            };
-            let who = Requester::Client { username: req.name.clone(), revision: checked_at };
-            match self.node.propose(internal(|r| r.authenticate = Some(issue)), &who).await {
-                Ok(Applied::Authenticated { index, auth_revision }) => {
-                    let token = match self.node.tokens.as_ref() {
-                        Tokens::Simple(_) => SimpleTokens::token(&prefix, index),
-                        Tokens::Jwt(jwt) => jwt.sign(&req.name, auth_revision)?,
-                    };
-                    let header = self.node.header(self.node.revision());
-                    return Ok(Response::new(AuthenticateResponse { header, token }));
-                }
-                Ok(other) => return Err(other.mismatch().into()),
-                Err(EtcdError::AuthOldRevision) => {
-                    tracing::info!(user = %req.name, "auth state changed while checking the password; checking again");
-                }
-                Err(e) => return Err(e.into()),
-            }
+        let throttle = &self.node.login_throttle;
+        let wait = throttle.admit(&req.name, client).inspect_err(|_| {
+            crate::metrics::LOGINS_THROTTLED.with_label_values(&["refused"]).inc();
+            tracing::info!(user = %req.name, client = ?client, "authentication refused: too many failed logins");
+        })?;
+        if !wait.is_zero() {
+            crate::metrics::LOGINS_THROTTLED.with_label_values(&["delayed"]).inc();
+            // A client that gives up meanwhile drops this call: nothing is checked for it.
+            tokio::time::sleep(wait).await;
         }
-        Err(EtcdError::Timeout.into())
+        let outcome = self.check_password_and_issue(&req).await;
+        match &outcome {
+            Ok(_) => throttle.succeeded(&req.name, client),
+            Err(EtcdError::AuthFailed | EtcdError::NoPasswordUser) => {
+                throttle.failed(&req.name, client)
+            }
+            Err(_) => {}
+        }
+        Ok(Response::new(outcome?))
     }
 
     async fn user_add(&self, request: Request<AuthUserAddRequest>) -> Result<Response<AuthUserAddResponse>, Status> {

@@ -12,6 +12,7 @@ pub mod peer;
 pub mod requester;
 pub mod watch;
 
+use crate::frontend::connection_limits::{Admission, ConnectionLimits};
 use std::future::Future;
 use std::sync::Arc;
 
@@ -36,10 +37,11 @@ pub async fn serve(
     node: Arc<Node>,
     listeners: &[Listener],
     tls: Option<&TlsSettings>,
+    limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let bound = bind(listeners, "client").await?;
-    serve_bound(bound, tls, move || routes(node.clone()), shutdown).await
+    serve_bound(bound, tls, Some(limits), move || routes(node.clone()), shutdown).await
 }
 
 /// Binds every peer listener: before raft elects, so that peers can reach this member.
@@ -61,7 +63,7 @@ pub async fn serve_peer(
             .max_encoding_message_size(limit);
         Routes::new(peer)
     };
-    serve_bound(bound, tls, make, shutdown).await
+    serve_bound(bound, tls, None, make, shutdown).await
 }
 
 async fn bind(listeners: &[Listener], traffic: &str) -> anyhow::Result<Vec<(TcpListener, bool)>> {
@@ -75,9 +77,12 @@ async fn bind(listeners: &[Listener], traffic: &str) -> anyhow::Result<Vec<(TcpL
     Ok(bound)
 }
 
+/// Serves `routes` on every bound socket. Client listeners have `limits` (`frontend/connection_limits.rs`):
+/// a connection cap, an idle timeout, etcd's keepalive and stream settings; peer listeners none.
 async fn serve_bound(
     bound: Vec<(TcpListener, bool)>,
     tls: Option<&TlsSettings>,
+    limits: Option<ConnectionLimits>,
     routes: impl Fn() -> Routes,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
@@ -93,22 +98,39 @@ async fn serve_bound(
         let stopped = async move {
             let _ = stop.wait_for(|stopped| *stopped).await;
         };
-        let server = Server::builder().accept_http1(true).tcp_nodelay(true).add_routes(routes);
+        let mut builder = Server::builder().accept_http1(true).tcp_nodelay(true);
+        if let Some(limits) = &limits {
+            let interval = (!limits.keepalive_interval.is_zero()).then_some(limits.keepalive_interval);
+            builder = builder
+                .http2_keepalive_interval(interval)
+                .http2_keepalive_timeout((!limits.keepalive_timeout.is_zero()).then_some(limits.keepalive_timeout))
+                .max_concurrent_streams(Some(limits.max_concurrent_streams));
+        }
+        let server = builder.add_routes(routes);
+        // Every connection of a client listener is admitted (or closed) and watched for silence.
+        let admission = limits.map(Admission::new).unwrap_or_else(Admission::unbounded);
         servers.push(match (is_tls, tls) {
             (true, Some(tls)) => {
                 let accepted =
                     crate::frontend::tls::listener::accept(socket, tls.clone()).map_err(|e| anyhow::anyhow!(e))?;
-                let incoming = tokio_stream::wrappers::ReceiverStream::new(accepted);
+                let incoming = futures::StreamExt::filter_map(
+                    tokio_stream::wrappers::ReceiverStream::new(accepted),
+                    move |conn| std::future::ready(conn.map(|c| admission.admit(c)).transpose()),
+                );
                 tokio::spawn(async move { server.serve_with_incoming_shutdown(incoming, stopped).await })
             }
             (true, None) => anyhow::bail!("an https:// listener needs a certificate and key"),
             (false, _) => tokio::spawn(async move {
                 // tonic ignores `tcp_nodelay` for custom incoming streams: set it per socket, or Nagle's
                 // algorithm delays small responses (watch events) by tens of milliseconds.
-                let incoming = futures::StreamExt::map(TcpListenerStream::new(socket), |conn| {
-                    conn.inspect(|tcp| {
-                        let _ = tcp.set_nodelay(true);
-                    })
+                let incoming = futures::StreamExt::filter_map(TcpListenerStream::new(socket), move |conn| {
+                    let admitted = conn
+                        .inspect(|tcp| {
+                            let _ = tcp.set_nodelay(true);
+                        })
+                        .map(|tcp| admission.admit(tcp))
+                        .transpose();
+                    std::future::ready(admitted)
                 });
                 server.serve_with_incoming_shutdown(incoming, stopped).await
             }),

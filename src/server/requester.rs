@@ -3,13 +3,12 @@
 use tonic::{Request, Status};
 
 use crate::auth::check::Requester;
-use crate::frontend::certificate::PeerIdentity;
+use crate::frontend::connection::peer_identity;
 use crate::node::Node;
 
 /// The requester behind a request to this member: its identity (decided in `frontend/identity.rs`,
 /// as every front end decides it) at the member's current auth revision.
 pub(crate) fn requester<T>(node: &Node, request: &Request<T>) -> Result<Requester, Status> {
-    let identity =
-        node.identity.identify(request.metadata(), request.extensions().get::<PeerIdentity>(), &*node.tokens)?;
+    let identity = node.identity.identify(request.metadata(), peer_identity(request.extensions()), &*node.tokens)?;
     Ok(identity.requester(node.auth_revision()))
 }

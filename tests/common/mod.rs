@@ -109,14 +109,19 @@ fn verbose() -> bool {
 
 /// Drop ETCD_* / ETCDCTL_* variables inherited from the developer's shell: etcd and
 /// etcdctl read them as flags, which would make runs machine-dependent.
+///
+/// Also turns keyward's login throttling (`auth/throttle.rs`) practically off: many tests log in
+/// with wrong passwords on purpose and would otherwise wait. The throttling tests set the
+/// `--login-throttle-*` flags themselves, which take precedence over this variable.
 pub fn scrub_env(cmd: &mut Command) {
     for (k, _) in std::env::vars_os() {
         if let Some(k) = k.to_str() {
-            if k.starts_with("ETCD_") || k.starts_with("ETCDCTL_") {
+            if k.starts_with("ETCD_") || k.starts_with("ETCDCTL_") || k.starts_with("KEYWARD_LOGIN_THROTTLE") {
                 cmd.env_remove(k);
             }
         }
     }
+    cmd.env("KEYWARD_LOGIN_THROTTLE_FREE_FAILURES", "1000000");
 }
 
 // ---------------------------------------------------------------------------

@@ -38,6 +38,13 @@ pub struct TlsConnection {
     identity: PeerIdentity,
 }
 
+/// What tonic attaches to every request on a TLS connection (`frontend::connection` reads it).
+#[derive(Clone, Debug)]
+pub struct TlsConnectInfo {
+    pub identity: PeerIdentity,
+    pub remote_addr: Option<std::net::SocketAddr>,
+}
+
 impl TlsConnection {
     /// The identity the connection's certificate established at the handshake.
     pub fn identity(&self) -> &PeerIdentity {
@@ -51,10 +58,10 @@ impl TlsConnection {
 }
 
 impl Connected for TlsConnection {
-    type ConnectInfo = PeerIdentity;
+    type ConnectInfo = TlsConnectInfo;
 
-    fn connect_info(&self) -> PeerIdentity {
-        self.identity.clone()
+    fn connect_info(&self) -> TlsConnectInfo {
+        TlsConnectInfo { identity: self.identity.clone(), remote_addr: self.stream.get_ref().0.peer_addr().ok() }
     }
 }
 

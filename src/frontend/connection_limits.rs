@@ -1,0 +1,212 @@
+//! Bounds on client connections: how many a listener holds, how long one may stay silent, and the
+//! HTTP/2 settings etcd's flags name (`--grpc-keepalive-*`, `--max-concurrent-streams`).
+//!
+//! Each accepted connection holds a permit of its listener's `--max-client-connections`; beyond it a
+//! new connection is closed at once (and counted). Each connection is `Watched`: one that sends no
+//! byte for `--client-idle-timeout` is closed; until its first byte (the HTTP/2 preface, after the
+//! TLS handshake on a TLS listener) the limit is `FIRST_BYTES_DEADLINE`, so a connection that never
+//! speaks is gone within seconds. A live client that is quiet (an idle watch) still answers the
+//! server's keepalive pings (`--grpc-keepalive-interval`), which counts as traffic: keep the idle
+//! timeout above the keepalive interval plus its timeout (checked at startup).
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+use tonic::transport::server::Connected;
+
+/// How long a new connection may take to send its first byte.
+pub const FIRST_BYTES_DEADLINE: Duration = Duration::from_secs(10);
+
+/// The limits of every client listener (from the flags).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// `--max-client-connections`, per listener.
+    pub max_connections: usize,
+    /// `--client-idle-timeout`.
+    pub idle_timeout: Duration,
+    /// `--grpc-keepalive-interval`, `--grpc-keepalive-timeout`.
+    pub keepalive_interval: Duration,
+    pub keepalive_timeout: Duration,
+    /// `--max-concurrent-streams`, per connection.
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> ConnectionLimits {
+        ConnectionLimits {
+            max_connections: 10_000,
+            idle_timeout: Duration::from_secs(3 * 3600),
+            keepalive_interval: Duration::from_secs(2 * 3600),
+            keepalive_timeout: Duration::from_secs(20),
+            max_concurrent_streams: u32::MAX,
+        }
+    }
+}
+
+/// The permits of one listener.
+#[derive(Clone)]
+pub struct Admission {
+    permits: Arc<Semaphore>,
+    limits: ConnectionLimits,
+}
+
+impl Admission {
+    pub fn new(limits: ConnectionLimits) -> Admission {
+        Admission { permits: Arc::new(Semaphore::new(limits.max_connections)), limits }
+    }
+
+    /// No cap and no idle timeout (peer listeners: raft's own timers judge peers).
+    pub fn unbounded() -> Admission {
+        let limits = ConnectionLimits {
+            max_connections: Semaphore::MAX_PERMITS,
+            idle_timeout: Duration::from_secs(100 * 365 * 24 * 3600),
+            ..ConnectionLimits::default()
+        };
+        Admission::new(limits)
+    }
+
+    /// The connection, watched, if the listener has room for it; `None` closes it.
+    pub fn admit<T>(&self, io: T) -> Option<Watched<T>> {
+        match self.permits.clone().try_acquire_owned() {
+            Ok(permit) => Some(Watched::new(io, self.limits.idle_timeout, permit)),
+            Err(_) => {
+                crate::metrics::CLIENT_CONNECTIONS_REFUSED.inc();
+                tracing::debug!(
+                    limit = self.limits.max_connections,
+                    "client connection refused: --max-client-connections reached"
+                );
+                None
+            }
+        }
+    }
+}
+
+/// A client connection that is closed when the client stays silent too long.
+pub struct Watched<T> {
+    io: T,
+    idle_timeout: Duration,
+    deadline: Pin<Box<Sleep>>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl<T> Watched<T> {
+    fn new(io: T, idle_timeout: Duration, permit: OwnedSemaphorePermit) -> Watched<T> {
+        let first = if idle_timeout > FIRST_BYTES_DEADLINE { FIRST_BYTES_DEADLINE } else { idle_timeout };
+        Watched { io, idle_timeout, deadline: Box::pin(tokio::time::sleep(first)), _permit: permit }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.io).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    let next = Instant::now() + self.idle_timeout;
+                    self.deadline.as_mut().reset(next);
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => match self.deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    crate::metrics::CLIENT_CONNECTIONS_IDLE_CLOSED.inc();
+                    Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "client connection idle")))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+            other => other,
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+impl<T: Connected> Connected for Watched<T> {
+    type ConnectInfo = T::ConnectInfo;
+
+    fn connect_info(&self) -> T::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn limits(max_connections: usize, idle: Duration) -> ConnectionLimits {
+        ConnectionLimits { max_connections, idle_timeout: idle, ..ConnectionLimits::default() }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_connection_is_closed_and_traffic_keeps_it_open() {
+        let admission = Admission::new(limits(4, Duration::from_secs(60)));
+        let (client, server) = tokio::io::duplex(64);
+        let mut server = admission.admit(server).expect("room");
+        let mut client = client;
+        // Bytes within the first-bytes deadline, then within each idle timeout: still open.
+        client.write_all(b"PRI").await.unwrap();
+        let mut buf = [0u8; 8];
+        assert_eq!(server.read(&mut buf).await.unwrap(), 3);
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_secs(50)).await;
+            client.write_all(b"x").await.unwrap();
+            assert_eq!(server.read(&mut buf).await.unwrap(), 1);
+        }
+        // Then silence: closed after the idle timeout.
+        let err = server.read(&mut buf).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_never_speaks_is_closed_at_the_first_bytes_deadline() {
+        let admission = Admission::new(limits(4, Duration::from_secs(3600)));
+        let (_client, server) = tokio::io::duplex(64);
+        let mut server = admission.admit(server).expect("room");
+        let started = Instant::now();
+        let mut buf = [0u8; 8];
+        assert!(server.read(&mut buf).await.is_err());
+        assert_eq!(started.elapsed(), FIRST_BYTES_DEADLINE);
+    }
+
+    #[tokio::test]
+    async fn beyond_the_cap_connections_are_refused_until_one_closes() {
+        let admission = Admission::new(limits(2, Duration::from_secs(60)));
+        let first = admission.admit(tokio::io::duplex(8).1).expect("1");
+        let _second = admission.admit(tokio::io::duplex(8).1).expect("2");
+        assert!(admission.admit(tokio::io::duplex(8).1).is_none(), "the third is refused");
+        drop(first);
+        assert!(admission.admit(tokio::io::duplex(8).1).is_some(), "room again once one closed");
+    }
+}
