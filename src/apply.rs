@@ -131,7 +131,7 @@ pub fn apply(
     let who = Requester::from_header(req.header.as_ref());
     if let Some(put) = &req.put {
         mvcc::txn::validate_put(put)?;
-        authorize(stores, txn, |authz| check_put(authz, stores.leases, txn, &who, put))?;
+        authorize(stores, txn, index, |authz| check_put(authz, stores.leases, txn, &who, put))?;
         refuse_if_capped(stores, txn, req)?;
         write_kv(stores, txn, &[put.lease], |w, leases| {
             // Outside a txn etcd looks the lease up before anything else.
@@ -142,12 +142,12 @@ pub fn apply(
             Ok(Applied::Put(kv::put(w, put)?))
         })
     } else if let Some(del) = &req.delete_range {
-        authorize(stores, txn, |authz| authz.check_delete(&who, "delete", del))?;
+        authorize(stores, txn, index, |authz| authz.check_delete(&who, "delete", del))?;
         write_kv(stores, txn, &[], |w, _| Ok(Applied::DeleteRange(kv::delete_range(w, del)?)))
     } else if let Some(t) = &req.txn {
         // The op-count limit is each member's own flag, so it stays in the API layer.
         mvcc::txn::validate(t, usize::MAX)?;
-        authorize(stores, txn, |authz| {
+        authorize(stores, txn, index, |authz| {
             authz.check_txn(&who, t, &mut |put| check_put(authz, stores.leases, txn, &who, put))
         })?;
         refuse_if_capped(stores, txn, req)?;
@@ -156,13 +156,13 @@ pub fn apply(
         txn_leases(&t.failure, &mut lease_ids);
         write_kv(stores, txn, &lease_ids, |w, leases| Ok(Applied::Txn(mvcc::txn::txn(w, t, leases)?)))
     } else if let Some(compaction) = &req.compaction {
-        authorize(stores, txn, |authz| authz.check_admin(&who, "compact"))?;
+        authorize(stores, txn, index, |authz| authz.check_admin(&who, "compact"))?;
         write_kv(stores, txn, &[], |w, _| {
             w.compact(compaction.revision)?;
             Ok(Applied::Compaction(CompactionResponse { header: kv::header(w.rev()) }))
         })
     } else if let Some(grant) = &req.lease_grant {
-        authorize(stores, txn, |authz| authz.check_user(&who, "lease_grant"))?;
+        authorize(stores, txn, index, |authz| authz.check_user(&who, "lease_grant"))?;
         refuse_if_capped(stores, txn, req)?;
         if stores.leases.get(txn, grant.id)?.is_some() {
             return Err(EtcdError::LeaseExists);
@@ -180,7 +180,7 @@ pub fn apply(
             return Err(EtcdError::LeaseNotFound);
         }
         let keys = stores.leases.attached_keys(txn, revoke.id)?;
-        authorize(stores, txn, |authz| {
+        authorize(stores, txn, index, |authz| {
             authz.check_user(&who, "lease_revoke")?;
             // Revoking deletes every attached key: the requester must be allowed to delete each.
             keys.iter().try_for_each(|k| authz.check(&who, "lease_revoke", Access::Write, &KeyRange::Single(k.clone())))
@@ -196,7 +196,7 @@ pub fn apply(
         let header = kv::header(stores.kv.view(txn)?.rev);
         Ok((Applied::LeaseRevoke(LeaseRevokeResponse { header }), effects))
     } else if let Some(checkpoint) = &req.lease_checkpoint {
-        authorize(stores, txn, |authz| authz.check_admin(&who, "lease_checkpoint"))?;
+        authorize(stores, txn, index, |authz| authz.check_admin(&who, "lease_checkpoint"))?;
         for cp in &checkpoint.checkpoints {
             if let Some(mut record) = stores.leases.get(txn, cp.id)? {
                 record.remaining_ttl = cp.remaining_ttl;
@@ -207,12 +207,12 @@ pub fn apply(
         Ok((Applied::LeaseCheckpoint(LeaseCheckpointResponse { header }), Effects::default()))
     } else if let Some(alarm) = &req.alarm {
         // Raising or clearing an alarm changes what the whole cluster accepts: root's, with auth on.
-        authorize(stores, txn, |authz| authz.check_admin(&who, "alarm"))?;
+        authorize(stores, txn, index, |authz| authz.check_admin(&who, "alarm"))?;
         apply_alarm(stores, txn, alarm)
     } else if let Some(auth) = &req.authenticate {
         authenticate(stores, txn, &who, &auth.name, &auth.simple_token, index)
     } else {
-        apply_auth_admin(stores, txn, &who, req)
+        apply_auth_admin(stores, txn, &who, req, index)
     }
 }
 
@@ -257,9 +257,10 @@ fn apply_alarm(stores: &Stores, txn: &mut RwTxn, req: &AlarmRequest) -> Result<(
 fn authorize(
     stores: &Stores,
     txn: &RoTxn,
+    index: u64,
     check: impl FnOnce(&Authorizer) -> Result<(), EtcdError>,
 ) -> Result<(), EtcdError> {
-    check(&Authorizer::new(stores.auth, txn)?)
+    check(&Authorizer::new(stores.auth, txn)?.at_index(index))
 }
 
 /// A put needs write on its key; with `prev_kv` also read; attaching a lease also needs write on every
@@ -305,7 +306,7 @@ fn authenticate(
     }
     let revision = auth.revision(txn)?;
     match who {
-        Requester::Client { username, revision: checked_at } if username == name => {
+        Requester::Client { username, revision: checked_at, .. } if username == name => {
             if !auth.token_valid(txn, name, *checked_at)? {
                 return Err(EtcdError::AuthOldRevision);
             }
@@ -331,10 +332,11 @@ fn apply_auth_admin(
     txn: &mut RwTxn,
     who: &Requester,
     req: &InternalRaftRequest,
+    index: u64,
 ) -> Result<(Applied, Effects), EtcdError> {
     let auth = stores.auth;
     let op = admin_op_name(req).ok_or_else(|| EtcdError::Unsupported("request not supported by this member".into()))?;
-    authorize(stores, txn, |authz| authz.check_admin(who, op))?;
+    authorize(stores, txn, index, |authz| authz.check_admin(who, op))?;
     let affected = if req.auth_enable.is_some() {
         auth.enable(txn)?
     } else if req.auth_disable.is_some() {

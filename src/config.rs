@@ -115,6 +115,15 @@ pub struct ServeArgs {
     /// Cost of bcrypt password hashing (4 to 31).
     #[arg(long, env = "ETCD_BCRYPT_COST", default_value_t = 10)]
     pub bcrypt_cost: u32,
+    /// Write every auth decision as a JSON line to this file (keyward; see docs/audit-log.md).
+    #[arg(long, env = "KEYWARD_AUDIT_LOG")]
+    pub audit_log: Option<std::path::PathBuf>,
+    /// Rotate the audit log when it would grow past this many bytes.
+    #[arg(long, env = "KEYWARD_AUDIT_LOG_MAX_SIZE", default_value_t = 100 * 1024 * 1024)]
+    pub audit_log_max_size: u64,
+    /// Rotated audit logs kept (PATH.1 ... PATH.N).
+    #[arg(long, env = "KEYWARD_AUDIT_LOG_MAX_BACKUPS", default_value_t = 5)]
+    pub audit_log_max_backups: u32,
     /// Failed logins per user and client address before further attempts are slowed down (keyward;
     /// four times as many for one address trying several users).
     #[arg(long, env = "KEYWARD_LOGIN_THROTTLE_FREE_FAILURES", default_value_t = 5)]
@@ -221,6 +230,8 @@ pub struct Config {
     pub auth_token_ttl: std::time::Duration,
     pub bcrypt_cost: u32,
     pub login_throttle: crate::auth::throttle::Limits,
+    /// `--audit-log*`.
+    pub audit: Option<crate::audit::AuditConfig>,
     /// TLS for `https://` client listeners.
     pub client_tls: Option<crate::frontend::tls::settings::TlsSettings>,
     /// Peer TLS: the peer listener's settings, and the certificate this member presents to its peers.
@@ -494,6 +505,11 @@ impl ServeArgs {
             auth_token,
             auth_token_ttl: std::time::Duration::from_secs(self.auth_token_ttl),
             bcrypt_cost: self.bcrypt_cost,
+            audit: self.audit_log.clone().map(|path| crate::audit::AuditConfig {
+                path,
+                max_size: self.audit_log_max_size,
+                max_backups: self.audit_log_max_backups,
+            }),
             login_throttle: crate::auth::throttle::Limits {
                 free_failures: self.login_throttle_free_failures,
                 base_delay: std::time::Duration::from_millis(self.login_throttle_base_delay),

@@ -9,6 +9,7 @@
 
 pub mod alarm;
 pub mod apply;
+pub mod audit;
 pub mod auth;
 pub mod ballast;
 pub mod cluster;
@@ -19,6 +20,7 @@ pub mod frontend;
 pub mod gateway;
 pub mod keyrange;
 pub mod lease;
+pub mod log_limit;
 pub mod metrics;
 pub mod mvcc;
 pub mod node;

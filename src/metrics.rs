@@ -103,6 +103,13 @@ pub static CLIENT_CONNECTIONS_IDLE_CLOSED: LazyLock<IntCounter> = LazyLock::new(
     )
 });
 
+pub static AUDIT_WRITE_FAILURES: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(
+        IntCounter::new("keyward_audit_write_failures_total", "Audit log lines that could not be written.")
+            .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
 pub static PROPOSALS_FAILED: LazyLock<IntCounter> = LazyLock::new(|| {
     register(
         IntCounter::new("etcd_server_proposals_failed_total", "Proposals that failed.")

@@ -21,7 +21,7 @@ use openraft::storage::RaftLogStorage;
 use prost::Message;
 
 use crate::apply::Applied;
-use crate::auth::check::{Authorizer, Requester};
+use crate::auth::check::{Authorizer, Origin, Requester};
 use crate::auth::tokens::Tokens;
 use crate::cluster::bootstrap;
 use crate::cluster::network::PeerNetwork;
@@ -69,6 +69,8 @@ pub struct Node {
     pub bcrypt_cost: u32,
     /// Failed logins slow down the next attempts from the same address (`auth/throttle.rs`).
     pub login_throttle: crate::auth::throttle::LoginThrottle,
+    /// `--audit-log`: every auth decision as a JSON line (`audit.rs`).
+    pub audit: Option<Arc<crate::audit::AuditLog>>,
     pub tokens: Arc<Tokens>,
     /// Whether auth is enabled, and the auth revision, as of the latest applied batch.
     auth_enabled: Arc<std::sync::atomic::AtomicBool>,
@@ -251,6 +253,17 @@ impl Node {
             // No one to wait for: campaign now rather than after an election timeout.
             raft.trigger().elect().await?;
         }
+        // Entries replayed at start are audited again: their lines carry the same raft index.
+        let audit = match &config.audit {
+            Some(audit) => {
+                let log = Arc::new(
+                    crate::audit::AuditLog::open(audit.clone(), config.name.clone()).map_err(anyhow::Error::msg)?,
+                );
+                let _ = state.auth.audit.set(log.clone());
+                Some(log)
+            }
+            None => None,
+        };
         let logged = raft.metrics().borrow().last_log_index;
         let seed =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
@@ -271,6 +284,7 @@ impl Node {
             max_txn_ops: config.max_txn_ops,
             bcrypt_cost: config.bcrypt_cost,
             login_throttle: crate::auth::throttle::LoginThrottle::new(config.login_throttle),
+            audit,
             identity,
             tokens,
             auth_enabled,
@@ -433,8 +447,22 @@ impl Node {
         let id = self.next_id() as u64;
         req.header = Some(match who {
             Requester::Member => RequestHeader { id, member_internal: true, ..Default::default() },
-            Requester::Client { username, revision } => {
-                RequestHeader { id, username: username.clone(), auth_revision: *revision, member_internal: false }
+            Requester::Client { username, revision, origin } => {
+                // The origin travels only when this member keeps an audit log: it costs log bytes.
+                let (audit_client, audit_credential) = match self.audit.is_some() {
+                    true => {
+                        (origin.client.map(|a| a.to_string()).unwrap_or_default(), origin.credential.as_str().into())
+                    }
+                    false => (String::new(), String::new()),
+                };
+                RequestHeader {
+                    id,
+                    username: username.clone(),
+                    auth_revision: *revision,
+                    member_internal: false,
+                    audit_client,
+                    audit_credential,
+                }
             }
         });
         req.id = id;
@@ -507,6 +535,26 @@ impl Node {
     }
 
     /// A response header at `revision`, completed with this member's identity and the raft term.
+    /// Records a login's outcome in the audit log, if there is one.
+    pub fn audit_login<T>(&self, user: &str, origin: Origin, outcome: &Result<T, EtcdError>) {
+        let Some(log) = &self.audit else { return };
+        let client = origin.client.map(|a| a.to_string());
+        log.record(&crate::audit::Decision {
+            time: crate::audit::now(),
+            member: log.member(),
+            client: client.as_deref(),
+            source: origin.credential.as_str(),
+            user,
+            op: "authenticate",
+            key: None,
+            range_end: None,
+            allowed: outcome.is_ok(),
+            reason: outcome.as_ref().err().map(ToString::to_string),
+            auth_revision: self.auth_revision(),
+            raft_index: None,
+        });
+    }
+
     pub fn header(&self, revision: i64) -> Option<ResponseHeader> {
         let mut header = Some(ResponseHeader { revision, ..Default::default() });
         self.fill(&mut header);

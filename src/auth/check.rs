@@ -2,7 +2,9 @@
 //! state. Used by the apply phase (writes, at the revision they are ordered at) and by the read path
 //! (after the read index, against the current auth state).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use heed::RoTxn;
 
@@ -11,6 +13,7 @@ use super::permissions::{Access, PermissionSet};
 use super::store::{is_root, AuthStore};
 use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
+use crate::log_limit::LogLimit;
 use crate::proto::etcdserverpb::request_op::Request;
 use crate::proto::etcdserverpb::{DeleteRangeRequest, PutRequest, RequestHeader, TxnRequest};
 
@@ -19,22 +22,91 @@ use crate::proto::etcdserverpb::{DeleteRangeRequest, PutRequest, RequestHeader, 
 pub enum Requester {
     /// The member itself (lease expiry, checkpoints): never subject to permissions.
     Member,
-    /// A client: the user it authenticated as (empty when none) and the auth revision its identity
-    /// was established at.
-    Client { username: String, revision: u64 },
+    /// A client: the user it authenticated as (empty when none), the auth revision its identity
+    /// was established at, and where it came from (for the audit log only; never decides anything).
+    Client { username: String, revision: u64, origin: Origin },
+}
+
+/// Where a client request came from and how it identified itself: for the audit log.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Origin {
+    pub client: Option<SocketAddr>,
+    pub credential: Credential,
+}
+
+/// How a client identified itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Credential {
+    #[default]
+    Unknown,
+    None,
+    Token,
+    Certificate,
+    ForwardedCertificate,
+    Password,
+}
+
+impl Credential {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Credential::Unknown => "unknown",
+            Credential::None => "none",
+            Credential::Token => "token",
+            Credential::Certificate => "certificate",
+            Credential::ForwardedCertificate => "forwarded_certificate",
+            Credential::Password => "password",
+        }
+    }
+
+    fn parse(text: &str) -> Credential {
+        match text {
+            "none" => Credential::None,
+            "token" => Credential::Token,
+            "certificate" => Credential::Certificate,
+            "forwarded_certificate" => Credential::ForwardedCertificate,
+            "password" => Credential::Password,
+            _ => Credential::Unknown,
+        }
+    }
 }
 
 impl Requester {
+    pub fn client(username: String, revision: u64) -> Requester {
+        Requester::Client { username, revision, origin: Origin::default() }
+    }
+
     pub fn from_header(header: Option<&RequestHeader>) -> Requester {
         match header {
             Some(h) if h.member_internal => Requester::Member,
-            Some(h) => Requester::Client { username: h.username.clone(), revision: h.auth_revision },
-            None => Requester::Client { username: String::new(), revision: 0 },
+            Some(h) => Requester::Client {
+                username: h.username.clone(),
+                revision: h.auth_revision,
+                origin: Origin {
+                    client: h.audit_client.parse().ok(),
+                    credential: Credential::parse(&h.audit_credential),
+                },
+            },
+            None => Requester::anonymous(),
         }
     }
 
     pub fn anonymous() -> Requester {
-        Requester::Client { username: String::new(), revision: 0 }
+        Requester::client(String::new(), 0)
+    }
+
+    /// The same requester, recorded as coming from `origin`.
+    pub fn with_origin(self, origin: Origin) -> Requester {
+        match self {
+            Requester::Client { username, revision, .. } => Requester::Client { username, revision, origin },
+            member => member,
+        }
+    }
+
+    pub fn origin(&self) -> Origin {
+        match self {
+            Requester::Client { origin, .. } => *origin,
+            Requester::Member => Origin::default(),
+        }
     }
 
     fn describe(&self) -> &str {
@@ -52,6 +124,8 @@ pub struct Authorizer<'t> {
     revision: u64,
     /// Tokens issued before this auth revision are void (`AuthStore::tokens_valid_from`).
     tokens_valid_from: u64,
+    /// The raft index of the entry being applied (`None` on the read path), for the audit log.
+    index: Option<u64>,
 }
 
 impl<'t> Authorizer<'t> {
@@ -62,7 +136,14 @@ impl<'t> Authorizer<'t> {
             enabled: store.enabled(txn)?,
             revision: store.revision(txn)?,
             tokens_valid_from: store.tokens_valid_from(txn)?,
+            index: None,
         })
+    }
+
+    /// The same authorizer, deciding for the entry at raft index `index` (apply).
+    pub fn at_index(mut self, index: u64) -> Self {
+        self.index = Some(index);
+        self
     }
 
     pub fn enabled(&self) -> bool {
@@ -103,7 +184,7 @@ impl<'t> Authorizer<'t> {
     /// ("revision of auth store is old", so clients log in again); any other auth change since its
     /// issue leaves it valid, and the permissions are those of this transaction.
     fn authenticated(&self, who: &Requester) -> Result<Option<Arc<CachedUser>>, EtcdError> {
-        let Requester::Client { username, revision } = who else {
+        let Requester::Client { username, revision, .. } = who else {
             return Ok(Some(Arc::new(CachedUser { credentials_revision: 0, permissions: UserPermissions::Root })));
         };
         if *revision == 0 {
@@ -122,7 +203,16 @@ impl<'t> Authorizer<'t> {
         if !self.enabled || *who == Requester::Member {
             return Ok(());
         }
-        let user = self.authenticated(who).inspect_err(|e| denied(who, op, Some(range), e))?;
+        let result = self.decide(who, access, range);
+        if let Err(e) = &result {
+            denied(who, op, Some(range), e);
+        }
+        self.audit(who, op, Some(range), &result);
+        result
+    }
+
+    fn decide(&self, who: &Requester, access: Access, range: &KeyRange) -> Result<(), EtcdError> {
+        let user = self.authenticated(who)?;
         let allowed = match user.as_ref().map(|u| &u.permissions) {
             Some(UserPermissions::Root) => true,
             Some(UserPermissions::Granted(set)) => set.allows(access, range),
@@ -131,9 +221,37 @@ impl<'t> Authorizer<'t> {
         if allowed {
             Ok(())
         } else {
-            denied(who, op, Some(range), &EtcdError::PermissionDenied);
             Err(EtcdError::PermissionDenied)
         }
+    }
+
+    /// Records a decision in the audit log, if the member keeps one.
+    fn audit(&self, who: &Requester, op: &str, range: Option<&KeyRange>, result: &Result<(), EtcdError>) {
+        let Some(log) = self.store.audit.get() else { return };
+        let Requester::Client { username, revision, origin } = who else { return };
+        let client = origin.client.map(|a| a.to_string());
+        let (key, range_end) = match range {
+            None => (None, None),
+            Some(KeyRange::Single(k)) => (Some(k.escape_ascii().to_string()), None),
+            Some(KeyRange::Span { start, end }) => {
+                (Some(start.escape_ascii().to_string()), Some(end.escape_ascii().to_string()))
+            }
+            Some(KeyRange::From(start)) => (Some(start.escape_ascii().to_string()), Some("\\x00".to_string())),
+        };
+        log.record(&crate::audit::Decision {
+            time: crate::audit::now(),
+            member: log.member(),
+            client: client.as_deref(),
+            source: origin.credential.as_str(),
+            user: username,
+            op,
+            key,
+            range_end,
+            allowed: result.is_ok(),
+            reason: result.as_ref().err().map(ToString::to_string),
+            auth_revision: *revision,
+            raft_index: self.index,
+        });
     }
 
     /// A delete needs write on its range; with `prev_kv` also read (it returns the deleted values).
@@ -181,13 +299,16 @@ impl<'t> Authorizer<'t> {
         if !self.enabled || *who == Requester::Member {
             return Ok(());
         }
-        match self.authenticated(who).inspect_err(|e| denied(who, op, None, e))? {
-            Some(_) => Ok(()),
-            None => {
-                denied(who, op, None, &EtcdError::PermissionDenied);
-                Err(EtcdError::PermissionDenied)
-            }
+        let result = match self.authenticated(who) {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(EtcdError::PermissionDenied),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = &result {
+            denied(who, op, None, e);
         }
+        self.audit(who, op, None, &result);
+        result
     }
 
     /// Requires the root role when auth is on (etcd's `IsAdminPermitted`, which has no revision
@@ -199,7 +320,7 @@ impl<'t> Authorizer<'t> {
         }
         let result = match who {
             Requester::Client { username, .. } if username.is_empty() => Err(EtcdError::UserEmpty),
-            Requester::Client { username, revision } => match self.store.user(self.txn, username)? {
+            Requester::Client { username, revision, .. } => match self.store.user(self.txn, username)? {
                 None => Err(EtcdError::UserNotFound),
                 Some(user) if *revision < user.credentials_revision.max(self.tokens_valid_from) => {
                     Err(EtcdError::AuthOldRevision)
@@ -209,7 +330,11 @@ impl<'t> Authorizer<'t> {
             },
             Requester::Member => Ok(()),
         };
-        result.inspect_err(|e| denied(who, op, None, e))
+        if let Err(e) = &result {
+            denied(who, op, None, e);
+        }
+        self.audit(who, op, None, &result);
+        result
     }
 
     /// Whether `who` is the named user, by an identity that still stands (users may read their own
@@ -226,7 +351,7 @@ impl<'t> Authorizer<'t> {
     /// Whether `who` holds the named role, by an identity that still stands (users may read their own
     /// roles).
     pub fn has_role(&self, who: &Requester, role: &str) -> Result<bool, EtcdError> {
-        let Requester::Client { username, revision } = who else { return Ok(false) };
+        let Requester::Client { username, revision, .. } = who else { return Ok(false) };
         if !self.enabled || username.is_empty() || *revision == 0 {
             return Ok(false);
         }
@@ -247,11 +372,17 @@ fn denied(who: &Requester, op: &'static str, range: Option<&KeyRange>, reason: &
         _ => "other",
     };
     crate::metrics::AUTH_DENIALS.with_label_values(&[op, reason_label]).inc();
+    // Any client can cause these: at most 5 lines per user per 10 s (the metric counts them all).
+    static LIMIT: LogLimit = LogLimit::new(5, Duration::from_secs(10));
+    let Some(suppressed) = LIMIT.admit(who.describe()) else { return };
     match range {
-        Some(range) => {
-            tracing::warn!(user = who.describe(), op, range = %describe_range(range), reason = %reason, "request denied")
+        Some(range) => tracing::warn!(
+            user = who.describe(), op, range = %describe_range(range), reason = %reason, suppressed_before = suppressed,
+            "request denied"
+        ),
+        None => {
+            tracing::warn!(user = who.describe(), op, reason = %reason, suppressed_before = suppressed, "request denied")
         }
-        None => tracing::warn!(user = who.describe(), op, reason = %reason, "request denied"),
     }
 }
 

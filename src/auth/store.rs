@@ -33,6 +33,8 @@ pub struct AuthStore {
     roles: Table,
     meta: Db,
     pub cache: PermissionCache,
+    /// Where the checks record their decisions (`--audit-log`), once the member has opened it.
+    pub audit: std::sync::OnceLock<std::sync::Arc<crate::audit::AuditLog>>,
 }
 
 fn corrupt() -> EtcdError {
@@ -49,6 +51,7 @@ impl AuthStore {
             roles: Table::new(roles, long),
             meta,
             cache: PermissionCache::default(),
+            audit: std::sync::OnceLock::new(),
         }
     }
 

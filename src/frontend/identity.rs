@@ -61,14 +61,12 @@ impl Identity {
     /// and finds none), where a request with no credentials at all gets "user name is empty".
     pub fn requester(&self, current_auth_revision: u64) -> Requester {
         match self {
-            Identity::Token { username, revision } => {
-                Requester::Client { username: username.clone(), revision: *revision }
-            }
+            Identity::Token { username, revision } => Requester::client(username.clone(), *revision),
             Identity::Certificate { common_name } | Identity::Forwarded { common_name, .. } => {
-                Requester::Client { username: common_name.clone(), revision: current_auth_revision }
+                Requester::client(common_name.clone(), current_auth_revision)
             }
             Identity::Anonymous(why) if why.is_nameless_certificate() => {
-                Requester::Client { username: String::new(), revision: current_auth_revision }
+                Requester::client(String::new(), current_auth_revision)
             }
             Identity::Anonymous(_) => Requester::anonymous(),
         }
@@ -322,7 +320,7 @@ mod tests {
         let s = setup();
         let identity = identify(&s.settings, Some(&proxy()), &[(FORWARDED_CERT, &alice_by(&s.ca))]).unwrap();
         assert_eq!(identity, as_alice());
-        assert_eq!(identity.requester(42), Requester::Client { username: "alice".into(), revision: 42 });
+        assert_eq!(identity.requester(42), Requester::client("alice".into(), 42));
     }
 
     #[test]

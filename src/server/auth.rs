@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status};
 
 use super::requester::requester;
 use crate::apply::Applied;
-use crate::auth::check::Requester;
+use crate::auth::check::{Credential, Origin, Requester};
 use crate::auth::password;
 use crate::auth::simple::SimpleTokens;
 use crate::auth::tokens::Tokens;
@@ -64,7 +64,11 @@ impl AuthService {
 
     /// Checks the password here (bcrypt, in parallel, off the apply path) at the auth revision it
     /// read, then proposes the token issue with that revision (see `authenticate`).
-    async fn check_password_and_issue(&self, req: &AuthenticateRequest) -> Result<AuthenticateResponse, EtcdError> {
+    async fn check_password_and_issue(
+        &self,
+        req: &AuthenticateRequest,
+        origin: Origin,
+    ) -> Result<AuthenticateResponse, EtcdError> {
         for _ in 0..AUTHENTICATE_ATTEMPTS {
             let name = req.name.clone();
             let (found, _) = self
@@ -98,7 +102,7 @@ impl AuthService {
                 // Never filled: the password was checked above and must not enter the log.
                 password: String::new(),
             };
-            let who = Requester::Client { username: req.name.clone(), revision: checked_at };
+            let who = Requester::client(req.name.clone(), checked_at).with_origin(origin);
             match self.node.propose(internal(|r| r.authenticate = Some(issue)), &who).await {
                 Ok(Applied::Authenticated { index, auth_revision }) => {
                     let token = match self.node.tokens.as_ref() {
@@ -156,7 +160,8 @@ impl Auth for AuthService {
         &self,
         request: Request<AuthenticateRequest>,
     ) -> Result<Response<AuthenticateResponse>, Status> {
-        let client = client_addr(request.extensions()).map(|a| a.ip());
+        let client_addr = client_addr(request.extensions());
+        let client = client_addr.map(|a| a.ip());
         let req = request.into_inner();
         let throttle = &self.node.login_throttle;
         let wait = throttle.admit(&req.name, client).inspect_err(|_| {
@@ -168,12 +173,12 @@ impl Auth for AuthService {
             // A client that gives up meanwhile drops this call: nothing is checked for it.
             tokio::time::sleep(wait).await;
         }
-        let outcome = self.check_password_and_issue(&req).await;
+        let origin = Origin { client: client_addr, credential: Credential::Password };
+        let outcome = self.check_password_and_issue(&req, origin).await;
+        self.node.audit_login(&req.name, origin, &outcome);
         match &outcome {
             Ok(_) => throttle.succeeded(&req.name, client),
-            Err(EtcdError::AuthFailed | EtcdError::NoPasswordUser) => {
-                throttle.failed(&req.name, client)
-            }
+            Err(EtcdError::AuthFailed | EtcdError::NoPasswordUser) => throttle.failed(&req.name, client),
             Err(_) => {}
         }
         Ok(Response::new(outcome?))

@@ -343,7 +343,9 @@ impl Watcher {
         node.read_state(move |state, txn| {
             let authz = Authorizer::new(&state.auth, txn)?;
             let now = match who {
-                Requester::Client { username, .. } => Requester::Client { username, revision: authz.revision() },
+                Requester::Client { username, origin, .. } => {
+                    Requester::Client { username, revision: authz.revision(), origin }
+                }
                 member => member,
             };
             authz.check(&now, "watch", Access::Read, &range)

@@ -24,6 +24,7 @@ use tonic::transport::server::Connected;
 
 use super::settings::{NotAllowed, TlsSettings};
 use crate::frontend::certificate::{cert_names, NoIdentity, PeerIdentity};
+use crate::log_limit::LogLimit;
 
 /// How long a client may take to complete the TLS handshake.
 pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
@@ -117,7 +118,11 @@ pub fn accept(
                     }
                     Err(reason) => {
                         crate::metrics::TLS_HANDSHAKE_FAILURES.with_label_values(&[reason.label()]).inc();
-                        tracing::debug!(%peer, reason = %reason, "TLS connection refused");
+                        // Any client can cause these: at most 10 lines per reason per 10 s.
+                        static LIMIT: LogLimit = LogLimit::new(10, Duration::from_secs(10));
+                        if let Some(suppressed) = LIMIT.admit(reason.label()) {
+                            tracing::info!(%peer, reason = %reason, suppressed_before = suppressed, "TLS connection refused");
+                        }
                     }
                 }
             });

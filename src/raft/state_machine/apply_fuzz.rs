@@ -214,8 +214,13 @@ fn operation() -> BoxedStrategy<InternalRaftRequest> {
 fn request() -> impl Strategy<Value = InternalRaftRequest> {
     (operation(), prop::option::of(name()), 0u64..6, prop::bool::weighted(0.1)).prop_map(
         |(mut req, username, auth_revision, member_internal)| {
-            req.header =
-                Some(RequestHeader { id: 0, username: username.unwrap_or_default(), auth_revision, member_internal });
+            req.header = Some(RequestHeader {
+                id: 0,
+                username: username.unwrap_or_default(),
+                auth_revision,
+                member_internal,
+                ..Default::default()
+            });
             req
         },
     )

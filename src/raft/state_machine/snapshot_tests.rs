@@ -122,7 +122,7 @@ fn temp_files(dir: &Path) -> Vec<String> {
 fn may_read(state: &State, key: &[u8]) -> bool {
     let txn = state.env.read_txn().unwrap();
     let authz = Authorizer::new(&state.auth, &txn).unwrap();
-    let alice = Requester::Client { username: "alice".into(), revision: authz.revision() };
+    let alice = Requester::client("alice".into(), authz.revision());
     authz.check(&alice, "range", Access::Read, &KeyRange::new(key, b"")).is_ok()
 }
 
