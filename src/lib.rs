@@ -28,6 +28,7 @@ pub mod proto;
 pub mod proxy;
 pub mod raft;
 pub mod server;
+pub mod signals;
 pub mod space;
 pub mod storage;
 
@@ -62,16 +63,8 @@ pub async fn serve(config: config::Config) -> anyhow::Result<()> {
     let (fatal_tx, mut fatal_rx) = tokio::sync::oneshot::channel();
     let watched = node.clone();
     let stop = async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        let terminated = async {
-            match term.as_mut() {
-                Some(term) => term.recv().await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => tracing::info!("shutting down"),
-            _ = terminated => tracing::info!("shutting down"),
+            _ = signals::shutdown() => tracing::info!("shutting down"),
             _ = watched.removed() => tracing::warn!(
                 "this member has been permanently removed from the cluster; shutting down (its data dir \
                  must be removed before it can join again)"

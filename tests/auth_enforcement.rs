@@ -1206,3 +1206,25 @@ async fn authorization_metadata_header_is_accepted() {
         .expect("a creation response");
     assert!(created.created && !created.canceled, "watch with the authorization header: {created:?}");
 }
+
+/// bcrypt reads 72 bytes of a password: etcd 3.4 cuts a longer one silently (`A×72 + anything` logs
+/// in). keyward takes 72 bytes and refuses 73, on user add and on password change, through etcdctl.
+#[test]
+fn a_password_longer_than_bcrypt_reads_is_refused() {
+    if common::selftest() {
+        return; // etcd accepts and truncates it
+    }
+    let server = Server::start_with(Kind::Keyward, &FAST_BCRYPT);
+    let (at_limit, over) = ("A".repeat(72), "A".repeat(73));
+    let run = |args: &[&str]| server.etcdctl(args);
+    assert!(run(&["user", "add", &format!("max:{at_limit}")]).success(), "72 bytes are taken");
+    let refused = run(&["user", "add", &format!("long:{over}")]);
+    assert!(
+        !refused.success() && refused.stderr.contains("password is too long (at most 72 bytes)"),
+        "{}",
+        refused.stderr
+    );
+    let out = server.etcdctl_stdin(&["user", "passwd", "max", "--interactive=false"], &format!("{over}\n"));
+    assert!(!out.success() && out.stderr.contains("password is too long"), "{}", out.stderr);
+    assert!(!run(&["user", "list"]).stdout.contains("long"), "no user was added with a cut password");
+}

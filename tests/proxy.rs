@@ -21,15 +21,13 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use cluster_harness::{Cluster, Options};
 use common::etcd_errors::PERMISSION_DENIED;
+use common::forwarding::{assert_denied, forwarded, put, FORWARDED_CERT, NOT_TRUSTED_PROXY};
 use common::pki;
 use common::pki::{uri_san, Cert, Pki};
 use common::Output;
 use keyward::proto::etcdserverpb::kv_client::KvClient;
-use keyward::proto::etcdserverpb::PutRequest;
 use tempfile::TempDir;
 
-const FORWARDED_CERT: &str = "keyward-forwarded-client-cert";
-const NOT_TRUSTED_PROXY: &str = "peer is not a trusted proxy";
 /// How long a process gets to start, and a condition polled for to come true.
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -342,38 +340,6 @@ async fn kv_client(url: &str, ca: &str, cert: Option<&Cert>) -> KvClient<tonic::
         endpoint = endpoint.tls_config(tls).unwrap();
     }
     KvClient::new(endpoint.connect().await.expect("connect"))
-}
-
-/// `cert`'s leaf as a proxy forwards it: DER, standard base64.
-fn forwarded(cert: &Cert) -> String {
-    use base64::Engine as _;
-    use rustls_pki_types::pem::PemObject;
-    let der = rustls_pki_types::CertificateDer::from_pem_file(&cert.cert).unwrap();
-    base64::engine::general_purpose::STANDARD.encode(der)
-}
-
-/// Puts `key`, sending `forward` as `keyward-forwarded-client-cert` if given.
-async fn put(
-    kv: &mut KvClient<tonic::transport::Channel>,
-    key: &str,
-    forward: Option<&str>,
-) -> Result<(), tonic::Status> {
-    let mut request = tonic::Request::new(PutRequest { key: key.into(), value: b"v".to_vec(), ..Default::default() });
-    if let Some(cert) = forward {
-        request.metadata_mut().insert(FORWARDED_CERT, cert.parse().unwrap());
-    }
-    kv.put(request).await.map(drop)
-}
-
-#[track_caller]
-fn assert_denied(result: Result<(), tonic::Status>, message: &str, what: &str) {
-    match result {
-        Err(status) => assert!(
-            status.code() == tonic::Code::PermissionDenied && status.message().contains(message),
-            "{what}: expected PermissionDenied with {message:?}, got {status:?}"
-        ),
-        Ok(()) => panic!("{what}: succeeded, expected PermissionDenied with {message:?}"),
-    }
 }
 
 /// A member trusting the proxy CN `proxy`, with users alice (no password) and bob (password

@@ -21,6 +21,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::etcd_errors::{AUTH_FAILED, PERMISSION_DENIED, USER_EMPTY, USER_NOT_FOUND};
+use common::forwarding::{assert_denied, forwarded, put, NOT_TRUSTED_PROXY};
 use common::pki;
 use common::{Kind, Output};
 use pki::{client_params, replace_file, server_params, Ca, Cert, Pki};
@@ -1077,9 +1078,6 @@ fn peer_cert_without_peer_key_is_a_config_error() {
 // a certificate forwarded by a trusted proxy (issue 12: keyward-forwarded-client-cert)
 // ---------------------------------------------------------------------------
 
-const FORWARDED_CERT: &str = "keyward-forwarded-client-cert";
-const NOT_TRUSTED_PROXY: &str = "peer is not a trusted proxy";
-
 /// A KV client over TLS presenting `cert`, driven with tonic directly so that each request can carry
 /// the forwarded-certificate metadata.
 async fn kv_client(
@@ -1093,40 +1091,6 @@ async fn kv_client(
         .domain_name("localhost");
     let channel = Channel::from_shared(server.url()).unwrap().tls_config(tls).unwrap().connect().await.unwrap();
     keyward::proto::etcdserverpb::kv_client::KvClient::new(channel)
-}
-
-/// `cert`'s leaf as a proxy forwards it: DER, standard base64.
-fn forwarded(cert: &Cert) -> String {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD.encode(CertificateDer::from_pem_file(&cert.cert).unwrap())
-}
-
-/// Puts `key` on `kv`, forwarding `forward` if given.
-async fn put(
-    kv: &mut keyward::proto::etcdserverpb::kv_client::KvClient<tonic::transport::Channel>,
-    key: &str,
-    forward: Option<&str>,
-) -> Result<(), tonic::Status> {
-    let mut request = tonic::Request::new(keyward::proto::etcdserverpb::PutRequest {
-        key: key.as_bytes().to_vec(),
-        value: b"v".to_vec(),
-        ..Default::default()
-    });
-    if let Some(cert) = forward {
-        request.metadata_mut().insert(FORWARDED_CERT, cert.parse().unwrap());
-    }
-    kv.put(request).await.map(drop)
-}
-
-#[track_caller]
-fn assert_denied(result: Result<(), tonic::Status>, message: &str, what: &str) {
-    match result {
-        Err(status) => assert!(
-            status.code() == tonic::Code::PermissionDenied && status.message().contains(message),
-            "{what}: expected PermissionDenied with {message:?}, got {status:?}"
-        ),
-        Ok(()) => panic!("{what}: succeeded, expected PermissionDenied with {message:?}"),
-    }
 }
 
 /// A member trusting the proxy CN `proxy`, auth on, users alice and proxy each with readwrite on

@@ -52,7 +52,7 @@ pub async fn run(config: ProxyConfig) -> anyhow::Result<()> {
     // As etcd's grpc-proxy: no limit of the proxy's own on a client's concurrent streams (watches).
     server.http2().timer(TokioTimer::new()).max_concurrent_streams(u32::MAX);
     let server = Arc::new(server);
-    let stop = shutdown_signal();
+    let stop = crate::signals::shutdown();
     tokio::pin!(stop);
     loop {
         let accepted = tokio::select! {
@@ -96,19 +96,5 @@ fn announce(config: &ProxyConfig, listener: &Listener) {
             }
             tracing::info!(listen = %local.unwrap_or(*addr), tls = config.listener_tls.is_some(), ?members, mode, "gRPC proxy ready")
         }
-    }
-}
-
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    let terminated = async {
-        match term.as_mut() {
-            Some(term) => term.recv().await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminated => {}
     }
 }
