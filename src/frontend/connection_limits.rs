@@ -92,6 +92,10 @@ impl Admission {
 pub struct Watched<T> {
     io: T,
     idle_timeout: Duration,
+    /// When the client last sent bytes (`None`: never yet).
+    last_read: Option<Instant>,
+    /// Fires at the latest possible close; on firing the close is re-armed from `last_read` if the
+    /// client spoke since (cheaper than resetting the timer on every read).
     deadline: Pin<Box<Sleep>>,
     _permit: OwnedSemaphorePermit,
 }
@@ -99,7 +103,7 @@ pub struct Watched<T> {
 impl<T> Watched<T> {
     fn new(io: T, idle_timeout: Duration, permit: OwnedSemaphorePermit) -> Watched<T> {
         let first = if idle_timeout > FIRST_BYTES_DEADLINE { FIRST_BYTES_DEADLINE } else { idle_timeout };
-        Watched { io, idle_timeout, deadline: Box::pin(tokio::time::sleep(first)), _permit: permit }
+        Watched { io, idle_timeout, last_read: None, deadline: Box::pin(tokio::time::sleep(first)), _permit: permit }
     }
 }
 
@@ -109,17 +113,26 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
         match Pin::new(&mut self.io).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
                 if buf.filled().len() > before {
-                    let next = Instant::now() + self.idle_timeout;
-                    self.deadline.as_mut().reset(next);
+                    self.last_read = Some(Instant::now());
                 }
                 Poll::Ready(Ok(()))
             }
-            Poll::Pending => match self.deadline.as_mut().poll(cx) {
-                Poll::Ready(()) => {
-                    crate::metrics::CLIENT_CONNECTIONS_IDLE_CLOSED.inc();
-                    Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "client connection idle")))
+            Poll::Pending => loop {
+                match self.deadline.as_mut().poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(()) => {
+                        let idle_until = self.last_read.map(|at| at + self.idle_timeout);
+                        match idle_until {
+                            // The client spoke since the timer was armed: wait for the rest.
+                            Some(until) if until > Instant::now() => self.deadline.as_mut().reset(until),
+                            _ => {
+                                crate::metrics::CLIENT_CONNECTIONS_IDLE_CLOSED.inc();
+                                let idle = io::Error::new(io::ErrorKind::TimedOut, "client connection idle");
+                                return Poll::Ready(Err(idle));
+                            }
+                        }
+                    }
                 }
-                Poll::Pending => Poll::Pending,
             },
             other => other,
         }
