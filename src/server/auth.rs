@@ -17,6 +17,7 @@ use crate::auth::simple::SimpleTokens;
 use crate::auth::tokens::Tokens;
 use crate::error::EtcdError;
 use crate::frontend::connection::client_addr;
+use crate::log_limit::LogLimit;
 use crate::node::Node;
 use crate::proto::etcdserverpb::auth_server::Auth;
 use crate::proto::etcdserverpb::*;
@@ -83,15 +84,15 @@ impl AuthService {
             let Some((user, checked_at)) = found else {
                 // As long as a wrong password takes: the timing must not tell which names exist.
                 password::verify_nobody(req.password.clone(), self.node.bcrypt_cost).await?;
-                tracing::info!(user = %req.name, "authentication failed: no such user");
+                log_failed_login(&req.name, "no such user");
                 return Err(EtcdError::AuthFailed);
             };
             if user.options.is_some_and(|o| o.no_password) {
-                tracing::info!(user = %req.name, "authentication failed: the user has no password (certificate only)");
+                log_failed_login(&req.name, "the user has no password (certificate only)");
                 return Err(EtcdError::NoPasswordUser);
             }
             if !password::verify(req.password.clone(), user.password).await? {
-                tracing::info!(user = %req.name, "authentication failed: wrong password");
+                log_failed_login(&req.name, "wrong password");
                 return Err(EtcdError::AuthFailed);
             }
             // The token's secret part stays here: the entry carries only its digest.
@@ -120,6 +121,15 @@ impl AuthService {
             }
         }
         Err(EtcdError::Timeout)
+    }
+}
+
+/// Any client can cause failed logins: at most 5 lines per user name per 10 s (the audit log and
+/// `keyward_auth_password_checks_total` have them all).
+fn log_failed_login(user: &str, why: &str) {
+    static LIMIT: LogLimit = LogLimit::new(5, std::time::Duration::from_secs(10));
+    if let Some(suppressed) = LIMIT.admit(user) {
+        tracing::info!(user, why, suppressed_before = suppressed, "authentication failed");
     }
 }
 
