@@ -9,8 +9,8 @@
 //! refused at once with etcd's "too many requests". A success clears both keys. The same user from
 //! another address is not slowed down: an attacker cannot lock a user out.
 //!
-//! Addresses are the connection's peer address (IPv6 by its /64); clients behind a proxy share the
-//! proxy's. The table forgets keys idle for `FORGET_AFTER` and holds at most `MAX_KEYS`.
+//! Addresses are the connection's peer address (IPv6 by its /64), or the client's address a trusted
+//! keyward proxy forwarded (`IdentityRules::client_addr`). The table forgets keys idle for `FORGET_AFTER` and holds at most `MAX_KEYS`.
 
 use std::collections::HashMap;
 use std::net::IpAddr;

@@ -10,6 +10,11 @@ use tonic::transport::server::TcpConnectInfo;
 use super::certificate::PeerIdentity;
 use super::tls::listener::TlsConnectInfo;
 
+/// Metadata a trusted proxy sets to the address of the client it forwards for (`ip:port`); the member
+/// takes it only from a connection whose certificate CN is in `--trusted-proxy-cn`
+/// (`IdentityRules::client_addr`), and the proxy always replaces what a client sent.
+pub const FORWARDED_ADDR: &str = "keyward-forwarded-client-addr";
+
 /// The identity the connection's client certificate established (`None`: not a TLS connection).
 pub fn peer_identity(extensions: &Extensions) -> Option<&PeerIdentity> {
     extensions.get::<TlsConnectInfo>().map(|info| &info.identity)

@@ -8,9 +8,12 @@
 //! entry header and the read-path checks are built from. Nothing deeper in the stack looks at
 //! metadata or certificates. Must not depend on the member (`node`, `raft`, `server`).
 
+use std::net::SocketAddr;
+
 use tonic::metadata::MetadataMap;
 
 use super::certificate::{IdentitySource, NoIdentity, PeerIdentity};
+use super::connection::FORWARDED_ADDR;
 use super::forwarded::{ForwardedVerifier, FORWARDED_CERT};
 use super::tls::settings::TlsSettings;
 use crate::auth::check::Requester;
@@ -114,6 +117,24 @@ impl IdentityRules {
             forwarded,
             identity_source: tls.identity_source,
         })
+    }
+
+    /// The client's address: the connection's, or on a connection from a trusted proxy the address
+    /// it forwarded for its client (`FORWARDED_ADDR`). From anyone else that metadata is ignored: a
+    /// client must not choose the address its failed logins are counted under.
+    pub fn client_addr(
+        &self,
+        metadata: &MetadataMap,
+        peer: Option<&PeerIdentity>,
+        connection: Option<SocketAddr>,
+    ) -> Option<SocketAddr> {
+        let from_trusted_proxy =
+            matches!(peer, Some(PeerIdentity::Cert { common_name }) if self.trusted_proxy_cns.contains(common_name));
+        let forwarded = || metadata.get(FORWARDED_ADDR)?.to_str().ok()?.parse().ok();
+        match from_trusted_proxy {
+            true => forwarded().or(connection),
+            false => connection,
+        }
     }
 
     /// The identity behind a request, in etcd's order: a token wins; then a certificate forwarded by
@@ -464,6 +485,22 @@ mod tests {
         assert_eq!(identify_with(&rules, &short_lived), Ok(as_alice()));
         std::thread::sleep(std::time::Duration::from_secs(3));
         assert_refused(identify_with(&rules, &short_lived), "verification failed");
+    }
+
+    #[test]
+    fn a_forwarded_client_address_counts_only_from_a_trusted_proxy() {
+        let s = setup();
+        let rules = IdentityRules::new(Some(&s.settings)).unwrap();
+        let connection: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        let mut map = MetadataMap::new();
+        map.insert(FORWARDED_ADDR, MetadataValue::from_static("10.1.2.3:4567"));
+        let alice = PeerIdentity::Cert { common_name: "alice".into() };
+        assert_eq!(rules.client_addr(&map, Some(&proxy()), Some(connection)), Some("10.1.2.3:4567".parse().unwrap()));
+        assert_eq!(rules.client_addr(&map, Some(&alice), Some(connection)), Some(connection), "not a trusted proxy");
+        assert_eq!(rules.client_addr(&map, None, Some(connection)), Some(connection), "plain text");
+        map.insert(FORWARDED_ADDR, MetadataValue::from_static("not an address"));
+        assert_eq!(rules.client_addr(&map, Some(&proxy()), Some(connection)), Some(connection), "malformed");
+        assert_eq!(rules.client_addr(&MetadataMap::new(), Some(&proxy()), None), None);
     }
 
     #[test]

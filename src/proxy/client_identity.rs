@@ -11,7 +11,33 @@ use rustls_pki_types::CertificateDer;
 
 use super::config::Mode;
 use super::error::ProxyError;
+use crate::frontend::connection::FORWARDED_ADDR;
 use crate::frontend::forwarded::FORWARDED_CERT;
+
+/// One client connection: whose identity the proxy passes on, and the client's address (which the
+/// member counts failed logins under and records in its audit log).
+#[derive(Clone, Debug)]
+pub struct ClientConnection {
+    pub identity: ClientIdentity,
+    addr: Option<HeaderValue>,
+}
+
+impl ClientConnection {
+    pub fn new(identity: ClientIdentity, addr: Option<std::net::SocketAddr>) -> ClientConnection {
+        let addr = addr.and_then(|a| HeaderValue::from_str(&a.to_string()).ok());
+        ClientConnection { identity, addr }
+    }
+
+    /// Rewrites a request's metadata for the member: the identity (`ClientIdentity::apply`), and the
+    /// client's address in place of whatever address the client sent.
+    pub fn apply(&self, headers: &mut HeaderMap) -> Result<(), ProxyError> {
+        headers.remove(FORWARDED_ADDR);
+        if let Some(addr) = &self.addr {
+            headers.insert(FORWARDED_ADDR, addr.clone());
+        }
+        self.identity.apply(headers)
+    }
+}
 
 /// The identity the proxy passes on for one client connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,6 +117,20 @@ mod tests {
             assert!(headers.get(FORWARDED_CERT).is_none());
             assert_eq!(headers.get("token").unwrap(), "tok-bob");
         }
+    }
+
+    #[test]
+    fn the_clients_address_replaces_any_the_client_sent() {
+        let connection = ClientConnection::new(ClientIdentity::Proxy, Some("10.1.2.3:4567".parse().unwrap()));
+        let mut headers = HeaderMap::new();
+        headers.insert(FORWARDED_ADDR, HeaderValue::from_static("192.0.2.1:1"));
+        connection.apply(&mut headers).unwrap();
+        let values: Vec<_> = headers.get_all(FORWARDED_ADDR).iter().collect();
+        assert_eq!(values, [&HeaderValue::from_static("10.1.2.3:4567")]);
+        let unknown = ClientConnection::new(ClientIdentity::Proxy, None);
+        headers.insert(FORWARDED_ADDR, HeaderValue::from_static("192.0.2.1:1"));
+        unknown.apply(&mut headers).unwrap();
+        assert!(headers.get(FORWARDED_ADDR).is_none(), "a Unix socket client has no address to pass on");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
 
 use super::body::{boxed, Body, BoxError};
-use super::client_identity::ClientIdentity;
+use super::client_identity::ClientConnection;
 use super::error::ProxyError;
 use super::upstream::Upstreams;
 
@@ -33,7 +33,7 @@ pub fn is_forwarded(path: &str) -> bool {
 }
 
 /// Forwards one call to a member; a failure of the proxy's own becomes a gRPC status response.
-pub async fn forward<B>(request: Request<B>, client: &ClientIdentity, upstreams: &Upstreams) -> Response<Body>
+pub async fn forward<B>(request: Request<B>, client: &ClientConnection, upstreams: &Upstreams) -> Response<Body>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -49,7 +49,7 @@ where
 
 async fn try_forward<B>(
     request: Request<B>,
-    client: &ClientIdentity,
+    client: &ClientConnection,
     upstreams: &Upstreams,
 ) -> Result<Response<Body>, ProxyError>
 where

@@ -2,7 +2,7 @@
 //! over gRPC services that forward every call to a member.
 //!
 //! The gateway turns each HTTP request into a gRPC call of the services it is given, carrying the
-//! request's extensions. The proxy puts the connection's `ClientIdentity` in those extensions, so a
+//! request's extensions. The proxy puts the connection's `ClientConnection` in those extensions, so a
 //! call the gateway makes is forwarded exactly as a gRPC call on the same connection would be: the
 //! client's verified certificate forwarded, or (sidecar) the proxy's own identity, and a client-sent
 //! `keyward-forwarded-client-cert` never reaches the member (the gateway passes no HTTP header on).
@@ -17,7 +17,7 @@ use tonic::codegen::Service;
 use tonic::service::Routes;
 
 use super::body::Body;
-use super::client_identity::ClientIdentity;
+use super::client_identity::ClientConnection;
 use super::error::ProxyError;
 use super::forward::forward;
 use super::upstream::Upstreams;
@@ -28,7 +28,7 @@ pub fn router(upstreams: Arc<Upstreams>, max_request_bytes: usize) -> axum::Rout
     let forwarding = axum::Router::new().fallback(move |request: Request| {
         let upstreams = upstreams.clone();
         async move {
-            let client = request.extensions().get::<Arc<ClientIdentity>>().cloned();
+            let client = request.extensions().get::<Arc<ClientConnection>>().cloned();
             let response = match client {
                 Some(client) => forward(request, &client, &upstreams).await,
                 // Every request the proxy's listener hands the gateway carries its connection's identity.
@@ -44,7 +44,7 @@ pub fn router(upstreams: Arc<Upstreams>, max_request_bytes: usize) -> axum::Rout
 pub async fn answer<B>(
     router: &axum::Router,
     mut request: http::Request<B>,
-    client: &Arc<ClientIdentity>,
+    client: &Arc<ClientConnection>,
 ) -> http::Response<Body>
 where
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,

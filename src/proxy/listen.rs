@@ -31,6 +31,8 @@ pub struct Accepted {
     pub certificate: Option<CertificateDer<'static>>,
     /// What that certificate names under `--client-cert-identity` (for the proxy's logs).
     pub identity: Option<PeerIdentity>,
+    /// The client's address (`None` on a Unix socket).
+    pub remote_addr: Option<std::net::SocketAddr>,
 }
 
 pub enum Listener {
@@ -74,16 +76,18 @@ impl Listener {
                 Listener::Tls(connections) => connections.recv().await?.map(|conn| {
                     let certificate = conn.client_certificate().cloned();
                     let identity = Some(conn.identity().clone());
-                    Accepted { io: Box::new(conn), certificate, identity }
+                    let remote_addr = conn.remote_addr();
+                    Accepted { io: Box::new(conn), certificate, identity, remote_addr }
                 }),
-                Listener::Tcp(socket) => socket.accept().await.map(|(tcp, _)| {
+                Listener::Tcp(socket) => socket.accept().await.map(|(tcp, addr)| {
                     let _ = tcp.set_nodelay(true);
-                    Accepted { io: Box::new(tcp), certificate: None, identity: None }
+                    Accepted { io: Box::new(tcp), certificate: None, identity: None, remote_addr: Some(addr) }
                 }),
                 Listener::Unix(socket, _) => socket.accept().await.map(|(unix, _)| Accepted {
                     io: Box::new(unix),
                     certificate: None,
                     identity: None,
+                    remote_addr: None,
                 }),
             };
             match accepted {

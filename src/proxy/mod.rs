@@ -30,7 +30,7 @@ use std::sync::Arc;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 
-use client_identity::ClientIdentity;
+use client_identity::{ClientConnection, ClientIdentity};
 use client_tls::ClientTls;
 use config::{ListenAddr, Mode, ProxyConfig};
 use listen::Listener;
@@ -60,8 +60,9 @@ pub async fn run(config: ProxyConfig) -> anyhow::Result<()> {
             _ = &mut stop => break,
         };
         let Some(accepted) = accepted else { break };
-        let client = Arc::new(ClientIdentity::of_connection(config.mode, accepted.certificate.as_ref()));
-        tracing::debug!(identity = ?accepted.identity, forwarding = matches!(*client, ClientIdentity::Forward(_)), "client connected");
+        let identity = ClientIdentity::of_connection(config.mode, accepted.certificate.as_ref());
+        let client = Arc::new(ClientConnection::new(identity, accepted.remote_addr));
+        tracing::debug!(identity = ?accepted.identity, forwarding = matches!(client.identity, ClientIdentity::Forward(_)), "client connected");
         let (server, upstreams, gateway) = (server.clone(), upstreams.clone(), gateway.clone());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request| {

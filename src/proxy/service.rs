@@ -9,7 +9,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use super::body::Body;
-use super::client_identity::ClientIdentity;
+use super::client_identity::ClientConnection;
 use super::forward::forward;
 use super::gateway;
 use super::health::proxy_health;
@@ -17,7 +17,7 @@ use super::upstream::Upstreams;
 
 pub async fn answer(
     request: Request<Incoming>,
-    client: &Arc<ClientIdentity>,
+    client: &Arc<ClientConnection>,
     upstreams: &Upstreams,
     gateway: &axum::Router,
 ) -> Response<Body> {

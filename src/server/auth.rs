@@ -16,7 +16,6 @@ use crate::auth::password;
 use crate::auth::simple::SimpleTokens;
 use crate::auth::tokens::Tokens;
 use crate::error::EtcdError;
-use crate::frontend::connection::client_addr;
 use crate::log_limit::LogLimit;
 use crate::node::Node;
 use crate::proto::etcdserverpb::auth_server::Auth;
@@ -170,7 +169,7 @@ impl Auth for AuthService {
         &self,
         request: Request<AuthenticateRequest>,
     ) -> Result<Response<AuthenticateResponse>, Status> {
-        let client_addr = client_addr(request.extensions());
+        let client_addr = super::requester::client(&self.node, &request);
         let client = client_addr.map(|a| a.ip());
         let req = request.into_inner();
         let throttle = &self.node.login_throttle;

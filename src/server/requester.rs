@@ -3,8 +3,7 @@
 use tonic::{Request, Status};
 
 use crate::auth::check::{Credential, Origin, Requester};
-use crate::frontend::connection::client_addr;
-use crate::frontend::connection::peer_identity;
+use crate::frontend::connection::{client_addr, peer_identity};
 use crate::frontend::identity::Identity;
 use crate::node::Node;
 
@@ -18,6 +17,13 @@ pub(crate) fn requester<T>(node: &Node, request: &Request<T>) -> Result<Requeste
         Identity::Forwarded { .. } => Credential::ForwardedCertificate,
         Identity::Anonymous(_) => Credential::None,
     };
-    let origin = Origin { client: client_addr(request.extensions()), credential };
+    let origin = Origin { client: client(node, request), credential };
     Ok(identity.requester(node.auth_revision()).with_origin(origin))
+}
+
+/// The client's address as this member counts it (login throttling, the audit log): the connection's,
+/// or the one a trusted proxy forwarded.
+pub(crate) fn client<T>(node: &Node, request: &Request<T>) -> Option<std::net::SocketAddr> {
+    let extensions = request.extensions();
+    node.identity.client_addr(request.metadata(), peer_identity(extensions), client_addr(extensions))
 }

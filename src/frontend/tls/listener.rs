@@ -52,6 +52,11 @@ impl TlsConnection {
         &self.identity
     }
 
+    /// The client's address.
+    pub fn remote_addr(&self) -> Option<std::net::SocketAddr> {
+        self.stream.get_ref().0.peer_addr().ok()
+    }
+
     /// The client's verified leaf certificate, if it presented one (a proxy forwards it).
     pub fn client_certificate(&self) -> Option<&CertificateDer<'static>> {
         self.stream.get_ref().1.peer_certificates().and_then(|certs| certs.first())
@@ -62,7 +67,7 @@ impl Connected for TlsConnection {
     type ConnectInfo = TlsConnectInfo;
 
     fn connect_info(&self) -> TlsConnectInfo {
-        TlsConnectInfo { identity: self.identity.clone(), remote_addr: self.stream.get_ref().0.peer_addr().ok() }
+        TlsConnectInfo { identity: self.identity.clone(), remote_addr: self.remote_addr() }
     }
 }
 
