@@ -48,6 +48,16 @@ pub async fn serve(config: config::Config) -> anyhow::Result<()> {
             );
         }
     }
+    if config.client_tls.as_ref().is_some_and(|tls| tls.client_cert_auth) {
+        for listener in config.listen_client.iter().filter(|l| !l.tls) {
+            // As etcd: client certificates exist only on TLS listeners.
+            tracing::warn!(
+                url = %listener.url,
+                "--client-cert-auth does not apply to this http:// listener: its clients present no certificate \
+                 and are anonymous unless they send a token"
+            );
+        }
+    }
     let node = node::Node::start(&config).await?;
     let (peer_stop_tx, peer_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let peer_server = {

@@ -2,7 +2,7 @@
 //! `docker compose config` for the compose file, `kubernetes-validate` (the Kubernetes JSON schemas,
 //! strict) for the manifests; and `deploy/local-cluster.sh` run end to end: it starts three members and
 //! the proxy, etcdctl puts and gets directly and through the proxy, and `stop` or Ctrl-C
-//! ends every process it started.
+//! ends every process it started. `certs/README.md`'s walkthrough is run as written.
 //!
 //! Each check has a twin that feeds the tool a broken copy and expects it to complain, so a tool that
 //! silently accepts everything cannot make the check pass. The tools are installed by
@@ -261,4 +261,78 @@ fn local_cluster_script_stops_everything_on_ctrl_c() {
     assert!(interrupted.success());
     assert!(script.wait().unwrap().success(), "Ctrl-C is a clean stop");
     assert!(pids.iter().all(|pid| !alive(*pid)), "Ctrl-C ended every process: {pids:?}");
+}
+
+// ---------------------------------------------------------------------------
+// certs/README.md
+// ---------------------------------------------------------------------------
+
+/// The shell blocks of `certs/README.md`, run as written: the first makes the dev PKI and starts the
+/// member, the second drives etcdctl; a line commented `# Error: MESSAGE` must fail with that message,
+/// every other line must succeed. Only the PKI dir, the client port and `cargo run` are substituted,
+/// and the member gets a temp data dir and a free peer port.
+#[test]
+fn certs_readme_walkthrough_runs_as_written() {
+    let readme = std::fs::read_to_string(repo().join("certs/README.md")).unwrap();
+    let blocks: Vec<&str> =
+        readme.split("```sh\n").skip(1).map(|rest| rest.split("```").next().unwrap_or_default()).collect();
+    assert!(blocks.len() >= 2, "certs/README.md has its two shell blocks");
+    let dir = tempfile::Builder::new().prefix("certs-readme-").tempdir().unwrap();
+    let pki = dir.path().join("dev");
+    let (port, peer) = (common::free_port(), common::free_port());
+    let rewrite = |text: &str| {
+        text.replace("certs/dev", pki.to_str().unwrap())
+            .replace("127.0.0.1:2379", &format!("127.0.0.1:{port}"))
+            .replace("cargo run --release --", common::keyward_bin().to_str().unwrap())
+    };
+    // Block 1: certs/gen.sh, then the member (its command joined over the line continuations).
+    let first = rewrite(blocks[0]).replace("\\\n", " ");
+    let mut lines = first.lines().filter(|l| !l.trim().is_empty());
+    let gen = lines.next().unwrap();
+    assert!(gen.starts_with("certs/gen.sh"), "{gen}");
+    let out = Command::new("bash").arg(repo().join("certs/gen.sh")).arg(&pki).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let serve: Vec<String> = lines.next().unwrap().split_whitespace().map(String::from).collect();
+    let mut member = Command::new(&serve[0]);
+    common::scrub_env(&mut member);
+    let peer_url = format!("http://127.0.0.1:{peer}");
+    member
+        .args(&serve[1..])
+        .args(["--data-dir", dir.path().join("data").to_str().unwrap()])
+        .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+        .args(["--initial-cluster", &format!("default={peer_url}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut member = KillOnDrop(member.spawn().expect("start the member"));
+    // Block 2: each line, in one shell, checked as its comment says (`ok` retries while the member
+    // starts).
+    let mut script = String::from(
+        "set -u\nexport ETCDCTL_API=3\n\
+         ok() { for i in $(seq 50); do out=$(\"$@\" 2>&1) && return 0; sleep 0.2; done; echo \"$*: $out\"; exit 1; }\n\
+         fails_with() { msg=$1; shift; if out=$(\"$@\" 2>&1); then echo \"unexpectedly OK: $*\"; exit 1; fi; \
+         case \"$out\" in *\"$msg\"*) ;; *) echo \"$*: $out\"; exit 1;; esac; }\n",
+    );
+    for line in rewrite(blocks[1]).lines().filter(|l| !l.trim().is_empty()) {
+        let (command, comment) = line.split_once(" #").unwrap_or((line, ""));
+        let command = command.trim();
+        let is_assignment =
+            command.split_once('=').is_some_and(|(name, _)| name.chars().all(|c| c.is_ascii_uppercase()));
+        match comment.trim().strip_prefix("Error: ") {
+            _ if is_assignment => script.push_str(&format!("{command}\n")),
+            Some(message) => script.push_str(&format!("fails_with \"{message}\" {command}\n")),
+            None => script.push_str(&format!("ok {command}\n")),
+        }
+    }
+    let out = Command::new("bash").arg("-c").arg(&script).current_dir(repo()).output().unwrap();
+    assert!(out.status.success(), "certs/README.md walkthrough:\n{}\nscript:\n{script}", text(&out));
+    let _ = member.0.kill();
+}
+
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

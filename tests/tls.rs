@@ -1195,3 +1195,46 @@ fn trusted_proxy_cn_without_client_cert_auth_is_a_config_error() {
     config_error(&[&tls[..], &["--trusted-proxy-cn", "proxy"]].concat(), "--trusted-proxy-cn needs --client-cert-auth");
     config_error(&[&tls[..], &["--client-cert-auth", "--trusted-proxy-cn", "proxy,"]].concat(), "must not be empty");
 }
+
+/// An `http://` client listener next to `--client-cert-auth` serves plain text, where no certificate
+/// can name anyone: said at startup (etcd also warns), naming the URL.
+#[test]
+fn client_cert_auth_with_an_http_listener_is_warned_about() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let (tls_port, plain_port, peer_port) = (common::free_port(), common::free_port(), common::free_port());
+    let urls = format!("https://127.0.0.1:{tls_port},http://127.0.0.1:{plain_port}");
+    let peer = format!("http://127.0.0.1:{peer_port}");
+    let mut cmd = Command::new(common::keyward_bin());
+    common::scrub_env(&mut cmd);
+    let mut child = cmd
+        .args(["serve", "--data-dir", dir.path().join("data").to_str().unwrap()])
+        .args(["--listen-client-urls", &urls, "--advertise-client-urls", &urls])
+        .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+        .args(["--initial-cluster", &format!("default={peer}")])
+        .args(["--cert-file", pki.server.cert_str(), "--key-file", pki.server.key_str()])
+        .args(["--trusted-ca-file", pki.ca_file().to_str().unwrap(), "--client-cert-auth"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
+    let mut seen = String::new();
+    for line in lines.map_while(Result::ok) {
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains("member ready") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let warning = seen.lines().find(|l| l.contains("--client-cert-auth does not apply")).unwrap_or_else(|| {
+        panic!("no warning about the http:// listener in:\n{seen}");
+    });
+    assert!(warning.contains(&format!("http://127.0.0.1:{plain_port}")), "{warning}");
+    let warnings = seen.lines().filter(|l| l.contains("--client-cert-auth does not apply")).count();
+    assert_eq!(warnings, 1, "only the http:// listener is warned about:\n{seen}");
+}
