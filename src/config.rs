@@ -728,3 +728,34 @@ mod tests {
         assert!(Cli::try_parse_from(go_style(&["keyward", "serve", "-name"])).is_err());
     }
 }
+
+/// `ETCD_*` variables in `environment` that no flag of `keyward serve` reads (etcd warns about those
+/// too): a typo, or an etcd setting keyward does not have, would otherwise be ignored silently.
+pub fn unknown_etcd_variables(environment: impl Iterator<Item = String>) -> Vec<String> {
+    use clap::CommandFactory;
+    let cli = Cli::command();
+    let known: std::collections::BTreeSet<String> = cli
+        .find_subcommand("serve")
+        .map(|serve| {
+            serve
+                .get_arguments()
+                .filter_map(|arg| arg.get_env())
+                .map(|env| env.to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut unknown: Vec<String> =
+        environment.filter(|name| name.starts_with("ETCD_") && !known.contains(name)).collect();
+    unknown.sort();
+    unknown
+}
+
+#[cfg(test)]
+mod unknown_variables {
+    #[test]
+    fn only_etcd_variables_no_flag_reads_are_reported() {
+        let env = ["ETCD_NAME", "ETCD_DATA_DIR", "ETCD_ENABLE_V3", "ETCD_QUOTA_BACKEND_BYTZ", "ETCDCTL_API", "HOME"];
+        let unknown = super::unknown_etcd_variables(env.iter().map(|s| s.to_string()));
+        assert_eq!(unknown, ["ETCD_ENABLE_V3", "ETCD_QUOTA_BACKEND_BYTZ"]);
+    }
+}

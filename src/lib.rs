@@ -69,7 +69,7 @@ pub async fn serve(config: config::Config) -> anyhow::Result<()> {
             server::serve_peer(node, peer_listeners, tls.as_ref(), stopped).await
         })
     };
-    tracing::info!(name = %config.name, member_id = format!("{:x}", node.member_id), cluster_id = format!("{:x}", node.cluster_id), "member ready");
+    announce(&config, &node);
     let (fatal_tx, mut fatal_rx) = tokio::sync::oneshot::channel();
     let watched = node.clone();
     let stop = async move {
@@ -96,4 +96,44 @@ pub async fn serve(config: config::Config) -> anyhow::Result<()> {
     }
     node.raft.shutdown().await.map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?;
     Ok(())
+}
+
+/// The start-up summary an operator reads first (etcd prints the same facts): version, data dir, ids,
+/// every listener with its TLS, client-certificate settings, token type, quota; and the `ETCD_*`
+/// variables no flag reads.
+fn announce(config: &config::Config, node: &node::Node) {
+    for name in config::unknown_etcd_variables(std::env::vars().map(|(name, _)| name)) {
+        tracing::warn!(variable = %name, "unrecognized environment variable: no keyward flag reads it");
+    }
+    let listeners = |listeners: &[config::Listener]| {
+        listeners
+            .iter()
+            .map(|l| format!("{} ({})", l.url, if l.tls { "TLS" } else { "plain text" }))
+            .collect::<Vec<_>>()
+    };
+    let client_tls = config.client_tls.as_ref();
+    let token = match &config.auth_token {
+        auth::token_config::TokenConfig::Simple => "simple".to_string(),
+        auth::token_config::TokenConfig::Jwt(jwt) => format!("jwt ({:?})", jwt.sign_method),
+    };
+    let quota = match config.quota {
+        space::Quota::Bytes(bytes) => format!("{bytes} bytes"),
+        space::Quota::Disabled { .. } => "none".to_string(),
+    };
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        name = %config.name,
+        data_dir = %config.data_dir.display(),
+        member_id = format!("{:x}", node.member_id),
+        cluster_id = format!("{:x}", node.cluster_id),
+        client_urls = ?listeners(&config.listen_client),
+        peer_urls = ?listeners(&config.listen_peer),
+        client_cert_auth = client_tls.is_some_and(|t| t.client_cert_auth),
+        client_crl = ?client_tls.and_then(|t| t.crl_file.as_ref()),
+        peer_client_cert_auth = config.peer_tls.as_ref().is_some_and(|t| t.client_cert_auth),
+        auth_token = %token,
+        quota = %quota,
+        audit_log = ?config.audit.as_ref().map(|a| &a.path),
+        "member ready"
+    );
 }

@@ -1197,7 +1197,8 @@ fn trusted_proxy_cn_without_client_cert_auth_is_a_config_error() {
 }
 
 /// An `http://` client listener next to `--client-cert-auth` serves plain text, where no certificate
-/// can name anyone: said at startup (etcd also warns), naming the URL.
+/// can name anyone: said at startup (etcd also warns), naming the URL; so is an `ETCD_*` variable no
+/// flag reads; and the start-up summary states listeners and client-certificate settings.
 #[test]
 fn client_cert_auth_with_an_http_listener_is_warned_about() {
     let pki = Pki::new();
@@ -1207,6 +1208,8 @@ fn client_cert_auth_with_an_http_listener_is_warned_about() {
     let peer = format!("http://127.0.0.1:{peer_port}");
     let mut cmd = Command::new(common::keyward_bin());
     common::scrub_env(&mut cmd);
+    // An etcd setting keyward has no flag for: warned about, not ignored silently.
+    cmd.env("ETCD_ENABLE_V3", "true");
     let mut child = cmd
         .args(["serve", "--data-dir", dir.path().join("data").to_str().unwrap()])
         .args(["--listen-client-urls", &urls, "--advertise-client-urls", &urls])
@@ -1237,4 +1240,11 @@ fn client_cert_auth_with_an_http_listener_is_warned_about() {
     assert!(warning.contains(&format!("http://127.0.0.1:{plain_port}")), "{warning}");
     let warnings = seen.lines().filter(|l| l.contains("--client-cert-auth does not apply")).count();
     assert_eq!(warnings, 1, "only the http:// listener is warned about:\n{seen}");
+    assert!(seen.contains("unrecognized environment variable") && seen.contains("ETCD_ENABLE_V3"), "{seen}");
+    // The start-up summary names the listeners with their TLS, and the client-certificate settings.
+    let ready = seen.lines().find(|l| l.contains("member ready")).unwrap();
+    for fact in [format!("https://127.0.0.1:{tls_port} (TLS)"), format!("http://127.0.0.1:{plain_port} (plain text)")] {
+        assert!(ready.contains(&fact), "{fact:?} in {ready}");
+    }
+    assert!(ready.contains("client_cert_auth=true") && ready.contains("auth_token=simple"), "{ready}");
 }
