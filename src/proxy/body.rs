@@ -19,7 +19,7 @@ where
     body.map_err(Into::into).boxed_unsync()
 }
 
-/// A complete body of the proxy's own (`/health`, a 404).
+/// A complete body of the proxy's own (`/health`).
 pub fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync()
 }
