@@ -211,6 +211,48 @@ pub fn member_flags(data_dir: &Path, client_url: &str, peer_url: &str) -> Vec<St
     .to_vec()
 }
 
+/// How a test server's client listener is served and how etcdctl reaches it. The default is what
+/// every test used first: plain HTTP, endpoints written without a scheme.
+#[derive(Clone, Debug, Default)]
+pub struct ClientUrl {
+    /// `None`: "127.0.0.1:PORT"; `Some("http")` / `Some("https")`: "SCHEME://127.0.0.1:PORT".
+    pub etcdctl_scheme: Option<&'static str>,
+    /// Serve TLS (`https://` listen URL); the certificate flags go in `server_flags`.
+    pub tls: bool,
+    /// Flags every server gets (e.g. `--cert-file`, `--key-file`).
+    pub server_flags: Vec<String>,
+    /// Flags every etcdctl call gets before its own (e.g. `--cacert`).
+    pub etcdctl_flags: Vec<String>,
+}
+
+impl ClientUrl {
+    /// Plain HTTP, etcdctl given `http://127.0.0.1:PORT`.
+    pub fn http_scheme() -> ClientUrl {
+        ClientUrl { etcdctl_scheme: Some("http"), ..ClientUrl::default() }
+    }
+
+    /// TLS with `server_flags`, etcdctl given `https://127.0.0.1:PORT` and `etcdctl_flags`.
+    pub fn https(server_flags: Vec<String>, etcdctl_flags: Vec<String>) -> ClientUrl {
+        ClientUrl { etcdctl_scheme: Some("https"), tls: true, server_flags, etcdctl_flags }
+    }
+
+    fn listen_scheme(&self) -> &'static str {
+        if self.tls {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    fn etcdctl_prefix(&self) -> String {
+        self.etcdctl_scheme.map(|s| format!("{s}://")).unwrap_or_default()
+    }
+
+    fn with_flags<'a>(&'a self, args: &[&'a str]) -> Vec<&'a str> {
+        self.etcdctl_flags.iter().map(String::as_str).chain(args.iter().copied()).collect()
+    }
+}
+
 /// One running single-node server. Killed (SIGKILL + wait) on drop.
 ///
 /// Layout of its temp dir (`dir`): `dir/data` is the `--data-dir`, `dir/server.log`
@@ -219,6 +261,8 @@ pub struct Server {
     pub kind: Kind,
     pub client_port: u16,
     pub peer_port: u16,
+    /// How the client listener is served and how etcdctl names it.
+    pub client: ClientUrl,
     /// Flags appended after the standard ones (kept for restarts).
     pub extra_args: Vec<String>,
     child: Option<Child>,
@@ -242,7 +286,7 @@ impl Server {
     /// on new ports.
     pub fn start_in(kind: Kind, dir: TempDir, extra_args: &[&str]) -> Server {
         let extra: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
-        let mut s = Server::spawn(kind, dir, free_port(), free_port(), extra);
+        let mut s = Server::spawn(kind, dir, free_port(), free_port(), extra, ClientUrl::default());
         if let Err(e) = s.wait_ready() {
             s.fail_start(&e);
         }
@@ -250,18 +294,26 @@ impl Server {
     }
 
     /// Spawn the process without waiting for readiness.
-    fn spawn(kind: Kind, dir: TempDir, client_port: u16, peer_port: u16, extra_args: Vec<String>) -> Server {
-        let mut s = Server { kind, client_port, peer_port, extra_args, child: None, dir: Some(dir) };
+    fn spawn(
+        kind: Kind,
+        dir: TempDir,
+        client_port: u16,
+        peer_port: u16,
+        extra_args: Vec<String>,
+        client: ClientUrl,
+    ) -> Server {
+        let mut s = Server { kind, client_port, peer_port, client, extra_args, child: None, dir: Some(dir) };
         s.spawn_child();
         s
     }
 
     fn spawn_child(&mut self) {
         assert!(self.child.is_none(), "spawn_child while a child is running");
-        let client_url = format!("http://127.0.0.1:{}", self.client_port);
+        let client_url = format!("{}://127.0.0.1:{}", self.client.listen_scheme(), self.client_port);
         let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
         let (bin, mut args) = self.kind.program();
         args.extend(member_flags(&self.data_dir(), &client_url, &peer_url));
+        args.extend(self.client.server_flags.iter().cloned());
         args.extend(self.extra_args.iter().cloned());
 
         let mut log = File::options().create(true).append(true).open(self.log_path()).expect("open server log");
@@ -290,12 +342,9 @@ impl Server {
                 return Err("no process".into());
             }
             if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                let out = run_etcdctl(
-                    &self.endpoint(),
-                    &["--command-timeout=2s", "endpoint", "health"],
-                    None,
-                    Duration::from_secs(10),
-                );
+                let mut args: Vec<&str> = self.client.etcdctl_flags.iter().map(String::as_str).collect();
+                args.extend(["--command-timeout=2s", "endpoint", "health"]);
+                let out = run_etcdctl(&self.etcdctl_endpoint(), &args, None, Duration::from_secs(10));
                 if out.success() {
                     return Ok(());
                 }
@@ -377,13 +426,19 @@ impl Server {
         self.dir.take().unwrap()
     }
 
-    /// Run etcdctl against this server.
+    /// The endpoint as etcdctl is given it: "127.0.0.1:PORT", or with the scheme when the server's
+    /// `ClientUrl` says so.
+    pub fn etcdctl_endpoint(&self) -> String {
+        format!("{}{}", self.client.etcdctl_prefix(), self.endpoint())
+    }
+
+    /// Run etcdctl against this server (with the `ClientUrl`'s flags first).
     pub fn etcdctl(&self, args: &[&str]) -> Output {
-        etcdctl(&self.endpoint(), args)
+        etcdctl(&self.etcdctl_endpoint(), &self.client.with_flags(args))
     }
 
     pub fn etcdctl_stdin(&self, args: &[&str], stdin: &str) -> Output {
-        etcdctl_stdin(&self.endpoint(), args, stdin)
+        etcdctl_stdin(&self.etcdctl_endpoint(), &self.client.with_flags(args), stdin)
     }
 }
 
@@ -403,11 +458,16 @@ impl Drop for Server {
 /// A server whose start fails because a port got taken in the meantime is retried
 /// on new ports in a new dir (up to 3 tries).
 pub fn start_all(specs: &[(Kind, &[&str])]) -> Vec<Server> {
+    start_all_on(&ClientUrl::default(), specs)
+}
+
+/// [`start_all`] with every server's client listener as `client` says.
+pub fn start_all_on(client: &ClientUrl, specs: &[(Kind, &[&str])]) -> Vec<Server> {
     let fresh = |kind: Kind, extra: &[&str]| {
         let dir =
             tempfile::Builder::new().prefix(&format!("harness-{}-", kind.label())).tempdir().expect("create temp dir");
         let extra = extra.iter().map(|s| s.to_string()).collect();
-        Server::spawn(kind, dir, free_port(), free_port(), extra)
+        Server::spawn(kind, dir, free_port(), free_port(), extra, client.clone())
     };
     let mut servers: Vec<Server> = specs.iter().map(|(k, e)| fresh(*k, e)).collect();
     for (i, (kind, extra)) in specs.iter().enumerate() {
@@ -434,7 +494,12 @@ pub fn start_all(specs: &[(Kind, &[&str])]) -> Vec<Server> {
 /// Starts a reference etcd and the server under test ([`Kind::under_test`]) concurrently, both with
 /// `extra_args`: `(etcd, candidate)`. Blocks the calling thread; async tests use [`start_pair`].
 pub fn start_pair_blocking(extra_args: &[&str]) -> (Server, Server) {
-    let mut v = start_all(&[(Kind::Etcd, extra_args), (Kind::under_test(), extra_args)]);
+    start_pair_on(&ClientUrl::default(), extra_args)
+}
+
+/// [`start_pair_blocking`] with both client listeners as `client` says.
+pub fn start_pair_on(client: &ClientUrl, extra_args: &[&str]) -> (Server, Server) {
+    let mut v = start_all_on(client, &[(Kind::Etcd, extra_args), (Kind::under_test(), extra_args)]);
     let candidate = v.pop().unwrap();
     (v.pop().unwrap(), candidate)
 }
@@ -892,7 +957,12 @@ impl Scenario {
     }
 
     pub fn start_with(extra_args: &[&str]) -> Scenario {
-        let (reference, candidate) = start_pair_blocking(extra_args);
+        Scenario::start_on(&ClientUrl::default(), extra_args)
+    }
+
+    /// Both servers with their client listeners as `client` says (e.g. https, scheme endpoints).
+    pub fn start_on(client: &ClientUrl, extra_args: &[&str]) -> Scenario {
+        let (reference, candidate) = start_pair_on(client, extra_args);
         Scenario { reference, candidate, steps_run: 0 }
     }
 
