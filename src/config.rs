@@ -10,6 +10,8 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::frontend::certificate::IdentitySource;
 
+pub mod file;
+
 #[derive(Parser, Debug)]
 #[command(name = "keyward", version, about = "An etcd-v3-compatible key-value store with authentication done right")]
 pub struct Cli {
@@ -35,6 +37,10 @@ pub enum GrpcProxyCommand {
 
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
+    /// Path to etcd's YAML configuration file. When given, the other flags and ETCD_* variables are
+    /// ignored, as etcd does; settings keyward does not have are refused unless left at etcd's defaults.
+    #[arg(long, env = "ETCD_CONFIG_FILE")]
+    pub config_file: Option<PathBuf>,
     /// Human-readable name for this member.
     #[arg(long, env = "ETCD_NAME", default_value = "default")]
     pub name: String,
@@ -193,6 +199,27 @@ pub struct ServeArgs {
     /// Log level: debug, info, warn, error, panic, or fatal.
     #[arg(long, env = "ETCD_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+    /// Log format: 'zap' (JSON lines, as etcd's zap logger) or 'capnslog' (keyward's text lines).
+    #[arg(long, env = "ETCD_LOGGER", default_value = "capnslog")]
+    pub logger: String,
+    /// Where logs go: 'default' or 'stderr', 'stdout', or file paths (comma-separated).
+    #[arg(long, env = "ETCD_LOG_OUTPUTS", default_value = "default", value_delimiter = ',')]
+    pub log_outputs: Vec<String>,
+    /// Additional URLs to serve /metrics and /health on (http:// or https:// with the client TLS
+    /// settings), e.g. for a scraper that must not reach the client port.
+    #[arg(long, env = "ETCD_LISTEN_METRICS_URLS", value_delimiter = ',')]
+    pub listen_metrics_urls: Vec<String>,
+    /// Interpret --auto-compaction-retention as a time period ('periodic') or a number of revisions
+    /// ('revision').
+    #[arg(long, env = "ETCD_AUTO_COMPACTION_MODE", default_value = "periodic")]
+    pub auto_compaction_mode: String,
+    /// Auto compaction retention: periodic mode a duration ('1h', '30m'; a bare number is hours),
+    /// revision mode a number of revisions. 0 disables auto compaction.
+    #[arg(long, env = "ETCD_AUTO_COMPACTION_RETENTION", default_value = "0")]
+    pub auto_compaction_retention: String,
+    /// etcd's v2 API: keyward serves only v3, so only false is accepted.
+    #[arg(long, env = "ETCD_ENABLE_V2", num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub enable_v2: bool,
 }
 
 /// gRPC overhead allowed on top of `--max-request-bytes` (etcd's `grpcOverheadBytes`), so an oversized
@@ -237,6 +264,16 @@ pub struct Config {
     /// Peer TLS: the peer listener's settings, and the certificate this member presents to its peers.
     pub peer_tls: Option<crate::frontend::tls::settings::TlsSettings>,
     pub log_filter: &'static str,
+    /// `--logger`, `--log-outputs`.
+    pub log: crate::logging::LogSettings,
+    /// `--listen-metrics-urls`: listeners serving only `/metrics` and `/health`.
+    pub listen_metrics: Vec<Listener>,
+    /// `--auto-compaction-mode` / `--auto-compaction-retention`; `None` when off.
+    pub auto_compaction: Option<crate::compactor::AutoCompaction>,
+    /// `--config-file`, when the settings came from it.
+    pub config_file: Option<PathBuf>,
+    /// What the configuration file's reading found worth a warning, for the log once it is up.
+    pub warnings: Vec<String>,
 }
 
 /// `--initial-cluster-state`: bootstrap a new cluster from `--initial-cluster`, or join a running one
@@ -263,7 +300,46 @@ fn invalid(msg: impl Into<String>) -> ConfigError {
 }
 
 impl ServeArgs {
+    /// The validated configuration: from these flags, or — with `--config-file` — from the file alone,
+    /// as etcd reads it (`config/file.rs`).
     pub fn into_config(self) -> Result<Config, ConfigError> {
+        let Some(path) = self.config_file.clone() else {
+            return self.validate(None, Vec::new());
+        };
+        let known = serve_flag_names();
+        let file = file::load(&path, |flag| flag != "config-file" && known.contains(flag))?;
+        let args = ServeArgs::parse_without_environment(&file.args)
+            .map_err(|e| invalid(format!("--config-file {}: {e}", path.display())))?;
+        args.validate(Some(path), file.warnings)
+    }
+
+    /// Parses `args` (`--flag=value` only) with every default but without reading `ETCD_*`
+    /// variables: with a configuration file etcd ignores them.
+    fn parse_without_environment(args: &[String]) -> Result<ServeArgs, String> {
+        use clap::FromArgMatches;
+        let command = ServeArgs::augment_args(clap::Command::new("config-file"))
+            .mut_args(|arg| arg.env(None::<&str>))
+            .no_binary_name(true);
+        let matches = command.try_get_matches_from(args).map_err(|e| clap_message(&e))?;
+        ServeArgs::from_arg_matches(&matches).map_err(|e| clap_message(&e))
+    }
+
+    fn validate(self, config_file: Option<PathBuf>, warnings: Vec<String>) -> Result<Config, ConfigError> {
+        if self.enable_v2 {
+            return Err(invalid("--enable-v2: keyward serves only etcd's v3 API; remove the flag or set it to false"));
+        }
+        let log = crate::logging::LogSettings::from_flags(&self.logger, &self.log_outputs).map_err(invalid)?;
+        let auto_compaction =
+            crate::compactor::AutoCompaction::from_flags(&self.auto_compaction_mode, &self.auto_compaction_retention)
+                .map_err(invalid)?;
+        let listen_metrics = self
+            .listen_metrics_urls
+            .iter()
+            .map(|u| parse_listener(u, "--listen-metrics-urls"))
+            .collect::<Result<Vec<_>, _>>()?;
+        if listen_metrics.iter().any(|l| l.tls) && (self.cert_file.is_none() || self.key_file.is_none()) {
+            return Err(invalid("an https:// --listen-metrics-urls needs --cert-file and --key-file"));
+        }
         let log_filter = match self.log_level.as_str() {
             "debug" => "debug",
             "info" => "info",
@@ -518,8 +594,28 @@ impl ServeArgs {
             client_tls,
             peer_tls,
             log_filter,
+            log,
+            listen_metrics,
+            auto_compaction,
+            config_file,
+            warnings,
         })
     }
+}
+
+/// Every long flag of `keyward serve`.
+fn serve_flag_names() -> std::collections::BTreeSet<String> {
+    ServeArgs::augment_args(clap::Command::new("serve"))
+        .get_arguments()
+        .filter_map(|arg| arg.get_long().map(str::to_string))
+        .collect()
+}
+
+/// clap's message for a bad value, without its "error: " prefix and usage lines.
+fn clap_message(error: &clap::Error) -> String {
+    let text = error.to_string();
+    let first = text.lines().next().unwrap_or_default();
+    first.strip_prefix("error: ").unwrap_or(first).to_string()
 }
 
 /// Checks a `scheme://host:port` URL as etcd accepts them.

@@ -29,7 +29,8 @@ pub enum LockError {
         dir.display()
     )]
     Held { dir: PathBuf, holder: String },
-    #[error("cannot lock data dir {}: {source}", dir.display())]
+    // The cause is the error's source, printed after it by `{:#}` (not repeated in the message).
+    #[error("cannot lock data dir {}", dir.display())]
     Io { dir: PathBuf, source: std::io::Error },
 }
 

@@ -13,6 +13,7 @@ pub mod audit;
 pub mod auth;
 pub mod ballast;
 pub mod cluster;
+pub mod compactor;
 pub mod config;
 pub mod data_dir;
 pub mod error;
@@ -21,6 +22,7 @@ pub mod gateway;
 pub mod keyrange;
 pub mod lease;
 pub mod log_limit;
+pub mod logging;
 pub mod metrics;
 pub mod mvcc;
 pub mod node;
@@ -70,6 +72,19 @@ pub async fn serve(config: config::Config) -> anyhow::Result<()> {
         })
     };
     announce(&config, &node);
+    if let Some(policy) = config.auto_compaction {
+        tokio::spawn(compactor::run(node.clone(), policy));
+    }
+    let (metrics_stop_tx, metrics_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let metrics_server = {
+        let (node, listeners, tls) = (node.clone(), config.listen_metrics.clone(), config.client_tls.clone());
+        tokio::spawn(async move {
+            let stopped = async move {
+                let _ = metrics_stop_rx.await;
+            };
+            server::serve_metrics(node, &listeners, tls.as_ref(), stopped).await
+        })
+    };
     let (fatal_tx, mut fatal_rx) = tokio::sync::oneshot::channel();
     let watched = node.clone();
     let stop = async move {
@@ -87,9 +102,13 @@ pub async fn serve(config: config::Config) -> anyhow::Result<()> {
     };
     server::serve(node.clone(), &config.listen_client, config.client_tls.as_ref(), config.connections, stop).await?;
     let _ = peer_stop_tx.send(());
+    let _ = metrics_stop_tx.send(());
     if peer_server.is_finished() {
         // The peer listeners failed while clients were served: say why.
         peer_server.await??;
+    }
+    if metrics_server.is_finished() {
+        metrics_server.await??;
     }
     if let Ok(fatal) = fatal_rx.try_recv() {
         anyhow::bail!("raft core stopped: {fatal}");
@@ -102,8 +121,20 @@ pub async fn serve(config: config::Config) -> anyhow::Result<()> {
 /// every listener with its TLS, client-certificate settings, token type, quota; and the `ETCD_*`
 /// variables no flag reads.
 fn announce(config: &config::Config, node: &node::Node) {
-    for name in config::unknown_etcd_variables(std::env::vars().map(|(name, _)| name)) {
-        tracing::warn!(variable = %name, "unrecognized environment variable: no keyward flag reads it");
+    match &config.config_file {
+        // As etcd: the file replaces flags and variables, so unknown variables are moot.
+        Some(path) => tracing::info!(
+            path = %path.display(),
+            "loaded the configuration file; other command-line flags and ETCD_* variables are ignored"
+        ),
+        None => {
+            for name in config::unknown_etcd_variables(std::env::vars().map(|(name, _)| name)) {
+                tracing::warn!(variable = %name, "unrecognized environment variable: no keyward flag reads it");
+            }
+        }
+    }
+    for warning in &config.warnings {
+        tracing::warn!(path = ?config.config_file, "{warning}");
     }
     let listeners = |listeners: &[config::Listener]| {
         listeners
@@ -128,12 +159,14 @@ fn announce(config: &config::Config, node: &node::Node) {
         cluster_id = format!("{:x}", node.cluster_id),
         client_urls = ?listeners(&config.listen_client),
         peer_urls = ?listeners(&config.listen_peer),
+        metrics_urls = ?listeners(&config.listen_metrics),
         client_cert_auth = client_tls.is_some_and(|t| t.client_cert_auth),
         client_crl = ?client_tls.and_then(|t| t.crl_file.as_ref()),
         peer_client_cert_auth = config.peer_tls.as_ref().is_some_and(|t| t.client_cert_auth),
         auth_token = %token,
         quota = %quota,
         audit_log = ?config.audit.as_ref().map(|a| &a.path),
+        auto_compaction = ?config.auto_compaction,
         "member ready"
     );
 }

@@ -16,8 +16,12 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            init_logging(config.log_filter);
-            run(keyward::serve(config))
+            if let Err(e) = keyward::logging::init(config.log_filter, &config.log) {
+                eprintln!("keyward: {e}");
+                return ExitCode::from(2);
+            }
+            let stderr_logged = config.log.writes_to_stderr();
+            run(keyward::serve(config), stderr_logged)
         }
         Command::GrpcProxy(GrpcProxyCommand::Start(args)) => {
             let config = match args.into_config() {
@@ -27,14 +31,19 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            init_logging(config.log_filter);
-            run(keyward::proxy::run(config))
+            let log = keyward::logging::LogSettings::default();
+            if let Err(e) = keyward::logging::init(config.log_filter, &log) {
+                eprintln!("keyward grpc-proxy: {e}");
+                return ExitCode::from(2);
+            }
+            run(keyward::proxy::run(config), log.writes_to_stderr())
         }
     }
 }
 
-/// Runs `task` on a multi-threaded runtime; its error is logged and makes the exit status 1.
-fn run(task: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
+/// Runs `task` on a multi-threaded runtime; its error is logged and makes the exit status 1. The error
+/// is printed to stderr as well only when the log does not already go there, so it appears once.
+fn run(task: impl std::future::Future<Output = anyhow::Result<()>>, stderr_logged: bool) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -46,20 +55,10 @@ fn run(task: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode 
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
-            eprintln!("keyward: {e:#}");
+            if !stderr_logged {
+                eprintln!("keyward: {e:#}");
+            }
             ExitCode::FAILURE
         }
     }
-}
-
-fn init_logging(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("KEYWARD_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(format!("{default},openraft=warn,h2=warn,tower=warn,hyper=warn"))
-    });
-    use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .init();
 }

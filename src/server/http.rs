@@ -1,5 +1,5 @@
 //! Plain HTTP endpoints served on the client port beside gRPC, as etcd serves them: `/health`,
-//! `/metrics` (Prometheus text) and `/version`.
+//! `/metrics` (Prometheus text) and `/version`; the first two also on `--listen-metrics-urls`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +13,11 @@ use axum::Router;
 use super::maintenance::ETCD_API_VERSION;
 use crate::node::Node;
 use crate::proto::etcdserverpb::AlarmType;
+
+/// The endpoints of a `--listen-metrics-urls` listener.
+pub fn metrics_router(node: Arc<Node>) -> Router {
+    Router::new().route("/health", get(health)).route("/metrics", get(metrics)).with_state(node)
+}
 
 pub fn router(node: Arc<Node>) -> Router {
     Router::new()

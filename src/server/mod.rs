@@ -44,6 +44,19 @@ pub async fn serve(
     serve_bound(bound, tls, Some(limits), move || routes(node.clone()), shutdown).await
 }
 
+/// Serves only `/metrics` and `/health` (`http.rs`) on `--listen-metrics-urls`, as etcd does: https://
+/// ones with the client TLS settings, and without the client listeners' connection limits (a scraper
+/// holds one connection).
+pub async fn serve_metrics(
+    node: Arc<Node>,
+    listeners: &[Listener],
+    tls: Option<&TlsSettings>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let bound = bind(listeners, "metrics").await?;
+    serve_bound(bound, tls, None, move || Routes::from(http::metrics_router(node.clone())), shutdown).await
+}
+
 /// Binds every peer listener: before raft elects, so that peers can reach this member.
 pub async fn bind_peer(listeners: &[Listener]) -> anyhow::Result<Vec<(TcpListener, bool)>> {
     bind(listeners, "peer").await
