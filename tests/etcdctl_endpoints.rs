@@ -40,6 +40,9 @@ enum Mask {
     SnapshotLog,
     /// `check datascale`: its progress bar, and the memory the server used.
     Memory,
+    /// `check perf`: its progress bar, every number, and the verdicts (a busy machine may fail a
+    /// latency bound on either server): what is compared is that the same steps ran.
+    Perf,
     /// Members are listed in id order, and ids are random: `member list`'s lines and the entries of
     /// `member add`'s `ETCD_INITIAL_CLUSTER` are compared as sets.
     MemberOrder,
@@ -89,6 +92,23 @@ impl Differential {
                     mask_after_last(&kept, ": ")
                 }
                 Mask::MemberOrder => sort_members(&text),
+                Mask::Perf => text
+                    .lines()
+                    .filter(|l| !l.contains(" / ") && !l.is_empty())
+                    .map(|l| {
+                        let words = l.split(' ').map(|w| {
+                            if w.starts_with(|c: char| c.is_ascii_digit()) {
+                                "<N>"
+                            } else {
+                                match w.trim_end_matches(':') {
+                                    "PASS" | "FAIL" => "<VERDICT>",
+                                    _ => w,
+                                }
+                            }
+                        });
+                        format!("{}\n", words.collect::<Vec<_>>().join(" "))
+                    })
+                    .collect(),
             }
         })
     }
@@ -98,14 +118,21 @@ impl Differential {
     fn step_with(&mut self, args: &[&str], stdin: Option<&str>, mask: Mask) -> [Output; 2] {
         let idx = self.steps;
         self.steps += 1;
-        let outs = [0, 1].map(|side| {
-            let args = self.args_for(side, args);
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let server = self.servers()[side];
-            match stdin {
-                Some(input) => server.etcdctl_stdin(&args, input),
-                None => server.etcdctl(&args),
-            }
+        // Both servers at once: `check perf` runs for a minute on each.
+        let outs = thread::scope(|scope| {
+            [0, 1]
+                .map(|side| {
+                    let args = self.args_for(side, args);
+                    let server = self.servers()[side];
+                    scope.spawn(move || {
+                        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                        match stdin {
+                            Some(input) => server.etcdctl_stdin(&args, input),
+                            None => server.etcdctl(&args),
+                        }
+                    })
+                })
+                .map(|running| running.join().expect("etcdctl thread"))
         });
         let [a, b] = [0, 1].map(|side| self.clean(side, &outs[side], mask));
         let diffs = differences("etcd", &a, "keyward", &b);
@@ -431,6 +458,17 @@ fn make_mirror_between_etcd_and_keyward_with_scheme_endpoints() {
         source.etcdctl(&["del", "m/", "--prefix"]).assert_ok();
     }
     assert_eq!(Kind::under_test(), keyward.kind);
+}
+
+/// `check perf` writes at 150 puts/s for a minute, compacts and defragments; both servers at once.
+#[test]
+fn check_perf_with_scheme_endpoints() {
+    let mut d = Differential::start(&ClientUrl::http_scheme());
+    d.step_with(
+        &["--command-timeout=120s", "check", "perf", "--load=s", "--auto-compact", "--auto-defrag"],
+        None,
+        Mask::Perf,
+    );
 }
 
 /// `check datascale` writes 10,000 keys and reads the server's `process_resident_memory_bytes`.
