@@ -46,7 +46,7 @@ pub static PASSWORD_CHECKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
         IntCounterVec::new(
             Opts::new(
                 "keyward_auth_password_checks_total",
-                "Password checks (bcrypt) by outcome: match, mismatch, unknown_user, queue_full, abandoned.",
+                "Password checks by outcome: match, mismatch, unknown_user, queue_full, abandoned (bcrypt), cached (a password verified before: no bcrypt).",
             ),
             &["outcome"],
         )

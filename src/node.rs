@@ -69,6 +69,8 @@ pub struct Node {
     pub bcrypt_cost: u32,
     /// Failed logins slow down the next attempts from the same address (`auth/throttle.rs`).
     pub login_throttle: crate::auth::throttle::LoginThrottle,
+    /// Passwords Authenticate verified (`auth/verified.rs`).
+    pub verified_passwords: crate::auth::verified::VerifiedPasswords,
     /// `--audit-log`: every auth decision as a JSON line (`audit.rs`).
     pub audit: Option<Arc<crate::audit::AuditLog>>,
     pub tokens: Arc<Tokens>,
@@ -284,6 +286,7 @@ impl Node {
             max_txn_ops: config.max_txn_ops,
             bcrypt_cost: config.bcrypt_cost,
             login_throttle: crate::auth::throttle::LoginThrottle::new(config.login_throttle),
+            verified_passwords: Default::default(),
             audit,
             identity,
             tokens,

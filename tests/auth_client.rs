@@ -596,6 +596,44 @@ async fn an_unknown_user_costs_a_password_check_like_a_wrong_password() {
     assert_eq!(checks("mismatch"), 1.0);
 }
 
+/// Logging in again with a verified password costs no bcrypt (`auth/verified.rs`), and nothing
+/// else is cheaper: a wrong password, the old password after a change, and the old password of a user
+/// deleted and added again all pay a full bcrypt and are refused.
+#[tokio::test]
+async fn a_verified_password_logs_in_again_without_bcrypt_and_nothing_else_does() {
+    if common::selftest() {
+        return; // keyward's own metric
+    }
+    let mut s = AuthServer::start_with(Kind::Keyward, &["--bcrypt-cost", "4"]).await;
+    let ep = s.ep();
+    let checks = |outcome: &str| {
+        let (_, text) = common::http_get(&ep, "/metrics");
+        let series = format!("keyward_auth_password_checks_total{{outcome=\"{outcome}\"}}");
+        common::metric_if_any(&text, &series).unwrap_or(0.0)
+    };
+    s.add_user("alice", "first", &[]).await;
+    let (matched, cached) = (checks("match"), checks("cached"));
+    for _ in 0..5 {
+        raw_token(&s.ep(), "alice", "first").await.expect("login");
+    }
+    assert_eq!(checks("match"), matched + 1.0, "one bcrypt for the first login");
+    assert_eq!(checks("cached"), cached + 4.0, "none for the next four");
+
+    let mismatched = checks("mismatch");
+    assert_eq!(raw_token(&s.ep(), "alice", "firsT").await.unwrap_err().message(), AUTH_FAILED);
+    assert_eq!(checks("mismatch"), mismatched + 1.0, "a wrong password pays bcrypt");
+
+    assert_ok("change password", s.root.user_change_password("alice", "second").await);
+    assert_eq!(raw_token(&s.ep(), "alice", "first").await.unwrap_err().message(), AUTH_FAILED);
+    assert_eq!(checks("mismatch"), mismatched + 2.0, "the old password is checked by bcrypt, and refused");
+    raw_token(&s.ep(), "alice", "second").await.expect("new password");
+
+    assert_ok("delete", s.root.user_delete("alice").await);
+    assert_ok("add again", s.root.user_add("alice", "third", None).await);
+    assert_eq!(raw_token(&s.ep(), "alice", "second").await.unwrap_err().message(), AUTH_FAILED);
+    assert_eq!(checks("mismatch"), mismatched + 3.0);
+}
+
 /// 1,000 logged-in clients (tokens spread over 10 connections) and one role change that concerns
 /// none of them: every client's next request succeeds with the token it holds, so none has to log in
 /// again (no bcrypt storm). etcd 3.4 keeps simple tokens too, but its JWTs all go stale.

@@ -6,6 +6,7 @@
 //! - `check.rs`: the decisions — may this requester touch these keys — for apply and reads.
 //! - `password.rs`: bcrypt, always off the async threads and never inside apply.
 //! - `throttle.rs`: failed logins slow down the next attempts from the same client address.
+//! - `verified.rs`: passwords bcrypt accepted, as keyed hashes, so logging in again is cheap.
 //! - `simple.rs`, `jwt.rs`, `tokens.rs`, `token_config.rs`: `--auth-token` and the token providers.
 
 pub mod cache;
@@ -18,3 +19,4 @@ pub mod store;
 pub mod throttle;
 pub mod token_config;
 pub mod tokens;
+pub mod verified;

@@ -1148,10 +1148,12 @@ pub fn http_get(endpoint: &str, path: &str) -> (u16, String) {
 /// The value of a metric in `/metrics` text; `name` includes its labels, if any
 /// (`name{label="value"}`).
 pub fn metric(text: &str, name: &str) -> f64 {
+    metric_if_any(text, name).unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+}
+
+/// [`metric`], `None` while the series does not exist yet (a counter never incremented).
+pub fn metric_if_any(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
-        .trim()
-        .parse()
-        .unwrap()
+        .map(|value| value.trim().parse().unwrap())
 }
