@@ -367,6 +367,9 @@ fn through_the_forwarding_proxy_a_client_is_its_own_certificate() {
     ok(proxy.ctl(&ca, Some(&alice), &["put", "/alice/k", "v1"]), &["put"]);
     assert_eq!(member.ok(&member.root, &["get", "/alice/k", "--print-value-only"]).trim(), "v1");
     assert_eq!(ok(proxy.ctl(&ca, Some(&alice), &["get", "/alice/k", "--print-value-only"]), &["get"]).trim(), "v1");
+    // A per-endpoint etcdctl command: its :authority is the whole https:// URL (vendor/h2).
+    let status = ok(proxy.ctl(&ca, Some(&alice), &["endpoint", "status"]), &["endpoint", "status"]);
+    assert!(status.starts_with("https://"), "{status}");
     // ...and a put outside her range is denied.
     fails_with(proxy.ctl(&ca, Some(&alice), &["put", "/bob/k", "v"]), PERMISSION_DENIED, "alice outside her range");
     // A certificate without a CN names nobody through the proxy, as it does directly.
@@ -491,6 +494,9 @@ fn a_sidecar_on_a_unix_socket_is_the_workload() {
         Proxy::sidecar(&pki, &member, &pki.client("workload", Some("web")), &format!("unix://{}", socket.display()));
     let ca = pki.ca_str();
     ok(sidecar.ctl(&ca, None, &["put", "/web/k", "over-unix"]), &["put"]);
+    // etcdctl's per-endpoint clients send the socket path as the HTTP/2 :authority (vendor/h2).
+    let status = ok(sidecar.ctl(&ca, None, &["endpoint", "status"]), &["endpoint", "status"]);
+    assert!(status.starts_with("unix://"), "{status}");
     fails_with(sidecar.ctl(&ca, None, &["put", "/alice/k", "v"]), PERMISSION_DENIED, "web in alice's range");
     assert_eq!(member.ok(&member.root, &["get", "/web/k", "--print-value-only"]).trim(), "over-unix");
     // Killed, it leaves its socket file behind; the next sidecar on that path replaces it, and
