@@ -46,6 +46,7 @@ async fn health(State(node): State<Arc<Node>>, uri: axum::http::Uri) -> impl Int
         }
     };
     crate::metrics::HEALTH_CHECKS.with_label_values(&[if healthy { "success" } else { "failed" }]).inc();
+    if healthy { &crate::metrics::HEALTH_SUCCESS } else { &crate::metrics::HEALTH_FAILURES }.inc();
     let (status, body) = if healthy {
         (StatusCode::OK, r#"{"health":"true"}"#)
     } else {
