@@ -287,7 +287,7 @@ pub static PROPOSALS_FAILED: LazyLock<IntCounter> = LazyLock::new(|| {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NodeGauges {
     pub member_id: u64,
-    /// The etcd version keyward answers as (`etcd_server_version`).
+    /// The etcd version keyward answers as (`etcd_server_version`), filled by `server/http.rs`.
     pub server_version: &'static str,
     /// major.minor of `server_version` (`etcd_cluster_version`).
     pub cluster_version: &'static str,

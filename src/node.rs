@@ -589,7 +589,7 @@ impl Node {
         }
     }
 
-    /// This member's state for `/metrics`.
+    /// This member's state for `/metrics` (the versions are the API layer's to fill).
     pub fn gauges(&self) -> crate::metrics::NodeGauges {
         let metrics = self.raft.metrics().borrow().clone();
         // A stopped raft core keeps its last leader in openraft's metrics: it has none any more.
@@ -597,8 +597,6 @@ impl Node {
         let is_learner = metrics.membership_config.membership().learner_ids().any(|id| id == self.member_id);
         crate::metrics::NodeGauges {
             member_id: self.member_id,
-            server_version: crate::server::maintenance::ETCD_API_VERSION,
-            cluster_version: crate::server::maintenance::ETCD_CLUSTER_VERSION,
             has_leader: leader.is_some(),
             is_leader: leader == Some(self.member_id),
             is_learner,
@@ -609,6 +607,7 @@ impl Node {
             db_size_in_use_bytes: self.space.in_use(),
             defragmenting: self.kv.defragmenting(),
             apply_waiting_for_space: self.space.stalled(),
+            ..Default::default()
         }
     }
 

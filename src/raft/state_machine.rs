@@ -174,7 +174,7 @@ impl StateMachine {
     pub fn open_with(kv_dir: &Path, snap_dir: &Path, space: Arc<Space>) -> Result<Self, heed::Error> {
         let snaps = SnapDir::open(snap_dir).map_err(|e| heed::Error::Io(std::io::Error::other(e)))?;
         if kv_dir.exists() {
-            defrag::remove_leftovers(kv_dir).map_err(heed::Error::Io)?;
+            storage::compacted::remove_leftovers(kv_dir).map_err(heed::Error::Io)?;
         }
         let carried = Carried {
             space,

@@ -224,6 +224,17 @@ fn classify_answer(answer: &[u8]) -> Option<String> {
     }
 }
 
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,15 +251,4 @@ mod tests {
         assert!(classify_answer(http1).unwrap().contains("HTTP/1 (HTTP/1.1 505"));
         assert!(classify_answer(b"SSH-2.0-OpenSSH\r\n").unwrap().contains("not HTTP/2"));
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }

@@ -206,7 +206,7 @@ pub fn etcd_histogram(sorted: &[f64]) -> String {
     }
     let max = counts.iter().copied().max().unwrap_or(0);
     for (bound, &count) in bounds.iter().zip(&counts) {
-        let bar = if max > 0 { count * 40 / max } else { 0 };
+        let bar = (count * 40).checked_div(max).unwrap_or(0);
         let _ = writeln!(out, "  {bound:4.4} [{count}]\t|{}", "∎".repeat(bar));
     }
     out.push_str("\nLatency distribution:\n");

@@ -14,22 +14,17 @@
 //!    writers resume on it. Should that fail, the old file is renamed back and opened again.
 //! 5. `data.mdb.predefrag` is removed: this is when the space is returned.
 //!
-//! `remove_leftovers` (at every open) removes what a crash left of steps 2–5: `data.mdb` is the old
-//! file or the complete, synced copy, never anything else.
+//! The files are `storage::compacted`'s; its `remove_leftovers` (at every open) removes what a crash
+//! left of steps 2–5: `data.mdb` is the old file or the complete, synced copy, never anything else.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::{BoxError, KvEnv, State};
-use crate::storage::LmdbEnv;
+use crate::storage::compacted;
 
-const DATA: &str = "data.mdb";
-const COPY: &str = "data.mdb.defrag.tmp";
-const OLD: &str = "data.mdb.predefrag";
 /// How long new readers may wait for the reads in flight on the old environment (a snapshot being
 /// built or sent holds one for its whole length). Past it the defragment fails and nothing changed.
 const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
@@ -66,10 +61,9 @@ impl KvEnv {
         let state = self.current();
         let dir = state.env.path().to_path_buf();
         let before = state.env.real_disk_size()?;
-        let (data, copy, old) = (dir.join(DATA), dir.join(COPY), dir.join(OLD));
-        if let Err(err) = compacting_copy(&state.env, &copy).and_then(|()| link(&data, &old)) {
-            remove_leftovers(&dir)?;
-            return Err(err);
+        if let Err(err) = compacted::prepare(&state.env) {
+            compacted::remove_leftovers(&dir)?;
+            return Err(err.into());
         }
         drop(state);
 
@@ -80,7 +74,7 @@ impl KvEnv {
             Err(still_shared) => {
                 *slot = Some(still_shared);
                 drop(slot);
-                remove_leftovers(&dir)?;
+                compacted::remove_leftovers(&dir)?;
                 return Err(format!("reads on the database did not finish within {DRAIN_DEADLINE:?}").into());
             }
         };
@@ -91,8 +85,7 @@ impl KvEnv {
             fatal(&dir, "the old environment is still open (an Env outside a State)".into());
         }
 
-        let opened = std::fs::rename(&copy, &data)
-            .and_then(|()| sync_dir(&dir))
+        let opened = compacted::swap_in(&dir)
             .map_err(BoxError::from)
             .and_then(|()| State::open(&dir, carried.clone()).map_err(BoxError::from));
         match opened {
@@ -100,7 +93,7 @@ impl KvEnv {
                 let after = new.env.real_disk_size()?;
                 *slot = Some(Arc::new(new));
                 drop(slot);
-                remove_leftovers(&dir)?;
+                compacted::remove_leftovers(&dir)?;
                 let took = started.elapsed();
                 crate::metrics::DEFRAG_SECONDS.observe(took.as_secs_f64());
                 tracing::info!(before_bytes = before, after_bytes = after, ?took, "defragmented the kv database");
@@ -108,8 +101,7 @@ impl KvEnv {
             }
             Err(err) => {
                 tracing::error!(error = %err, "cannot open the defragmented copy: reopening the database as it was");
-                let reopened = std::fs::rename(&old, &data)
-                    .and_then(|()| sync_dir(&dir))
+                let reopened = compacted::roll_back(&dir)
                     .map_err(BoxError::from)
                     .and_then(|()| State::open(&dir, carried).map_err(BoxError::from));
                 match reopened {
@@ -117,7 +109,7 @@ impl KvEnv {
                     Err(again) => fatal(&dir, again),
                 }
                 drop(slot);
-                remove_leftovers(&dir)?;
+                compacted::remove_leftovers(&dir)?;
                 Err(err)
             }
         }
@@ -138,47 +130,6 @@ fn drain(mut state: Arc<State>) -> Result<State, Arc<State>> {
     }
 }
 
-/// Writes a compacting copy of `env` to `path` (owner-only, as every data file) and fsyncs it.
-fn compacting_copy(env: &LmdbEnv, path: &Path) -> Result<(), BoxError> {
-    let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
-    env.copy_to_file(&mut file, heed::CompactionOption::Enabled)?;
-    file.sync_all()?;
-    Ok(())
-}
-
-/// Gives `data` the second name `old` (replacing a stale one).
-fn link(data: &Path, old: &Path) -> Result<(), BoxError> {
-    remove_if_present(old)?;
-    std::fs::hard_link(data, old)?;
-    Ok(())
-}
-
-/// Removes what a defragment leaves in `kv_dir` besides `data.mdb` (after it, or after a crash
-/// during it: `data.mdb` is then the old file or the complete copy).
-pub(super) fn remove_leftovers(kv_dir: &Path) -> std::io::Result<()> {
-    let mut removed = false;
-    for name in [COPY, OLD] {
-        removed |= remove_if_present(&kv_dir.join(name))?;
-    }
-    if removed {
-        sync_dir(kv_dir)?;
-    }
-    Ok(())
-}
-
-fn remove_if_present(path: &Path) -> std::io::Result<bool> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
-/// Makes a rename or removal in `dir` durable.
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
 /// Neither the copy nor the old file can be opened: the member cannot serve. Exits, as when the raft
 /// core stops (docs/architecture.md, Fail fast); `data.mdb` is complete, so a restart opens it.
 fn fatal(dir: &Path, err: BoxError) -> ! {
@@ -191,6 +142,7 @@ mod tests {
     use super::*;
     use crate::proto::etcdserverpb::{CompactionRequest, DeleteRangeRequest, InternalRaftRequest, PutRequest};
     use crate::raft::state_machine::StateMachine;
+    use crate::storage::compacted::{COPY, OLD};
 
     fn put(key: String, value: Vec<u8>) -> InternalRaftRequest {
         InternalRaftRequest {
@@ -269,7 +221,7 @@ mod tests {
         drop(sm);
         let kv = dir.path().join("kv");
         std::fs::write(kv.join(COPY), b"half a copy").unwrap();
-        std::fs::hard_link(kv.join(DATA), kv.join(OLD)).unwrap();
+        std::fs::hard_link(kv.join("data.mdb"), kv.join(OLD)).unwrap();
         let sm = StateMachine::open(&kv, &dir.path().join("snap")).unwrap();
         assert_eq!(sm.state().table_records(), records);
         assert!(!kv.join(COPY).exists() && !kv.join(OLD).exists());
