@@ -50,6 +50,17 @@ fn db_size(server: &Server) -> (i64, Option<i64>) {
     (status["dbSize"].as_i64().expect("dbSize"), status["dbSizeInUse"].as_i64())
 }
 
+/// `GET /metrics` over HTTP/1.0: etcd answers HTTP/1.1 in chunks, which may split a line.
+fn metrics_text(endpoint: &str) -> String {
+    use std::io::{Read, Write};
+    let mut tcp = std::net::TcpStream::connect(endpoint).expect("connect");
+    tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(tcp, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut response = String::new();
+    tcp.read_to_string(&mut response).expect("read /metrics");
+    response.split_once("\r\n\r\n").map_or_else(String::new, |(_, body)| body.to_string())
+}
+
 /// `get big/ --prefix -w json` without the header: the kept keys with their revisions and values.
 fn kept_keys(server: &Server) -> serde_json::Value {
     let out = server.etcdctl(&["get", "big/", "--prefix", "-w", "json"]);
@@ -154,6 +165,12 @@ async fn defragment_under_load(server: &mut Server) -> Observed {
     load.wait_for(20).await;
 
     let after = db_size(server);
+    let metrics = metrics_text(&server.endpoint());
+    assert!(
+        common::metric(&metrics, "etcd_disk_backend_defrag_duration_seconds_count") >= 1.0,
+        "{label}: the defrag is timed"
+    );
+    assert_eq!(common::metric(&metrics, "etcd_disk_defrag_inflight"), 0.0, "{label}");
     assert_eq!(kept_keys(server), kept, "{label}: the kept keys, their revisions and values are unchanged");
 
     c.put("watched/after-defrag", "x", None).await.expect("put watched key");

@@ -27,7 +27,8 @@ use crate::storage::compacted;
 
 /// How long new readers may wait for the reads in flight on the old environment (a snapshot being
 /// built or sent holds one for its whole length). Past it the defragment fails and nothing changed.
-const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
+/// (Short in unit tests, which hold a read past it.)
+const DRAIN_DEADLINE: Duration = if cfg!(test) { Duration::from_millis(500) } else { Duration::from_secs(10) };
 /// Once every `State` of the old environment is gone, its `Env` closes at once; this is only a bound
 /// on a bug (an `Env` clone kept outside a `State`).
 const CLOSE_DEADLINE: Duration = Duration::from_secs(30);
@@ -176,7 +177,7 @@ mod tests {
         // A read in flight when the defragment starts finishes on the old environment.
         let reader = sm.state();
         let held = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(200));
+            std::thread::sleep(Duration::from_millis(100));
             reader.table_records().len()
         });
         let done = sm.kv.defragment().unwrap();
@@ -211,6 +212,27 @@ mod tests {
         assert_eq!(sm.state().table_records(), records);
         assert!(sm.state().apply_requests(3, vec![put("after".into(), b"x".to_vec())])[0].is_ok());
         assert!(!dir.path().join("kv").join(COPY).exists() && !dir.path().join("kv").join(OLD).exists());
+    }
+
+    #[test]
+    fn a_read_longer_than_the_drain_deadline_fails_the_defragment_and_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let sm = mostly_freed(dir.path());
+        let (records, size) = (sm.state().table_records(), sm.state().env.real_disk_size().unwrap());
+        let reader = sm.state();
+        let held = std::thread::spawn(move || {
+            std::thread::sleep(DRAIN_DEADLINE * 3);
+            reader.table_records()
+        });
+        let err = sm.kv.defragment().unwrap_err();
+        assert!(err.to_string().contains("did not finish"), "{err}");
+        assert_eq!(held.join().unwrap(), records, "the long read saw the old environment throughout");
+        assert_eq!(sm.state().env.real_disk_size().unwrap(), size);
+        assert_eq!(sm.state().table_records(), records);
+        assert!(sm.state().apply_requests(3, vec![put("after".into(), b"x".to_vec())])[0].is_ok());
+        assert!(!dir.path().join("kv").join(COPY).exists() && !dir.path().join("kv").join(OLD).exists());
+        assert!(!sm.kv.defragmenting());
+        assert!(sm.kv.defragment().is_ok(), "with the read gone, the next defragment goes through");
     }
 
     #[test]
