@@ -119,6 +119,10 @@ pub enum EtcdError {
     /// Something keyward supports only partly so far; the message says what.
     #[error("etcdserver: {0}")]
     Unsupported(String),
+    /// Defragment could not replace the database (the old one keeps serving). etcd returns its
+    /// backend's error as is, with code Unknown.
+    #[error("defragment failed: {0}")]
+    DefragFailed(String),
     /// A storage failure inside the server; the detail is logged, not sent.
     #[error("etcdserver: internal error")]
     Internal,
@@ -160,7 +164,7 @@ impl EtcdError {
             }
             PermissionDenied | NotTrustedProxy | ForwardedCertRefused(_) => Code::PermissionDenied,
             // etcd 3.4's server does not translate these into its gRPC errors: clients see Unknown.
-            NoPasswordUser | NotEnoughStartedMembers => Code::Unknown,
+            NoPasswordUser | NotEnoughStartedMembers | DefragFailed(_) => Code::Unknown,
             InvalidAuthToken => Code::Unauthenticated,
             NoLeader | LeaderChanged | Stopped | Timeout => Code::Unavailable,
             Unsupported(_) => Code::Unimplemented,

@@ -4,7 +4,10 @@
 
 use std::sync::LazyLock;
 
-use prometheus::{Encoder, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    exponential_buckets, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
+};
 
 pub static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::new);
 
@@ -12,6 +15,169 @@ fn register<T: prometheus::core::Collector + Clone + 'static>(metric: T) -> T {
     // Registration fails only for a duplicate name, which the statics below rule out.
     let _ = REGISTRY.register(Box::new(metric.clone()));
     metric
+}
+
+fn histogram(name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
+    register(
+        Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
+            .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+}
+
+/// etcd's disk latency buckets: 1 ms doubling to 8.192 s.
+fn disk_buckets() -> Vec<f64> {
+    exponential_buckets(0.001, 2.0, 14).unwrap_or_else(|e| unreachable!("static buckets: {e}"))
+}
+
+/// keyward's raft log commit (one LMDB transaction, fsynced) of an append batch: etcd's WAL fsync.
+pub static WAL_FSYNC_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
+    histogram(
+        "etcd_disk_wal_fsync_duration_seconds",
+        "The latency distributions of fsync called by WAL.",
+        disk_buckets(),
+    )
+});
+
+/// The commit of one applied batch's kv transaction: etcd's backend commit.
+pub static BACKEND_COMMIT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
+    histogram(
+        "etcd_disk_backend_commit_duration_seconds",
+        "The latency distributions of commit called by backend.",
+        disk_buckets(),
+    )
+});
+
+pub static DEFRAG_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
+    histogram(
+        "etcd_disk_backend_defrag_duration_seconds",
+        "The latency distribution of backend defragmentation.",
+        exponential_buckets(0.1, 2.0, 13).unwrap_or_else(|e| unreachable!("static buckets: {e}")),
+    )
+});
+
+pub static LEADER_CHANGES: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(
+        IntCounter::new("etcd_server_leader_changes_seen_total", "The number of leader changes seen.")
+            .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
+/// Client requests proposed and not yet applied (or failed).
+pub static PROPOSALS_PENDING: LazyLock<IntGauge> = LazyLock::new(|| {
+    register(
+        IntGauge::new("etcd_server_proposals_pending", "The current number of pending proposals to commit.")
+            .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
+const GRPC_LABELS: [&str; 3] = ["grpc_type", "grpc_service", "grpc_method"];
+
+/// go-grpc-prometheus' server metrics, bumped by `server/grpc_metrics.rs`.
+pub static GRPC_STARTED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new("grpc_server_started_total", "Total number of RPCs started on the server."),
+            &GRPC_LABELS,
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
+pub static GRPC_HANDLED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "grpc_server_handled_total",
+                "Total number of RPCs completed on the server, regardless of success or failure.",
+            ),
+            &["grpc_type", "grpc_service", "grpc_method", "grpc_code"],
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
+pub static GRPC_HANDLING_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register(
+        HistogramVec::new(
+            HistogramOpts::new(
+                "grpc_server_handling_seconds",
+                "Histogram of response latency (seconds) of gRPC that had been application-level handled by the \
+                 server.",
+            ),
+            &GRPC_LABELS,
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
+/// etcd's `client_requests_total`: calls by type (unary, stream) and the client's `client-api-version`.
+pub static CLIENT_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new("etcd_server_client_requests_total", "The total number of client requests per client version."),
+            &["type", "client_api_version"],
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
+/// gRPC bytes (HTTP/2 DATA: messages with their 5-byte prefix) received from and sent to clients.
+pub static GRPC_RECEIVED_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(
+        IntCounter::new(
+            "etcd_network_client_grpc_received_bytes_total",
+            "The total number of bytes received from grpc clients.",
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
+pub static GRPC_SENT_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(
+        IntCounter::new("etcd_network_client_grpc_sent_bytes_total", "The total number of bytes sent to grpc clients.")
+            .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
+/// `/health` answers, under etcd's names (`HEALTH_CHECKS` counts the same by label).
+pub static HEALTH_SUCCESS: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(
+        IntCounter::new("etcd_server_health_success", "The total number of successful health checks")
+            .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
+pub static HEALTH_FAILURES: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(
+        IntCounter::new("etcd_server_health_failures", "The total number of failed health checks")
+            .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
+/// The Snapshot RPC's copy of the database: etcd's backend snapshot.
+pub static BACKEND_SNAPSHOT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
+    histogram(
+        "etcd_disk_backend_snapshot_duration_seconds",
+        "The latency distribution of backend snapshots.",
+        exponential_buckets(0.01, 2.0, 17).unwrap_or_else(|e| unreachable!("static buckets: {e}")),
+    )
+});
+
+/// At a member's start: `process_*` (CPU, memory, file descriptors, start time, from `/proc`, as Go's
+/// client reports them), and the series of keyward's counters whose label values are known, at zero,
+/// so that a dashboard sees a rate of 0 rather than no series.
+pub fn initialize() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        #[cfg(target_os = "linux")]
+        let _ = REGISTRY.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()));
+        for outcome in ["match", "mismatch", "unknown_user", "queue_full", "abandoned"] {
+            PASSWORD_CHECKS.with_label_values(&[outcome]);
+        }
+        for action in ["delayed", "refused"] {
+            LOGINS_THROTTLED.with_label_values(&[action]);
+        }
+    });
 }
 
 pub static HEALTH_CHECKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
@@ -120,49 +286,134 @@ pub static PROPOSALS_FAILED: LazyLock<IntCounter> = LazyLock::new(|| {
 /// A member's state at scrape time, as etcd's gauges report it.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NodeGauges {
+    pub member_id: u64,
+    /// The etcd version keyward answers as (`etcd_server_version`), filled by `server/http.rs`.
+    pub server_version: &'static str,
+    /// major.minor of `server_version` (`etcd_cluster_version`).
+    pub cluster_version: &'static str,
     pub has_leader: bool,
     pub is_leader: bool,
-    pub committed_index: u64,
-    pub applied_index: u64,
+    pub is_learner: bool,
+    /// Client requests (and raft's own entries) committed and applied since the process started:
+    /// keyward applies an entry as soon as it learns it is committed, so the two are the same count.
+    pub proposals_applied: u64,
+    pub current_revision: i64,
     pub quota_bytes: i64,
     pub db_size_bytes: u64,
     pub db_size_in_use_bytes: u64,
+    pub defragmenting: bool,
     pub apply_waiting_for_space: bool,
+}
+
+/// One gauge family in Prometheus' text format.
+fn gauge(out: &mut String, name: &str, help: &str, labels: &str, value: impl std::fmt::Display) {
+    use std::fmt::Write;
+    let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{labels} {value}\n");
 }
 
 /// The node's gauges, then everything registered.
 pub fn render(node: &NodeGauges) -> String {
-    let mut out = format!(
-        "# HELP etcd_server_has_leader Whether or not a leader exists. 1 is existence, 0 is not.\n\
-         # TYPE etcd_server_has_leader gauge\netcd_server_has_leader {}\n\
-         # HELP etcd_server_is_leader Whether or not this member is a leader.\n\
-         # TYPE etcd_server_is_leader gauge\netcd_server_is_leader {}\n\
-         # HELP etcd_server_proposals_committed_total The total number of consensus proposals committed.\n\
-         # TYPE etcd_server_proposals_committed_total gauge\netcd_server_proposals_committed_total {}\n\
-         # HELP etcd_server_proposals_applied_total The total number of consensus proposals applied.\n\
-         # TYPE etcd_server_proposals_applied_total gauge\netcd_server_proposals_applied_total {}\n\
-         # HELP etcd_server_quota_backend_bytes Current backend storage quota size in bytes.\n\
-         # TYPE etcd_server_quota_backend_bytes gauge\netcd_server_quota_backend_bytes {}\n\
-         # HELP etcd_mvcc_db_total_size_in_bytes Total size of the underlying database physically allocated in bytes.\n\
-         # TYPE etcd_mvcc_db_total_size_in_bytes gauge\netcd_mvcc_db_total_size_in_bytes {}\n\
-         # HELP etcd_mvcc_db_total_size_in_use_in_bytes Total size of the underlying database logically in use in bytes.\n\
-         # TYPE etcd_mvcc_db_total_size_in_use_in_bytes gauge\netcd_mvcc_db_total_size_in_use_in_bytes {}\n\
-         # HELP keyward_apply_waiting_for_space Whether applying committed entries waits for storage space (1) or not (0).\n\
-         # TYPE keyward_apply_waiting_for_space gauge\nkeyward_apply_waiting_for_space {}\n",
+    let mut out = String::new();
+    let g = &mut out;
+    gauge(
+        g,
+        "etcd_server_has_leader",
+        "Whether or not a leader exists. 1 is existence, 0 is not.",
+        "",
         u8::from(node.has_leader),
+    );
+    gauge(
+        g,
+        "etcd_server_is_leader",
+        "Whether or not this member is a leader. 1 if is, 0 otherwise.",
+        "",
         u8::from(node.is_leader),
-        node.committed_index,
-        node.applied_index,
-        node.quota_bytes,
+    );
+    gauge(
+        g,
+        "etcd_server_is_learner",
+        "Whether or not this member is a learner. 1 if is, 0 otherwise.",
+        "",
+        u8::from(node.is_learner),
+    );
+    gauge(
+        g,
+        "etcd_server_id",
+        "Server or member ID in hexadecimal format. 1 for 'server_id' label with current ID.",
+        &format!("{{server_id=\"{:x}\"}}", node.member_id),
+        1,
+    );
+    gauge(
+        g,
+        "etcd_server_version",
+        "Which version is running. 1 for 'server_version' label with current version.",
+        &format!("{{server_version=\"{}\"}}", node.server_version),
+        1,
+    );
+    gauge(
+        g,
+        "etcd_cluster_version",
+        "Which version is running. 1 for 'cluster_version' label with current cluster version",
+        &format!("{{cluster_version=\"{}\"}}", node.cluster_version),
+        1,
+    );
+    gauge(
+        g,
+        "etcd_server_proposals_committed_total",
+        "The total number of consensus proposals committed.",
+        "",
+        node.proposals_applied,
+    );
+    gauge(
+        g,
+        "etcd_server_proposals_applied_total",
+        "The total number of consensus proposals applied.",
+        "",
+        node.proposals_applied,
+    );
+    gauge(g, "etcd_server_quota_backend_bytes", "Current backend storage quota size in bytes.", "", node.quota_bytes);
+    gauge(
+        g,
+        "etcd_mvcc_db_total_size_in_bytes",
+        "Total size of the underlying database physically allocated in bytes.",
+        "",
         node.db_size_bytes,
+    );
+    gauge(
+        g,
+        "etcd_mvcc_db_total_size_in_use_in_bytes",
+        "Total size of the underlying database logically in use in bytes.",
+        "",
         node.db_size_in_use_bytes,
+    );
+    gauge(g, "etcd_debugging_mvcc_current_revision", "The current revision of store.", "", node.current_revision);
+    gauge(
+        g,
+        "etcd_disk_defrag_inflight",
+        "Whether or not defrag is active on the member. 1 means active, 0 means not.",
+        "",
+        u8::from(node.defragmenting),
+    );
+    gauge(
+        g,
+        "keyward_apply_waiting_for_space",
+        "Whether applying committed entries waits for storage space (1) or not (0).",
+        "",
         u8::from(node.apply_waiting_for_space),
     );
     let mut buf = Vec::new();
-    LazyLock::force(&HEALTH_CHECKS);
+    for family in [&HEALTH_CHECKS, &AUTH_DENIALS, &TLS_HANDSHAKE_FAILURES] {
+        LazyLock::force(family);
+    }
+    for histogram in [&WAL_FSYNC_SECONDS, &BACKEND_COMMIT_SECONDS, &DEFRAG_SECONDS, &BACKEND_SNAPSHOT_SECONDS] {
+        LazyLock::force(histogram);
+    }
+    for counter in [&GRPC_RECEIVED_BYTES, &GRPC_SENT_BYTES, &HEALTH_SUCCESS, &HEALTH_FAILURES] {
+        LazyLock::force(counter);
+    }
     LazyLock::force(&PROPOSALS_FAILED);
-    LazyLock::force(&AUTH_DENIALS);
-    LazyLock::force(&TLS_HANDSHAKE_FAILURES);
+    LazyLock::force(&PROPOSALS_PENDING);
+    LazyLock::force(&LEADER_CHANGES);
     if TextEncoder::new().encode(&REGISTRY.gather(), &mut buf).is_ok() {
         out.push_str(&String::from_utf8_lossy(&buf));
     }
@@ -176,24 +427,38 @@ mod tests {
     #[test]
     fn gauges_render_as_etcd_names_them() {
         let text = render(&NodeGauges {
+            member_id: 0xbdae9bbc11dd390d,
+            server_version: "3.4.0",
+            cluster_version: "3.4",
             has_leader: true,
             is_leader: false,
-            committed_index: 7,
-            applied_index: 6,
+            is_learner: false,
+            proposals_applied: 7,
+            current_revision: 12,
             quota_bytes: 1 << 31,
             db_size_bytes: 4096,
             db_size_in_use_bytes: 2048,
+            defragmenting: true,
             apply_waiting_for_space: true,
         });
         for line in [
             "etcd_server_has_leader 1",
             "etcd_server_is_leader 0",
+            "etcd_server_is_learner 0",
+            "etcd_server_id{server_id=\"bdae9bbc11dd390d\"} 1",
+            "etcd_server_version{server_version=\"3.4.0\"} 1",
             "etcd_server_proposals_committed_total 7",
-            "etcd_server_proposals_applied_total 6",
+            "etcd_server_proposals_applied_total 7",
             "etcd_server_quota_backend_bytes 2147483648",
             "etcd_mvcc_db_total_size_in_use_in_bytes 2048",
+            "etcd_debugging_mvcc_current_revision 12",
+            "etcd_disk_defrag_inflight 1",
             "keyward_apply_waiting_for_space 1",
             "etcd_mvcc_db_total_size_in_bytes 4096",
+            "# TYPE etcd_disk_wal_fsync_duration_seconds histogram",
+            "# TYPE etcd_disk_backend_commit_duration_seconds histogram",
+            "# TYPE etcd_server_leader_changes_seen_total counter",
+            "# TYPE etcd_server_proposals_pending gauge",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
         }

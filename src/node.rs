@@ -39,7 +39,7 @@ use crate::proto::etcdserverpb::{
 };
 use crate::raft::log_store::LogStore;
 use crate::raft::proposer::Proposer;
-use crate::raft::state_machine::{Committed, State, StateMachine};
+use crate::raft::state_machine::{Committed, KvEnv, State, StateMachine};
 use crate::raft::{NodeId, Raft};
 use crate::space::Space;
 
@@ -49,7 +49,8 @@ mod transfer;
 pub struct Node {
     pub raft: Raft,
     proposer: Proposer,
-    state: Arc<State>,
+    /// The applied state's environment, swapped by Defragment: reach it through `state()`.
+    kv: Arc<KvEnv>,
     pub member_id: u64,
     pub cluster_id: u64,
     pub name: String,
@@ -80,6 +81,8 @@ pub struct Node {
     next_request_id: AtomicU64,
     pub lessor: Arc<Lessor>,
     revision: Arc<std::sync::atomic::AtomicI64>,
+    /// Requests applied since the process started (a blank or membership entry counts as one).
+    applied_requests: Arc<AtomicU64>,
     /// The store's revision after the latest applied batch, and what that batch changed.
     pub committed: tokio::sync::broadcast::Sender<Arc<Committed>>,
     pub space: Arc<Space>,
@@ -128,7 +131,7 @@ impl Node {
         }
         let mut log = LogStore::open_with(&member_dir.join("raft"), space.clone())?;
         let sm = StateMachine::open_with(&member_dir.join("kv"), &member_dir.join("snap"), space.clone())?;
-        let state = sm.state();
+        let (state, kv) = (sm.state(), sm.kv_env());
         let lessor = Arc::new(Lessor::default());
         let tokens = Arc::new(
             Tokens::new(&config.auth_token, config.auth_token_ttl).map_err(|e| anyhow::anyhow!("--auth-token: {e}"))?,
@@ -146,9 +149,11 @@ impl Node {
             )
         };
         let (committed, _) = tokio::sync::broadcast::channel(COMMITTED_BACKLOG);
+        let applied_requests = Arc::new(AtomicU64::new(0));
         let snapshot_due = Arc::new(tokio::sync::Notify::new());
         {
             let (lessor, committed, revision) = (lessor.clone(), committed.clone(), revision.clone());
+            let applied_requests = applied_requests.clone();
             let (auth_enabled, auth_revision) = (auth_enabled.clone(), auth_revision.clone());
             let (snapshot_due, snapshot_count) = (snapshot_due.clone(), config.snapshot_count);
             let since_snapshot = AtomicU64::new(0);
@@ -160,6 +165,7 @@ impl Node {
                 }
                 since_snapshot.store(if applied >= snapshot_count { 0 } else { applied }, Ordering::Relaxed);
                 revision.store(batch.revision, Ordering::Release);
+                applied_requests.fetch_add(batch.requests, Ordering::Relaxed);
                 auth_enabled.store(batch.auth_enabled, Ordering::Release);
                 auth_revision.store(batch.auth_revision, Ordering::Release);
                 for &(id, ttl) in &batch.effects.granted {
@@ -272,7 +278,7 @@ impl Node {
         let node = Arc::new(Node {
             proposer: Proposer::start(raft.clone(), config.max_request_bytes),
             raft,
-            state,
+            kv,
             member_id,
             cluster_id,
             name: config.name.clone(),
@@ -296,6 +302,7 @@ impl Node {
             next_request_id: AtomicU64::new(((member_id & 0xffff) << 48) | ((seed & 0xff_ffff_ffff) << 8)),
             lessor,
             revision,
+            applied_requests,
             committed,
             space,
             raising_nospace: Default::default(),
@@ -318,6 +325,7 @@ impl Node {
             // committed, which openraft re-applies at once.
             node.raft.wait(None).applied_index_at_least(Some(committed.index), "committed log applied").await?;
         }
+        tokio::spawn(count_leader_changes(node.raft.clone()));
         tokio::spawn(publish_attributes(Arc::downgrade(&node)));
         tokio::spawn(extend_leases_on_leadership(Arc::downgrade(&node)));
         tokio::spawn(raise_nospace_when_storage_full(Arc::downgrade(&node)));
@@ -382,7 +390,7 @@ impl Node {
         let mine = |a: &crate::proto::etcdserverpb::AlarmMember| {
             a.member_id == self.member_id && a.alarm == AlarmType::Nospace as i32
         };
-        if self.state.active_alarms().iter().any(mine) || self.raising_nospace.swap(true, Ordering::AcqRel) {
+        if self.state().active_alarms().iter().any(mine) || self.raising_nospace.swap(true, Ordering::AcqRel) {
             return;
         }
         let alarm = AlarmRequest {
@@ -428,7 +436,7 @@ impl Node {
         let cost = crate::space::cost(&req);
         // Apply refuses it anyway while NOSPACE is active: refused here it takes no room in the raft
         // log either, which matters when the disk (not the quota) is what is full.
-        if cost > 0 && self.state.nospace() {
+        if cost > 0 && self.state().nospace() {
             return Err(EtcdError::NoSpace);
         }
         // etcd's quotaKVServer/quotaLeaseServer: a request that would take the database to the quota
@@ -475,6 +483,7 @@ impl Node {
         // etcd's request timeout: 5 s plus two election timeouts. The entry may still be committed
         // later (as in etcd, the client cannot tell); the caller is told it timed out.
         let deadline = Duration::from_secs(5) + 2 * self.election_timeout;
+        let _pending = Pending::new();
         let mut applied =
             tokio::time::timeout(deadline, self.propose_on_leader(req)).await.map_err(|_| EtcdError::Timeout)??;
         if let Some(header) = applied.header_mut() {
@@ -564,24 +573,44 @@ impl Node {
         header
     }
 
-    pub fn state(&self) -> &State {
-        &self.state
+    /// The applied state on the current kv environment. Hold it only for a read: a defragment
+    /// waits for every holder before it swaps the environment.
+    pub fn state(&self) -> Arc<State> {
+        self.kv.current()
     }
 
-    /// This member's state for `/metrics`.
+    /// Replaces the kv environment with a compacting copy (`raft/state_machine/defrag.rs`).
+    pub async fn defragment(&self) -> Result<crate::raft::state_machine::defrag::Defragmented, EtcdError> {
+        let kv = self.kv.clone();
+        match tokio::task::spawn_blocking(move || kv.defragment()).await {
+            Ok(Ok(done)) => Ok(done),
+            Ok(Err(err)) => {
+                tracing::warn!(error = %err, "failed to defragment");
+                Err(EtcdError::DefragFailed(err.to_string()))
+            }
+            Err(_) => Err(EtcdError::Internal),
+        }
+    }
+
+    /// This member's state for `/metrics` (the versions are the API layer's to fill).
     pub fn gauges(&self) -> crate::metrics::NodeGauges {
         let metrics = self.raft.metrics().borrow().clone();
         // A stopped raft core keeps its last leader in openraft's metrics: it has none any more.
         let leader = self.leader();
+        let is_learner = metrics.membership_config.membership().learner_ids().any(|id| id == self.member_id);
         crate::metrics::NodeGauges {
+            member_id: self.member_id,
             has_leader: leader.is_some(),
             is_leader: leader == Some(self.member_id),
-            committed_index: metrics.last_log_index.unwrap_or(0),
-            applied_index: metrics.last_applied.map_or(0, |l| l.index),
+            is_learner,
+            proposals_applied: self.applied_requests.load(Ordering::Relaxed),
+            current_revision: self.revision(),
             quota_bytes: self.space.quota().gauge(),
-            db_size_bytes: self.state.env.real_disk_size().unwrap_or(0),
+            db_size_bytes: self.state().env.real_disk_size().unwrap_or(0),
             db_size_in_use_bytes: self.space.in_use(),
+            defragmenting: self.kv.defragmenting(),
             apply_waiting_for_space: self.space.stalled(),
+            ..Default::default()
         }
     }
 
@@ -595,13 +624,47 @@ impl Node {
         &self,
         read: impl FnOnce(&State, &heed::RoTxn) -> Result<T, EtcdError> + Send + 'static,
     ) -> Result<T, EtcdError> {
-        let state = self.state.clone();
+        let kv = self.kv.clone();
         tokio::task::spawn_blocking(move || {
+            let state = kv.current();
             let txn = state.env.read_txn()?;
             read(&state, &txn)
         })
         .await
         .map_err(|_| EtcdError::Internal)?
+    }
+}
+
+/// etcd's `etcd_server_leader_changes_seen_total`: each time this member sees a leader where it saw
+/// another or none before (the first election included, as etcd counts it).
+async fn count_leader_changes(raft: Raft) {
+    let mut metrics = raft.metrics();
+    let mut last = None;
+    loop {
+        let leader = metrics.borrow_and_update().current_leader;
+        if leader.is_some() && leader != last {
+            crate::metrics::LEADER_CHANGES.inc();
+        }
+        last = leader;
+        if metrics.changed().await.is_err() {
+            return; // the raft core is gone
+        }
+    }
+}
+
+/// One client request proposed and not yet answered: `etcd_server_proposals_pending`.
+struct Pending;
+
+impl Pending {
+    fn new() -> Pending {
+        crate::metrics::PROPOSALS_PENDING.inc();
+        Pending
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        crate::metrics::PROPOSALS_PENDING.dec();
     }
 }
 
@@ -636,7 +699,7 @@ async fn restore_ballast(node: std::sync::Weak<Node>) {
         tick.tick().await;
         let Some(node) = node.upgrade() else { return };
         let ballast_wanted = node.space.ballast().size() > 0 && !node.space.ballast().present();
-        if !ballast_wanted || node.state.nospace() || node.space.stalled() {
+        if !ballast_wanted || node.state().nospace() || node.space.stalled() {
             continue;
         }
         let space = node.space.clone();
@@ -765,7 +828,7 @@ mod tests {
         assert!(crate::metrics::render(&node.gauges()).contains("etcd_server_has_leader 1\n"));
         let failed_before = crate::metrics::PROPOSALS_FAILED.get();
 
-        node.state.inject_failure.store(true, Ordering::SeqCst);
+        node.state().inject_failure.store(true, Ordering::SeqCst);
         assert_eq!(node.propose(put("b"), &Requester::Member).await, Err(EtcdError::Stopped));
         let fatal = tokio::time::timeout(Duration::from_secs(30), node.stopped()).await.expect("the core stops");
         assert!(fatal.to_string().contains("injected storage failure"), "{fatal}");
@@ -784,11 +847,11 @@ mod tests {
         let node = Node::start(&config(dir.path(), &fast)).await.unwrap();
         node.propose(put("a"), &Requester::Member).await.unwrap();
         // Storage stays full: apply retries the batch and the proposal waits for it.
-        node.state.inject_full.store(u32::MAX, Ordering::SeqCst);
+        node.state().inject_full.store(u32::MAX, Ordering::SeqCst);
         let started = std::time::Instant::now();
         assert_eq!(node.propose(put("b"), &Requester::Member).await, Err(EtcdError::Timeout));
         assert!(started.elapsed() >= Duration::from_secs(5), "not before etcd's request timeout");
-        node.state.inject_full.store(0, Ordering::SeqCst);
+        node.state().inject_full.store(0, Ordering::SeqCst);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -810,7 +873,7 @@ mod tests {
         let results = leader.apply_requests(1, requests.into_iter().map(as_member).collect());
         assert!(results.iter().all(Result::is_ok), "{results:?}");
 
-        node.state.install_snapshot_of(&leader).unwrap();
+        node.state().install_snapshot_of(&leader).unwrap();
 
         assert_eq!(node.lessor.time_to_live(1), None, "a lease the installed state does not hold is dropped");
         let (ttl, left) = node.lessor.time_to_live(2).expect("lease 2");
@@ -846,8 +909,8 @@ mod tests {
         };
         assert_eq!(refused, EtcdError::NoSpace);
         assert!(accepted >= 2, "{accepted}");
-        assert!(node.state.nospace());
-        let alarms = node.state.active_alarms();
+        assert!(node.state().nospace());
+        let alarms = node.state().active_alarms();
         assert_eq!(alarms.len(), 1);
         assert_eq!((alarms[0].member_id, alarms[0].alarm), (node.member_id, AlarmType::Nospace as i32));
         // Deletes still go through; a lease grant does not.
@@ -858,6 +921,6 @@ mod tests {
         let grant = crate::proto::etcdserverpb::LeaseGrantRequest { ttl: 60, id: 9 };
         let grant = InternalRaftRequest { lease_grant: Some(grant), ..Default::default() };
         assert_eq!(node.propose(grant, &Requester::anonymous()).await, Err(EtcdError::NoSpace));
-        assert_eq!(node.state.active_alarms().len(), 1, "raised once");
+        assert_eq!(node.state().active_alarms().len(), 1, "raised once");
     }
 }

@@ -9,6 +9,7 @@ use std::path::Path;
 use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvFlags, EnvOpenOptions, WithoutTls};
 
+pub mod compacted;
 pub mod table;
 
 /// The longest key LMDB accepts in its default build (`MDB_MAXKEYSIZE`); `open` checks it, and `Table`

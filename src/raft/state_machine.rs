@@ -11,7 +11,8 @@
 
 use std::fs::File;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
@@ -35,6 +36,7 @@ use crate::storage::{self, Db, LmdbEnv};
 
 #[cfg(test)]
 mod apply_fuzz;
+pub mod defrag;
 #[cfg(test)]
 pub(crate) mod snapshot_tests;
 
@@ -55,11 +57,12 @@ pub struct State {
     long: LongKeys,
     /// Every active alarm as of the latest commit, for readers that must not open a transaction
     /// (`/health`, `/metrics`, the quota check).
-    active_alarms: std::sync::RwLock<Arc<Vec<AlarmMember>>>,
-    tokens: std::sync::OnceLock<Arc<Tokens>>,
+    active_alarms: RwLock<Arc<Vec<AlarmMember>>>,
     meta: Db,
-    snaps: SnapDir,
-    observer: std::sync::OnceLock<Observer>,
+    /// What this environment's `State` hands on to the one that replaces it (`defrag.rs`).
+    tokens: Arc<OnceLock<Arc<Tokens>>>,
+    snaps: Arc<SnapDir>,
+    observer: Arc<OnceLock<Observer>>,
     /// Tests: how many more batches find storage full before anything is written.
     #[cfg(test)]
     pub(crate) inject_full: std::sync::atomic::AtomicU32,
@@ -97,7 +100,40 @@ pub type Observer = Box<dyn Fn(Committed) + Send + Sync>;
 
 #[derive(Clone)]
 pub struct StateMachine {
-    state: Arc<State>,
+    kv: Arc<KvEnv>,
+}
+
+/// The kv environment as every holder reaches it (the node's read path, apply, snapshots): the one
+/// indirection Defragment swaps (`defrag.rs`). A reader takes the current `State`, an `Arc`, so a read
+/// in flight keeps its environment open until it ends; writers (apply, snapshot installs) also hold
+/// `writing`, which Defragment takes to pause them.
+pub struct KvEnv {
+    /// `None` only while Defragment, holding the write lock, closes one environment and opens the
+    /// next: no reader can see it.
+    current: RwLock<Option<Arc<State>>>,
+    writing: Mutex<()>,
+    /// A defragment is running (etcd's `etcd_disk_defrag_inflight`).
+    defragmenting: AtomicBool,
+}
+
+impl KvEnv {
+    /// The applied state on the current environment.
+    pub fn current(&self) -> Arc<State> {
+        let current = self.current.read().unwrap_or_else(PoisonError::into_inner);
+        // Invariant: `None` only under Defragment's write lock (see `current`).
+        current.clone().expect("the kv environment is open outside a defragment's swap")
+    }
+
+    /// Runs `write` on the current state with writes paused for Defragment.
+    fn write<T>(&self, write: impl FnOnce(&State) -> T) -> T {
+        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        write(&self.current())
+    }
+
+    /// Whether a defragment is running.
+    pub fn defragmenting(&self) -> bool {
+        self.defragmenting.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -136,6 +172,51 @@ impl StateMachine {
 
     /// Opens the state machine; `space` sets the quota (and with it the map size) and the ballast.
     pub fn open_with(kv_dir: &Path, snap_dir: &Path, space: Arc<Space>) -> Result<Self, heed::Error> {
+        let snaps = SnapDir::open(snap_dir).map_err(|e| heed::Error::Io(std::io::Error::other(e)))?;
+        if kv_dir.exists() {
+            storage::compacted::remove_leftovers(kv_dir).map_err(heed::Error::Io)?;
+        }
+        let carried = Carried {
+            space,
+            tokens: Default::default(),
+            snaps: Arc::new(snaps),
+            observer: Default::default(),
+            audit: None,
+        };
+        let state = State::open(kv_dir, carried)?;
+        let kv = KvEnv {
+            current: RwLock::new(Some(Arc::new(state))),
+            writing: Mutex::new(()),
+            defragmenting: AtomicBool::new(false),
+        };
+        Ok(StateMachine { kv: Arc::new(kv) })
+    }
+
+    /// The applied state on the current kv environment.
+    pub fn state(&self) -> Arc<State> {
+        self.kv.current()
+    }
+
+    /// The swappable kv environment, for the node to hold.
+    pub fn kv_env(&self) -> Arc<KvEnv> {
+        self.kv.clone()
+    }
+}
+
+/// What a `State` hands on to the one that replaces it after a defragment: everything that is not
+/// tied to the environment (the permission cache is rebuilt on use, alarms and size are re-read).
+#[derive(Clone)]
+struct Carried {
+    space: Arc<Space>,
+    tokens: Arc<OnceLock<Arc<Tokens>>>,
+    snaps: Arc<SnapDir>,
+    observer: Arc<OnceLock<Observer>>,
+    audit: Option<Arc<crate::audit::AuditLog>>,
+}
+
+impl State {
+    /// Opens the environment at `kv_dir` and the state on it.
+    fn open(kv_dir: &Path, carried: Carried) -> Result<State, heed::Error> {
         let [live, revs, index, kv_meta] = KvStore::TABLES;
         let [leases, lease_keys] = LeaseStore::TABLES;
         let [users, roles, auth_meta] = AuthStore::TABLES;
@@ -155,10 +236,9 @@ impl StateMachine {
             "sm_meta",
         ];
         let existing = std::fs::metadata(kv_dir.join("data.mdb")).map_or(0, |m| m.len());
-        let map_size = crate::space::map_size(space.quota(), existing);
+        let map_size = crate::space::map_size(carried.space.quota(), existing);
         let (env, dbs) = storage::open_with_map_size(kv_dir, names, storage::Durability::LastCommitMayUndo, map_size)?;
         let [live, revs, index, kv_meta, leases, lease_keys, users, roles, auth_meta, alarms, long_keys, meta] = dbs;
-        let snaps = SnapDir::open(snap_dir).map_err(|e| heed::Error::Io(std::io::Error::other(e)))?;
         let long = LongKeys::new(long_keys);
         let state = State {
             env,
@@ -166,13 +246,13 @@ impl StateMachine {
             leases: LeaseStore::new([leases, lease_keys], long),
             auth: AuthStore::new([users, roles, auth_meta], long),
             alarms: AlarmStore::new([alarms]),
-            space,
+            space: carried.space,
             long,
             active_alarms: Default::default(),
-            tokens: std::sync::OnceLock::new(),
             meta,
-            snaps,
-            observer: std::sync::OnceLock::new(),
+            tokens: carried.tokens,
+            snaps: carried.snaps,
+            observer: carried.observer,
             #[cfg(test)]
             inject_full: Default::default(),
             #[cfg(test)]
@@ -183,11 +263,21 @@ impl StateMachine {
             let txn = state.env.read_txn()?;
             state.after_commit(&txn)?;
         }
-        Ok(StateMachine { state: Arc::new(state) })
+        if let Some(audit) = carried.audit {
+            let _ = state.auth.audit.set(audit);
+        }
+        Ok(state)
     }
 
-    pub fn state(&self) -> Arc<State> {
-        self.state.clone()
+    /// What the `State` that replaces this one keeps.
+    fn carried(&self) -> Carried {
+        Carried {
+            space: self.space.clone(),
+            tokens: self.tokens.clone(),
+            snaps: self.snaps.clone(),
+            observer: self.observer.clone(),
+            audit: self.auth.audit.get().cloned(),
+        }
     }
 }
 
@@ -365,7 +455,9 @@ impl State {
         let (auth_enabled, auth_revision) = (self.auth.enabled(&txn)?, self.auth.revision(&txn)?);
         self.refresh_size_in_use(&txn)?;
         let alarms = effects.alarms_changed.then(|| self.alarms.list(&txn, AlarmType::None as i32)).transpose()?;
+        let committing = std::time::Instant::now();
         txn.commit().map_err(|e| self.write_failure(e))?;
+        crate::metrics::BACKEND_COMMIT_SECONDS.observe(committing.elapsed().as_secs_f64());
         if let Some(alarms) = alarms {
             *self.active_alarms.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(alarms);
         }
@@ -510,10 +602,12 @@ fn to_snapshot((meta, file): (Meta, File)) -> Snapshot<TypeConfig> {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        let state = self.state.clone();
-        blocking(move || state.build_snapshot().map_err(|e| StorageIOError::write_snapshot(None, any_error(e)).into()))
-            .await
-            .map(to_snapshot)
+        let kv = self.kv.clone();
+        blocking(move || {
+            kv.current().build_snapshot().map_err(|e| StorageIOError::write_snapshot(None, any_error(e)).into())
+        })
+        .await
+        .map(to_snapshot)
     }
 }
 
@@ -521,9 +615,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     type SnapshotBuilder = Self;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
-        let state = self.state.clone();
-        blocking(move || state.applied_state().map_err(|e| StorageIOError::read_state_machine(any_error(e)).into()))
-            .await
+        let kv = self.kv.clone();
+        blocking(move || {
+            kv.current().applied_state().map_err(|e| StorageIOError::read_state_machine(any_error(e)).into())
+        })
+        .await
     }
 
     async fn apply<I>(&mut self, entries: I) -> Result<Vec<BatchResults>, StorageError>
@@ -532,9 +628,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: Send,
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
-        let state = self.state.clone();
+        let kv = self.kv.clone();
         blocking(move || {
-            state.apply_until_applied(&entries).map_err(|e| StorageIOError::write_state_machine(any_error(e)).into())
+            kv.write(|state| state.apply_until_applied(&entries))
+                .map_err(|e| StorageIOError::write_state_machine(any_error(e)).into())
         })
         .await
     }
@@ -544,10 +641,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotData>, StorageError> {
-        let state = self.state.clone();
+        let kv = self.kv.clone();
         blocking(move || {
             let (temp, file) =
-                state.snaps.temp("receive").map_err(|e| StorageIOError::write_snapshot(None, any_error(e)))?;
+                kv.current().snaps.temp("receive").map_err(|e| StorageIOError::write_snapshot(None, any_error(e)))?;
             Ok(Box::new(SnapshotData::receiving(temp, file)))
         })
         .await
@@ -558,15 +655,18 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             StorageIOError::write_snapshot(Some(meta.signature()), any_error(e)).into()
         }
         let (file, received) = snapshot.finish().await.map_err(|e| failed(meta, e))?;
-        let (state, meta) = (self.state.clone(), meta.clone());
-        blocking(move || state.install_snapshot(&meta, file, received).map_err(|e| failed(&meta, e))).await
+        let (kv, meta) = (self.kv.clone(), meta.clone());
+        blocking(move || kv.write(|state| state.install_snapshot(&meta, file, received)).map_err(|e| failed(&meta, e)))
+            .await
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        let state = self.state.clone();
-        blocking(move || state.snaps.current().map_err(|e| StorageIOError::read_snapshot(None, any_error(e)).into()))
-            .await
-            .map(|current| current.map(to_snapshot))
+        let kv = self.kv.clone();
+        blocking(move || {
+            kv.current().snaps.current().map_err(|e| StorageIOError::read_snapshot(None, any_error(e)).into())
+        })
+        .await
+        .map(|current| current.map(to_snapshot))
     }
 }
 

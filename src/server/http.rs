@@ -10,7 +10,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
-use super::maintenance::ETCD_API_VERSION;
+use super::maintenance::{ETCD_API_VERSION, ETCD_CLUSTER_VERSION};
 use crate::node::Node;
 use crate::proto::etcdserverpb::AlarmType;
 
@@ -51,6 +51,7 @@ async fn health(State(node): State<Arc<Node>>, uri: axum::http::Uri) -> impl Int
         }
     };
     crate::metrics::HEALTH_CHECKS.with_label_values(&[if healthy { "success" } else { "failed" }]).inc();
+    if healthy { &crate::metrics::HEALTH_SUCCESS } else { &crate::metrics::HEALTH_FAILURES }.inc();
     let (status, body) = if healthy {
         (StatusCode::OK, r#"{"health":"true"}"#)
     } else {
@@ -60,7 +61,12 @@ async fn health(State(node): State<Arc<Node>>, uri: axum::http::Uri) -> impl Int
 }
 
 async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::render(&node.gauges()))
+    let gauges = crate::metrics::NodeGauges {
+        server_version: ETCD_API_VERSION,
+        cluster_version: ETCD_CLUSTER_VERSION,
+        ..node.gauges()
+    };
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::render(&gauges))
 }
 
 async fn version() -> impl IntoResponse {

@@ -31,6 +31,8 @@ use crate::storage::LmdbEnv;
 
 /// The etcd API version keyward speaks.
 pub const ETCD_API_VERSION: &str = "3.4.0";
+/// Its major.minor, as etcd reports its cluster version.
+pub const ETCD_CLUSTER_VERSION: &str = "3.4";
 
 /// Bytes per snapshot chunk, as etcd's `snapshotSendBufferSize`.
 const SNAPSHOT_CHUNK: usize = 32 * 1024;
@@ -139,16 +141,19 @@ impl Maintenance for MaintenanceService {
         Ok(Response::new(resp))
     }
 
-    /// etcd's Defragment rewrites bbolt's file to give back the space of freed pages. LMDB reuses freed
-    /// pages in place for later writes, so there is no fragmentation of that kind to remove: keyward
-    /// answers success without touching the file (and logs that nothing was needed). The space freed by
-    /// compaction is reused, not returned to the file system; `snapshot save` writes a compacted copy.
-    /// The quota counts pages in use, so writes fit again after compaction without a defragment.
+    /// etcd's Defragment rewrites its backend's file without the free pages. LMDB reuses freed pages in
+    /// place but never shrinks its file: keyward replaces the kv environment with a compacting copy
+    /// (`raft/state_machine/defrag.rs`). Writes wait meanwhile, as in etcd; reads wait only while the
+    /// environments are swapped. A failure leaves the old environment serving.
     async fn defragment(&self, request: Request<DefragmentRequest>) -> Result<Response<DefragmentResponse>, Status> {
         self.require_admin(&request, "defragment").await?;
+        tracing::info!("starting defragment");
+        let done = self.node.defragment().await?;
         tracing::info!(
-            "defragment requested: nothing to do (LMDB reuses freed pages in place, there is no \
-             fragmentation to remove)"
+            before_bytes = done.before,
+            after_bytes = done.after,
+            took = ?done.took,
+            "finished defragment"
         );
         Ok(Response::new(DefragmentResponse { header: self.node.header(0) }))
     }
@@ -189,9 +194,10 @@ impl Maintenance for MaintenanceService {
         request: Request<SnapshotRequest>,
     ) -> Result<Response<BoxStream<SnapshotResponse>>, Status> {
         self.require_admin(&request, "snapshot").await?;
-        let env = self.node.state().env.clone();
+        // The state, not only its env: a defragment waits for the copy to end before it swaps.
+        let state = self.node.state();
         let (file, total) =
-            tokio::task::spawn_blocking(move || copy_env(&env)).await.map_err(|_| EtcdError::Internal)??;
+            tokio::task::spawn_blocking(move || copy_env(&state.env)).await.map_err(|_| EtcdError::Internal)??;
         let header = self.node.header(0);
         let (tx, rx) = mpsc::channel(SNAPSHOT_QUEUE);
         tokio::task::spawn_blocking(move || send_snapshot(file, total, header, tx));
@@ -246,6 +252,7 @@ fn copy_env(env: &LmdbEnv) -> Result<(File, u64), EtcdError> {
         file.rewind().map_err(io_error)?;
         env.copy_to_file(&mut file, heed::CompactionOption::Disabled)?;
     }
+    crate::metrics::BACKEND_SNAPSHOT_SECONDS.observe(start.elapsed().as_secs_f64());
     let copied = file.metadata().map_err(io_error)?.len();
     let total = copied.div_ceil(SNAPSHOT_ALIGN) * SNAPSHOT_ALIGN;
     if total != copied {

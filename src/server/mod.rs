@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod cluster;
+pub mod grpc_metrics;
 pub mod http;
 pub mod kv;
 pub mod lease;
@@ -41,6 +42,8 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let bound = bind(listeners, "client").await?;
+    grpc_metrics::initialize();
+    crate::metrics::initialize();
     serve_bound(bound, tls, Some(limits), move || routes(node.clone()), shutdown).await
 }
 
@@ -187,5 +190,8 @@ fn routes(node: Arc<Node>) -> Routes {
         .add_service(watch)
         .add_service(auth);
     let gateway = crate::gateway::router(grpc.clone(), node.max_request_bytes);
-    Routes::from(grpc.into_axum_router().merge(http::router(node)).merge(gateway))
+    // etcd's grpc_server_* metrics for every gRPC call of a client (the gateway's in-process calls
+    // are not counted: they are the HTTP requests it serves).
+    let grpc = grpc.into_axum_router().layer(axum::middleware::from_fn(grpc_metrics::record));
+    Routes::from(grpc.merge(http::router(node)).merge(gateway))
 }

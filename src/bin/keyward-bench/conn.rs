@@ -159,9 +159,69 @@ async fn connect(endpoint: &str, tls: Option<Arc<ClientConfig>>, args: &BenchArg
         let server_name = ServerName::try_from(host.clone()).with_context(|| format!("server name {host:?}"))?;
         ep.connect_with_connector(TlsConnector::new(config, server_name)).await
     } else {
+        // hyper's HTTP/2 handshake does not wait for the server: a TLS listener would only show up as
+        // "h2 protocol error" on the first request. Ask first, to say what is wrong.
+        probe_plaintext(endpoint, host_port, args.dial_timeout).await?;
         ep.connect().await
     };
-    channel.map_err(|e| anyhow!("connect to {endpoint}: {}", error_chain(&e)))
+    channel.map_err(|e| {
+        let chain = error_chain(&e);
+        let hint = if chain.contains("InvalidContentType") || chain.contains("corrupt message") {
+            " (the server does not speak TLS there: use http://)"
+        } else if chain.contains("Connection refused") {
+            " (nothing listens at that address)"
+        } else {
+            ""
+        };
+        anyhow!("connect to {endpoint}: {chain}{hint}")
+    })
+}
+
+/// The HTTP/2 client preface and an empty SETTINGS frame.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+/// Opens a TCP connection to `host_port`, sends the HTTP/2 preface and reads what comes back: a
+/// refused or unreachable address, a TLS listener, or an HTTP/1 server become errors that say so.
+async fn probe_plaintext(endpoint: &str, host_port: &str, dial_timeout: std::time::Duration) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = match tokio::time::timeout(dial_timeout, tokio::net::TcpStream::connect(host_port)).await {
+        Ok(Ok(tcp)) => tcp,
+        Ok(Err(e)) => bail!("connect to {endpoint}: cannot open a TCP connection to {host_port}: {e}"),
+        Err(_) => bail!("connect to {endpoint}: no TCP connection to {host_port} within {dial_timeout:?}"),
+    };
+    tcp.write_all(H2_PREFACE).await.with_context(|| format!("connect to {endpoint}: write to {host_port}"))?;
+    let mut answer = [0u8; 128];
+    let read = tokio::time::timeout(dial_timeout, tcp.read(&mut answer)).await;
+    let Ok(read) = read else { return Ok(()) }; // a slow server: let the real connection find out
+    let answer = &answer[..read.unwrap_or(0)];
+    match classify_answer(answer) {
+        Some(cause) => bail!("connect to {endpoint}: {cause}"),
+        None => Ok(()),
+    }
+}
+
+/// Why the first bytes a server sent back to the HTTP/2 preface mean it does not speak plaintext
+/// gRPC; `None` when they are an HTTP/2 frame.
+fn classify_answer(answer: &[u8]) -> Option<String> {
+    const TLS: &str = "the server speaks TLS there: use https:// with --cacert (and --cert/--key if it asks for a \
+                       client certificate)";
+    match answer {
+        [] => Some(format!("the server closed the connection on the HTTP/2 preface; probably a TLS listener: {TLS}")),
+        // A TLS record: alert (21) or handshake (22), version 3.x.
+        [21 | 22, 3, ..] => Some(TLS.to_string()),
+        _ if answer.starts_with(b"HTTP/1.") => {
+            let text = String::from_utf8_lossy(answer);
+            if text.contains("HTTPS server") {
+                Some(TLS.to_string()) // Go's TLS server answers plaintext HTTP so
+            } else {
+                let status = text.lines().next().unwrap_or_default().to_string();
+                Some(format!("the server answers HTTP/1 ({status}), not gRPC over HTTP/2"))
+            }
+        }
+        // An HTTP/2 frame header: 3 bytes of length, then the type (the server's SETTINGS, or GOAWAY).
+        [_, _, _, 0x4 | 0x7, ..] => None,
+        _ => Some(format!("the server's answer is not HTTP/2 (first bytes {:02x?})", &answer[..answer.len().min(8)])),
+    }
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -173,4 +233,22 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_to_the_preface_name_the_cause() {
+        assert_eq!(classify_answer(&[0, 0, 6, 4, 0, 0, 0, 0, 0]), None, "an HTTP/2 SETTINGS frame");
+        let tls_alert = [21, 3, 3, 0, 2, 2, 50];
+        assert!(classify_answer(&tls_alert).unwrap().contains("use https://"));
+        let go_tls = b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n";
+        assert!(classify_answer(go_tls).unwrap().contains("speaks TLS"));
+        assert!(classify_answer(b"").unwrap().contains("closed the connection"));
+        let http1 = b"HTTP/1.1 505 HTTP Version Not Supported\r\n\r\n";
+        assert!(classify_answer(http1).unwrap().contains("HTTP/1 (HTTP/1.1 505"));
+        assert!(classify_answer(b"SSH-2.0-OpenSSH\r\n").unwrap().contains("not HTTP/2"));
+    }
 }

@@ -49,6 +49,8 @@ pub struct Summary {
     pub errors: u64,
     pub elapsed: Duration,
     pub latency: Percentiles,
+    /// etcd `benchmark`'s `Response time histogram:` and `Latency distribution:` blocks.
+    pub histogram: String,
     pub error_kinds: BTreeMap<String, u64>,
     /// Extra workload-specific counters (`puts`, `expected_events`, `reauthentications`, ...).
     pub extra: Vec<(&'static str, f64)>,
@@ -101,6 +103,8 @@ impl Summary {
         self.errors = merged.errors.values().sum();
         self.elapsed = elapsed;
         self.latency = Percentiles::of(&mut merged.latencies_us);
+        let seconds: Vec<f64> = merged.latencies_us.iter().map(|&us| f64::from(us) / 1e6).collect();
+        self.histogram = etcd_histogram(&seconds);
         self.error_kinds = merged.errors;
     }
 
@@ -140,6 +144,7 @@ impl Summary {
         for (name, value) in &self.extra {
             let _ = writeln!(out, "  {:<19}{}", format!("{name}:"), trim_float(*value));
         }
+        out.push_str(&self.histogram);
         if !self.error_kinds.is_empty() {
             let _ = writeln!(out, "  errors by message:");
             for (message, n) in &self.error_kinds {
@@ -177,6 +182,61 @@ impl Summary {
         out.push('}');
         out
     }
+}
+
+/// etcd `benchmark`'s latency blocks for `sorted` latencies in seconds (ascending), as etcd's
+/// `pkg/report` prints them with the benchmark's `%4.4f` precision: a histogram of ten equal buckets
+/// from the fastest to the slowest (each line the bucket's upper bound, its count and a bar of up to 40
+/// `∎`), then the latency at each of 10, 25, 50, 75, 90, 95, 99 and 99.9 %. Empty without samples.
+pub fn etcd_histogram(sorted: &[f64]) -> String {
+    let Some((&fastest, &slowest)) = sorted.first().zip(sorted.last()) else { return String::new() };
+    let mut out = String::from("\nResponse time histogram:\n");
+    const BUCKETS: usize = 10;
+    let width = (slowest - fastest) / BUCKETS as f64;
+    let mut bounds: Vec<f64> = (0..BUCKETS).map(|i| fastest + width * i as f64).collect();
+    bounds.push(slowest);
+    let mut counts = vec![0usize; bounds.len()];
+    let mut bucket = 0;
+    for &latency in sorted {
+        // Sorted: move up to the first bucket whose bound holds it (the last bound is the slowest).
+        while latency > bounds[bucket] && bucket < bounds.len() - 1 {
+            bucket += 1;
+        }
+        counts[bucket] += 1;
+    }
+    let max = counts.iter().copied().max().unwrap_or(0);
+    for (bound, &count) in bounds.iter().zip(&counts) {
+        let bar = (count * 40).checked_div(max).unwrap_or(0);
+        let _ = writeln!(out, "  {bound:4.4} [{count}]\t|{}", "∎".repeat(bar));
+    }
+    out.push_str("\nLatency distribution:\n");
+    for (percent, latency) in ETCD_PERCENTILES.iter().zip(etcd_percentiles(sorted)) {
+        if latency > 0.0 {
+            let _ = writeln!(out, "  {percent}% in {latency:4.4} secs.");
+        }
+    }
+    out
+}
+
+/// The percentiles etcd's report prints, with Go's `%v` text.
+const ETCD_PERCENTILES: [&str; 8] = ["10", "25", "50", "75", "90", "95", "99", "99.9"];
+
+/// etcd's `percentiles`: the first sample at or past each percentile's rank, one percentile per
+/// sample at most (0 for a percentile no sample reached, which is then not printed).
+fn etcd_percentiles(sorted: &[f64]) -> [f64; 8] {
+    const AT: [f64; 8] = [10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0, 99.9];
+    let mut data = [0.0; 8];
+    let mut next = 0;
+    for (i, &latency) in sorted.iter().enumerate() {
+        if next == AT.len() {
+            break;
+        }
+        if i as f64 * 100.0 / sorted.len() as f64 >= AT[next] {
+            data[next] = latency;
+            next += 1;
+        }
+    }
+    data
 }
 
 fn trim_float(v: f64) -> String {
@@ -269,6 +329,46 @@ mod tests {
         assert_eq!(p.mean, 50.5);
         assert_eq!(Percentiles::of(&mut []), Percentiles::default());
         assert_eq!(Percentiles::of(&mut [7]).p99, 7);
+    }
+
+    #[test]
+    fn the_histogram_is_etcds() {
+        // 1 to 100 ms, one sample each: ten buckets of 9.9 ms from 1 ms.
+        let samples: Vec<f64> = (1..=100).map(|ms| f64::from(ms) / 1000.0).collect();
+        let text = etcd_histogram(&samples);
+        let expected = "
+Response time histogram:
+  0.0010 [1]\t|∎∎∎∎
+  0.0109 [9]\t|∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎
+  0.0208 [10]\t|∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎
+  0.0307 [10]\t|∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎
+  0.0406 [10]\t|∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎
+  0.0505 [10]\t|∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎
+  0.0604 [10]\t|∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎
+  0.0703 [10]\t|∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎
+  0.0802 [10]\t|∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎
+  0.0901 [10]\t|∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎
+  0.1000 [10]\t|∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎
+
+Latency distribution:
+  10% in 0.0110 secs.
+  25% in 0.0260 secs.
+  50% in 0.0510 secs.
+  75% in 0.0760 secs.
+  90% in 0.0910 secs.
+  95% in 0.0960 secs.
+  99% in 0.1000 secs.
+";
+        assert_eq!(text, expected);
+    }
+
+    #[test]
+    fn one_sample_and_no_samples() {
+        assert_eq!(etcd_histogram(&[]), "");
+        let one = etcd_histogram(&[0.002]);
+        assert!(one.starts_with("\nResponse time histogram:\n  0.0020 [1]\t|∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎\n  0.0020 [0]\t|\n"), "{one}");
+        // etcd's ranks: the one sample is at 0 %, below every percentile, so none is printed.
+        assert!(one.ends_with("\nLatency distribution:\n"), "{one}");
     }
 
     #[test]

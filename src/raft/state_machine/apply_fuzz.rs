@@ -251,7 +251,7 @@ impl Member {
 
     /// Every replicated table, as a snapshot would hold it.
     fn tables(&self) -> TableRecords {
-        self.sm.state.table_records()
+        self.sm.state().table_records()
     }
 }
 
@@ -268,8 +268,8 @@ proptest! {
         let mut before = a.tables();
         for (i, req) in reqs.into_iter().enumerate() {
             let index = i as u64 + 1;
-            let ra = a.sm.state.apply_batch(&[entry(index, req.clone())]).map_err(|e| fail("apply (member a)", e))?;
-            let rb = b.sm.state.apply_batch(&[entry(index, req.clone())]).map_err(|e| fail("apply (member b)", e))?;
+            let ra = a.sm.state().apply_batch(&[entry(index, req.clone())]).map_err(|e| fail("apply (member a)", e))?;
+            let rb = b.sm.state().apply_batch(&[entry(index, req.clone())]).map_err(|e| fail("apply (member b)", e))?;
             prop_assert_eq!(&ra, &rb, "members disagree on {:?}", req);
             let after = a.tables();
             prop_assert_eq!(&after, &b.tables(), "members' tables differ after {:?}", req);

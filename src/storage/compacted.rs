@@ -1,0 +1,65 @@
+//! The files of an environment replaced by a compacting copy of itself (`raft/state_machine/defrag.rs`
+//! drives it): the copy is written and synced beside `data.mdb`, the old file keeps a second name
+//! until the copy has opened, and whatever a crash leaves is removed at the next open. At every
+//! instant `data.mdb` is the old file or the complete copy.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use super::LmdbEnv;
+
+const DATA: &str = "data.mdb";
+pub(crate) const COPY: &str = "data.mdb.defrag.tmp";
+pub(crate) const OLD: &str = "data.mdb.predefrag";
+
+/// Writes a compacting copy of `env` (free pages left out) beside its `data.mdb`, owner-only as every
+/// data file, fsynced; then gives the current `data.mdb` the second name `OLD` (a hard link: no copy).
+pub fn prepare(env: &LmdbEnv) -> heed::Result<()> {
+    let dir = env.path();
+    let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(dir.join(COPY))?;
+    env.copy_to_file(&mut file, heed::CompactionOption::Enabled)?;
+    file.sync_all()?;
+    remove_if_present(&dir.join(OLD))?;
+    std::fs::hard_link(dir.join(DATA), dir.join(OLD))?;
+    Ok(())
+}
+
+/// Renames the copy over `data.mdb` (durably). The environment must be closed.
+pub fn swap_in(dir: &Path) -> io::Result<()> {
+    std::fs::rename(dir.join(COPY), dir.join(DATA))?;
+    sync_dir(dir)
+}
+
+/// Puts the old file back as `data.mdb` (durably), after the copy failed to open.
+pub fn roll_back(dir: &Path) -> io::Result<()> {
+    std::fs::rename(dir.join(OLD), dir.join(DATA))?;
+    sync_dir(dir)
+}
+
+/// Removes the copy and the old file's second name, if present (after a swap, a failure, or a crash
+/// at any point of one).
+pub fn remove_leftovers(dir: &Path) -> io::Result<()> {
+    let mut removed = false;
+    for name in [COPY, OLD] {
+        removed |= remove_if_present(&dir.join(name))?;
+    }
+    if removed {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+fn remove_if_present(path: &Path) -> io::Result<bool> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Makes a rename or removal in `dir` durable.
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
