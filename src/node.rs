@@ -130,6 +130,7 @@ impl Node {
             tracing::warn!(error = %e, "cannot put the disk-full ballast in place; will try again later");
         }
         let mut log = LogStore::open_with(&member_dir.join("raft"), space.clone())?;
+        prepare_unsynced_kv(&member_dir)?;
         let sm = StateMachine::open_with(&member_dir.join("kv"), &member_dir.join("snap"), space.clone())?;
         let (state, kv) = (sm.state(), sm.kv_env());
         let lessor = Arc::new(Lessor::default());
@@ -797,6 +798,35 @@ async fn extend_leases_on_leadership(node: std::sync::Weak<Node>) {
             return;
         }
     }
+}
+
+/// The kv environment commits without syncing (`raft/unsynced.rs`). If the run that left unsynced
+/// pages ran under another kernel (an operating-system crash or power loss since), the environment
+/// may be torn: it is thrown away, and the current snapshot (installed when the state machine opens)
+/// plus the raft log after it rebuild it. Then this run is recorded as the one that may leave
+/// unsynced pages.
+fn prepare_unsynced_kv(member_dir: &std::path::Path) -> anyhow::Result<()> {
+    use crate::raft::unsynced::{self, Previous};
+    let boot = unsynced::boot_id();
+    let previous = unsynced::previous(member_dir, boot.as_deref())
+        .map_err(|e| anyhow::anyhow!("read {}: {e}", member_dir.join(unsynced::MARKER).display()))?;
+    match previous {
+        Previous::Clean => {}
+        Previous::SameBoot => tracing::info!(
+            "the last run stopped without a clean shutdown under this same kernel: its applied writes are in the \
+             page cache"
+        ),
+        Previous::OtherBoot => {
+            tracing::warn!(
+                "the last run stopped without syncing the kv environment and the machine restarted since (or its \
+                 boot id is unknown): rebuilding the kv environment from the current snapshot and the raft log"
+            );
+            let kv = member_dir.join("kv");
+            unsynced::discard(&kv).map_err(|e| anyhow::anyhow!("discard {}: {e}", kv.display()))?;
+        }
+    }
+    unsynced::mark(member_dir, boot.as_deref())
+        .map_err(|e| anyhow::anyhow!("write {}: {e}", member_dir.join(unsynced::MARKER).display()))
 }
 
 #[cfg(test)]

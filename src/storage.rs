@@ -31,10 +31,11 @@ pub enum Durability {
     /// Every commit is on disk when it returns (the raft log and vote: an acknowledged write must
     /// survive power loss).
     Full,
-    /// Data pages are synced on commit but the meta page is not: a power loss can undo the last
-    /// commit, never corrupt or half-apply one (LMDB's `MDB_NOMETASYNC`). Right for the state
-    /// machine, whose applied log id is in the same commit: raft replays an undone batch from the log.
-    LastCommitMayUndo,
+    /// Commits are not synced: a commit is in the page cache when it returns, which a process crash
+    /// never loses, while an operating-system crash or power loss may lose or tear it (LMDB's
+    /// `MDB_NOSYNC`). Only for the state machine, which is rebuilt from the current snapshot and the
+    /// raft log after such a crash (`raft/unsynced.rs`), as etcd replays its WAL onto its backend.
+    Deferred,
 }
 
 /// Opens (creating if needed) the environment at `dir` and the named databases in it.
@@ -52,12 +53,12 @@ pub fn open_with_map_size<const N: usize>(
     crate::data_dir::create_private_dir(dir)?;
     let mut options = EnvOpenOptions::new().read_txn_without_tls();
     options.map_size(map_size).max_dbs(N as u32).max_readers(1024);
-    if durability == Durability::LastCommitMayUndo {
-        // SAFETY: MDB_NOMETASYNC only relaxes when the meta page reaches the disk; LMDB documents that
-        // it keeps atomicity, consistency and isolation (see `Durability`).
+    if durability == Durability::Deferred {
+        // SAFETY: MDB_NOSYNC only drops the syncs at commit; LMDB documents that atomicity,
+        // consistency and isolation stay, and durability is the caller's (see `Durability`).
         #[allow(unsafe_code)]
         unsafe {
-            options.flags(EnvFlags::NO_META_SYNC);
+            options.flags(EnvFlags::NO_SYNC);
         }
     }
     // SAFETY: LMDB requires that an environment is opened at most once per process and that the file is

@@ -387,3 +387,97 @@ async fn restart_after_a_raft_snapshot_keeps_all_data() {
     let r = c.put("after", "snapshot", None).await.unwrap();
     assert_eq!(r.header().unwrap().revision(), last_rev + 1);
 }
+
+// ---------------------------------------------------------------------------
+// an operating-system crash: the unsynced kv environment is rebuilt
+// ---------------------------------------------------------------------------
+
+/// Puts `keys` keys `{prefix}{i:05}` with 8 writers; returns each key's revision.
+async fn put_many(client: &Client, prefix: &str, keys: usize) -> BTreeMap<String, i64> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut writers = Vec::new();
+    for _ in 0..8 {
+        let (mut c, next, prefix) = (client.clone(), next.clone(), prefix.to_string());
+        writers.push(tokio::spawn(async move {
+            let mut acked = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= keys {
+                    return acked;
+                }
+                let key = format!("{prefix}{i:05}");
+                let resp =
+                    c.put(key.as_str(), format!("v{i}"), None).await.unwrap_or_else(|e| panic!("put {key}: {e}"));
+                acked.push((key, resp.header().unwrap().revision()));
+            }
+        }));
+    }
+    let mut revisions = BTreeMap::new();
+    for writer in writers {
+        revisions.extend(writer.await.expect("writer"));
+    }
+    revisions
+}
+
+/// The kv environment commits without syncing (`raft/unsynced.rs`). After `kill -9` under the same
+/// kernel its writes are in the page cache and it is used as it is; after an operating-system crash —
+/// simulated here: the marker names another boot, and the environment's file is torn — it is rebuilt
+/// from the current snapshot and the raft log, and every acknowledged write is there with its revision.
+/// A clean stop syncs it and removes the marker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_an_os_crash_the_kv_environment_is_rebuilt_from_the_snapshot_and_the_log() {
+    if common::selftest() {
+        return; // keyward's own files
+    }
+    let mut server = Server::start_with(Kind::Keyward, &["--snapshot-count", "1000"]);
+    let client = server.client().await;
+    let mut revisions = put_many(&client, "a/", 2500).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !has_snapshot_file(&server.data_dir()) {
+        assert!(Instant::now() < deadline, "no raft snapshot after 2500 puts");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    revisions.extend(put_many(&client, "b/", 300).await); // after the snapshot: in the log only
+    drop(client);
+    let member = server.data_dir().join("member");
+    let marker = member.join("kv.unsynced");
+    assert!(marker.exists(), "a running member has its marker");
+
+    // kill -9, same kernel: used as it is.
+    tokio::task::block_in_place(|| server.restart());
+    check_at(&server, &revisions).await;
+    assert!(!server.log_tail(400).contains("rebuilding the kv environment"), "{}", server.log_tail(40));
+    assert!(server.log_tail(400).contains("under this same kernel"));
+
+    // kill -9, then as if the machine crashed: another boot in the marker, a torn file.
+    server.kill_9();
+    std::fs::write(&marker, "00000000-another-boot").unwrap();
+    let data = member.join("kv").join("data.mdb");
+    let len = std::fs::metadata(&data).unwrap().len();
+    let torn = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
+    torn.set_len(len / 2).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&torn, &vec![0xA5; 64 * 1024], 0).unwrap();
+    drop(torn);
+    tokio::task::block_in_place(|| server.restart());
+    assert!(server.log_tail(400).contains("rebuilding the kv environment"), "{}", server.log_tail(40));
+    check_at(&server, &revisions).await;
+    let mut c = server.client().await;
+    let after = c.put("after", "rebuild", None).await.unwrap().header().unwrap().revision();
+    assert_eq!(after, revisions.values().max().unwrap() + 1, "the next revision follows the last acknowledged one");
+
+    // A clean stop syncs the environment and removes the marker.
+    sigterm_and_wait(&server).await;
+    assert!(!marker.exists(), "no marker after a clean stop");
+}
+
+/// Every `a/` and `b/` key on `server`, with its mod revision, equals `revisions`.
+async fn check_at(server: &Server, revisions: &BTreeMap<String, i64>) {
+    let mut c = server.client().await;
+    let got: BTreeMap<String, i64> = [all_with_prefix(&mut c, "a/").await, all_with_prefix(&mut c, "b/").await]
+        .concat()
+        .into_iter()
+        .map(|kv| (s(kv.key()), kv.mod_revision()))
+        .collect();
+    assert_eq!(got.len(), revisions.len(), "every acknowledged key");
+    assert_eq!(&got, revisions, "each with the revision it was acknowledged at");
+}

@@ -16,6 +16,7 @@ pub mod snap_dir;
 pub mod snapshot_data;
 pub mod snapshot_file;
 pub mod state_machine;
+pub mod unsynced;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 

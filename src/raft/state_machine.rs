@@ -237,7 +237,7 @@ impl State {
         ];
         let existing = std::fs::metadata(kv_dir.join("data.mdb")).map_or(0, |m| m.len());
         let map_size = crate::space::map_size(carried.space.quota(), existing);
-        let (env, dbs) = storage::open_with_map_size(kv_dir, names, storage::Durability::LastCommitMayUndo, map_size)?;
+        let (env, dbs) = storage::open_with_map_size(kv_dir, names, storage::Durability::Deferred, map_size)?;
         let [live, revs, index, kv_meta, leases, lease_keys, users, roles, auth_meta, alarms, long_keys, meta] = dbs;
         let long = LongKeys::new(long_keys);
         let state = State {
