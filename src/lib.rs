@@ -22,13 +22,16 @@ pub mod keyrange;
 pub mod lease;
 pub mod log_limit;
 pub mod metrics;
+pub mod migrate;
 pub mod mvcc;
 pub mod node;
 pub mod proto;
 pub mod proxy;
 pub mod raft;
+pub mod restore;
 pub mod server;
 pub mod signals;
+pub mod snapshot_cli;
 pub mod space;
 pub mod storage;
 

@@ -30,6 +30,14 @@ fn main() -> ExitCode {
             init_logging(config.log_filter);
             run(keyward::proxy::run(config))
         }
+        Command::Snapshot(command) => {
+            init_logging("warn");
+            report("keyward snapshot", keyward::snapshot_cli::run(command))
+        }
+        Command::Migrate(args) => {
+            init_logging("warn");
+            report("keyward migrate", keyward::migrate::run(*args))
+        }
     }
 }
 
@@ -47,6 +55,17 @@ fn run(task: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode 
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("keyward: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A one-shot command's outcome: its error printed once, naming the command; exit status 1.
+fn report(command: &str, result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{command}: {e:#}");
             ExitCode::FAILURE
         }
     }

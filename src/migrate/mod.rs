@@ -1,0 +1,59 @@
+//! `keyward migrate`: an etcd 3.4/3.5 snapshot (`etcdctl snapshot save`'s file, a bbolt database with
+//! or without its trailing SHA-256) into a new keyward data dir.
+//!
+//! - `bolt.rs`: reading bbolt files (why not a crate: see there);
+//! - `etcd.rs`: etcd's buckets → keyward's tables;
+//! - the new data dir and the member flags are `restore`'s, shared with `keyward snapshot restore`.
+
+pub mod bolt;
+pub mod etcd;
+
+use std::path::PathBuf;
+
+use anyhow::anyhow;
+use clap::Args;
+
+use crate::restore::{MemberFlags, NewDataDir};
+use crate::snapshot_cli::file::SnapshotFile;
+
+#[derive(Args, Debug)]
+pub struct MigrateArgs {
+    /// The etcd snapshot to migrate (`etcdctl snapshot save`'s file, or a member's `member/snap/db`).
+    #[arg(long)]
+    pub etcd_snapshot: PathBuf,
+    /// Ignore the snapshot's trailing SHA-256 (needed for a file without one, e.g. a member's db).
+    #[arg(long)]
+    pub skip_hash_check: bool,
+    #[command(flatten)]
+    pub member: MemberFlags,
+}
+
+/// Runs `keyward migrate`; the error names the file or flag.
+pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
+    let file = SnapshotFile::check(&args.etcd_snapshot, args.skip_hash_check)?;
+    let bolt = bolt::Bolt::open(&args.etcd_snapshot, file.db_len)
+        .map_err(|e| anyhow!("{}: {e}", args.etcd_snapshot.display()))?;
+    let mut dir = NewDataDir::create(&args.member)?;
+    let state = dir.state()?;
+    let imported = etcd::import(&bolt, &state).map_err(|e| anyhow!("{}: {e:#}", args.etcd_snapshot.display()))?;
+    drop(state);
+    let restored = dir.finish(imported.consistent_index)?;
+    println!(
+        "migrated {} into {}: revision {} (compacted {}), {} changes, {} leases, {} users, {} roles, auth {} \
+         (revision {}), {} alarms; member {:x}, cluster {:x}",
+        args.etcd_snapshot.display(),
+        restored.data_dir.display(),
+        imported.revision,
+        imported.compacted.unwrap_or(0),
+        imported.changes,
+        imported.leases,
+        imported.users,
+        imported.roles,
+        if imported.auth_enabled { "enabled" } else { "disabled" },
+        imported.auth_revision,
+        imported.alarms,
+        restored.member_id,
+        restored.cluster_id,
+    );
+    Ok(())
+}
