@@ -60,6 +60,62 @@ impl SnapshotFile {
     }
 }
 
+/// LMDB's meta page: its magic, and where the page size, last page and txn id are (64-bit build).
+const LMDB_MAGIC: u32 = 0xBEEF_C0DE;
+const LMDB_PSIZE_AT: usize = 40;
+const LMDB_LAST_PAGE_AT: usize = 136;
+const LMDB_TXNID_AT: usize = 144;
+
+impl SnapshotFile {
+    /// Checks that the database part is a whole LMDB environment: a meta page with LMDB's magic, and
+    /// every page its newest meta page counts inside the file. LMDB maps the file and trusts it: a
+    /// truncated file would crash the process (SIGBUS) on the first read past its end, so this is
+    /// checked before it is opened. (A page corrupted in place is caught by the digest only.)
+    pub fn check_lmdb(&self, path: &Path) -> anyhow::Result<()> {
+        let mut file = File::open(path).with_context(|| format!("cannot open snapshot {}", path.display()))?;
+        let mut meta0 = [0u8; LMDB_TXNID_AT + 8];
+        if self.db_len < meta0.len() as u64 || file.read_exact(&mut meta0).is_err() {
+            bail!("snapshot {} is too short to be a keyward backup", path.display());
+        }
+        let u32_at = |b: &[u8], at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let u64_at = |b: &[u8], at: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[at..at + 8]);
+            u64::from_le_bytes(x)
+        };
+        if u32_at(&meta0, 16) != LMDB_MAGIC {
+            bail!("snapshot {} is not a keyward backup (no LMDB database)", path.display());
+        }
+        let psize = u64::from(u32_at(&meta0, LMDB_PSIZE_AT));
+        if !(512..=65536).contains(&psize) || !psize.is_power_of_two() {
+            bail!("snapshot {} is corrupt: page size {psize}", path.display());
+        }
+        let mut meta1 = [0u8; LMDB_TXNID_AT + 8];
+        if self.db_len < psize + meta1.len() as u64 {
+            bail!("snapshot {} is truncated", path.display());
+        }
+        file.seek(SeekFrom::Start(psize))
+            .and_then(|_| file.read_exact(&mut meta1))
+            .with_context(|| format!("cannot read snapshot {}", path.display()))?;
+        let newest =
+            if u32_at(&meta1, 16) == LMDB_MAGIC && u64_at(&meta1, LMDB_TXNID_AT) > u64_at(&meta0, LMDB_TXNID_AT) {
+                &meta1
+            } else {
+                &meta0
+            };
+        let pages = u64_at(newest, LMDB_LAST_PAGE_AT).checked_add(1);
+        match pages.and_then(|p| p.checked_mul(psize)) {
+            Some(needed) if needed <= self.db_len => Ok(()),
+            _ => bail!(
+                "snapshot {} is truncated: its database has {} pages of {psize} bytes, the file {} bytes",
+                path.display(),
+                u64_at(newest, LMDB_LAST_PAGE_AT).saturating_add(1),
+                self.db_len
+            ),
+        }
+    }
+}
+
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

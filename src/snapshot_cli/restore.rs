@@ -41,6 +41,7 @@ pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
             args.file.display()
         );
     }
+    checked.check_lmdb(&args.file)?;
     let mut dir = NewDataDir::create(&args.member)?;
     let kv = dir.kv_dir();
     crate::data_dir::create_private_dir(&kv).with_context(|| format!("cannot create {}", kv.display()))?;

@@ -44,6 +44,7 @@ pub fn status(path: &std::path::Path) -> anyhow::Result<Status> {
     if checked.has_digest {
         SnapshotFile::check(path, false)?;
     }
+    checked.check_lmdb(path)?;
     let temp = tempdir_near()?;
     let kv = temp.join("kv");
     crate::data_dir::create_private_dir(&kv)?;
