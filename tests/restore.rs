@@ -10,75 +10,9 @@ use std::path::{Path, PathBuf};
 
 use common::etcd_errors::{AUTH_FAILED, COMPACTED, PERMISSION_DENIED};
 use common::{Kind, Output, Server};
-use restore_common::{comparable_get, keyward, leftovers, member_args, strings, Flags, Member};
-
-const ROOT: &str = "root:rootpw";
-
-#[track_caller]
-fn ok(out: Output) -> Output {
-    assert!(out.success(), "failed: {}{}", out.stdout, out.stderr);
-    out
-}
-
-/// Writes the data every test backs up; returns the lease id (hex).
-fn populate(server: &Server) -> String {
-    let ctl = |args: &[&str]| ok(server.etcdctl(args));
-    for (k, v) in [("a", "1"), ("a", "2"), ("b", "x"), ("a", "3"), ("/app/x", "1"), ("gone", "soon")] {
-        ctl(&["put", k, v]);
-    }
-    ctl(&["del", "gone"]);
-    let lease = ctl(&["lease", "grant", "600"]).stdout.split_whitespace().nth(1).unwrap().to_string();
-    ctl(&["put", "--lease", &lease, "leased", "v"]);
-    ctl(&["compact", "3"]);
-    ctl(&["put", "k", "after-compaction"]);
-    for (user, password) in [("root", "rootpw"), ("alice", "alicepw"), ("bob", "bobpw")] {
-        ctl(&["user", "add", &format!("{user}:{password}")]);
-    }
-    ctl(&["role", "add", "reader"]);
-    ctl(&["role", "grant-permission", "reader", "read", "/app/", "--prefix"]);
-    ctl(&["role", "grant-permission", "reader", "readwrite", "a", "b"]);
-    ctl(&["user", "grant-role", "alice", "reader"]);
-    ctl(&["user", "grant-role", "root", "root"]);
-    ctl(&["auth", "enable"]);
-    lease
-}
-
-/// What a client sees, as comparable text: each entry is (command, exit status, output).
-fn observations(run: &dyn Fn(&[&str]) -> Output, lease: &str) -> Vec<(String, bool, String)> {
-    let commands: Vec<Vec<&str>> = vec![
-        vec!["--user", ROOT, "get", "", "--from-key", "-w", "json"],
-        vec!["--user", ROOT, "get", "a", "--rev", "4", "-w", "json"],
-        vec!["--user", ROOT, "get", "a", "--rev", "2"],
-        vec!["--user", "alice:alicepw", "get", "/app/", "--prefix", "-w", "json"],
-        vec!["--user", "alice:alicepw", "get", "a", "-w", "json"],
-        vec!["--user", "alice:alicepw", "get", "k"],
-        vec!["--user", "alice:alicepw", "put", "/app/x", "2"],
-        vec!["--user", "bob:bobpw", "get", "a"],
-        vec!["--user", "alice:wrong", "get", "a"],
-        vec!["--user", ROOT, "user", "list"],
-        vec!["--user", ROOT, "role", "get", "reader"],
-        vec!["--user", ROOT, "user", "get", "alice"],
-        vec!["--user", ROOT, "lease", "list"],
-    ];
-    let mut seen = Vec::new();
-    for args in commands {
-        let out = run(&args);
-        let text = if args.contains(&"json") && out.success() {
-            comparable_get(&out.stdout).to_string()
-        } else if out.success() {
-            out.stdout.clone()
-        } else {
-            // etcdctl's last line is the error.
-            out.stderr.lines().last().unwrap_or_default().to_string()
-        };
-        seen.push((args.join(" "), out.success(), text));
-    }
-    // The lease's remaining TTL differs by the time passed: only its keys are compared.
-    let ttl = run(&["--user", ROOT, "lease", "timetolive", lease, "--keys"]);
-    let keys = ttl.stdout.split("attached keys").nth(1).unwrap_or_default().trim().to_string();
-    seen.push(("lease timetolive --keys".into(), ttl.success(), keys));
-    seen
-}
+use restore_common::{
+    comparable_get, keyward, leftovers, member_args, observations, ok, populate, strings, Flags, Member, ROOT,
+};
 
 fn save(server: &Server, file: &Path) -> Output {
     keyward(&strings(&[

@@ -96,7 +96,15 @@ impl Bolt {
             }
         }
         let meta = best.ok_or_else(|| first_error.unwrap_or(BoltError::NotBolt("no valid meta page")))?;
-        let page_count = meta.high_water.min(len / page_size as u64);
+        // bbolt writes the file up to its high-water mark before a meta page counts it: a shorter
+        // file lost pages (a cut copy).
+        let page_count = meta.high_water;
+        if page_count.checked_mul(page_size as u64).is_none_or(|needed| needed > len) {
+            return Err(corrupt(format!(
+                "the file is truncated: its meta page counts {page_count} pages of {page_size} bytes, the file \
+                 holds {len} bytes"
+            )));
+        }
         Ok(Bolt { file, len, page_size, page_count, root: Bucket::Root(meta.root) })
     }
 
