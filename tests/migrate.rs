@@ -154,3 +154,63 @@ impl TapWrite for std::path::PathBuf {
         self
     }
 }
+
+/// A store large enough for bbolt's branch pages (thousands of revisions), overflow pages (values
+/// larger than a page) and long keys: every key, every older version still readable, equal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_etcd_store_with_branch_and_overflow_pages_migrates_whole() {
+    use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+    let tmp = tempfile::tempdir().unwrap();
+    let etcd = Server::start(Kind::Etcd);
+    let mut client = etcd.client().await;
+    for batch in 0..60 {
+        // Several puts per revision (a txn), as a workload of txns has.
+        let ops: Vec<TxnOp> =
+            (0..50).map(|i| TxnOp::put(format!("k/{batch:03}/{i:03}"), vec![b'v'; 100 + i], None)).collect();
+        client.txn(Txn::new().when(Vec::<Compare>::new()).and_then(ops)).await.unwrap();
+    }
+    for i in 0..20 {
+        client.put(format!("big/{i}"), vec![i as u8; 20_000], None).await.unwrap();
+        client.put(format!("{}/{i}", "L".repeat(3000)), "long key", None).await.unwrap();
+    }
+    for batch in (0..60).step_by(3) {
+        client.delete(format!("k/{batch:03}/"), Some(etcd_client::DeleteOptions::new().with_prefix())).await.unwrap();
+    }
+    let middle = client.get("k", None).await.unwrap().header().unwrap().revision();
+    for i in 0..500 {
+        let key = format!("k/001/{:03}", i % 50);
+        let cmp = Compare::version(key.clone(), CompareOp::Greater, 0);
+        client.txn(Txn::new().when([cmp]).and_then([TxnOp::put(key, format!("again {i}"), None)])).await.unwrap();
+    }
+    client.compact(middle - 10, None).await.unwrap();
+    let all = |rev: i64| GetOptions::new().with_from_key().with_revision(rev);
+    let current = client.get("\0", Some(all(0))).await.unwrap();
+    let at_middle = client.get("\0", Some(all(middle))).await.unwrap();
+    let file = tmp.path().join("large.db");
+    ok(etcd.etcdctl(&["snapshot", "save", &file.display().to_string()]));
+    drop(etcd);
+
+    let me = Flags::new("large");
+    let data_dir = tmp.path().join("large.keyward");
+    ok(migrate(&file, &me, &data_dir, &[]));
+    let mut member = Member::spawn(&me, std::slice::from_ref(&me), &data_dir, &tmp.path().join("member.log"));
+    tokio::task::block_in_place(|| member.wait_ready(ROOT));
+    let mut migrated = etcd_client::Client::connect([member.endpoint()], None).await.unwrap();
+    let now = migrated.get("\0", Some(all(0))).await.unwrap();
+    assert!(current.kvs().len() > 1000, "{}", current.kvs().len());
+    assert_eq!(now.header().unwrap().revision(), current.header().unwrap().revision());
+    assert_eq!(plain(now.kvs()), plain(current.kvs()), "current keys");
+    let then = migrated.get("\0", Some(all(middle))).await.unwrap();
+    assert_eq!(plain(then.kvs()), plain(at_middle.kvs()), "keys at revision {middle}");
+    let compacted = migrated.get("\0", Some(all(middle - 11))).await.unwrap_err().to_string();
+    assert!(compacted.contains(COMPACTED), "{compacted}");
+}
+
+/// Key, value, create and mod revision, version, lease of each key-value.
+fn plain(kvs: &[etcd_client::KeyValue]) -> Vec<(Vec<u8>, Vec<u8>, i64, i64, i64, i64)> {
+    kvs.iter()
+        .map(|kv| {
+            (kv.key().to_vec(), kv.value().to_vec(), kv.create_revision(), kv.mod_revision(), kv.version(), kv.lease())
+        })
+        .collect()
+}
