@@ -28,9 +28,9 @@ pub enum Command {
     /// Backups: save a member's, restore one into a new data dir, show one's status (etcdctl's and
     /// etcdutl's `snapshot`).
     #[command(subcommand)]
-    Snapshot(crate::snapshot_cli::SnapshotCommand),
+    Snapshot(crate::backup_args::SnapshotCommand),
     /// A new data dir from an etcd 3.4/3.5 snapshot: keys with their revisions, leases, users, roles.
-    Migrate(Box<crate::migrate::MigrateArgs>),
+    Migrate(Box<crate::backup_args::MigrateArgs>),
 }
 
 #[derive(Subcommand, Debug)]

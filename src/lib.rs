@@ -11,6 +11,7 @@ pub mod alarm;
 pub mod apply;
 pub mod audit;
 pub mod auth;
+pub mod backup_args;
 pub mod ballast;
 pub mod cluster;
 pub mod config;

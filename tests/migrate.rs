@@ -206,8 +206,11 @@ async fn a_large_etcd_store_with_branch_and_overflow_pages_migrates_whole() {
     assert!(compacted.contains(COMPACTED), "{compacted}");
 }
 
-/// Key, value, create and mod revision, version, lease of each key-value.
-fn plain(kvs: &[etcd_client::KeyValue]) -> Vec<(Vec<u8>, Vec<u8>, i64, i64, i64, i64)> {
+/// Key, value, create and mod revision, version, lease.
+type PlainKv = (Vec<u8>, Vec<u8>, i64, i64, i64, i64);
+
+/// Each key-value as comparable fields.
+fn plain(kvs: &[etcd_client::KeyValue]) -> Vec<PlainKv> {
     kvs.iter()
         .map(|kv| {
             (kv.key().to_vec(), kv.value().to_vec(), kv.create_revision(), kv.mod_revision(), kv.version(), kv.lease())

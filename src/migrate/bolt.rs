@@ -35,6 +35,9 @@ const META_LEN: usize = 64;
 /// Deeper than any bbolt tree can be (each level multiplies the fan-out).
 const MAX_DEPTH: usize = 64;
 
+/// What a walk calls for each leaf element: key, value, element flags.
+type Visit<'a> = dyn FnMut(&[u8], &[u8], u32) -> Result<(), BoltError> + 'a;
+
 #[derive(Debug, thiserror::Error)]
 pub enum BoltError {
     #[error("{0}")]
@@ -149,7 +152,7 @@ impl Bolt {
     fn walk(
         &self,
         bucket: &Bucket,
-        f: &mut dyn FnMut(&[u8], &[u8], u32) -> Result<(), BoltError>,
+        f: &mut Visit<'_>,
     ) -> Result<(), BoltError> {
         let root = match bucket {
             Bucket::Inline(page) => return leaf_elements(page, f),
@@ -245,7 +248,7 @@ fn read_meta(file: &File, len: u64, page: u64, page_size: usize) -> Result<Meta,
 }
 
 /// Calls `f` for each element of the leaf page `page` (a page read from the file, or inline).
-fn leaf_elements(page: &[u8], f: &mut dyn FnMut(&[u8], &[u8], u32) -> Result<(), BoltError>) -> Result<(), BoltError> {
+fn leaf_elements(page: &[u8], f: &mut Visit<'_>) -> Result<(), BoltError> {
     if page.len() < PAGE_HEADER {
         return Err(corrupt("inline bucket shorter than a page header"));
     }

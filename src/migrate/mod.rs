@@ -8,25 +8,11 @@
 pub mod bolt;
 pub mod etcd;
 
-use std::path::PathBuf;
-
 use anyhow::anyhow;
-use clap::Args;
 
-use crate::restore::{MemberFlags, NewDataDir};
+use crate::backup_args::MigrateArgs;
+use crate::restore::NewDataDir;
 use crate::snapshot_cli::file::SnapshotFile;
-
-#[derive(Args, Debug)]
-pub struct MigrateArgs {
-    /// The etcd snapshot to migrate (`etcdctl snapshot save`'s file, or a member's `member/snap/db`).
-    #[arg(long)]
-    pub etcd_snapshot: PathBuf,
-    /// Ignore the snapshot's trailing SHA-256 (needed for a file without one, e.g. a member's db).
-    #[arg(long)]
-    pub skip_hash_check: bool,
-    #[command(flatten)]
-    pub member: MemberFlags,
-}
 
 /// Runs `keyward migrate`; the error names the file or flag.
 pub fn run(args: MigrateArgs) -> anyhow::Result<()> {

@@ -5,85 +5,57 @@
 //! with: each member restored with the same `--initial-cluster` and token agrees on every id without
 //! talking, and `keyward serve` started with those flags finds the same ids stored.
 
-use std::path::PathBuf;
-
-use clap::Args;
-
+use crate::backup_args::MemberFlags;
 use crate::cluster::bootstrap::{new_cluster_of, NewCluster};
 
-#[derive(Args, Debug, Clone)]
-pub struct MemberFlags {
-    /// Path to the data directory to create (default: NAME.keyward); it must not exist or be empty.
-    #[arg(long)]
-    pub data_dir: Option<PathBuf>,
-    /// Human-readable name for this member.
-    #[arg(long, default_value = "default")]
-    pub name: String,
-    /// Initial cluster configuration for the restored cluster (default: NAME=INITIAL-ADVERTISE-PEER-URLS).
-    #[arg(long)]
-    pub initial_cluster: Option<String>,
-    /// Initial cluster token for the restored cluster.
-    #[arg(long, default_value = "etcd-cluster")]
-    pub initial_cluster_token: String,
-    /// List of this member's peer URLs to advertise to the rest of the cluster.
-    #[arg(long, default_value = "http://127.0.0.1:2380", value_delimiter = ',')]
-    pub initial_advertise_peer_urls: Vec<String>,
+/// The restored cluster: every member's id and peer URLs, this member's id and the cluster id.
+pub fn new_cluster(flags: &MemberFlags) -> Result<NewCluster, String> {
+    let members = initial_cluster(flags)?;
+    Ok(new_cluster_of(&members, &flags.initial_advertise_peer_urls, &flags.initial_cluster_token))
 }
 
-impl MemberFlags {
-    /// `--data-dir`, or `NAME.keyward` as `keyward serve`'s default is `default.keyward`.
-    pub fn data_dir(&self) -> PathBuf {
-        self.data_dir.clone().unwrap_or_else(|| PathBuf::from(format!("{}.keyward", self.name)))
-    }
-
-    /// The restored cluster: every member's id and peer URLs, this member's id and the cluster id.
-    pub fn cluster(&self) -> Result<NewCluster, String> {
-        let members = self.initial_cluster()?;
-        Ok(new_cluster_of(&members, &self.initial_advertise_peer_urls, &self.initial_cluster_token))
-    }
-
-    /// `--initial-cluster` as `keyward serve` reads it: NAME=URL entries (a name may repeat, one URL
-    /// each), no URL twice, this member's `--name` present with exactly its advertised peer URLs.
-    fn initial_cluster(&self) -> Result<Vec<(String, Vec<String>)>, String> {
-        let spec = self.initial_cluster.clone().unwrap_or_else(|| {
-            self.initial_advertise_peer_urls
-                .iter()
-                .map(|url| format!("{}={url}", self.name))
-                .collect::<Vec<_>>()
-                .join(",")
-        });
-        let mut members = Vec::<(String, Vec<String>)>::new();
-        for entry in spec.split(',').filter(|e| !e.is_empty()) {
-            let (name, url) =
-                entry.split_once('=').ok_or_else(|| format!("--initial-cluster entry {entry:?} is not NAME=URL"))?;
-            check_url(url).map_err(|e| format!("--initial-cluster: {e}"))?;
-            if members.iter().flat_map(|(_, urls)| urls).any(|u| u == url) {
-                return Err(format!("--initial-cluster has duplicate url {url}"));
-            }
-            match members.iter_mut().find(|(n, _)| n == name) {
-                Some((_, urls)) => urls.push(url.to_string()),
-                None => members.push((name.to_string(), vec![url.to_string()])),
-            }
+/// `--initial-cluster` as `keyward serve` reads it: NAME=URL entries (a name may repeat, one URL
+/// each), no URL twice, this member's `--name` present with exactly its advertised peer URLs.
+fn initial_cluster(flags: &MemberFlags) -> Result<Vec<(String, Vec<String>)>, String> {
+    let spec = flags.initial_cluster.clone().unwrap_or_else(|| {
+        flags
+            .initial_advertise_peer_urls
+            .iter()
+            .map(|url| format!("{}={url}", flags.name))
+            .collect::<Vec<_>>()
+            .join(",")
+    });
+    let mut members = Vec::<(String, Vec<String>)>::new();
+    for entry in spec.split(',').filter(|e| !e.is_empty()) {
+        let (name, url) =
+            entry.split_once('=').ok_or_else(|| format!("--initial-cluster entry {entry:?} is not NAME=URL"))?;
+        check_url(url).map_err(|e| format!("--initial-cluster: {e}"))?;
+        if members.iter().flat_map(|(_, urls)| urls).any(|u| u == url) {
+            return Err(format!("--initial-cluster has duplicate url {url}"));
         }
-        for url in &self.initial_advertise_peer_urls {
-            check_url(url).map_err(|e| format!("--initial-advertise-peer-urls: {e}"))?;
+        match members.iter_mut().find(|(n, _)| n == name) {
+            Some((_, urls)) => urls.push(url.to_string()),
+            None => members.push((name.to_string(), vec![url.to_string()])),
         }
-        let Some((_, own)) = members.iter().find(|(n, _)| n == &self.name) else {
-            return Err(format!("--initial-cluster has no member named {:?} (this member's --name)", self.name));
-        };
-        let (mut own, mut advertised) = (own.clone(), self.initial_advertise_peer_urls.clone());
-        own.sort();
-        advertised.sort();
-        if own != advertised {
-            return Err(format!(
-                "--initial-cluster has {}={} but --initial-advertise-peer-urls is {}",
-                self.name,
-                own.join(","),
-                self.initial_advertise_peer_urls.join(",")
-            ));
-        }
-        Ok(members)
     }
+    for url in &flags.initial_advertise_peer_urls {
+        check_url(url).map_err(|e| format!("--initial-advertise-peer-urls: {e}"))?;
+    }
+    let Some((_, own)) = members.iter().find(|(n, _)| n == &flags.name) else {
+        return Err(format!("--initial-cluster has no member named {:?} (this member's --name)", flags.name));
+    };
+    let (mut own, mut advertised) = (own.clone(), flags.initial_advertise_peer_urls.clone());
+    own.sort();
+    advertised.sort();
+    if own != advertised {
+        return Err(format!(
+            "--initial-cluster has {}={} but --initial-advertise-peer-urls is {}",
+            flags.name,
+            own.join(","),
+            flags.initial_advertise_peer_urls.join(",")
+        ));
+    }
+    Ok(members)
 }
 
 fn check_url(url: &str) -> Result<(), String> {
@@ -99,6 +71,8 @@ fn check_url(url: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
     use crate::cluster::ids;
 
@@ -115,8 +89,8 @@ mod tests {
     #[test]
     fn every_member_of_a_restored_cluster_agrees_on_the_ids_serve_derives() {
         let spec = "a=http://127.0.0.1:1,b=http://127.0.0.1:2,c=http://127.0.0.1:3";
-        let a = flags("a", Some(spec), "http://127.0.0.1:1").cluster().unwrap();
-        let c = flags("c", Some(spec), "http://127.0.0.1:3").cluster().unwrap();
+        let a = new_cluster(&flags("a", Some(spec), "http://127.0.0.1:1")).unwrap();
+        let c = new_cluster(&flags("c", Some(spec), "http://127.0.0.1:3")).unwrap();
         assert_eq!(a.cluster_id, c.cluster_id);
         assert_eq!(a.members.keys().collect::<Vec<_>>(), c.members.keys().collect::<Vec<_>>());
         assert_eq!(a.member_id, ids::member_id(&["http://127.0.0.1:1".to_string()], "tok"));
@@ -126,13 +100,13 @@ mod tests {
 
     #[test]
     fn inconsistent_member_flags_are_refused_naming_the_flag() {
-        let err = flags("x", Some("a=http://127.0.0.1:1"), "http://127.0.0.1:1").cluster().err().unwrap();
+        let err = new_cluster(&flags("x", Some("a=http://127.0.0.1:1"), "http://127.0.0.1:1")).err().unwrap();
         assert!(err.contains("no member named \"x\""), "{err}");
-        let err = flags("a", Some("a=http://127.0.0.1:1"), "http://127.0.0.1:9").cluster().err().unwrap();
+        let err = new_cluster(&flags("a", Some("a=http://127.0.0.1:1"), "http://127.0.0.1:9")).err().unwrap();
         assert!(err.contains("--initial-advertise-peer-urls"), "{err}");
-        let err = flags("a", Some("a=127.0.0.1:1"), "http://127.0.0.1:1").cluster().err().unwrap();
+        let err = new_cluster(&flags("a", Some("a=127.0.0.1:1"), "http://127.0.0.1:1")).err().unwrap();
         assert!(err.contains("--initial-cluster"), "{err}");
-        let err = flags("a", Some("a=http://h:1,b=http://h:1"), "http://h:1").cluster().err().unwrap();
+        let err = new_cluster(&flags("a", Some("a=http://h:1,b=http://h:1"), "http://h:1")).err().unwrap();
         assert!(err.contains("duplicate"), "{err}");
     }
 }

@@ -12,5 +12,4 @@
 pub mod member_flags;
 pub mod new_data_dir;
 
-pub use member_flags::MemberFlags;
 pub use new_data_dir::NewDataDir;

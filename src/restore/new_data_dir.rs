@@ -17,7 +17,8 @@ use std::sync::Arc;
 use anyhow::{anyhow, Context as _};
 use openraft::CommittedLeaderId;
 
-use super::MemberFlags;
+use super::member_flags;
+use crate::backup_args::MemberFlags;
 use crate::cluster::bootstrap::NewCluster;
 use crate::raft::log_store::LogStore;
 use crate::raft::state_machine::{State, StateMachine};
@@ -43,7 +44,7 @@ pub struct Restored {
 impl NewDataDir {
     /// Checks the flags and that the data dir does not exist (or is empty), and creates the temp dir.
     pub fn create(flags: &MemberFlags) -> anyhow::Result<NewDataDir> {
-        let cluster = flags.cluster().map_err(|e| anyhow!(e))?;
+        let cluster = member_flags::new_cluster(flags).map_err(|e| anyhow!(e))?;
         let target = flags.data_dir();
         if let Ok(mut entries) = std::fs::read_dir(&target) {
             if entries.next().is_some() {
@@ -99,9 +100,9 @@ impl NewDataDir {
         self.state = None;
         let log = LogStore::open(&self.temp.join("member").join("raft"))
             .map_err(|e| anyhow!("cannot create the raft log: {e}"))?;
-        log.set_identity((self.cluster.member_id, self.cluster.cluster_id))
-            .and_then(|()| log.start_after(applied))
-            .map_err(|e| anyhow!("cannot write the raft log: {e}"))?;
+        let failed = |e| anyhow!("cannot write the raft log: {e}");
+        log.set_identity((self.cluster.member_id, self.cluster.cluster_id)).map_err(failed)?;
+        log.start_after(applied).map_err(failed)?;
         drop(log);
         crate::data_dir::sync_dir(&self.temp.join("member"))?;
         std::fs::rename(&self.temp, &self.target)

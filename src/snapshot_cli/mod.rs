@@ -12,17 +12,7 @@ pub mod restore;
 pub mod save;
 pub mod status;
 
-use clap::Subcommand;
-
-#[derive(Subcommand, Debug)]
-pub enum SnapshotCommand {
-    /// Stores a member's backup in a file (as `etcdctl snapshot save`).
-    Save(save::SaveArgs),
-    /// Makes a new member's data dir from a backup (as `etcdutl snapshot restore`).
-    Restore(restore::RestoreArgs),
-    /// Shows a backup's hash, revision, total keys and size (as `etcdctl snapshot status`).
-    Status(status::StatusArgs),
-}
+use crate::backup_args::SnapshotCommand;
 
 /// Runs a snapshot command; the error (naming the file or flag) is the caller's to print once.
 pub fn run(command: SnapshotCommand) -> anyhow::Result<()> {

@@ -8,24 +8,12 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Context as _};
-use clap::Args;
 
 use super::file::SnapshotFile;
-use crate::restore::{MemberFlags, NewDataDir};
-
-#[derive(Args, Debug)]
-pub struct RestoreArgs {
-    /// The backup (`keyward snapshot save` or `etcdctl snapshot save` against keyward).
-    pub file: PathBuf,
-    /// Ignore the trailing SHA-256 (needed for a file without one).
-    #[arg(long)]
-    pub skip_hash_check: bool,
-    #[command(flatten)]
-    pub member: MemberFlags,
-}
+use crate::backup_args::RestoreArgs;
+use crate::restore::NewDataDir;
 
 /// bbolt's magic, where an etcd backup has it: such a file is for `keyward migrate`.
 const BOLT_MAGIC: [u8; 4] = 0xED0C_DAEDu32.to_le_bytes();

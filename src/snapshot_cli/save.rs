@@ -7,41 +7,14 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::backup_args::SaveArgs;
 use anyhow::{anyhow, bail, Context as _};
-use clap::Args;
 use sha2::{Digest, Sha256};
 use tonic::metadata::AsciiMetadataValue;
 
 use crate::proto::etcdserverpb::auth_client::AuthClient;
 use crate::proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use crate::proto::etcdserverpb::{AuthenticateRequest, SnapshotRequest};
-
-#[derive(Args, Debug)]
-pub struct SaveArgs {
-    /// Where to store the backup.
-    pub file: PathBuf,
-    /// The member to back up (one endpoint, as etcdctl requires).
-    #[arg(long, env = "ETCDCTL_ENDPOINTS", default_value = "127.0.0.1:2379", value_delimiter = ',')]
-    pub endpoints: Vec<String>,
-    /// Verify the server's certificate with this CA bundle.
-    #[arg(long, env = "ETCDCTL_CACERT")]
-    pub cacert: Option<PathBuf>,
-    /// Client certificate (TLS).
-    #[arg(long, env = "ETCDCTL_CERT")]
-    pub cert: Option<PathBuf>,
-    /// Client key (TLS).
-    #[arg(long, env = "ETCDCTL_KEY")]
-    pub key: Option<PathBuf>,
-    /// username[:password] for authentication (prompting is not supported: give the password).
-    #[arg(long, env = "ETCDCTL_USER")]
-    pub user: Option<String>,
-    /// Password for --user (when it holds no ':').
-    #[arg(long, env = "ETCDCTL_PASSWORD")]
-    pub password: Option<String>,
-    /// Dial timeout, in seconds.
-    #[arg(long, default_value_t = 2)]
-    pub dial_timeout: u64,
-}
 
 pub fn run(args: SaveArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

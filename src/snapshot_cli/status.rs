@@ -9,18 +9,10 @@ use std::io::Read;
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Context as _};
-use clap::Args;
 
 use super::file::SnapshotFile;
+use crate::backup_args::StatusArgs;
 use crate::raft::state_machine::StateMachine;
-
-#[derive(Args, Debug)]
-pub struct StatusArgs {
-    pub file: PathBuf,
-    /// Output format: simple, table, json or fields (etcdctl's -w).
-    #[arg(short = 'w', long = "write-out", default_value = "simple")]
-    pub write_out: String,
-}
 
 #[derive(Debug, PartialEq, Eq)]
 pub struct Status {
