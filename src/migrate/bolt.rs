@@ -149,11 +149,7 @@ impl Bolt {
         self.len
     }
 
-    fn walk(
-        &self,
-        bucket: &Bucket,
-        f: &mut Visit<'_>,
-    ) -> Result<(), BoltError> {
+    fn walk(&self, bucket: &Bucket, f: &mut Visit<'_>) -> Result<(), BoltError> {
         let root = match bucket {
             Bucket::Inline(page) => return leaf_elements(page, f),
             Bucket::Root(pgid) => *pgid,
