@@ -42,6 +42,21 @@ fn restored_member_answers_as_the_backed_up_member() {
     let saved = ok(save(&source, &backup));
     assert!(saved.stdout.contains("Snapshot saved at"), "{}", saved.stdout);
     assert!(!tmp.path().join("backup.db.part").exists());
+    // A backup is root's: anyone else gets etcd's error and no file, not even a partial one.
+    let denied = tmp.path().join("denied.db");
+    let out = keyward(&strings(&[
+        "snapshot",
+        "save",
+        &denied.display().to_string(),
+        "--endpoints",
+        &source.endpoint(),
+        "--user",
+        "alice:alicepw",
+    ]));
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(out.stderr.trim().lines().count(), 1, "{out:?}");
+    assert!(out.stderr.contains("auth: permission denied"), "{out:?}");
+    assert!(!denied.exists() && !tmp.path().join("denied.db.part").exists());
     let before = observations(&|args| source.etcdctl(args), &lease);
     // The expectations hold on the source itself, so the comparison below compares something.
     assert!(before[0].2.contains("\"revision\":10"), "{:?}", before[0]);
