@@ -199,3 +199,96 @@ fn broken_backups_are_refused_once_naming_the_file_and_leave_no_data_dir() {
     ok(restore(&backup, &fresh, std::slice::from_ref(&fresh), &tmp.path().join("fresh.keyward"), &[]));
     assert!(tmp.path().join("fresh.keyward/member/kv/data.mdb").exists());
 }
+
+/// etcdctl's TLS client flags: an `https://` member with `--client-cert-auth` is backed up with
+/// `--cacert/--cert/--key`; a CA that did not sign the server's certificate is refused.
+#[test]
+fn snapshot_save_over_tls_with_a_client_certificate() {
+    let pki = common::pki::Pki::new();
+    let tmp = tempfile::tempdir().unwrap();
+    let me = Flags::new("tls");
+    let url = format!("https://127.0.0.1:{}", me.client_port);
+    let tls_flags: Vec<String> = [
+        "--cert-file",
+        pki.server.cert_str(),
+        "--key-file",
+        pki.server.key_str(),
+        "--trusted-ca-file",
+        pki.ca_file().to_str().unwrap(),
+        "--client-cert-auth",
+    ]
+    .map(String::from)
+    .to_vec();
+    let data_dir = tmp.path().join("tls.keyward");
+    let _member =
+        Member::spawn_with(&me, std::slice::from_ref(&me), &data_dir, &tmp.path().join("member.log"), &url, &tls_flags);
+    let backup = tmp.path().join("tls.db");
+    let save = |ca: &Path| {
+        keyward(&strings(&[
+            "snapshot",
+            "save",
+            &backup.display().to_string(),
+            "--endpoints",
+            &url,
+            "--cacert",
+            &ca.display().to_string(),
+            "--cert",
+            pki.root.cert_str(),
+            "--key",
+            pki.root.key_str(),
+        ]))
+    };
+    let deadline = std::time::Instant::now() + common::START_TIMEOUT;
+    loop {
+        let out = save(&pki.ca_file());
+        if out.success() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no backup over TLS: {out:?}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let status = ok(keyward(&strings(&["snapshot", "status", &backup.display().to_string()])));
+    assert!(status.stdout.contains(", 1, "), "a fresh member's revision 1: {}", status.stdout);
+    let other = common::pki::Pki::new();
+    std::fs::remove_file(&backup).unwrap();
+    let out = save(&other.ca_file());
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(out.stderr.to_lowercase().contains("certificate"), "{out:?}");
+    assert!(!backup.exists());
+}
+
+/// Alarms are replicated state and come with the backup, as etcd's restore keeps its alarm bucket: a
+/// NOSPACE alarm raised before the backup refuses puts on the restored member until disarmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_active_nospace_alarm_comes_with_the_backup_until_disarmed() {
+    use common::etcd_errors::NO_SPACE;
+    use etcd_client::{AlarmAction, AlarmOptions, AlarmType};
+    let source = Server::start(Kind::Keyward);
+    let mut client = source.client().await;
+    client.put("k", "v", None).await.unwrap();
+    let member_id = client.member_list().await.unwrap().members()[0].id();
+    let mut options = AlarmOptions::new();
+    options.with_member(member_id);
+    client.alarm(AlarmAction::Activate, AlarmType::Nospace, Some(options)).await.unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let backup = tmp.path().join("alarm.db");
+    let saved = tokio::task::block_in_place(|| {
+        keyward(&strings(&["snapshot", "save", &backup.display().to_string(), "--endpoints", &source.endpoint()]))
+    });
+    ok(saved);
+    let me = Flags::new("alarmed");
+    let data_dir = tmp.path().join("alarmed.keyward");
+    ok(restore(&backup, &me, std::slice::from_ref(&me), &data_dir, &[]));
+    let member = tokio::task::block_in_place(|| {
+        let mut member = Member::spawn(&me, std::slice::from_ref(&me), &data_dir, &tmp.path().join("member.log"));
+        member.wait_ready(ROOT);
+        member
+    });
+    let list = ok(member.etcdctl(&["alarm", "list"])).stdout;
+    assert_eq!(list.trim(), format!("memberID:{member_id} alarm:NOSPACE"));
+    let refused = member.etcdctl(&["put", "k", "w"]);
+    assert!(!refused.success() && refused.stderr.contains(NO_SPACE), "{refused:?}");
+    ok(member.etcdctl(&["alarm", "disarm"]));
+    ok(member.etcdctl(&["put", "k", "w"]));
+    assert_eq!(ok(member.etcdctl(&["get", "k", "--print-value-only"])).stdout.trim(), "w");
+}

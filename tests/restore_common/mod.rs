@@ -78,11 +78,24 @@ pub struct Member {
 impl Member {
     /// Spawns the member without waiting (members of one cluster start together).
     pub fn spawn(me: &Flags, cluster: &[Flags], data_dir: &Path, log: &Path) -> Member {
+        Member::spawn_with(me, cluster, data_dir, log, &me.client_url(), &[])
+    }
+
+    /// `spawn` with another client URL (`https://`) and more flags.
+    pub fn spawn_with(
+        me: &Flags,
+        cluster: &[Flags],
+        data_dir: &Path,
+        log: &Path,
+        client_url: &str,
+        extra: &[String],
+    ) -> Member {
         let mut args = vec!["serve".to_string()];
         args.extend(member_args(me, cluster, data_dir));
+        args.extend(extra.iter().cloned());
         args.extend([
-            format!("--listen-client-urls={}", me.client_url()),
-            format!("--advertise-client-urls={}", me.client_url()),
+            format!("--listen-client-urls={client_url}"),
+            format!("--advertise-client-urls={client_url}"),
             format!("--listen-peer-urls={}", me.peer_url()),
             "--heartbeat-interval=50".to_string(),
             "--election-timeout=500".to_string(),
