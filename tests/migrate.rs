@@ -217,3 +217,35 @@ fn plain(kvs: &[etcd_client::KeyValue]) -> Vec<PlainKv> {
         })
         .collect()
 }
+
+/// An etcd lease keeps running on the migrated member: it expires there and its key is deleted at
+/// the next revision (the key was there at the migrated revision, whatever the timing).
+#[test]
+fn an_etcd_lease_expires_on_the_migrated_member() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("lease.db");
+    {
+        let etcd = Server::start(Kind::Etcd);
+        ok(etcd.etcdctl(&["put", "a", "1"]));
+        let grant = ok(etcd.etcdctl(&["lease", "grant", "3"])).stdout;
+        let lease = grant.split_whitespace().nth(1).unwrap().to_string();
+        ok(etcd.etcdctl(&["put", "--lease", &lease, "short", "lived"]));
+        ok(etcd.etcdctl(&["snapshot", "save", &file.display().to_string()]));
+    }
+    let me = Flags::new("lease");
+    let data_dir = tmp.path().join("lease.keyward");
+    ok(migrate(&file, &me, &data_dir, &[]));
+    let mut member = Member::spawn(&me, std::slice::from_ref(&me), &data_dir, &tmp.path().join("member.log"));
+    member.wait_ready(ROOT);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !ok(member.etcdctl(&["lease", "list"])).stdout.contains("found 0 leases") {
+        assert!(std::time::Instant::now() < deadline, "the lease never expired:\n{}", member.log_text());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let now = ok(member.etcdctl(&["get", "short", "-w", "json"])).stdout;
+    let now = comparable_get(&now);
+    assert_eq!(now["kvs"], serde_json::Value::Null, "{now}");
+    assert_eq!(now["header"]["revision"], 4, "deleted by the expiry at the next revision: {now}");
+    let then = ok(member.etcdctl(&["get", "short", "--rev", "3", "--print-value-only"])).stdout;
+    assert_eq!(then.trim(), "lived");
+}

@@ -104,7 +104,11 @@ impl NewDataDir {
         log.set_identity((self.cluster.member_id, self.cluster.cluster_id)).map_err(failed)?;
         log.start_after(applied).map_err(failed)?;
         drop(log);
-        crate::data_dir::sync_dir(&self.temp.join("member"))?;
+        // Every file's directory entry is durable before the data dir appears under its name.
+        let member = self.temp.join("member");
+        for dir in ["kv", "raft", "snap"].map(|d| member.join(d)).iter().chain([&member, &self.temp]) {
+            crate::data_dir::sync_dir(dir).with_context(|| format!("cannot sync {}", dir.display()))?;
+        }
         std::fs::rename(&self.temp, &self.target)
             .with_context(|| format!("cannot rename {} to {}", self.temp.display(), self.target.display()))?;
         self.done = true;
