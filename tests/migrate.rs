@@ -16,6 +16,17 @@ use restore_common::{
     comparable_get, keyward, leftovers, member_args, observations, ok, populate, strings, Flags, Member, ROOT,
 };
 
+/// `keyward snapshot status` of an etcd backup prints what `etcdctl snapshot status` prints.
+#[track_caller]
+fn same_status_as_etcdctl(file: &Path) {
+    let file = file.display().to_string();
+    for format in ["simple", "table", "json", "fields"] {
+        let ours = ok(keyward(&strings(&["snapshot", "status", &file, "-w", format]))).stdout;
+        let etcds = ok(common::etcdctl("127.0.0.1:1", &["snapshot", "status", &file, "-w", format])).stdout;
+        assert_eq!(ours, etcds, "-w {format}");
+    }
+}
+
 fn migrate(file: &Path, me: &Flags, data_dir: &Path, extra: &[&str]) -> Output {
     let mut args = strings(&["migrate", "--etcd-snapshot", &file.display().to_string()]);
     args.extend(member_args(me, std::slice::from_ref(me), data_dir));
@@ -46,6 +57,7 @@ fn migrated_etcd_snapshot_answers_as_that_etcd() {
     assert_eq!(before[8].2, format!("Error: {AUTH_FAILED}"));
     assert!(before[13].2.contains("leased"), "{:?}", before[13]);
 
+    same_status_as_etcdctl(&file);
     let me = Flags::new("migrated");
     let data_dir = tmp.path().join("migrated.keyward");
     let out = ok(migrate(&file, &me, &data_dir, &[]));
@@ -190,6 +202,7 @@ async fn a_large_etcd_store_with_branch_and_overflow_pages_migrates_whole() {
     ok(etcd.etcdctl(&["snapshot", "save", &file.display().to_string()]));
     drop(etcd);
 
+    same_status_as_etcdctl(&file);
     let me = Flags::new("large");
     let data_dir = tmp.path().join("large.keyward");
     ok(migrate(&file, &me, &data_dir, &[]));

@@ -132,21 +132,21 @@ impl Bolt {
         self.walk(bucket, &mut |key, value, flags| if flags & BUCKET_LEAF == 0 { f(key, value) } else { Ok(()) })
     }
 
-    /// Every top-level bucket's name.
-    pub fn bucket_names(&self) -> Result<Vec<Vec<u8>>, BoltError> {
-        let mut names = Vec::new();
-        self.walk(&self.root.clone(), &mut |key, _, flags| {
+    /// Every top-level bucket, by name, in key order.
+    pub fn buckets(&self) -> Result<Vec<(Vec<u8>, Bucket)>, BoltError> {
+        let mut buckets = Vec::new();
+        self.walk(&self.root.clone(), &mut |key, value, flags| {
             if flags & BUCKET_LEAF != 0 {
-                names.push(key.to_vec());
+                buckets.push((key.to_vec(), bucket_of(value)?));
             }
             Ok(())
         })?;
-        Ok(names)
+        Ok(buckets)
     }
 
-    /// The database's size in bytes (pages in the file, as bbolt's `Tx.Size`).
+    /// The database's size in bytes: its pages up to the high-water mark, as bbolt's `Tx.Size`.
     pub fn size(&self) -> u64 {
-        self.len
+        self.page_count * self.page_size as u64
     }
 
     fn walk(&self, bucket: &Bucket, f: &mut Visit<'_>) -> Result<(), BoltError> {

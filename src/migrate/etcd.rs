@@ -110,6 +110,25 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// `etcdctl snapshot status` of an etcd backup, computed as etcd computes it: CRC-32C over every
+/// bucket's name, then its keys and values in order; the revision of the `key` bucket's last key; the
+/// number of keys of every bucket; the database's size.
+pub fn status(bolt: &Bolt) -> Result<(u32, i64, u64, u64), super::bolt::BoltError> {
+    let (mut hash, mut revision, mut keys) = (0u32, 0i64, 0u64);
+    for (name, bucket) in bolt.buckets()? {
+        hash = crc32c::crc32c_append(hash, &name);
+        bolt.for_each(&bucket, |key, value| {
+            hash = crc32c::crc32c_append(crc32c::crc32c_append(hash, key), value);
+            if name == b"key" {
+                revision = etcd_revision(key).map_or(revision, |(at, _)| at.main);
+            }
+            keys += 1;
+            Ok(())
+        })?;
+    }
+    Ok((hash, revision, keys, bolt.size()))
+}
+
 /// The main revision of an etcd revision key (`main, '_', sub`, optionally `t`).
 fn etcd_revision(key: &[u8]) -> Option<(Revision, bool)> {
     let tombstone = match key.len() {

@@ -11,8 +11,8 @@ pub mod etcd;
 use anyhow::anyhow;
 
 use crate::backup_args::MigrateArgs;
+use crate::restore::snapshot_file::SnapshotFile;
 use crate::restore::NewDataDir;
-use crate::snapshot_cli::file::SnapshotFile;
 
 /// Runs `keyward migrate`; the error names the file or flag.
 pub fn run(args: MigrateArgs) -> anyhow::Result<()> {

@@ -2,12 +2,10 @@
 //! backups (the Snapshot RPC's stream: a compacting copy of the kv LMDB environment, padded to 512
 //! bytes, then its SHA-256).
 //!
-//! - `file.rs`: a snapshot file's trailing digest, checked as etcd checks it;
 //! - `save.rs`: streams the Snapshot RPC into a file (etcdctl's client flags);
 //! - `restore.rs`: a new data dir from a backup (`restore/` builds it, shared with `keyward migrate`);
 //! - `status.rs`: hash, revision, total keys and size, in etcdctl's formats.
 
-pub mod file;
 pub mod restore;
 pub mod save;
 pub mod status;

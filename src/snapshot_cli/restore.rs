@@ -11,8 +11,8 @@ use std::io::Read;
 
 use anyhow::{anyhow, bail, Context as _};
 
-use super::file::SnapshotFile;
 use crate::backup_args::RestoreArgs;
+use crate::restore::snapshot_file::SnapshotFile;
 use crate::restore::NewDataDir;
 
 /// bbolt's magic, where an etcd backup has it: such a file is for `keyward migrate`.

@@ -1,4 +1,5 @@
-//! `keyward snapshot status FILE`: the backup's hash (keyward's `Hash`: CRC-32C over every table, as
+//! `keyward snapshot status FILE`: for an etcd backup, exactly what `etcdctl snapshot status` prints
+//! (`migrate::etcd::status`); for a keyward backup, its hash (keyward's `Hash`: CRC-32C over every table, as
 //! `etcdctl endpoint hash` shows it for the member), revision, total keys (records in every table,
 //! as etcd counts every bucket's keys) and size (the database, digest excluded), printed as etcdctl
 //! prints them (`-w simple|table|json|fields`). The backup is read from a private copy: its LMDB
@@ -10,9 +11,9 @@ use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Context as _};
 
-use super::file::SnapshotFile;
 use crate::backup_args::StatusArgs;
 use crate::raft::state_machine::StateMachine;
+use crate::restore::snapshot_file::SnapshotFile;
 
 #[derive(Debug, PartialEq, Eq)]
 pub struct Status {
@@ -35,6 +36,12 @@ pub fn status(path: &std::path::Path) -> anyhow::Result<Status> {
     let checked = SnapshotFile::check(path, true)?;
     if checked.has_digest {
         SnapshotFile::check(path, false)?;
+    }
+    if let Ok(bolt) = crate::migrate::bolt::Bolt::open(path, checked.db_len) {
+        // An etcd backup (before `keyward migrate`): etcdctl's numbers for it.
+        let (hash, revision, total_keys, total_size) =
+            crate::migrate::etcd::status(&bolt).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        return Ok(Status { hash, revision, total_keys, total_size });
     }
     checked.check_lmdb(path)?;
     let temp = tempdir_near()?;
@@ -95,7 +102,7 @@ pub fn render(s: &Status, format: &str) -> String {
                 .zip(&widths)
                 .map(|(h, w)| {
                     let pad = w - h.len();
-                    format!(" {}{}{} ", " ".repeat(pad / 2 + pad % 2), h, " ".repeat(pad / 2))
+                    format!(" {}{}{} ", " ".repeat(pad / 2), h, " ".repeat(pad - pad / 2))
                 })
                 .collect::<Vec<_>>()
                 .join("|");
@@ -139,6 +146,8 @@ mod tests {
              | 671a8baa |       11 |         20 |      25 kB |\n\
              +----------+----------+------------+------------+\n"
         );
+        let odd = Status { hash: 0x944a02b, ..s };
+        assert!(render(&odd, "table").contains("\n|  HASH   | REVISION |"), "{}", render(&odd, "table"));
         assert_eq!(humanize_bytes(1_500_000), "1.5 MB");
         assert_eq!(humanize_bytes(4_096), "4.1 kB");
     }
