@@ -194,6 +194,12 @@ fn broken_backups_are_refused_once_naming_the_file_and_leave_no_data_dir() {
     ]));
     assert!(out.stderr.contains("--initial-cluster has no member named \"nobody\""), "{out:?}");
     assert!(!tmp.path().join("other").exists());
+    // A keyward backup given to `keyward migrate` is pointed to `snapshot restore`.
+    let mut args = strings(&["migrate", "--etcd-snapshot", &backup.display().to_string()]);
+    args.extend(member_args(&me, std::slice::from_ref(&me), &data_dir));
+    let out = keyward(&args);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(out.stderr.contains("is a keyward backup (LMDB), not an etcd one"), "{out:?}");
     // The untouched backup restores: the failures above were the files'.
     let fresh = Flags::new("fresh");
     ok(restore(&backup, &fresh, std::slice::from_ref(&fresh), &tmp.path().join("fresh.keyward"), &[]));

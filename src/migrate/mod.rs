@@ -17,8 +17,21 @@ use crate::restore::NewDataDir;
 /// Runs `keyward migrate`; the error names the file or flag.
 pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
     let file = SnapshotFile::check(&args.etcd_snapshot, args.skip_hash_check)?;
-    let bolt = bolt::Bolt::open(&args.etcd_snapshot, file.db_len)
-        .map_err(|e| anyhow!("{}: {e}", args.etcd_snapshot.display()))?;
+    let bolt = bolt::Bolt::open(&args.etcd_snapshot, file.db_len).map_err(|e| {
+        // LMDB's magic where a keyward backup has it.
+        let mut head = [0u8; 20];
+        let keyward_backup = std::fs::File::open(&args.etcd_snapshot)
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
+            .is_ok_and(|()| head[16..] == 0xBEEF_C0DEu32.to_le_bytes());
+        if keyward_backup {
+            anyhow!(
+                "{} is a keyward backup (LMDB), not an etcd one: use keyward snapshot restore",
+                args.etcd_snapshot.display()
+            )
+        } else {
+            anyhow!("{}: {e}", args.etcd_snapshot.display())
+        }
+    })?;
     let mut dir = NewDataDir::create(&args.member)?;
     let state = dir.state()?;
     let imported = etcd::import(&bolt, &state).map_err(|e| anyhow!("{}: {e:#}", args.etcd_snapshot.display()))?;
