@@ -27,6 +27,12 @@ pub enum Command {
     /// identity; also the sidecar.
     #[command(subcommand)]
     GrpcProxy(GrpcProxyCommand),
+    /// Backups: save a member's, restore one into a new data dir, show one's status (etcdctl's and
+    /// etcdutl's `snapshot`).
+    #[command(subcommand)]
+    Snapshot(crate::backup_args::SnapshotCommand),
+    /// A new data dir from an etcd 3.4/3.5 snapshot: keys with their revisions, leases, users, roles.
+    Migrate(Box<crate::backup_args::MigrateArgs>),
 }
 
 #[derive(Subcommand, Debug)]

@@ -38,6 +38,14 @@ fn main() -> ExitCode {
             }
             run(keyward::proxy::run(config), log.writes_to_stderr())
         }
+        Command::Snapshot(command) => {
+            let _ = keyward::logging::init("warn", &keyward::logging::LogSettings::default());
+            report("keyward snapshot", keyward::snapshot_cli::run(command))
+        }
+        Command::Migrate(args) => {
+            let _ = keyward::logging::init("warn", &keyward::logging::LogSettings::default());
+            report("keyward migrate", keyward::migrate::run(*args))
+        }
     }
 }
 
@@ -58,6 +66,17 @@ fn run(task: impl std::future::Future<Output = anyhow::Result<()>>, stderr_logge
             if !stderr_logged {
                 eprintln!("keyward: {e:#}");
             }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A one-shot command's outcome: its error printed once, naming the command; exit status 1.
+fn report(command: &str, result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{command}: {e:#}");
             ExitCode::FAILURE
         }
     }

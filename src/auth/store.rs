@@ -312,6 +312,24 @@ impl AuthStore {
     }
 }
 
+/// Writing another store's auth state as it stands (`keyward migrate`): no mutation semantics, no
+/// revision bumps, so the records, the enabled flag and the revision are exactly the source's.
+impl AuthStore {
+    pub fn import_user(&self, txn: &mut RwTxn, user: &User) -> Result<(), EtcdError> {
+        self.put_user(txn, user)
+    }
+
+    pub fn import_role(&self, txn: &mut RwTxn, role: &Role) -> Result<(), EtcdError> {
+        self.put_role(txn, role)
+    }
+
+    pub fn import_state(&self, txn: &mut RwTxn, enabled: bool, revision: u64) -> Result<(), EtcdError> {
+        self.meta.put(txn, ENABLED, &[u8::from(enabled)])?;
+        self.meta.put(txn, REVISION, &revision.to_be_bytes())?;
+        Ok(())
+    }
+}
+
 /// Whether the user holds the root role (which may do everything).
 pub fn is_root(user: &User) -> bool {
     user.roles.iter().any(|r| r == ROOT_ROLE)

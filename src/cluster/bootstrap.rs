@@ -30,18 +30,19 @@ pub struct NewCluster {
 }
 
 pub fn new_cluster(config: &Config) -> NewCluster {
-    let token = config.cluster_token.as_str();
-    let members: BTreeMap<NodeId, MemberNode> = config
-        .initial_cluster
+    new_cluster_of(&config.initial_cluster, &config.peer_urls, &config.cluster_token)
+}
+
+/// `new_cluster` from the three flags it reads: `--initial-cluster` (name and peer URLs of each
+/// member), this member's `--initial-advertise-peer-urls` and `--initial-cluster-token`. `keyward
+/// snapshot restore` and `keyward migrate` derive a restored member's ids with it.
+pub fn new_cluster_of(initial_cluster: &[(String, Vec<String>)], peer_urls: &[String], token: &str) -> NewCluster {
+    let members: BTreeMap<NodeId, MemberNode> = initial_cluster
         .iter()
         .map(|(_, urls)| (ids::member_id(urls, token), MemberNode::unstarted(urls.clone())))
         .collect();
     let ids: Vec<NodeId> = members.keys().copied().collect();
-    NewCluster {
-        member_id: ids::member_id(&config.peer_urls, token),
-        cluster_id: ids::cluster_id(&ids, token),
-        members,
-    }
+    NewCluster { member_id: ids::member_id(peer_urls, token), cluster_id: ids::cluster_id(&ids, token), members }
 }
 
 /// Joins a running cluster (`--initial-cluster-state existing`): `(member_id, cluster_id)` as the

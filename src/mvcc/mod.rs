@@ -2,6 +2,7 @@
 //! (range, put, delete, txn, compact) on top of it.
 
 pub mod hash;
+pub mod import;
 pub mod kv;
 pub mod revision;
 pub mod store;

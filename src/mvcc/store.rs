@@ -25,10 +25,10 @@ use crate::proto::mvccpb::{event::EventType, Event, KeyValue};
 use crate::storage::table::{LongKeys, Table};
 use crate::storage::Db;
 
-const CURRENT_REV: &[u8] = b"current_rev";
-const COMPACT_REV: &[u8] = b"compact_rev";
-const TAG_TOMBSTONE: u8 = 0;
-const TAG_PUT: u8 = 1;
+pub(super) const CURRENT_REV: &[u8] = b"current_rev";
+pub(super) const COMPACT_REV: &[u8] = b"compact_rev";
+pub(super) const TAG_TOMBSTONE: u8 = 0;
+pub(super) const TAG_PUT: u8 = 1;
 
 pub struct KvStore {
     pub(super) live: Table,

@@ -293,7 +293,7 @@ impl State {
     }
 
     /// Every replicated table, in snapshot order.
-    fn tables(&self) -> Vec<Db> {
+    pub fn tables(&self) -> Vec<Db> {
         let tables = self.kv.tables().into_iter().chain(self.leases.tables()).chain(self.auth.tables());
         tables.chain(self.alarms.tables()).chain([self.long.db()]).collect()
     }
@@ -321,6 +321,22 @@ impl State {
     /// Whether a NOSPACE alarm is active as of the latest commit.
     pub fn nospace(&self) -> bool {
         self.active_alarms().iter().any(|a| a.alarm == AlarmType::Nospace as i32)
+    }
+
+    /// Records `applied` and `membership` as the applied state, whatever it was (`keyward snapshot
+    /// restore` and `keyward migrate` make a new cluster's data dir from another cluster's tables).
+    pub fn restart_at(&self, applied: LogId, membership: StoredMembership) -> Result<(), BoxError> {
+        let mut txn = self.env.write_txn()?;
+        self.meta.put(&mut txn, APPLIED, &postcard::to_allocvec(&Some(applied))?)?;
+        self.meta.put(&mut txn, MEMBERSHIP, &postcard::to_allocvec(&membership)?)?;
+        txn.commit()?;
+        self.env.force_sync()?;
+        Ok(())
+    }
+
+    /// The applied log id recorded in the tables (the source cluster's, before `restart_at`).
+    pub fn applied_log_id(&self) -> Result<Option<LogId>, BoxError> {
+        Ok(self.applied_state()?.0)
     }
 
     /// Refreshes what readers without a transaction see: the size in use and the active alarms.

@@ -1,0 +1,58 @@
+//! `keyward migrate`: an etcd 3.4/3.5 snapshot (`etcdctl snapshot save`'s file, a bbolt database with
+//! or without its trailing SHA-256) into a new keyward data dir.
+//!
+//! - `bolt.rs`: reading bbolt files (why not a crate: see there);
+//! - `etcd.rs`: etcd's buckets → keyward's tables;
+//! - the new data dir and the member flags are `restore`'s, shared with `keyward snapshot restore`.
+
+pub mod bolt;
+pub mod etcd;
+
+use anyhow::anyhow;
+
+use crate::backup_args::MigrateArgs;
+use crate::restore::snapshot_file::SnapshotFile;
+use crate::restore::NewDataDir;
+
+/// Runs `keyward migrate`; the error names the file or flag.
+pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
+    let file = SnapshotFile::check(&args.etcd_snapshot, args.skip_hash_check)?;
+    let bolt = bolt::Bolt::open(&args.etcd_snapshot, file.db_len).map_err(|e| {
+        // LMDB's magic where a keyward backup has it.
+        let mut head = [0u8; 20];
+        let keyward_backup = std::fs::File::open(&args.etcd_snapshot)
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
+            .is_ok_and(|()| head[16..] == 0xBEEF_C0DEu32.to_le_bytes());
+        if keyward_backup {
+            anyhow!(
+                "{} is a keyward backup (LMDB), not an etcd one: use keyward snapshot restore",
+                args.etcd_snapshot.display()
+            )
+        } else {
+            anyhow!("{}: {e}", args.etcd_snapshot.display())
+        }
+    })?;
+    let mut dir = NewDataDir::create(&args.member)?;
+    let state = dir.state()?;
+    let imported = etcd::import(&bolt, &state).map_err(|e| anyhow!("{}: {e:#}", args.etcd_snapshot.display()))?;
+    drop(state);
+    let restored = dir.finish(imported.consistent_index)?;
+    println!(
+        "migrated {} into {}: revision {} (compacted {}), {} changes, {} leases, {} users, {} roles, auth {} \
+         (revision {}), {} alarms; member {:x}, cluster {:x}",
+        args.etcd_snapshot.display(),
+        restored.data_dir.display(),
+        imported.revision,
+        imported.compacted.unwrap_or(0),
+        imported.changes,
+        imported.leases,
+        imported.users,
+        imported.roles,
+        if imported.auth_enabled { "enabled" } else { "disabled" },
+        imported.auth_revision,
+        imported.alarms,
+        restored.member_id,
+        restored.cluster_id,
+    );
+    Ok(())
+}
