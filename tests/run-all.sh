@@ -5,8 +5,6 @@
 #   protobuf-compiler -> protoc, needed by the etcd-client crate's build script (keyward itself needs none)
 #   openssl      -> the JWT tests generate RSA key pairs with the openssl CLI (rcgen with ring cannot)
 #   curl         -> the TLS tests read /metrics over https with a client certificate
-#   lmdb-utils   -> mdb_dump/mdb_load for the documented snapshot-restore script (tests/maintenance.rs;
-#                   without them that test restores with heed instead)
 #   systemd      -> systemd-analyze verify for deploy/systemd (tests/deploy.rs; no running systemd needed)
 #   docker-compose -> `docker-compose config` validates deploy/docker-compose.yml (no Docker engine needed)
 #   python3-venv -> a venv in target/tools-venv with pip's kubernetes-validate (the Kubernetes JSON
@@ -22,7 +20,6 @@ command -v etcd >/dev/null || need+=(etcd-server)
 command -v protoc >/dev/null || need+=(protobuf-compiler)
 command -v openssl >/dev/null || need+=(openssl)
 command -v curl >/dev/null || need+=(curl)
-command -v mdb_dump >/dev/null || need+=(lmdb-utils)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || need+=(docker-compose)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
