@@ -96,6 +96,26 @@ pub static GRPC_HANDLED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+pub static GRPC_MSG_RECEIVED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new("grpc_server_msg_received_total", "Total number of RPC stream messages received on the server."),
+            &GRPC_LABELS,
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
+pub static GRPC_MSG_SENT: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new("grpc_server_msg_sent_total", "Total number of gRPC stream messages sent by the server."),
+            &GRPC_LABELS,
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
 pub static GRPC_HANDLING_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
     register(
         HistogramVec::new(

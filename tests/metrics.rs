@@ -85,6 +85,8 @@ fn value(text: &str, family: &str, labels: &[(&str, &str)]) -> f64 {
 const REQUIRED: &[(&str, &str)] = &[
     ("grpc_server_started_total", "counter"),
     ("grpc_server_handled_total", "counter"),
+    ("grpc_server_msg_received_total", "counter"),
+    ("grpc_server_msg_sent_total", "counter"),
     ("etcd_disk_wal_fsync_duration_seconds", "histogram"),
     ("etcd_disk_backend_commit_duration_seconds", "histogram"),
     ("etcd_disk_defrag_inflight", "gauge"),
@@ -152,6 +154,8 @@ async fn metrics_have_etcds_names_types_and_labels_and_proposals_count_requests(
         let label = server.kind.label();
         assert_eq!(value(&text, "grpc_server_handled_total", &compact), 1.0, "{label}: refused compaction");
         assert_eq!(value(&text, "grpc_server_started_total", &watch), 1.0, "{label}: watch started");
+        assert_eq!(value(&text, "grpc_server_msg_received_total", &watch), 1.0, "{label}: watch create request");
+        assert!(value(&text, "grpc_server_msg_sent_total", &watch) >= 1.0, "{label}: watch created response");
         assert!(value(&text, "etcd_server_leader_changes_seen_total", &[]) >= 1.0, "{label}: leader elected");
         assert_eq!(value(&text, "etcd_server_has_leader", &[]), 1.0, "{label}");
     }
@@ -172,6 +176,8 @@ async fn metrics_have_etcds_names_types_and_labels_and_proposals_count_requests(
         assert_eq!(value(&after, "etcd_server_proposals_pending", &[]), 0.0, "{label}: pending");
         assert_eq!(moved("grpc_server_started_total", &put), 10.0, "{label}: Put started");
         assert_eq!(moved("etcd_mvcc_put_total", &[]), 10.0, "{label}: mvcc puts");
+        assert_eq!(moved("grpc_server_msg_received_total", &put), 10.0, "{label}: Put requests");
+        assert_eq!(moved("grpc_server_msg_sent_total", &put), 10.0, "{label}: Put responses");
         let put_ok = [put[0], put[1], put[2], ("grpc_code", "OK")];
         assert_eq!(moved("grpc_server_handled_total", &put_ok), 10.0, "{label}: Put handled OK");
         assert!(moved("etcd_disk_wal_fsync_duration_seconds_count", &[]) >= 1.0, "{label}: log fsyncs");
