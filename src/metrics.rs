@@ -96,6 +96,26 @@ pub static GRPC_HANDLED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+pub static GRPC_MSG_RECEIVED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new("grpc_server_msg_received_total", "Total number of RPC stream messages received on the server."),
+            &GRPC_LABELS,
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
+pub static GRPC_MSG_SENT: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new("grpc_server_msg_sent_total", "Total number of gRPC stream messages sent by the server."),
+            &GRPC_LABELS,
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
 pub static GRPC_HANDLING_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
     register(
         HistogramVec::new(
@@ -160,6 +180,42 @@ pub static BACKEND_SNAPSHOT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
         "etcd_disk_backend_snapshot_duration_seconds",
         "The latency distribution of backend snapshots.",
         exponential_buckets(0.01, 2.0, 17).unwrap_or_else(|e| unreachable!("static buckets: {e}")),
+    )
+});
+
+fn counter(name: &str, help: &str) -> IntCounter {
+    register(IntCounter::new(name, help).unwrap_or_else(|e| unreachable!("static metric definition: {e}")))
+}
+
+/// etcd's mvcc operation counters, each under its name and its `etcd_debugging_` twin (etcd 3.4 keeps
+/// both); bumped by `mvcc/counts.rs`.
+pub static MVCC_RANGES: LazyLock<[IntCounter; 2]> = LazyLock::new(|| {
+    let help = "Total number of ranges seen by this member.";
+    [counter("etcd_mvcc_range_total", help), counter("etcd_debugging_mvcc_range_total", help)]
+});
+
+pub static MVCC_PUTS: LazyLock<[IntCounter; 2]> = LazyLock::new(|| {
+    let help = "Total number of puts seen by this member.";
+    [counter("etcd_mvcc_put_total", help), counter("etcd_debugging_mvcc_put_total", help)]
+});
+
+pub static MVCC_DELETES: LazyLock<[IntCounter; 2]> = LazyLock::new(|| {
+    let help = "Total number of deletes seen by this member.";
+    [counter("etcd_mvcc_delete_total", help), counter("etcd_debugging_mvcc_delete_total", help)]
+});
+
+pub static MVCC_TXNS: LazyLock<[IntCounter; 2]> = LazyLock::new(|| {
+    let help = "Total number of txns seen by this member.";
+    [counter("etcd_mvcc_txn_total", help), counter("etcd_debugging_mvcc_txn_total", help)]
+});
+
+pub static MVCC_PUT_BYTES: LazyLock<IntGauge> = LazyLock::new(|| {
+    register(
+        IntGauge::new(
+            "etcd_debugging_mvcc_total_put_size_in_bytes",
+            "The total size of put kv pairs seen by this member.",
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
     )
 });
 
@@ -386,6 +442,13 @@ pub fn render(node: &NodeGauges) -> String {
         "",
         node.db_size_in_use_bytes,
     );
+    gauge(
+        g,
+        "etcd_debugging_mvcc_db_total_size_in_bytes",
+        "Total size of the underlying database physically allocated in bytes.",
+        "",
+        node.db_size_bytes,
+    );
     gauge(g, "etcd_debugging_mvcc_current_revision", "The current revision of store.", "", node.current_revision);
     gauge(
         g,
@@ -411,6 +474,10 @@ pub fn render(node: &NodeGauges) -> String {
     for counter in [&GRPC_RECEIVED_BYTES, &GRPC_SENT_BYTES, &HEALTH_SUCCESS, &HEALTH_FAILURES] {
         LazyLock::force(counter);
     }
+    for counters in [&MVCC_RANGES, &MVCC_PUTS, &MVCC_DELETES, &MVCC_TXNS] {
+        LazyLock::force(counters);
+    }
+    LazyLock::force(&MVCC_PUT_BYTES);
     LazyLock::force(&PROPOSALS_FAILED);
     LazyLock::force(&PROPOSALS_PENDING);
     LazyLock::force(&LEADER_CHANGES);

@@ -85,6 +85,8 @@ fn value(text: &str, family: &str, labels: &[(&str, &str)]) -> f64 {
 const REQUIRED: &[(&str, &str)] = &[
     ("grpc_server_started_total", "counter"),
     ("grpc_server_handled_total", "counter"),
+    ("grpc_server_msg_received_total", "counter"),
+    ("grpc_server_msg_sent_total", "counter"),
     ("etcd_disk_wal_fsync_duration_seconds", "histogram"),
     ("etcd_disk_backend_commit_duration_seconds", "histogram"),
     ("etcd_disk_defrag_inflight", "gauge"),
@@ -99,6 +101,10 @@ const REQUIRED: &[(&str, &str)] = &[
     ("etcd_server_proposals_failed_total", "counter"),
     ("etcd_server_id", "gauge"),
     ("etcd_server_version", "gauge"),
+    ("etcd_mvcc_put_total", "counter"),
+    ("etcd_mvcc_range_total", "counter"),
+    ("etcd_mvcc_txn_total", "counter"),
+    ("etcd_mvcc_delete_total", "counter"),
     ("process_cpu_seconds_total", "counter"),
     ("process_resident_memory_bytes", "gauge"),
     ("process_open_fds", "gauge"),
@@ -148,6 +154,8 @@ async fn metrics_have_etcds_names_types_and_labels_and_proposals_count_requests(
         let label = server.kind.label();
         assert_eq!(value(&text, "grpc_server_handled_total", &compact), 1.0, "{label}: refused compaction");
         assert_eq!(value(&text, "grpc_server_started_total", &watch), 1.0, "{label}: watch started");
+        assert_eq!(value(&text, "grpc_server_msg_received_total", &watch), 1.0, "{label}: watch create request");
+        assert!(value(&text, "grpc_server_msg_sent_total", &watch) >= 1.0, "{label}: watch created response");
         assert!(value(&text, "etcd_server_leader_changes_seen_total", &[]) >= 1.0, "{label}: leader elected");
         assert_eq!(value(&text, "etcd_server_has_leader", &[]), 1.0, "{label}");
     }
@@ -167,6 +175,9 @@ async fn metrics_have_etcds_names_types_and_labels_and_proposals_count_requests(
         assert_eq!(moved("etcd_server_proposals_applied_total", &[]), 10.0, "{label}: applied");
         assert_eq!(value(&after, "etcd_server_proposals_pending", &[]), 0.0, "{label}: pending");
         assert_eq!(moved("grpc_server_started_total", &put), 10.0, "{label}: Put started");
+        assert_eq!(moved("etcd_mvcc_put_total", &[]), 10.0, "{label}: mvcc puts");
+        assert_eq!(moved("grpc_server_msg_received_total", &put), 10.0, "{label}: Put requests");
+        assert_eq!(moved("grpc_server_msg_sent_total", &put), 10.0, "{label}: Put responses");
         let put_ok = [put[0], put[1], put[2], ("grpc_code", "OK")];
         assert_eq!(moved("grpc_server_handled_total", &put_ok), 10.0, "{label}: Put handled OK");
         assert!(moved("etcd_disk_wal_fsync_duration_seconds_count", &[]) >= 1.0, "{label}: log fsyncs");
@@ -176,6 +187,27 @@ async fn metrics_have_etcds_names_types_and_labels_and_proposals_count_requests(
             assert_eq!(moved("grpc_server_handling_seconds_count", &put), 10.0, "{label}: Put timed");
         }
     }
+
+    // The mvcc counters move alike on both: a get, a delete, a txn with a compare and a put.
+    let mut deltas = Vec::new();
+    for server in [&etcd, &keyward] {
+        let (before, _) = scrape(server);
+        let mut c = server.client().await;
+        c.get("m/1", None).await.expect("get");
+        c.delete("m/2", None).await.expect("delete");
+        let txn = etcd_client::Txn::new()
+            .when([etcd_client::Compare::value("m/1", etcd_client::CompareOp::Equal, "v")])
+            .and_then([etcd_client::TxnOp::put("m/3", "w", None)]);
+        assert!(c.txn(txn).await.expect("txn").succeeded());
+        let (after, _) = scrape(server);
+        let moved: Vec<f64> =
+            ["etcd_mvcc_range_total", "etcd_mvcc_put_total", "etcd_mvcc_delete_total", "etcd_mvcc_txn_total"]
+                .iter()
+                .map(|family| value(&after, family, &[]) - value(&before, family, &[]))
+                .collect();
+        deltas.push(moved);
+    }
+    assert_eq!(deltas[0], deltas[1], "range, put, delete, txn counts (left etcd, right keyward)");
 
     let etcd_names: BTreeSet<&String> = etcd_families.keys().collect();
     let keyward_names: BTreeSet<&String> = keyward_families.keys().collect();

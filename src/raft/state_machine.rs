@@ -474,6 +474,7 @@ impl State {
         let committing = std::time::Instant::now();
         txn.commit().map_err(|e| self.write_failure(e))?;
         crate::metrics::BACKEND_COMMIT_SECONDS.observe(committing.elapsed().as_secs_f64());
+        count_mvcc_ops(entries, &results);
         if let Some(alarms) = alarms {
             *self.active_alarms.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(alarms);
         }
@@ -593,6 +594,24 @@ impl State {
             observer(Committed { revision, auth_enabled, auth_revision, installed, ..Default::default() });
         }
         Ok(())
+    }
+}
+
+/// etcd's mvcc counters for the requests of a committed batch that the store executed
+/// (`mvcc/counts.rs`).
+fn count_mvcc_ops(entries: &[Entry], results: &[BatchResults]) {
+    use crate::apply::Applied;
+    use crate::mvcc::counts::Ops;
+    for (entry, results) in entries.iter().zip(results) {
+        let EntryPayload::Normal(batch) = &entry.payload else { continue };
+        for (req, result) in batch.0.requests.iter().zip(results) {
+            match (result, &req.put, &req.txn) {
+                (Ok(Applied::Put(_)), Some(put), _) => Ops::put(put).record(),
+                (Ok(Applied::DeleteRange(_)), ..) => Ops::delete().record(),
+                (Ok(Applied::Txn(resp)), _, Some(txn)) => Ops::record_txn(Ops::txn(txn, resp), false),
+                _ => {}
+            }
+        }
     }
 }
 

@@ -5,8 +5,9 @@
 //! A call is handled when its response ends: the `grpc-status` of its trailers (or of a trailers-only
 //! response's headers) is the code; a response dropped before its end (the client went away) counts as
 //! `Canceled`, as grpc-go's handler sees a canceled context. Only etcd's six services are counted, so a
-//! client cannot create label values with made-up paths. The same middleware counts etcd's
-//! `etcd_server_client_requests_total` and the gRPC bytes received and sent.
+//! client cannot create label values with made-up paths. The same middleware counts the messages of
+//! each call (`grpc_server_msg_{received,sent}_total`, from gRPC's length-prefixed framing of the
+//! bodies), etcd's `etcd_server_client_requests_total` and the gRPC bytes received and sent.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -20,7 +21,8 @@ use http::HeaderMap;
 use http_body::Frame;
 
 use crate::metrics::{
-    CLIENT_REQUESTS, GRPC_HANDLED, GRPC_HANDLING_SECONDS, GRPC_RECEIVED_BYTES, GRPC_SENT_BYTES, GRPC_STARTED,
+    CLIENT_REQUESTS, GRPC_HANDLED, GRPC_HANDLING_SECONDS, GRPC_MSG_RECEIVED, GRPC_MSG_SENT, GRPC_RECEIVED_BYTES,
+    GRPC_SENT_BYTES, GRPC_STARTED,
 };
 
 /// Every method of etcd's client services: (service, method, go-grpc-prometheus' type).
@@ -112,11 +114,12 @@ pub async fn record(request: Request, next: Next) -> Response {
     let stream = if kind == UNARY { "unary" } else { "stream" };
     CLIENT_REQUESTS.with_label_values(&[stream, client_api_version(request.headers())]).inc();
     let call = Call { labels: [kind, service, method], started: Instant::now() };
-    let request = request.map(|body| Body::new(Received(body)));
+    let labels = [kind, service, method];
+    let request = request.map(|body| Body::new(Received { body, labels, messages: Messages::default() }));
     let response = next.run(request).await;
     // A trailers-only response (most errors) carries its status in the headers.
     let code = status(response.headers());
-    response.map(|body| Body::new(Metered { body, call: Some(call), code }))
+    response.map(|body| Body::new(Metered { body, call: Some(call), code, messages: Messages::default() }))
 }
 
 fn method_of(path: &str) -> Option<&'static (&'static str, &'static str, &'static str)> {
@@ -150,11 +153,46 @@ impl Call {
     }
 }
 
+/// Counts the gRPC messages in a body's bytes: each is a 1-byte flag, a 4-byte big-endian length and
+/// that many bytes, split across DATA frames anyhow.
+#[derive(Default)]
+struct Messages {
+    prefix: [u8; 5],
+    prefix_read: usize,
+    payload_left: usize,
+}
+
+impl Messages {
+    /// Reads `data`; returns how many messages it completed.
+    fn read(&mut self, mut data: &[u8]) -> u64 {
+        let mut completed = 0;
+        while !data.is_empty() {
+            if self.payload_left > 0 {
+                let n = self.payload_left.min(data.len());
+                (self.payload_left, data) = (self.payload_left - n, &data[n..]);
+                completed += u64::from(self.payload_left == 0);
+                continue;
+            }
+            let n = (5 - self.prefix_read).min(data.len());
+            self.prefix[self.prefix_read..self.prefix_read + n].copy_from_slice(&data[..n]);
+            (self.prefix_read, data) = (self.prefix_read + n, &data[n..]);
+            if self.prefix_read == 5 {
+                self.prefix_read = 0;
+                let [_, a, b, c, d] = self.prefix;
+                self.payload_left = u32::from_be_bytes([a, b, c, d]) as usize;
+                completed += u64::from(self.payload_left == 0);
+            }
+        }
+        completed
+    }
+}
+
 /// A response body that records its call as handled when it ends (or is dropped first).
 struct Metered {
     body: Body,
     call: Option<Call>,
     code: Option<&'static str>,
+    messages: Messages,
 }
 
 impl http_body::Body for Metered {
@@ -170,6 +208,10 @@ impl http_body::Body for Metered {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     GRPC_SENT_BYTES.inc_by(data.len() as u64);
+                    let sent = self.messages.read(data);
+                    if let Some(call) = &self.call {
+                        GRPC_MSG_SENT.with_label_values(&call.labels).inc_by(sent);
+                    }
                 }
                 if let Some(code) = frame.trailers_ref().and_then(status) {
                     self.code = Some(code);
@@ -196,8 +238,12 @@ impl http_body::Body for Metered {
     }
 }
 
-/// A request body that counts the bytes a client sends.
-struct Received(Body);
+/// A request body that counts the bytes and messages a client sends.
+struct Received {
+    body: Body,
+    labels: [&'static str; 3],
+    messages: Messages,
+}
 
 impl http_body::Body for Received {
     type Data = bytes::Bytes;
@@ -207,21 +253,23 @@ impl http_body::Body for Received {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let polled = Pin::new(&mut self.0).poll_frame(cx);
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
         if let Poll::Ready(Some(Ok(frame))) = &polled {
             if let Some(data) = frame.data_ref() {
                 GRPC_RECEIVED_BYTES.inc_by(data.len() as u64);
+                let received = self.messages.read(data);
+                GRPC_MSG_RECEIVED.with_label_values(&self.labels).inc_by(received);
             }
         }
         polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.0.is_end_stream()
+        self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        self.0.size_hint()
+        self.body.size_hint()
     }
 }
 
@@ -245,6 +293,19 @@ mod tests {
         assert_eq!(method_of("/etcdserverpb.Maintenance/Snapshot").map(|m| m.2), Some(SERVER_STREAM));
         assert_eq!(method_of("/etcdserverpb.KV/Made-up"), None);
         assert_eq!(method_of("/metrics"), None);
+    }
+
+    #[test]
+    fn messages_are_counted_across_any_split_of_the_bytes() {
+        let message = |len: u32| [&[0u8][..], &len.to_be_bytes(), &vec![7u8; len as usize]].concat();
+        let stream = [message(3), message(0), message(70_000), message(1)].concat();
+        for chunk in [1, 2, 5, 6, 4096, stream.len()] {
+            let mut messages = Messages::default();
+            let counted: u64 = stream.chunks(chunk).map(|c| messages.read(c)).sum();
+            assert_eq!(counted, 4, "in chunks of {chunk}");
+        }
+        let mut messages = Messages::default();
+        assert_eq!(messages.read(&stream[..8]), 1, "the first message, then a part of the second's prefix");
     }
 
     #[test]

@@ -10,6 +10,7 @@ use crate::auth::check::{Authorizer, Requester};
 use crate::auth::permissions::Access;
 use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
+use crate::mvcc::counts::Ops;
 use crate::mvcc::{kv, txn};
 use crate::node::Node;
 use crate::proto::etcdserverpb::kv_server::Kv;
@@ -42,7 +43,9 @@ fn read_only_txn(
 ) -> Result<TxnResponse, EtcdError> {
     // `txn::is_read_only` let no put through to this path; were one here, it is refused, not assumed.
     authz.check_txn(who, req, &mut |_put| Err(EtcdError::PermissionDenied))?;
-    txn::txn_read_only(view, req)
+    let resp = txn::txn_read_only(view, req)?;
+    Ops::record_txn(Ops::txn(req, &resp), true);
+    Ok(resp)
 }
 
 #[tonic::async_trait]
@@ -58,7 +61,9 @@ impl Kv for KvService {
             .node
             .read(!req.serializable, move |view, authz| {
                 authz.check(&who, "range", Access::Read, &KeyRange::new(&req.key, &req.range_end))?;
-                kv::range(view, &req)
+                let resp = kv::range(view, &req)?;
+                Ops::range().record();
+                Ok(resp)
             })
             .await?;
         self.node.fill(&mut resp.header);
