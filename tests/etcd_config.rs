@@ -95,6 +95,21 @@ impl Files {
         format!("127.0.0.1:{}", self.client)
     }
 
+    /// `keyward serve` on this data dir and these ports, plus `extra`.
+    fn member_args(&self, extra: &[&str]) -> Vec<String> {
+        let (client, peer) = (format!("http://127.0.0.1:{}", self.client), format!("http://127.0.0.1:{}", self.peer));
+        let mut args = keyward_args(&[
+            &format!("--data-dir={}", self.data().display()),
+            &format!("--listen-client-urls={client}"),
+            &format!("--advertise-client-urls={client}"),
+            &format!("--listen-peer-urls={peer}"),
+            &format!("--initial-advertise-peer-urls={peer}"),
+            &format!("--initial-cluster=default={peer}"),
+        ]);
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args
+    }
+
     /// Writes `text` (with the placeholders filled in) as `name` and returns its path.
     fn write(&self, name: &str, text: &str) -> PathBuf {
         let text = text
@@ -263,15 +278,7 @@ fn the_file_wins_over_flags_and_variables_as_in_etcd() {
 fn metrics_listener_serves_only_metrics_and_health() {
     let files = Files::new();
     let metrics_port = free_port();
-    let args = keyward_args(&[
-        &format!("--data-dir={}", files.data().display()),
-        &format!("--listen-client-urls=http://127.0.0.1:{}", files.client),
-        &format!("--advertise-client-urls=http://127.0.0.1:{}", files.client),
-        &format!("--listen-peer-urls=http://127.0.0.1:{}", files.peer),
-        &format!("--initial-advertise-peer-urls=http://127.0.0.1:{}", files.peer),
-        &format!("--initial-cluster=default=http://127.0.0.1:{}", files.peer),
-        &format!("--listen-metrics-urls=http://127.0.0.1:{metrics_port}"),
-    ]);
+    let args = files.member_args(&[&format!("--listen-metrics-urls=http://127.0.0.1:{metrics_port}")]);
     let mut server = Running::start(&keyward_bin(), &args, files.dir.path());
     server.wait_ready(&files.endpoint());
     let metrics = format!("127.0.0.1:{metrics_port}");
@@ -287,16 +294,7 @@ fn metrics_listener_serves_only_metrics_and_health() {
 #[test]
 fn periodic_auto_compaction_keeps_the_retention_and_compacts_behind_it() {
     let files = Files::new();
-    let args = keyward_args(&[
-        &format!("--data-dir={}", files.data().display()),
-        &format!("--listen-client-urls=http://127.0.0.1:{}", files.client),
-        &format!("--advertise-client-urls=http://127.0.0.1:{}", files.client),
-        &format!("--listen-peer-urls=http://127.0.0.1:{}", files.peer),
-        &format!("--initial-advertise-peer-urls=http://127.0.0.1:{}", files.peer),
-        &format!("--initial-cluster=default=http://127.0.0.1:{}", files.peer),
-        "--auto-compaction-mode=periodic",
-        "--auto-compaction-retention=2s",
-    ]);
+    let args = files.member_args(&["--auto-compaction-mode=periodic", "--auto-compaction-retention=2s"]);
     let mut server = Running::start(&keyward_bin(), &args, files.dir.path());
     server.wait_ready(&files.endpoint());
     let ep = files.endpoint();
