@@ -10,6 +10,7 @@
 
 pub mod log_cache;
 pub mod log_store;
+pub mod wal;
 pub mod member;
 pub mod proposer;
 pub mod snap_dir;
