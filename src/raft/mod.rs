@@ -10,13 +10,13 @@
 
 pub mod log_cache;
 pub mod log_store;
-pub mod wal;
 pub mod member;
 pub mod proposer;
 pub mod snap_dir;
 pub mod snapshot_data;
 pub mod snapshot_file;
 pub mod state_machine;
+pub mod wal;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 

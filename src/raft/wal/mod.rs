@@ -20,8 +20,8 @@
 //! - a purge records the last purged id (a `State` record, synced), then deletes the segments whose
 //!   every live entry is purged. The newest `State` is always in a segment that is kept.
 //!
-//! A segment is preallocated (64 MiB); a write that does not fit goes to a new segment, whose
-//! creation also costs one directory fsync. An in-memory index (log index → segment, offset) serves
+//! A segment holds up to 64 MiB, allocated ahead of the records 4 MiB at a time; a write that does
+//! not fit goes to a new segment, whose creation also costs one directory fsync. An in-memory index (log index → segment, offset) serves
 //! reads of older entries; `log_cache.rs` serves the newest without touching the disk.
 //!
 //! A write that finds the disk full zeros what it may have written, gets the ballast back and is tried
@@ -275,8 +275,14 @@ impl Wal {
     /// the bytes it may have written are zeroed again, so a retry (or recovery) never sees half of it.
     fn write_chunk(&self, writer: &mut Writer, chunk: &[u8]) -> std::io::Result<(u64, u64)> {
         let len = chunk.len() as u64;
-        if writer.end + len <= writer.active.size {
+        let needed = writer.end + len;
+        if needed <= writer.active.size.max(self.inner.segment_bytes) {
             let offset = writer.end;
+            if needed > writer.active.size {
+                // Allocated ahead, a step at a time: this write's sync also makes the new size durable.
+                let step = segment::ALLOCATION_STEP;
+                writer.active.grow(needed.div_ceil(step).saturating_mul(step).min(self.inner.segment_bytes))?;
+            }
             let written = writer.active.file.write_all_at(chunk, offset).and_then(|()| writer.active.file.sync_data());
             if let Err(e) = written {
                 if writer.active.zero_from(offset).is_err() {
@@ -289,7 +295,7 @@ impl Wal {
         }
         // A new segment: its directory entry must be durable too before anything in it is acknowledged.
         let seq = writer.active.seq + 1;
-        let size = self.inner.segment_bytes.max(len);
+        let size = self.inner.segment_bytes.min(segment::ALLOCATION_STEP).max(len);
         let created = Segment::create(&self.inner.dir, seq, size).and_then(|segment| {
             segment.file.write_all_at(chunk, 0)?;
             segment.file.sync_data()?;
@@ -362,7 +368,9 @@ impl RaftLogReader<TypeConfig> for Wal {
             for loc in index.entries.range(bounds).map(|(_, loc)| *loc) {
                 // Invariant: a segment holding a live entry is never deleted (`delete_purged`).
                 let Some(segment) = index.segments.get(&loc.seq) else {
-                    return Err(StorageIOError::read_logs(any_error("raft log segment missing for a live entry")).into());
+                    return Err(
+                        StorageIOError::read_logs(any_error("raft log segment missing for a live entry")).into()
+                    );
                 };
                 wanted.push((loc, segment.clone()));
             }

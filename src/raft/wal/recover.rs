@@ -37,7 +37,7 @@ pub fn scan(dir: &Path, segment_bytes: u64) -> std::io::Result<Recovered> {
     }
     seqs.sort_unstable();
     if seqs.is_empty() {
-        let first = Segment::create(dir, 0, segment_bytes)?;
+        let first = Segment::create(dir, 0, segment_bytes.min(segment::ALLOCATION_STEP))?;
         crate::data_dir::sync_dir(dir)?;
         let entries = BTreeMap::new();
         return Ok(Recovered { segments: vec![first], end: 0, entries, state: State::default(), state_seq: 0 });
@@ -71,7 +71,8 @@ pub fn scan(dir: &Path, segment_bytes: u64) -> std::io::Result<Recovered> {
                         Record::Entry(entry) => {
                             let index = entry.log_id.index;
                             entries.split_off(&index);
-                            let loc = Loc { log_id: entry.log_id, seq, offset: offset as u64, len: payload.len() as u32 };
+                            let loc =
+                                Loc { log_id: entry.log_id, seq, offset: offset as u64, len: payload.len() as u32 };
                             entries.insert(index, loc);
                         }
                         Record::Truncate { from } => {
@@ -96,15 +97,6 @@ pub fn scan(dir: &Path, segment_bytes: u64) -> std::io::Result<Recovered> {
                 seg.zero_from(offset as u64)?;
                 seg.file.sync_data()?;
             }
-            if seg.size < segment_bytes {
-                // Created but never grown to its size (a crash right after creation): grow it now.
-                let grown = Segment { size: segment_bytes, ..seg.clone() };
-                grown.zero_from(offset as u64)?;
-                grown.file.sync_data()?;
-                segments.push(grown);
-                end = offset as u64;
-                continue;
-            }
             end = offset as u64;
         } else if stop != Frame::End {
             return Err(corrupt(&seg.path, offset as u64, bad(&stop)));
@@ -116,7 +108,10 @@ pub fn scan(dir: &Path, segment_bytes: u64) -> std::io::Result<Recovered> {
         if purged.is_none_or(|p| dropped > p) {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
-                format!("raft log corrupt: {}: a segment is missing (entry {dropped} is lost, not purged)", dir.display()),
+                format!(
+                    "raft log corrupt: {}: a segment is missing (entry {dropped} is lost, not purged)",
+                    dir.display()
+                ),
             ));
         }
     }

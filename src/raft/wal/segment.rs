@@ -1,8 +1,9 @@
 //! The log's on-disk format: segment files of framed records.
 //!
-//! A segment is `<seq:016x>.wal` in the log directory, preallocated to its size when created (so an
-//! append overwrites allocated blocks and its `fdatasync` need not also change the file's size), and
-//! holds records back to back from offset 0; everything after the last record is zeros.
+//! A segment is `<seq:016x>.wal` in the log directory and holds records back to back from offset 0;
+//! everything after the last record is zeros. Its space is allocated ahead of the records
+//! ([`ALLOCATION_STEP`] at a time, up to the segment size), so most appends overwrite allocated
+//! blocks and their `fdatasync` need not also change the file's size.
 //!
 //! A record is a frame: `len: u32 LE` (payload bytes, never 0), `crc: u32 LE` (CRC-32C of the
 //! payload), then the payload, a postcard-encoded [`Record`]. A zero header is where the records
@@ -21,6 +22,10 @@ use super::super::{Entry, LogId, NodeId};
 
 /// A frame's header: length and CRC.
 pub const HEADER: usize = 8;
+
+/// How much a segment's allocation grows at a time: one size change per this many bytes of log, and
+/// a small disk (or a file-size limit) is not taken by a whole segment at once.
+pub const ALLOCATION_STEP: u64 = 4 << 20;
 
 /// What a record says. The variants' order is the format: append new variants at the end only.
 #[derive(Debug, Deserialize)]
@@ -142,7 +147,7 @@ pub struct Segment {
     pub seq: u64,
     pub path: PathBuf,
     pub file: Arc<File>,
-    /// The file's size (its preallocated capacity).
+    /// The file's size: what is allocated for records.
     pub size: u64,
 }
 
@@ -157,7 +162,7 @@ pub fn parse_name(name: &str) -> Option<u64> {
 }
 
 impl Segment {
-    /// Creates segment `seq` in `dir`, preallocated to `size` bytes, owner-only. The caller makes the
+    /// Creates segment `seq` in `dir` with `size` bytes allocated, owner-only. The caller makes the
     /// new directory entry durable (`sync_dir`) before anything in it is acknowledged.
     pub fn create(dir: &Path, seq: u64, size: u64) -> std::io::Result<Segment> {
         let path = dir.join(file_name(seq));
@@ -171,6 +176,13 @@ impl Segment {
         let file = OpenOptions::new().read(true).write(true).open(&path)?;
         let size = file.metadata()?.len();
         Ok(Segment { seq, path, file: Arc::new(file), size })
+    }
+
+    /// Allocates the file up to `size` bytes (zeros); the next `sync_data` makes the new size durable.
+    pub fn grow(&mut self, size: u64) -> std::io::Result<()> {
+        preallocate(&self.file, size)?;
+        self.size = size;
+        Ok(())
     }
 
     /// Zeros everything from `offset` on, keeping the size: a rejected or torn tail can never be read

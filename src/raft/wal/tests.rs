@@ -51,7 +51,8 @@ fn segment_files(dir: &Path) -> Vec<String> {
 #[test]
 fn frames_round_trip_and_damage_is_told_apart() {
     let e = entry(2, 7, 10);
-    let state = State { vote: Some(Vote::new(3, 1)), committed: Some(log_id(2, 5)), last_purged: None, identity: Some((9, 8)) };
+    let state =
+        State { vote: Some(Vote::new(3, 1)), committed: Some(log_id(2, 5)), last_purged: None, identity: Some((9, 8)) };
     let mut buf = Vec::new();
     frame(&RecordRef::Entry(&e), &mut buf).unwrap();
     let first_end = buf.len();
@@ -75,7 +76,10 @@ fn frames_round_trip_and_damage_is_told_apart() {
     let mut flipped = buf.clone();
     flipped[first_end + 9] ^= 1;
     assert_eq!(read_frame(&flipped, first_end), Frame::BadCrc { next: second_end });
-    assert_eq!(read_frame(&buf[..second_end - 1], first_end), Frame::Short { len: (second_end - first_end - 8) as u32 });
+    assert_eq!(
+        read_frame(&buf[..second_end - 1], first_end),
+        Frame::Short { len: (second_end - first_end - 8) as u32 }
+    );
     // A huge length from disk is only compared with the bytes there are: no allocation follows it.
     let mut huge = buf.clone();
     huge[..4].copy_from_slice(&u32::MAX.to_le_bytes());
@@ -191,7 +195,8 @@ async fn corruption_before_the_end_is_an_error_naming_file_and_offset() {
     let mut bytes = std::fs::read(&first).unwrap();
     bytes[20] ^= 0x40; // inside the first entry's payload
     std::fs::write(&first, &bytes).unwrap();
-    let err = Wal::open_sized(dir.path(), Arc::new(Space::without_ballast()), SMALL).err().expect("corruption is an error");
+    let err =
+        Wal::open_sized(dir.path(), Arc::new(Space::without_ballast()), SMALL).err().expect("corruption is an error");
     let message = err.to_string();
     assert!(message.contains(&files[0]) && message.contains("offset 0"), "{message}");
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
@@ -333,7 +338,8 @@ async fn an_lmdb_log_is_migrated_once_and_set_aside() {
         // Entries as `LogStore` keeps them (big-endian index → postcard entry; `LogStore` has no append
         // without openraft's callback, which only openraft can make); the rest through `LogStore`,
         // which also reads them all back below.
-        let (env, [log, _meta]) = crate::storage::open(&legacy, ["log", "meta"], crate::storage::Durability::Full).unwrap();
+        let (env, [log, _meta]) =
+            crate::storage::open(&legacy, ["log", "meta"], crate::storage::Durability::Full).unwrap();
         let mut txn = env.write_txn().unwrap();
         for e in &entries {
             log.put(&mut txn, &e.log_id.index.to_be_bytes(), &postcard::to_allocvec(e).unwrap()).unwrap();
