@@ -103,7 +103,8 @@ async fn every_operation_survives_a_reopen() {
     drop(log);
     let mut log = open(dir.path());
     assert_eq!(ids(&mut log).await.last(), Some(&(1, 14)));
-    assert!(log.try_get_log_entries(9..3).await.unwrap().is_empty(), "an inverted range is empty");
+    let (from, to) = (9, 3); // openraft may compute an inverted range
+    assert!(log.try_get_log_entries(from..to).await.unwrap().is_empty(), "an inverted range is empty");
     assert!(log.try_get_log_entries(3..3).await.unwrap().is_empty());
     log.append_now(&[entry(4, 15, 100), entry(4, 16, 100)]).unwrap();
     log.purge(log_id(1, 5)).await.unwrap();
