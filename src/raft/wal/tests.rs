@@ -385,3 +385,21 @@ async fn an_lmdb_log_is_migrated_once_and_set_aside() {
     check(log.state());
     assert!(!legacy.exists());
 }
+
+#[tokio::test]
+async fn no_write_follows_a_failed_write_that_could_not_be_undone() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path());
+    log.append_now(&[entry(1, 1, 10)]).unwrap();
+    {
+        // A file the writer can neither write nor cut: the write fails and so does its undoing.
+        let mut writer = lock(&log.inner.writer);
+        writer.active.file = Arc::new(std::fs::File::open(&writer.active.path).unwrap());
+    }
+    assert!(log.append_now(&[entry(1, 2, 10)]).is_err());
+    let err = log.append_now(&[entry(1, 2, 10)]).unwrap_err();
+    assert!(err.to_string().contains("could not be undone"), "{err}");
+    drop(log);
+    let mut log = open(dir.path());
+    assert_eq!(ids(&mut log).await, vec![(1, 1)]);
+}
