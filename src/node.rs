@@ -37,7 +37,6 @@ use crate::proto::etcdserverpb::{
     AlarmRequest, AlarmType, InternalRaftRequest, LeaseCheckpoint, LeaseCheckpointRequest, LeaseRevokeRequest,
     RequestHeader, ResponseHeader,
 };
-use crate::raft::log_store::LogStore;
 use crate::raft::proposer::Proposer;
 use crate::raft::state_machine::{Committed, KvEnv, State, StateMachine};
 use crate::raft::{NodeId, Raft};
@@ -129,7 +128,8 @@ impl Node {
         if let Err(e) = space.ballast().ensure() {
             tracing::warn!(error = %e, "cannot put the disk-full ballast in place; will try again later");
         }
-        let mut log = LogStore::open_with(&member_dir.join("raft"), space.clone())?;
+        // The segment log in `member/wal`; an LMDB log of an older version is moved into it first.
+        let mut log = crate::raft::wal::migrate::open_member(&member_dir, space.clone()).await?;
         prepare_unsynced_kv(&member_dir)?;
         let sm = StateMachine::open_with(&member_dir.join("kv"), &member_dir.join("snap"), space.clone())?;
         let (state, kv) = (sm.state(), sm.kv_env());

@@ -389,10 +389,10 @@ fn a_second_process_on_a_live_data_dir_exits_at_once_and_the_first_keeps_its_dat
     // Everything keyward created is its user's alone: the data holds every value and bcrypt hashes.
     let data = first.data_dir();
     let mode = |p: PathBuf| std::fs::metadata(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).permissions();
-    for dir in ["", "member", "member/raft", "member/kv", "member/snap"] {
+    for dir in ["", "member", "member/wal", "member/kv", "member/snap"] {
         assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode(data.join(dir))) & 0o777, 0o700, "{dir}");
     }
-    for file in ["keyward.lock", "member/ballast", "member/raft/data.mdb", "member/kv/data.mdb"] {
+    for file in ["keyward.lock", "member/ballast", "member/wal/0000000000000000.wal", "member/kv/data.mdb"] {
         assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode(data.join(file))) & 0o777, 0o600, "{file}");
     }
     let holder = first.pid().unwrap();

@@ -17,6 +17,7 @@ pub mod snapshot_data;
 pub mod snapshot_file;
 pub mod state_machine;
 pub mod unsynced;
+pub mod wal;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 

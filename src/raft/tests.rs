@@ -1,11 +1,29 @@
-//! The heed log store and state machine against openraft's own storage suite.
+//! The raft log stores and the state machine against openraft's own storage suite.
 
 use openraft::testing::{StoreBuilder, Suite};
 
 use super::log_store::LogStore;
 use super::state_machine::StateMachine;
+use super::wal::Wal;
 use super::{StorageError, TypeConfig};
 
+struct WalBuilder;
+
+impl StoreBuilder<TypeConfig, Wal, StateMachine, tempfile::TempDir> for WalBuilder {
+    async fn build(&self) -> Result<(tempfile::TempDir, Wal, StateMachine), StorageError> {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = Wal::open(&dir.path().join("wal")).expect("open raft log");
+        let sm = StateMachine::open(&dir.path().join("kv"), &dir.path().join("snap")).expect("open kv env");
+        Ok((dir, log, sm))
+    }
+}
+
+#[test]
+fn segment_log_passes_openraft_storage_suite() -> Result<(), StorageError> {
+    Suite::test_all(WalBuilder)
+}
+
+/// The LMDB log of older versions, still read by the migration (`wal/migrate.rs`).
 struct HeedBuilder;
 
 impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for HeedBuilder {

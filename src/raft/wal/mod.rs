@@ -1,0 +1,465 @@
+//! The raft log: append-only segment files in `<data-dir>/member/wal`, one `fdatasync` per write.
+//!
+//! Owns the log entries, the vote, the committed id, the last purged id and the member identity;
+//! nothing else reads or writes that directory. Format: `segment.rs`; start-up scan: `recover.rs`;
+//! the move from the LMDB log of older versions: `migrate.rs`.
+//!
+//! Every write — an append batch, a truncation, a purge, a vote, the identity — is one sequential
+//! write of framed records at the end of the active segment, ended by a `State` record holding the
+//! whole non-log state, then one `File::sync_data`. So:
+//! - an append is durable (and openraft told so) after that one `fdatasync`; batches form while the
+//!   previous one syncs (group commit);
+//! - the vote is a record in the log rather than a file of its own: a file would cost a write, an
+//!   fsync, a rename and a directory fsync per vote, where the log costs one `fdatasync`, and votes
+//!   are then ordered with the entries by construction;
+//! - the committed id (openraft's `save_committed`) is kept in memory and travels in the next
+//!   write's `State` record: never a sync of its own, never ahead of what is committed, at most one
+//!   write behind (as etcd's `HardState.Commit` rides with the next WAL write);
+//! - a truncation is a `Truncate` record (durable before `truncate` returns); the superseded frames
+//!   stay in the file, dead, until their segment is purged;
+//! - a purge records the last purged id (a `State` record, synced), then deletes the segments whose
+//!   every live entry is purged. The newest `State` is always in a segment that is kept.
+//!
+//! A segment holds up to 64 MiB, allocated ahead of the records 4 MiB at a time; a write that does
+//! not fit goes to a new segment, whose creation also costs one directory fsync. An in-memory index (log index → segment, offset) serves
+//! reads of older entries; `log_cache.rs` serves the newest without touching the disk.
+//!
+//! A write that finds the disk full zeros what it may have written, gets the ballast back and is tried
+//! once more (`space.rs`); if the disk is still full the write fails, which stops the raft core.
+
+pub mod migrate;
+pub mod recover;
+pub mod segment;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{RaftLogReader, StorageIOError, Vote};
+
+use self::segment::{frame, Loc, RecordRef, Segment, State};
+use super::log_cache::LogCache;
+use super::{any_error, blocking, Entry, LogId, NodeId, StorageError, TypeConfig};
+use crate::space::Space;
+
+/// A new segment's size.
+pub const SEGMENT_BYTES: u64 = 64 << 20;
+/// The most bytes written between two `fdatasync`s (a single larger record is written alone): a
+/// torn write at the end of the log spans no more (see `recover.rs`).
+pub const SYNC_CHUNK: usize = 4 << 20;
+
+#[derive(Clone)]
+pub struct Wal {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    segment_bytes: u64,
+    space: Arc<Space>,
+    /// The newest entries, so applying them does not read them back from disk.
+    recent: Mutex<LogCache>,
+    /// The latest committed log id openraft saved, written with the next write.
+    committed: Mutex<Option<LogId>>,
+    /// What readers see: the durable entries and state.
+    index: Mutex<Index>,
+    /// Writes, one at a time.
+    writer: Mutex<Writer>,
+}
+
+struct Index {
+    entries: BTreeMap<u64, Loc>,
+    /// Every segment kept, by sequence number.
+    segments: BTreeMap<u64, Segment>,
+    /// The state the newest `State` record on disk holds.
+    state: State,
+}
+
+struct Writer {
+    active: Segment,
+    /// Where the next frame goes in `active`.
+    end: u64,
+    /// A failed write whose bytes could not be zeroed again: no further write may follow it.
+    broken: bool,
+}
+
+/// One write's change, applied to the index once it is durable.
+enum Change<'a> {
+    Append(&'a [Entry]),
+    Truncate(u64),
+    Purge(LogId),
+    Vote(Vote<NodeId>),
+    Identity((u64, u64)),
+    /// The whole state at once (migration).
+    Restore(State),
+}
+
+/// Poison carries no meaning here: every critical section leaves its data consistent before anything
+/// that could panic, so the data stays usable.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn io_to_heed(e: std::io::Error) -> heed::Error {
+    heed::Error::Io(e)
+}
+
+fn heed_to_io(e: heed::Error) -> std::io::Error {
+    match e {
+        heed::Error::Io(e) => e,
+        other => std::io::Error::other(other.to_string()),
+    }
+}
+
+impl Wal {
+    /// Opens the log in `dir` without a disk-full ballast (tests, tools).
+    pub fn open(dir: &Path) -> std::io::Result<Self> {
+        Wal::open_with(dir, Arc::new(Space::without_ballast()))
+    }
+
+    /// Opens (or creates) the log in `dir`; a write that finds the disk full uses `space`'s ballast.
+    pub fn open_with(dir: &Path, space: Arc<Space>) -> std::io::Result<Self> {
+        Wal::open_sized(dir, space, SEGMENT_BYTES)
+    }
+
+    pub(crate) fn open_sized(dir: &Path, space: Arc<Space>, segment_bytes: u64) -> std::io::Result<Self> {
+        crate::data_dir::create_private_dir(dir)?;
+        let found = recover::scan(dir, segment_bytes)?;
+        let active = found.segments.last().cloned().ok_or_else(|| std::io::Error::other("no segment"))?;
+        let mut index = Index {
+            entries: found.entries,
+            segments: found.segments.into_iter().map(|s| (s.seq, s)).collect(),
+            state: found.state,
+        };
+        // Segments a purge meant to delete (its unlinks are not synced) go again.
+        delete_purged(&mut index, found.state_seq.min(active.seq));
+        let committed = Mutex::new(index.state.committed);
+        let inner = Inner {
+            dir: dir.to_path_buf(),
+            segment_bytes,
+            space,
+            recent: Default::default(),
+            committed,
+            index: Mutex::new(index),
+            writer: Mutex::new(Writer { end: found.end, active, broken: false }),
+        };
+        Ok(Wal { inner: Arc::new(inner) })
+    }
+
+    /// This member's `(member_id, cluster_id)` if it has bootstrapped or joined before: chosen once and
+    /// kept, so that a later change of flags cannot change the raft node id under existing raft state.
+    pub fn identity(&self) -> Result<Option<(u64, u64)>, StorageError> {
+        Ok(lock(&self.inner.index).state.identity)
+    }
+
+    /// Records this member's `(member_id, cluster_id)` at bootstrap or when it joins.
+    pub fn set_identity(&self, ids: (u64, u64)) -> Result<(), StorageError> {
+        self.write(Change::Identity(ids)).map_err(|e| StorageIOError::write(any_error(e)).into())
+    }
+
+    /// The durable state (vote, committed, last purged, identity).
+    pub fn state(&self) -> State {
+        lock(&self.inner.index).state.clone()
+    }
+
+    /// Replaces the whole state at once (migration from an older log).
+    pub(crate) fn restore(&self, state: State) -> std::io::Result<()> {
+        *lock(&self.inner.committed) = state.committed;
+        self.write(Change::Restore(state))
+    }
+
+    /// Appends entries durably, without a callback (migration, tests).
+    pub(crate) fn append_now(&self, entries: &[Entry]) -> std::io::Result<()> {
+        self.write(Change::Append(entries))
+    }
+
+    fn recent(&self) -> MutexGuard<'_, LogCache> {
+        lock(&self.inner.recent)
+    }
+
+    /// Writes `change` and the resulting state as one run of frames, syncs, and only then shows the
+    /// change to readers.
+    fn write(&self, change: Change<'_>) -> std::io::Result<()> {
+        let mut writer = lock(&self.inner.writer);
+        if writer.broken {
+            return Err(std::io::Error::other("raft log: an earlier failed write could not be undone"));
+        }
+        let mut state = lock(&self.inner.index).state.clone();
+        match &change {
+            Change::Purge(id) => state.last_purged = Some(*id).max(state.last_purged),
+            Change::Vote(vote) => state.vote = Some(*vote),
+            Change::Identity(ids) => state.identity = Some(*ids),
+            Change::Restore(restored) => state = restored.clone(),
+            Change::Append(_) | Change::Truncate(_) => {}
+        }
+        state.committed = state.committed.max(*lock(&self.inner.committed));
+
+        // Frames back to back; `frames[i]` is (end offset in `buf`, entry's log id if an entry).
+        let mut buf = Vec::new();
+        let mut frames: Vec<(usize, Option<LogId>)> = Vec::new();
+        match &change {
+            Change::Append(entries) => {
+                for entry in entries.iter() {
+                    frame(&RecordRef::Entry(entry), &mut buf)?;
+                    frames.push((buf.len(), Some(entry.log_id)));
+                }
+            }
+            Change::Truncate(from) => {
+                frame(&RecordRef::Truncate { from: *from }, &mut buf)?;
+                frames.push((buf.len(), None));
+            }
+            _ => {}
+        }
+        frame(&RecordRef::State(&state), &mut buf)?;
+        frames.push((buf.len(), None));
+
+        let mut locs = Vec::new();
+        let mut start = 0; // first byte of the next chunk in `buf`
+        let mut first = 0; // its first frame
+        while first < frames.len() {
+            // A chunk: frames up to SYNC_CHUNK bytes, at least one.
+            let mut last = first;
+            while last + 1 < frames.len() && frames[last + 1].0 - start <= SYNC_CHUNK {
+                last += 1;
+            }
+            let chunk = &buf[start..frames[last].0];
+            let (seq, offset) = self
+                .inner
+                .space
+                .write_or_make_room(&self.inner.dir, || self.write_chunk(&mut writer, chunk).map_err(io_to_heed))
+                .map_err(heed_to_io)?;
+            let mut frame_start = start;
+            for &(frame_end, log_id) in &frames[first..=last] {
+                if let Some(log_id) = log_id {
+                    let len = (frame_end - frame_start - segment::HEADER) as u32;
+                    locs.push(Loc { log_id, seq, offset: offset + (frame_start - start) as u64, len });
+                }
+                frame_start = frame_end;
+            }
+            start = frames[last].0;
+            first = last + 1;
+        }
+
+        // Durable: readers may see it.
+        let mut index = lock(&self.inner.index);
+        for loc in locs {
+            index.entries.split_off(&loc.log_id.index);
+            index.entries.insert(loc.log_id.index, loc);
+        }
+        match change {
+            Change::Truncate(from) => {
+                index.entries.split_off(&from);
+            }
+            Change::Purge(_) | Change::Restore(_) => {
+                if let Some(purged) = state.last_purged {
+                    index.entries = index.entries.split_off(&(purged.index + 1));
+                }
+            }
+            _ => {}
+        }
+        index.state = state;
+        if matches!(change, Change::Purge(_)) {
+            delete_purged(&mut index, writer.active.seq);
+        }
+        Ok(())
+    }
+
+    /// Writes `chunk` at the end of the log and syncs it; returns its segment and offset. On failure
+    /// the bytes it may have written are zeroed again, so a retry (or recovery) never sees half of it.
+    fn write_chunk(&self, writer: &mut Writer, chunk: &[u8]) -> std::io::Result<(u64, u64)> {
+        let len = chunk.len() as u64;
+        let needed = writer.end + len;
+        if needed <= writer.active.size.max(self.inner.segment_bytes) {
+            let offset = writer.end;
+            if needed > writer.active.size {
+                // Allocated ahead, a step at a time: this write's sync also makes the new size durable.
+                let step = segment::ALLOCATION_STEP;
+                writer.active.grow(needed.div_ceil(step).saturating_mul(step).min(self.inner.segment_bytes))?;
+            }
+            let written = writer.active.file.write_all_at(chunk, offset).and_then(|()| writer.active.file.sync_data());
+            if let Err(e) = written {
+                if writer.active.zero_from(offset).is_err() {
+                    writer.broken = true;
+                }
+                return Err(e);
+            }
+            writer.end = offset + len;
+            return Ok((writer.active.seq, offset));
+        }
+        // A new segment: its directory entry must be durable too before anything in it is acknowledged.
+        let seq = writer.active.seq + 1;
+        let size = self.inner.segment_bytes.min(segment::ALLOCATION_STEP).max(len);
+        let created = Segment::create(&self.inner.dir, seq, size).and_then(|segment| {
+            segment.file.write_all_at(chunk, 0)?;
+            segment.file.sync_data()?;
+            crate::data_dir::sync_dir(&self.inner.dir)?;
+            Ok(segment)
+        });
+        match created {
+            Ok(segment) => {
+                lock(&self.inner.index).segments.insert(seq, segment.clone());
+                writer.active = segment;
+                writer.end = len;
+                Ok((seq, 0))
+            }
+            Err(e) => {
+                // Not acknowledged, not in the index: a leftover file would only be a torn tail, but
+                // removing it gives back its space (a full disk is the likely cause).
+                let _ = std::fs::remove_file(self.inner.dir.join(segment::file_name(seq)));
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Deletes the segments before the one holding the oldest live entry (or before `keep`, whichever is
+/// older): all they hold is purged, superseded, or state a newer record replaced. The unlinks are not
+/// synced: a segment that comes back after a crash is read again and purged again (`recover.rs`).
+fn delete_purged(index: &mut Index, keep: u64) {
+    let oldest_live = index.entries.values().next().map_or(keep, |loc| loc.seq);
+    let bound = oldest_live.min(keep);
+    let kept = index.segments.split_off(&bound);
+    for (_, segment) in std::mem::replace(&mut index.segments, kept) {
+        if let Err(e) = std::fs::remove_file(&segment.path) {
+            tracing::warn!(segment = %segment.path.display(), error = %e, "cannot delete a purged raft log segment");
+        }
+    }
+}
+
+/// Whether no index lies in `bounds`.
+fn is_empty(bounds: (Bound<u64>, Bound<u64>)) -> bool {
+    let start = match bounds.0 {
+        Bound::Included(i) => i,
+        Bound::Excluded(i) => match i.checked_add(1) {
+            Some(i) => i,
+            None => return true,
+        },
+        Bound::Unbounded => 0,
+    };
+    match bounds.1 {
+        Bound::Included(end) => start > end,
+        Bound::Excluded(end) => start >= end,
+        Bound::Unbounded => false,
+    }
+}
+
+impl RaftLogReader<TypeConfig> for Wal {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError> {
+        if let Some(entries) = self.recent().get(&range) {
+            return Ok(entries);
+        }
+        let bounds = (range.start_bound().cloned(), range.end_bound().cloned());
+        if is_empty(bounds) {
+            return Ok(Vec::new()); // `BTreeMap::range` panics on an inverted range
+        }
+        let wanted: Vec<(Loc, Segment)> = {
+            let index = lock(&self.inner.index);
+            let mut wanted = Vec::new();
+            for loc in index.entries.range(bounds).map(|(_, loc)| *loc) {
+                // Invariant: a segment holding a live entry is never deleted (`delete_purged`).
+                let Some(segment) = index.segments.get(&loc.seq) else {
+                    return Err(
+                        StorageIOError::read_logs(any_error("raft log segment missing for a live entry")).into()
+                    );
+                };
+                wanted.push((loc, segment.clone()));
+            }
+            wanted
+        };
+        if wanted.is_empty() {
+            return Ok(Vec::new());
+        }
+        blocking(move || {
+            wanted
+                .iter()
+                .map(|(loc, segment)| segment::read_entry(&segment.file, &segment.path, loc))
+                .collect::<std::io::Result<Vec<_>>>()
+                .map_err(|e| StorageIOError::read_logs(any_error(e)).into())
+        })
+        .await
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for Wal {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        let index = lock(&self.inner.index);
+        let last_purged_log_id = index.state.last_purged;
+        let last_log_id = index.entries.values().next_back().map(|loc| loc.log_id).or(last_purged_log_id);
+        Ok(LogState { last_purged_log_id, last_log_id })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
+        let (this, vote) = (self.clone(), *vote);
+        blocking(move || this.write(Change::Vote(vote)).map_err(|e| StorageIOError::write_vote(any_error(e)).into()))
+            .await
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
+        Ok(lock(&self.inner.index).state.vote)
+    }
+
+    /// Kept in memory and written with the next write (see the module documentation): openraft calls
+    /// this before every apply, and a sync of its own would cost an `fdatasync` each time.
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        let mut saved = lock(&self.inner.committed);
+        if committed > *saved {
+            *saved = committed;
+        }
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+        let pending = *lock(&self.inner.committed);
+        Ok(pending.max(lock(&self.inner.index).state.committed))
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        // Readable at once: openraft reads only entries it knows are flushed, or ships them to peers.
+        self.recent().append(entries.iter().cloned());
+        let this = self.clone();
+        blocking(move || {
+            let result = this.write(Change::Append(&entries));
+            let report = result.as_ref().map(|_| ()).map_err(|e| std::io::Error::new(e.kind(), e.to_string()));
+            callback.log_io_completed(report);
+            result.map_err(|e| StorageIOError::write_logs(any_error(e)).into())
+        })
+        .await
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        self.recent().truncate(log_id.index);
+        let this = self.clone();
+        blocking(move || {
+            this.write(Change::Truncate(log_id.index)).map_err(|e| StorageIOError::write_logs(any_error(e)).into())
+        })
+        .await
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        self.recent().purge(log_id.index);
+        let this = self.clone();
+        blocking(move || this.write(Change::Purge(log_id)).map_err(|e| StorageIOError::write_logs(any_error(e)).into()))
+            .await
+    }
+}
