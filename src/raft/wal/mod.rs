@@ -283,7 +283,13 @@ impl Wal {
                 let step = segment::ALLOCATION_STEP;
                 writer.active.grow(needed.div_ceil(step).saturating_mul(step).min(self.inner.segment_bytes))?;
             }
-            let written = writer.active.file.write_all_at(chunk, offset).and_then(|()| writer.active.file.sync_data());
+            let written = writer.active.file.write_all_at(chunk, offset).and_then(|()| {
+                // etcd's WAL fsync histogram: the one durable write of each log write.
+                let syncing = std::time::Instant::now();
+                let synced = writer.active.file.sync_data();
+                crate::metrics::WAL_FSYNC_SECONDS.observe(syncing.elapsed().as_secs_f64());
+                synced
+            });
             if let Err(e) = written {
                 if writer.active.zero_from(offset).is_err() {
                     writer.broken = true;
@@ -298,7 +304,9 @@ impl Wal {
         let size = self.inner.segment_bytes.min(segment::ALLOCATION_STEP).max(len);
         let created = Segment::create(&self.inner.dir, seq, size).and_then(|segment| {
             segment.file.write_all_at(chunk, 0)?;
+            let syncing = std::time::Instant::now();
             segment.file.sync_data()?;
+            crate::metrics::WAL_FSYNC_SECONDS.observe(syncing.elapsed().as_secs_f64());
             crate::data_dir::sync_dir(&self.inner.dir)?;
             Ok(segment)
         });
