@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::frontend::certificate::IdentitySource;
 
+pub mod auto_compaction;
 pub mod file;
 
 #[derive(Parser, Debug)]
@@ -275,7 +276,7 @@ pub struct Config {
     /// `--listen-metrics-urls`: listeners serving only `/metrics` and `/health`.
     pub listen_metrics: Vec<Listener>,
     /// `--auto-compaction-mode` / `--auto-compaction-retention`; `None` when off.
-    pub auto_compaction: Option<crate::compactor::AutoCompaction>,
+    pub auto_compaction: Option<auto_compaction::AutoCompaction>,
     /// `--config-file`, when the settings came from it.
     pub config_file: Option<PathBuf>,
     /// What the configuration file's reading found worth a warning, for the log once it is up.
@@ -313,7 +314,7 @@ impl ServeArgs {
             return self.validate(None, Vec::new());
         };
         let known = serve_flag_names();
-        let file = file::load(&path, |flag| flag != "config-file" && known.contains(flag))?;
+        let file = file::load(&path, |flag| flag != "config-file" && known.contains(flag)).map_err(invalid)?;
         let args = ServeArgs::parse_without_environment(&file.args)
             .map_err(|e| invalid(format!("--config-file {}: {e}", path.display())))?;
         args.validate(Some(path), file.warnings)
@@ -336,7 +337,7 @@ impl ServeArgs {
         }
         let log = crate::logging::LogSettings::from_flags(&self.logger, &self.log_outputs).map_err(invalid)?;
         let auto_compaction =
-            crate::compactor::AutoCompaction::from_flags(&self.auto_compaction_mode, &self.auto_compaction_retention)
+            auto_compaction::AutoCompaction::from_flags(&self.auto_compaction_mode, &self.auto_compaction_retention)
                 .map_err(invalid)?;
         let listen_metrics = self
             .listen_metrics_urls

@@ -16,8 +16,6 @@ use std::path::Path;
 
 use yaml_rust2::{Yaml, YamlLoader};
 
-use super::{invalid, ConfigError};
-
 /// What `load` made of a file: the flags, and the warning to log once logging is up.
 #[derive(Debug, Default)]
 pub struct FileArgs {
@@ -80,15 +78,15 @@ const UNSUPPORTED: &[(&str, &str, &str)] = &[
 const DEBUG_KEY: &str = "debug";
 
 /// Reads `path` and returns the flags it stands for. `known_flag` says whether `keyward serve` has a
-/// long flag of that name.
-pub fn load(path: &Path, known_flag: impl Fn(&str) -> bool) -> Result<FileArgs, ConfigError> {
+/// long flag of that name. The error names the file.
+pub fn load(path: &Path, known_flag: impl Fn(&str) -> bool) -> Result<FileArgs, String> {
     let shown = path.display();
-    let size = std::fs::metadata(path).map_err(|e| invalid(format!("--config-file {shown}: {e}")))?.len();
+    let size = std::fs::metadata(path).map_err(|e| format!("--config-file {shown}: {e}"))?.len();
     if size > MAX_FILE_BYTES {
-        return Err(invalid(format!("--config-file {shown}: {size} bytes is too large for a configuration file")));
+        return Err(format!("--config-file {shown}: {size} bytes is too large for a configuration file"));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| invalid(format!("--config-file {shown}: {e}")))?;
-    parse(&text, known_flag).map_err(|e| invalid(format!("--config-file {shown}: {e}")))
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--config-file {shown}: {e}"))?;
+    parse(&text, known_flag).map_err(|e| format!("--config-file {shown}: {e}"))
 }
 
 /// `load` for the text of a file.

@@ -51,9 +51,7 @@ use crate::space::Space;
 
 /// A new segment's size.
 pub const SEGMENT_BYTES: u64 = 64 << 20;
-/// The most bytes written between two `fdatasync`s (a single larger record is written alone): a
-/// torn write at the end of the log spans no more (see `recover.rs`).
-pub const SYNC_CHUNK: usize = 4 << 20;
+pub use segment::SYNC_CHUNK;
 
 #[derive(Clone)]
 pub struct Wal {

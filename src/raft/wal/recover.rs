@@ -11,8 +11,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use super::segment::{self, corrupt, decode, read_frame, Frame, Loc, Record, Segment, State};
-use super::SYNC_CHUNK;
+use super::segment::{self, corrupt, decode, read_frame, Frame, Loc, Record, Segment, State, SYNC_CHUNK};
 
 /// What the segments hold.
 pub struct Recovered {

@@ -26,6 +26,9 @@ pub const HEADER: usize = 8;
 /// How much a segment's allocation grows at a time: one size change per this many bytes of log, and
 /// a small disk (or a file-size limit) is not taken by a whole segment at once.
 pub const ALLOCATION_STEP: u64 = 4 << 20;
+/// The most bytes written between two `fdatasync`s (a single larger record is written alone): a
+/// torn write at the end of the log spans no more (see `recover.rs`).
+pub const SYNC_CHUNK: usize = 4 << 20;
 
 /// What a record says. The variants' order is the format: append new variants at the end only.
 #[derive(Debug, Deserialize)]
