@@ -92,9 +92,11 @@ impl Differential {
                     mask_after_last(&kept, ": ")
                 }
                 Mask::MemberOrder => sort_members(&text),
+                // "Compacting with revision N" lands on the progress bar's line or on its own,
+                // depending on when the bar last redrew: dropped with the bar.
                 Mask::Perf => text
                     .lines()
-                    .filter(|l| !l.contains(" / ") && !l.is_empty())
+                    .filter(|l| !l.contains(" / ") && !l.starts_with("Compacting with") && !l.is_empty())
                     .map(|l| {
                         let words = l.split(' ').map(|w| {
                             if w.starts_with(|c: char| c.is_ascii_digit()) {
