@@ -99,17 +99,6 @@ impl LogStore {
         self.write_meta(IDENTITY, &ids)
     }
 
-    /// A new data dir whose applied state starts at `applied` (`keyward snapshot restore`, `keyward
-    /// migrate`): the log holds no entry and says so — everything up to `applied` is purged and
-    /// committed — so the member never believes it has an entry it does not have; openraft builds a
-    /// snapshot from the applied state for any peer that needs one.
-    pub fn start_after(&self, applied: LogId) -> Result<(), StorageError> {
-        let bytes = encode(&applied).map_err(|e| StorageIOError::write(any_error(e)))?;
-        *self.inner.committed.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(applied);
-        self.write(|txn| self.inner.meta.put(txn, LAST_PURGED, &bytes))
-            .map_err(|e| StorageIOError::write(any_error(e)).into())
-    }
-
     fn recent(&self) -> std::sync::MutexGuard<'_, LogCache> {
         // The cache holds no invariant a panicking holder could break halfway: keep using it.
         self.inner.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -6,7 +6,7 @@
 //! The applied state is whatever the caller put into `member/kv`; `finish` then makes it the state of
 //! a new cluster: the applied log id becomes `(term 0, index)` (as openraft's `initialize` starts a
 //! log at `(term 0, index 0)`), the membership the one of `--initial-cluster`, and the raft log is
-//! empty with everything up to that index purged and committed (`LogStore::start_after`). So the
+//! empty with everything up to that index purged and committed (one state record of `raft/wal`). So the
 //! member never claims an entry it does not have; the first election starts term 1, and openraft
 //! builds a raft snapshot from the applied state at start for any peer that needs one.
 
@@ -20,8 +20,8 @@ use openraft::CommittedLeaderId;
 use super::member_flags;
 use crate::backup_args::MemberFlags;
 use crate::cluster::bootstrap::NewCluster;
-use crate::raft::log_store::LogStore;
 use crate::raft::state_machine::{State, StateMachine};
+use crate::raft::wal::{segment, Wal};
 use crate::raft::{LogId, Membership, StoredMembership};
 
 pub struct NewDataDir {
@@ -98,15 +98,19 @@ impl NewDataDir {
         // The environment closes when its last handle goes: before the rename.
         drop(state);
         self.state = None;
-        let log = LogStore::open(&self.temp.join("member").join("raft"))
-            .map_err(|e| anyhow!("cannot create the raft log: {e}"))?;
-        let failed = |e| anyhow!("cannot write the raft log: {e}");
-        log.set_identity((self.cluster.member_id, self.cluster.cluster_id)).map_err(failed)?;
-        log.start_after(applied).map_err(failed)?;
+        let log =
+            Wal::open(&self.temp.join("member").join("wal")).map_err(|e| anyhow!("cannot create the raft log: {e}"))?;
+        log.restore(segment::State {
+            vote: None,
+            committed: Some(applied),
+            last_purged: Some(applied),
+            identity: Some((self.cluster.member_id, self.cluster.cluster_id)),
+        })
+        .map_err(|e| anyhow!("cannot write the raft log: {e}"))?;
         drop(log);
         // Every file's directory entry is durable before the data dir appears under its name.
         let member = self.temp.join("member");
-        for dir in ["kv", "raft", "snap"].map(|d| member.join(d)).iter().chain([&member, &self.temp]) {
+        for dir in ["kv", "wal", "snap"].map(|d| member.join(d)).iter().chain([&member, &self.temp]) {
             crate::data_dir::sync_dir(dir).with_context(|| format!("cannot sync {}", dir.display()))?;
         }
         std::fs::rename(&self.temp, &self.target)
