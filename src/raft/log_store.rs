@@ -1,4 +1,5 @@
-//! The raft log and vote on LMDB (`<data-dir>/member/raft`).
+//! The raft log and vote on LMDB (`<data-dir>/member/raft`), as versions before the segment log
+//! (`raft/wal/`) kept them: now only read, by `raft/wal/migrate.rs`, to move such a log into `member/wal`.
 //!
 //! Every append batch is one LMDB transaction committed with fsync before openraft is told it is
 //! durable; batches form naturally while the previous commit is in flight (group commit).
