@@ -10,6 +10,7 @@
 //! bodies), etcd's `etcd_server_client_requests_total` and the gRPC bytes received and sent.
 
 use std::pin::Pin;
+use std::sync::LazyLock;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -19,6 +20,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use http::HeaderMap;
 use http_body::Frame;
+use prometheus::{Histogram, IntCounter};
 
 use crate::metrics::{
     CLIENT_REQUESTS, GRPC_HANDLED, GRPC_HANDLING_SECONDS, GRPC_MSG_RECEIVED, GRPC_MSG_SENT, GRPC_RECEIVED_BYTES,
@@ -93,38 +95,64 @@ const CODES: [&str; 17] = [
     "Unauthenticated",
 ];
 
-/// Creates every method's series at zero, as go-grpc-prometheus' `InitializeMetrics` (which etcd
-/// calls): a dashboard sees a rate of 0, not a missing series, before the first call.
+/// One method's series, looked up once: a call touches only these handles, never a label lookup.
+struct MethodMetrics {
+    labels: [&'static str; 3],
+    started: IntCounter,
+    handling: Histogram,
+    /// By gRPC code number (`CODES`).
+    handled: Vec<IntCounter>,
+    received: IntCounter,
+    sent: IntCounter,
+}
+
+/// Every method's series, created at zero as go-grpc-prometheus' `InitializeMetrics` (which etcd calls)
+/// does: a dashboard sees a rate of 0, not a missing series, before the first call.
+static BY_METHOD: LazyLock<Vec<MethodMetrics>> = LazyLock::new(|| {
+    METHODS
+        .iter()
+        .map(|&(service, method, kind)| {
+            let labels = [kind, service, method];
+            MethodMetrics {
+                labels,
+                started: GRPC_STARTED.with_label_values(&labels),
+                handling: GRPC_HANDLING_SECONDS.with_label_values(&labels),
+                handled: CODES
+                    .iter()
+                    .map(|code| GRPC_HANDLED.with_label_values(&[kind, service, method, code]))
+                    .collect(),
+                received: GRPC_MSG_RECEIVED.with_label_values(&labels),
+                sent: GRPC_MSG_SENT.with_label_values(&labels),
+            }
+        })
+        .collect()
+});
+
+/// Creates every method's series (at start, so `/metrics` shows them before the first call).
 pub fn initialize() {
-    for &(service, method, kind) in METHODS {
-        GRPC_STARTED.with_label_values(&[kind, service, method]);
-        GRPC_HANDLING_SECONDS.with_label_values(&[kind, service, method]);
-        for code in CODES {
-            GRPC_HANDLED.with_label_values(&[kind, service, method, code]);
-        }
-    }
+    LazyLock::force(&BY_METHOD);
 }
 
 /// The middleware (`axum::middleware::from_fn(grpc_metrics::record)`).
 pub async fn record(request: Request, next: Next) -> Response {
-    let Some(&(service, method, kind)) = method_of(request.uri().path()) else {
+    let Some(metrics) = method_of(request.uri().path()) else {
         return next.run(request).await;
     };
-    GRPC_STARTED.with_label_values(&[kind, service, method]).inc();
-    let stream = if kind == UNARY { "unary" } else { "stream" };
+    metrics.started.inc();
+    let stream = if metrics.labels[0] == UNARY { "unary" } else { "stream" };
     CLIENT_REQUESTS.with_label_values(&[stream, client_api_version(request.headers())]).inc();
-    let call = Call { labels: [kind, service, method], started: Instant::now() };
-    let labels = [kind, service, method];
-    let request = request.map(|body| Body::new(Received { body, labels, messages: Messages::default() }));
+    let call = Call { metrics, started: Instant::now() };
+    let request = request.map(|body| Body::new(Received { body, metrics, messages: Messages::default() }));
     let response = next.run(request).await;
     // A trailers-only response (most errors) carries its status in the headers.
     let code = status(response.headers());
     response.map(|body| Body::new(Metered { body, call: Some(call), code, messages: Messages::default() }))
 }
 
-fn method_of(path: &str) -> Option<&'static (&'static str, &'static str, &'static str)> {
+fn method_of(path: &str) -> Option<&'static MethodMetrics> {
     let (service, method) = path.strip_prefix('/')?.split_once('/')?;
-    METHODS.iter().find(|&&(s, m, _)| s == service && m == method)
+    let index = METHODS.iter().position(|&(s, m, _)| s == service && m == method)?;
+    BY_METHOD.get(index)
 }
 
 /// etcd's clients send their API version (`client-api-version: 3.4`); anything else that a client
@@ -135,21 +163,24 @@ fn client_api_version(headers: &HeaderMap) -> &'static str {
     KNOWN.iter().find(|&&v| Some(v) == sent).copied().unwrap_or("unknown")
 }
 
-fn status(headers: &HeaderMap) -> Option<&'static str> {
+/// The call's gRPC code number, from its `grpc-status`; an unknown number is Unknown (2).
+fn status(headers: &HeaderMap) -> Option<usize> {
     let code: usize = headers.get("grpc-status")?.to_str().ok()?.parse().ok()?;
-    Some(CODES.get(code).copied().unwrap_or("Unknown"))
+    Some(if code < CODES.len() { code } else { UNKNOWN })
 }
 
+const CANCELED: usize = 1;
+const UNKNOWN: usize = 2;
+
 struct Call {
-    labels: [&'static str; 3],
+    metrics: &'static MethodMetrics,
     started: Instant,
 }
 
 impl Call {
-    fn handled(self, code: &str) {
-        let [kind, service, method] = self.labels;
-        GRPC_HANDLED.with_label_values(&[kind, service, method, code]).inc();
-        GRPC_HANDLING_SECONDS.with_label_values(&self.labels).observe(self.started.elapsed().as_secs_f64());
+    fn handled(self, code: usize) {
+        self.metrics.handled[code].inc();
+        self.metrics.handling.observe(self.started.elapsed().as_secs_f64());
     }
 }
 
@@ -191,7 +222,7 @@ impl Messages {
 struct Metered {
     body: Body,
     call: Option<Call>,
-    code: Option<&'static str>,
+    code: Option<usize>,
     messages: Messages,
 }
 
@@ -210,16 +241,16 @@ impl http_body::Body for Metered {
                     GRPC_SENT_BYTES.inc_by(data.len() as u64);
                     let sent = self.messages.read(data);
                     if let Some(call) = &self.call {
-                        GRPC_MSG_SENT.with_label_values(&call.labels).inc_by(sent);
+                        call.metrics.sent.inc_by(sent);
                     }
                 }
                 if let Some(code) = frame.trailers_ref().and_then(status) {
                     self.code = Some(code);
                 }
             }
-            Poll::Ready(Some(Err(_))) => self.code = self.code.or(Some("Unknown")),
+            Poll::Ready(Some(Err(_))) => self.code = self.code.or(Some(UNKNOWN)),
             Poll::Ready(None) => {
-                let code = self.code.unwrap_or("Unknown");
+                let code = self.code.unwrap_or(UNKNOWN);
                 if let Some(call) = self.call.take() {
                     call.handled(code);
                 }
@@ -241,7 +272,7 @@ impl http_body::Body for Metered {
 /// A request body that counts the bytes and messages a client sends.
 struct Received {
     body: Body,
-    labels: [&'static str; 3],
+    metrics: &'static MethodMetrics,
     messages: Messages,
 }
 
@@ -258,7 +289,7 @@ impl http_body::Body for Received {
             if let Some(data) = frame.data_ref() {
                 GRPC_RECEIVED_BYTES.inc_by(data.len() as u64);
                 let received = self.messages.read(data);
-                GRPC_MSG_RECEIVED.with_label_values(&self.labels).inc_by(received);
+                self.metrics.received.inc_by(received);
             }
         }
         polled
@@ -277,7 +308,7 @@ impl Drop for Metered {
     fn drop(&mut self) {
         if let Some(call) = self.call.take() {
             // Ended with a status the client may not have read yet, or the client went away.
-            call.handled(self.code.unwrap_or("Canceled"));
+            call.handled(self.code.unwrap_or(CANCELED));
         }
     }
 }
@@ -288,11 +319,12 @@ mod tests {
 
     #[test]
     fn only_etcds_methods_are_counted_with_their_type() {
-        assert_eq!(method_of("/etcdserverpb.KV/Put"), Some(&("etcdserverpb.KV", "Put", UNARY)));
-        assert_eq!(method_of("/etcdserverpb.Watch/Watch").map(|m| m.2), Some(BIDI));
-        assert_eq!(method_of("/etcdserverpb.Maintenance/Snapshot").map(|m| m.2), Some(SERVER_STREAM));
-        assert_eq!(method_of("/etcdserverpb.KV/Made-up"), None);
-        assert_eq!(method_of("/metrics"), None);
+        let labels = |path: &str| method_of(path).map(|m| m.labels);
+        assert_eq!(labels("/etcdserverpb.KV/Put"), Some([UNARY, "etcdserverpb.KV", "Put"]));
+        assert_eq!(labels("/etcdserverpb.Watch/Watch").map(|l| l[0]), Some(BIDI));
+        assert_eq!(labels("/etcdserverpb.Maintenance/Snapshot").map(|l| l[0]), Some(SERVER_STREAM));
+        assert_eq!(labels("/etcdserverpb.KV/Made-up"), None);
+        assert_eq!(labels("/metrics"), None);
     }
 
     #[test]
@@ -312,11 +344,12 @@ mod tests {
     fn status_codes_take_grpc_gos_names() {
         let mut headers = HeaderMap::new();
         assert_eq!(status(&headers), None);
+        let name = |headers: &HeaderMap| status(headers).map(|code| CODES[code]);
         headers.insert("grpc-status", "9".parse().unwrap());
-        assert_eq!(status(&headers), Some("FailedPrecondition"));
+        assert_eq!(name(&headers), Some("FailedPrecondition"));
         headers.insert("grpc-status", "0".parse().unwrap());
-        assert_eq!(status(&headers), Some("OK"));
+        assert_eq!(name(&headers), Some("OK"));
         headers.insert("grpc-status", "99".parse().unwrap());
-        assert_eq!(status(&headers), Some("Unknown"));
+        assert_eq!(name(&headers), Some("Unknown"));
     }
 }
