@@ -612,10 +612,12 @@ impl ServeArgs {
 
 /// Every long flag of `keyward serve`.
 fn serve_flag_names() -> std::collections::BTreeSet<String> {
-    ServeArgs::augment_args(clap::Command::new("serve"))
-        .get_arguments()
-        .filter_map(|arg| arg.get_long().map(str::to_string))
-        .collect()
+    serve_arguments().iter().filter_map(|arg| arg.get_long().map(str::to_string)).collect()
+}
+
+/// The arguments of `keyward serve`, as clap defines them.
+fn serve_arguments() -> Vec<clap::Arg> {
+    ServeArgs::augment_args(clap::Command::new("serve")).get_arguments().cloned().collect()
 }
 
 /// clap's message for a bad value, without its "error: " prefix and usage lines.
@@ -835,18 +837,11 @@ mod tests {
 /// `ETCD_*` variables in `environment` that no flag of `keyward serve` reads (etcd warns about those
 /// too): a typo, or an etcd setting keyward does not have, would otherwise be ignored silently.
 pub fn unknown_etcd_variables(environment: impl Iterator<Item = String>) -> Vec<String> {
-    use clap::CommandFactory;
-    let cli = Cli::command();
-    let known: std::collections::BTreeSet<String> = cli
-        .find_subcommand("serve")
-        .map(|serve| {
-            serve
-                .get_arguments()
-                .filter_map(|arg| arg.get_env())
-                .map(|env| env.to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
+    let known: std::collections::BTreeSet<String> = serve_arguments()
+        .iter()
+        .filter_map(|arg| arg.get_env())
+        .map(|env| env.to_string_lossy().into_owned())
+        .collect();
     let mut unknown: Vec<String> =
         environment.filter(|name| name.starts_with("ETCD_") && !known.contains(name)).collect();
     unknown.sort();
