@@ -305,6 +305,19 @@ mod tests {
     }
 
     #[test]
+    fn a_file_at_the_size_limit_is_read_and_one_byte_more_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("etcd.conf.yml");
+        let mut text = "name: n\n".to_string();
+        text.push_str(&"#".repeat(MAX_FILE_BYTES as usize - text.len()));
+        std::fs::write(&path, &text).unwrap();
+        assert_eq!(load(&path, known).unwrap().args, ["--name=n"]);
+        text.push('#');
+        std::fs::write(&path, &text).unwrap();
+        assert!(load(&path, known).unwrap_err().contains("too large for a configuration file"));
+    }
+
+    #[test]
     fn malformed_files_are_refused_not_guessed() {
         assert!(parse("name: [unclosed\n", known).unwrap_err().starts_with("not valid YAML"));
         assert!(parse("- a\n- b\n", known).unwrap_err().contains("not a YAML mapping"));
