@@ -2,8 +2,11 @@
 # Compares keyward with the real etcd (Debian's etcd-server, /usr/bin/etcd) under the same load.
 #
 # Both servers (or both clusters) are started in this run with the same flags on free loopback ports, data dirs in one
-# temp dir, and killed by PID at the end. `keyward-bench` (the client; it speaks etcd's v3 API) runs
-# the same matrix against each, keyward first and then etcd for every cell:
+# temp dir, and killed by PID at the end. The load generator runs the same matrix against each, keyward
+# first and then etcd for every cell: by default the put, range and txn-put cells run
+# `target/clientv3-load` (benches/clientv3-load: etcd 3.4's own Go clientv3, as the performance issue
+# measures), everything else (seeding, auth setup, bcrypt, Authenticate, watch, PROFILE's load) runs
+# `keyward-bench` (the Rust client; it speaks etcd's v3 API):
 #   (a) no auth                              (b/f) auth, simple token, a user with one permission
 #   (c) auth, JWT RS256                      (e)   auth, simple token, a user with 10,000 permissions
 #   (d) TLS, client-cert-auth, CN user       (g)   Authenticate throughput (bcrypt cost 10)
@@ -23,7 +26,10 @@
 #   CONFIGS (which configurations run, default "a b c d h": (b) includes (e) and (g); the report's
 #   targets cover what ran),
 #   PROFILE=1 (also record a perf profile of keyward's put path at 100 clients, if perf works; builds and
-#   measures the `profiling` profile: release code with debug info).
+#   measures the `profiling` profile: release code with debug info),
+#   LOAD=go|rust (the load generator of the put/range/txn-put cells: go is clientv3-load, built by
+#   benches/clientv3-load/build.sh, which needs `apt-get install -y golang-go golang-etcd-server-dev`;
+#   rust is keyward-bench for every cell. Unset: go if it builds, else rust with a warning).
 set -uo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -38,6 +44,8 @@ PROFILE_DIR=release
 [ "${PROFILE:-0}" = 1 ] && PROFILE_DIR=profiling
 KW="$root/target/$PROFILE_DIR/keyward"
 KWB="$root/target/$PROFILE_DIR/keyward-bench"
+GOLOAD="$root/target/clientv3-load"
+LOAD="${LOAD:-}"
 PREFIX="bench/"
 CONFIGS="${CONFIGS:-a b c d h i}"
 # want X: configuration X is in $CONFIGS
@@ -51,8 +59,26 @@ die() { echo "compare.sh: $*" >&2; exit 1; }
 for tool in openssl jq python3; do command -v "$tool" >/dev/null || die "$tool is needed"; done
 [ -x "$ETCD" ] || die "no etcd at $ETCD (apt-get install etcd-server)"
 
+case "$LOAD" in go | rust | "") ;; *) die "LOAD=$LOAD: go or rust" ;; esac
+
 echo "building keyward ($PROFILE_DIR)..." >&2
 (cd "$root" && cargo build --profile "$PROFILE_DIR" --quiet) || die "cargo build --profile $PROFILE_DIR failed"
+case "$LOAD" in
+    go)
+        echo "building clientv3-load..." >&2
+        bash "$root/benches/clientv3-load/build.sh" "$GOLOAD" || die "LOAD=go: building clientv3-load failed"
+        ;;
+    rust) ;;
+    "")
+        echo "building clientv3-load..." >&2
+        if bash "$root/benches/clientv3-load/build.sh" "$GOLOAD"; then
+            LOAD=go
+        else
+            echo "compare.sh: WARNING: clientv3-load did not build; every cell runs keyward-bench (LOAD=rust)" >&2
+            LOAD=rust
+        fi
+        ;;
+esac
 
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/keyward-compare.XXXXXX")"
 pids=()
@@ -181,10 +207,16 @@ cell() {
     local flags=()
     while [ "$1" != -- ]; do flags+=("$1"); shift; done
     shift
+    # clientv3-load runs put, range and txn-put; keyward-bench the rest (watch, authenticate).
+    local tool="$KWB" via=keyward-bench
+    if [ "$LOAD" = go ] && [[ " put range txn-put " == *" $1 "* ]]; then
+        tool="$GOLOAD" via=clientv3-load
+    fi
+    echo "$via" >> "$tmp/load-tools"
     for kind in "${KINDS[@]}"; do
         local json="$tmp/$config-$name-$kind.json" load
         load="$(cut -d' ' -f1 /proc/loadavg)"
-        if ! "$KWB" --endpoints "${EP[$kind]}" "${flags[@]}" --clients "$clients" --conns "$conns" \
+        if ! "$tool" --endpoints "${EP[$kind]}" "${flags[@]}" --clients "$clients" --conns "$conns" \
             --duration "$DURATION" "${SIZES[@]}" -w json "$@" > "$json" 2> "$json.err"; then
             echo "  $config $name $kind: FAILED: $(tail -1 "$json.err")" >&2
         fi
@@ -193,7 +225,7 @@ cell() {
                 '[$c, $n, $k, .throughput, .latency_us.p50, .latency_us.p90, .latency_us.p99, .latency_us.max, .ok, .errors, $l] | @tsv' \
                 "$json" >> "$results"
             jq -r --arg c "$config" --arg n "$name" --arg k "$kind" \
-                '"  \($c) \($n) \($k): \(.throughput | floor)/s p99 \(.latency_us.p99)us errors \(.errors) \(.error_kinds | keys | join("; "))"' \
+                --arg v "$via" '"  \($c) \($n) \($k) (\($v)): \(.throughput | floor)/s p99 \(.latency_us.p99)us errors \(.errors) \(.error_kinds | keys | join("; "))"' \
                 "$json" >&2
         else
             echo -e "$config\t$name\t$kind\t0\t0\t0\t0\t0\t0\t-1\t$load" >> "$results"
@@ -419,6 +451,12 @@ PY
     echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'),"
     echo "$(awk '/MemTotal/ {printf "%.0f GiB RAM", $2/1048576}' /proc/meminfo); $("$ETCD" --version | head -1); keyward $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?') (+ working tree)."
     echo "Both servers and the client share the same cores; each cell runs on one server at a time (keyward first)."
+    if [ "$LOAD" = go ] && grep -qx clientv3-load "$tmp/load-tools" 2>/dev/null; then
+        echo "Load generator (LOAD=go): the put, range and txn-put cells ran \`clientv3-load\` (benches/clientv3-load: etcd 3.4's Go clientv3, $(go version | cut -d' ' -f3), one clientv3.Client per connection);"
+        echo "the other cells (watch, Authenticate), seeding and auth setup ran \`keyward-bench\` (Rust, tonic)."
+    else
+        echo "Load generator (LOAD=rust): \`keyward-bench\` (Rust, tonic) for every cell."
+    fi
     echo
     if want i; then
     echo "The proxy's overhead (i): the same keyward member directly and through \`keyward grpc-proxy\` forwarding alice's certificate (TLS on both hops)."
