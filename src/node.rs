@@ -89,6 +89,8 @@ pub struct Node {
     raising_nospace: std::sync::atomic::AtomicBool,
     /// This process's hold on the data dir (released when the node is dropped).
     _data_dir: crate::data_dir::DataDirLock,
+    /// Where raft runs (`raft/thread.rs`); dropped last, after the handles above.
+    _raft_thread: crate::raft::thread::RaftThread,
 }
 
 /// How often the leader looks for expired leases.
@@ -133,6 +135,7 @@ impl Node {
         prepare_unsynced_kv(&member_dir)?;
         let sm = StateMachine::open_with(&member_dir.join("kv"), &member_dir.join("snap"), space.clone())?;
         let (state, kv) = (sm.state(), sm.kv_env());
+        log.overlap_with_apply(sm.applied_index());
         let lessor = Arc::new(Lessor::default());
         let tokens = Arc::new(
             Tokens::new(&config.auth_token, config.auth_token_ttl).map_err(|e| anyhow::anyhow!("--auth-token: {e}"))?,
@@ -241,7 +244,10 @@ impl Node {
             ..Default::default()
         }
         .validate()?;
-        let raft = Raft::new(member_id, Arc::new(raft_config), PeerNetwork::new(peers.clone()), log, sm).await?;
+        // openraft's core, state machine worker and replication tasks run on the raft thread.
+        let raft_thread = crate::raft::thread::RaftThread::start()?;
+        let network = PeerNetwork::new(peers.clone());
+        let raft = raft_thread.run(Raft::new(member_id, Arc::new(raft_config), network, log, sm)).await?;
         let initialized = raft.is_initialized().await?;
         if !initialized && config.cluster_state == ClusterState::New {
             // Every initial member initializes with the same membership: whichever start, they agree.
@@ -277,7 +283,7 @@ impl Node {
         let seed =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let node = Arc::new(Node {
-            proposer: Proposer::start(raft.clone(), config.max_request_bytes),
+            proposer: Proposer::start(raft_thread.handle(), raft.clone(), config.max_request_bytes),
             raft,
             kv,
             member_id,
@@ -308,6 +314,7 @@ impl Node {
             space,
             raising_nospace: Default::default(),
             _data_dir: data_dir,
+            _raft_thread: raft_thread,
         });
         if sole_voter {
             // Everything in the log at startup is committed once this (only) voter leads: serve after
@@ -357,13 +364,16 @@ impl Node {
     /// Resolves when the raft core stops, with the reason. A core that stops has met a storage failure
     /// (or was shut down): it never resumes, and the process must exit so that it is restarted.
     pub async fn stopped(&self) -> Fatal<NodeId> {
-        let mut metrics = self.raft.metrics();
+        // The server metrics change only with the leader, the vote or the membership (the full
+        // metrics change with every entry), and close when the core is gone; the core publishes why
+        // it stopped in the full metrics before that.
+        let mut server = self.raft.server_metrics();
         loop {
-            if let Err(fatal) = &metrics.borrow_and_update().running_state {
+            if let Err(fatal) = &self.raft.metrics().borrow().running_state {
                 return fatal.clone();
             }
-            if metrics.changed().await.is_err() {
-                return Fatal::Stopped;
+            if server.changed().await.is_err() {
+                return self.raft.metrics().borrow().running_state.clone().err().unwrap_or(Fatal::Stopped);
             }
         }
     }
@@ -639,7 +649,8 @@ impl Node {
 /// etcd's `etcd_server_leader_changes_seen_total`: each time this member sees a leader where it saw
 /// another or none before (the first election included, as etcd counts it).
 async fn count_leader_changes(raft: Raft) {
-    let mut metrics = raft.metrics();
+    // Not `metrics()`: those change with every entry, and each change would wake this task.
+    let mut metrics = raft.server_metrics();
     let mut last = None;
     loop {
         let leader = metrics.borrow_and_update().current_leader;
@@ -781,12 +792,12 @@ async fn publish_attributes(node: std::sync::Weak<Node>) {
 /// When this member becomes leader, every lease gets its full TTL again plus an election timeout
 /// (etcd's `Promote`): keep-alives went to the old leader, whose clock this member did not see.
 async fn extend_leases_on_leadership(node: std::sync::Weak<Node>) {
-    let Some(mut metrics) = node.upgrade().map(|n| n.raft.metrics()) else { return };
+    let Some(mut metrics) = node.upgrade().map(|n| n.raft.server_metrics()) else { return };
     let mut led_term = None;
     loop {
         let (leader, term) = {
             let m = metrics.borrow_and_update();
-            (m.current_leader, m.current_term)
+            (m.current_leader, m.vote.leader_id().get_term())
         };
         let Some(node) = node.upgrade() else { return };
         if leader == Some(node.member_id) && led_term != Some(term) {

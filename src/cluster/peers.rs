@@ -49,6 +49,9 @@ pub struct Peers {
     /// 0 while a joining member does not know its cluster yet.
     cluster_id: AtomicU64,
     channels: Mutex<HashMap<String, Channel>>,
+    /// The runtime the connections' tasks run on: the one `new` was called on, never the raft thread,
+    /// which blocks in log syncs (`raft/thread.rs`).
+    runtime: tokio::runtime::Handle,
     /// When each peer URL was last reported unreachable (so a down peer is one log line per interval).
     unreachable_since: Mutex<HashMap<String, Instant>>,
 }
@@ -61,6 +64,7 @@ impl Peers {
             member_id: AtomicU64::new(0),
             cluster_id: AtomicU64::new(0),
             channels: Default::default(),
+            runtime: tokio::runtime::Handle::current(),
             unreachable_since: Default::default(),
         }
     }
@@ -82,6 +86,8 @@ impl Peers {
         let channel = match channels.get(url) {
             Some(channel) => channel.clone(),
             None => {
+                // The channel spawns its connection task on the runtime entered here.
+                let _main = self.runtime.enter();
                 let channel = crate::frontend::tls::client::lazy_channel(url, self.tls.as_ref(), CONNECT_TIMEOUT)
                     .map_err(tonic::Status::invalid_argument)?;
                 channels.insert(url.to_string(), channel.clone());

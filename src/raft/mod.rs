@@ -16,6 +16,7 @@ pub mod snap_dir;
 pub mod snapshot_data;
 pub mod snapshot_file;
 pub mod state_machine;
+pub mod thread;
 pub mod unsynced;
 pub mod wal;
 

@@ -52,11 +52,12 @@ pub struct Proposer {
 }
 
 impl Proposer {
-    /// Starts the batching task. An entry holds at most `max_entry_bytes` of encoded requests, unless
-    /// a single request is larger by itself.
-    pub fn start(raft: Raft, max_entry_bytes: usize) -> Self {
+    /// Starts the batching task on `runtime` (the raft thread's, where the core it feeds runs). An
+    /// entry holds at most `max_entry_bytes` of encoded requests, unless a single request is larger
+    /// by itself.
+    pub fn start(runtime: &tokio::runtime::Handle, raft: Raft, max_entry_bytes: usize) -> Self {
         let (queue, pending) = mpsc::channel(QUEUE_DEPTH);
-        tokio::spawn(batch_and_propose(raft, pending, max_entry_bytes));
+        runtime.spawn(batch_and_propose(raft, pending, max_entry_bytes));
         Proposer { queue }
     }
 
@@ -106,7 +107,7 @@ async fn batch_and_propose(raft: Raft, mut pending: mpsc::Receiver<Proposal>, ma
                 let (requests, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|p| (p.req, p.reply)).unzip();
                 match raft.client_write_ff(RaftBatch(InternalRaftBatch { requests })).await {
                     Ok(written) => in_flight.push_back(async move {
-                        let outcome = match written.await {
+                        let w = written.await;                        let outcome = match w {
                             Ok(Ok(response)) => Ok((response.log_id.index, response.data)),
                             Ok(Err(refused)) => Err(write_error(refused)),
                             Err(_dropped) => Err(EtcdError::Stopped),

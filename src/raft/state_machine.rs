@@ -11,7 +11,7 @@
 
 use std::fs::File;
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -76,6 +76,8 @@ pub struct State {
 pub struct Committed {
     /// The store's revision after the batch.
     pub revision: i64,
+    /// The store's revision before it: a watcher that has delivered up to here misses nothing.
+    pub previous_revision: i64,
     /// Whether auth is enabled, and the auth revision, after the batch.
     pub auth_enabled: bool,
     pub auth_revision: u64,
@@ -101,6 +103,8 @@ pub type Observer = Box<dyn Fn(Committed) + Send + Sync>;
 #[derive(Clone)]
 pub struct StateMachine {
     kv: Arc<KvEnv>,
+    /// The index of the last entry applied (`applied_index`).
+    applied: Arc<AtomicU64>,
 }
 
 /// The kv environment as every holder reaches it (the node's read path, apply, snapshots): the one
@@ -128,6 +132,16 @@ impl KvEnv {
     fn write<T>(&self, write: impl FnOnce(&State) -> T) -> T {
         let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
         write(&self.current())
+    }
+
+    /// Runs `write` like `write`, unless a defragment pauses writes: then `None`, at once.
+    fn try_write<T>(&self, write: impl FnOnce(&State) -> T) -> Option<T> {
+        let _writing = match self.writing.try_lock() {
+            Ok(writing) => writing,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(write(&self.current()))
     }
 
     /// Whether a defragment is running.
@@ -189,7 +203,7 @@ impl StateMachine {
             writing: Mutex::new(()),
             defragmenting: AtomicBool::new(false),
         };
-        Ok(StateMachine { kv: Arc::new(kv) })
+        Ok(StateMachine { kv: Arc::new(kv), applied: Default::default() })
     }
 
     /// The applied state on the current kv environment.
@@ -198,6 +212,12 @@ impl StateMachine {
     }
 
     /// The swappable kv environment, for the node to hold.
+    /// The index of the last entry applied since this process started (0 before the first apply),
+    /// for the log: an append may overlap a pending apply (`wal/mod.rs`).
+    pub fn applied_index(&self) -> Arc<AtomicU64> {
+        self.applied.clone()
+    }
+
     pub fn kv_env(&self) -> Arc<KvEnv> {
         self.kv.clone()
     }
@@ -368,18 +388,22 @@ impl State {
         Ok((applied, membership))
     }
 
+    /// Applies `entries` once; on `Full` nothing changed.
+    fn apply_once(&self, entries: &[Entry]) -> Result<Vec<BatchResults>, ApplyFailure> {
+        let results = self.apply_batch(entries)?;
+        if self.space.stalled() {
+            self.space.set_stalled(false);
+            tracing::warn!("storage has room again: applying resumed");
+        }
+        Ok(results)
+    }
+
     /// Applies `entries`; while storage is full, applies them again (unchanged) until they fit.
     fn apply_until_applied(&self, entries: &[Entry]) -> Result<Vec<BatchResults>, BoxError> {
         let mut wait = Duration::from_millis(100);
         loop {
-            match self.apply_batch(entries) {
-                Ok(results) => {
-                    if self.space.stalled() {
-                        self.space.set_stalled(false);
-                        tracing::warn!("storage has room again: applying resumed");
-                    }
-                    return Ok(results);
-                }
+            match self.apply_once(entries) {
+                Ok(results) => return Ok(results),
                 Err(ApplyFailure::Storage(e)) => return Err(e),
                 Err(ApplyFailure::Full(kind)) => {
                     if self.space.report_full(kind, self.env.path()) {
@@ -417,6 +441,7 @@ impl State {
             }
         }
         let mut txn = self.env.write_txn()?;
+        let previous_revision = self.kv.view(&txn)?.rev;
         let mut results = Vec::with_capacity(entries.len());
         let mut applied = None;
         let mut effects = Effects::default();
@@ -480,7 +505,15 @@ impl State {
         }
         // Only after the commit: observers must never see effects that a crash could undo.
         if let Some(observer) = self.observer.get() {
-            observer(Committed { revision, auth_enabled, auth_revision, effects, requests, installed: None });
+            observer(Committed {
+                revision,
+                previous_revision,
+                auth_enabled,
+                auth_revision,
+                effects,
+                requests,
+                installed: None,
+            });
         }
         Ok(results)
     }
@@ -663,12 +696,24 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: Send,
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
+        let last = entries.last().map_or(0, |entry| entry.log_id.index);
+        let applied = self.applied.clone();
+        let done = move |results| {
+            applied.fetch_max(last, Ordering::Release);
+            Ok(results)
+        };
+        // Inline on the raft thread (`raft/thread.rs`) unless that could block it for long: when a
+        // defragment holds writes, or the disk is full, the blocking pool waits instead, so the raft
+        // thread goes on heartbeating and appending.
+        let inline = self.kv.try_write(|state| state.apply_once(&entries));
+        let failed = |e: BoxError| StorageIOError::write_state_machine(any_error(e)).into();
+        match inline {
+            Some(Ok(results)) => return done(results),
+            Some(Err(ApplyFailure::Storage(e))) => return Err(failed(e)),
+            Some(Err(ApplyFailure::Full(_))) | None => {}
+        }
         let kv = self.kv.clone();
-        blocking(move || {
-            kv.write(|state| state.apply_until_applied(&entries))
-                .map_err(|e| StorageIOError::write_state_machine(any_error(e)).into())
-        })
-        .await
+        blocking(move || kv.write(|state| state.apply_until_applied(&entries)).map_err(failed).and_then(done)).await
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {

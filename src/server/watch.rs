@@ -259,6 +259,21 @@ impl Watcher {
             if let Err(e) = self.still_permitted(node).await {
                 return End::Denied(e.go_status_text());
             }
+            // A synced watcher (no more than a few batches behind) takes a batch already broadcast
+            // first: the store's revision moves before its broadcast is received, and replaying it
+            // instead would merge its revisions into one response. A watcher further behind is
+            // unsynced, as etcd's: it catches up from the store, which also tells it of a compaction.
+            if live.len() <= SYNCED_LAG {
+                match live.try_recv() {
+                    Ok(batch) => match self.take_live(node, &batch, out, stopped).await {
+                        Live::Delivered => continue,
+                        Live::Missed => {} // replayed below
+                        Live::Stop(end) => return end,
+                    },
+                    Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Lagged(_)) => {}
+                    Err(broadcast::error::TryRecvError::Closed) => return End::Closed,
+                }
+            }
             // Behind the store: replay from LMDB.
             if self.next <= node.revision() {
                 let (range, from, prev_kv) = (self.range.clone(), self.next, self.prev_kv);
@@ -295,27 +310,10 @@ impl Watcher {
             }
             tokio::select! {
                 batch = live.recv() => match batch {
-                    Ok(batch) => {
-                        // A snapshot install carries no events: the top of the loop replays what it
-                        // brought from the installed store (or cancels the watcher if compacted).
-                        if batch.revision < self.next || batch.installed.is_some() {
-                            continue;
-                        }
-                        let events = batch
-                            .effects
-                            .events
-                            .iter()
-                            .filter(|e| e.kv.as_ref().is_some_and(|kv| kv.mod_revision >= self.next && self.range.contains(&kv.key)))
-                            .cloned()
-                            .collect();
-                        self.next = batch.revision + 1;
-                        if let Err(e) = self.still_permitted(node).await {
-                            return End::Denied(e.go_status_text());
-                        }
-                        if !self.send_events(node, events, batch.revision, out, stopped).await {
-                            return End::Closed;
-                        }
-                    }
+                    // Missed: the top of the loop replays it.
+                    Ok(batch) => if let Live::Stop(end) = self.take_live(node, &batch, out, stopped).await {
+                        return end;
+                    },
                     // Fell behind the broadcast: the top of the loop replays what was missed from LMDB.
                     Err(broadcast::error::RecvError::Lagged(_)) => continue,
                     Err(broadcast::error::RecvError::Closed) => return End::Closed,
@@ -329,6 +327,45 @@ impl Watcher {
                 _ = &mut *stopped => return End::Closed,
             }
         }
+    }
+
+    /// Delivers a broadcast batch's events, one response per revision, unless it does not follow on
+    /// from what this watcher delivered.
+    async fn take_live(
+        &mut self,
+        node: &Node,
+        batch: &crate::raft::state_machine::Committed,
+        out: &Out,
+        stopped: &mut oneshot::Receiver<()>,
+    ) -> Live {
+        if batch.revision < self.next {
+            return Live::Delivered; // delivered already (by a replay)
+        }
+        // A snapshot install carries no events, and a batch after a gap (broadcast before this watcher
+        // subscribed) lacks the revisions in between: a replay reads them from the store.
+        if batch.installed.is_some() || batch.previous_revision >= self.next {
+            return Live::Missed;
+        }
+        let events: Vec<Event> = batch
+            .effects
+            .events
+            .iter()
+            .filter(|e| e.kv.as_ref().is_some_and(|kv| kv.mod_revision >= self.next && self.range.contains(&kv.key)))
+            .cloned()
+            .collect();
+        self.next = batch.revision + 1;
+        if let Err(e) = self.still_permitted(node).await {
+            return Live::Stop(End::Denied(e.go_status_text()));
+        }
+        // etcd tells a live watcher of each revision on its own (a txn's or a multi-key delete's
+        // events share one response, two revisions never do), even when group commit applied several
+        // revisions in one batch.
+        for (revision, events) in by_revision(events) {
+            if !self.send_events(node, events, revision, out, stopped).await {
+                return Live::Stop(End::Closed);
+            }
+        }
+        Live::Delivered
     }
 
     /// Re-checks read permission on the range whenever the auth state has moved since the last check.
@@ -408,6 +445,30 @@ fn attach_prev_kvs(view: &crate::mvcc::ReadView, events: &mut [Event]) -> Result
 /// `--max-request-bytes` plus the gRPC overhead allowance, because etcd's watch server is handed
 /// `MaxRequestBytes + grpcOverheadBytes` — with the flag alone, a large revision at a small
 /// `--max-request-bytes` would come in far more (one-event) fragments than etcd sends.
+/// Broadcast batches a watcher may have pending and still be synced (`Watcher::deliver`).
+const SYNCED_LAG: usize = 8;
+
+/// What became of a broadcast batch (`Watcher::take_live`).
+enum Live {
+    Delivered,
+    /// Not delivered: its revisions are to be replayed from the store.
+    Missed,
+    Stop(End),
+}
+
+/// Splits events in revision order into runs of one revision each: `(revision, its events)`.
+fn by_revision(events: Vec<Event>) -> Vec<(i64, Vec<Event>)> {
+    let mut runs: Vec<(i64, Vec<Event>)> = Vec::new();
+    for event in events {
+        let revision = event.kv.as_ref().map_or(0, |kv| kv.mod_revision);
+        match runs.last_mut() {
+            Some((last, run)) if *last == revision => run.push(event),
+            _ => runs.push((revision, vec![event])),
+        }
+    }
+    runs
+}
+
 fn fragments(
     id: i64,
     header: Option<ResponseHeader>,
@@ -467,6 +528,19 @@ mod tests {
     fn response(key_len: usize, events: usize) -> WatchResponse {
         let events = (0..events).map(|_| put_event(&vec![b'a'; key_len])).collect();
         WatchResponse { events, ..Default::default() }
+    }
+
+    #[test]
+    fn events_of_a_group_committed_batch_go_out_one_revision_at_a_time() {
+        let at = |key: &[u8], mod_revision| Event {
+            kv: Some(KeyValue { key: key.to_vec(), mod_revision, ..Default::default() }),
+            ..Default::default()
+        };
+        // A put at 5, a txn of two keys at 6, a put at 7.
+        let runs = by_revision(vec![at(b"a", 5), at(b"b", 6), at(b"c", 6), at(b"d", 7)]);
+        let shape: Vec<(i64, usize)> = runs.iter().map(|(rev, events)| (*rev, events.len())).collect();
+        assert_eq!(shape, [(5, 1), (6, 2), (7, 1)]);
+        assert!(by_revision(Vec::new()).is_empty());
     }
 
     fn event_counts(parts: &[WatchResponse]) -> Vec<usize> {

@@ -39,7 +39,8 @@ use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{RaftLogReader, StorageIOError, Vote};
@@ -66,6 +67,8 @@ struct Inner {
     recent: Mutex<LogCache>,
     /// The latest committed log id openraft saved, written with the next write.
     committed: Mutex<Option<LogId>>,
+    /// The state machine's last applied index, when the node shares it (`overlap_with_apply`).
+    applied: OnceLock<Arc<AtomicU64>>,
     /// What readers see: the durable entries and state.
     index: Mutex<Index>,
     /// Writes, one at a time.
@@ -145,6 +148,7 @@ impl Wal {
             space,
             recent: Default::default(),
             committed,
+            applied: OnceLock::new(),
             index: Mutex::new(index),
             writer: Mutex::new(Writer { end: found.end, active, broken: false }),
         };
@@ -176,6 +180,20 @@ impl Wal {
     /// Appends entries durably, without a callback (migration, tests).
     pub(crate) fn append_now(&self, entries: &[Entry]) -> std::io::Result<()> {
         self.write(Change::Append(entries))
+    }
+
+    /// Lets appends overlap applies: `applied` is the state machine's last applied index
+    /// (`StateMachine::applied_index`).
+    pub fn overlap_with_apply(&self, applied: Arc<AtomicU64>) {
+        let _ = self.inner.applied.set(applied);
+    }
+
+    /// Whether committed entries wait to be applied, on the raft thread, while this append would
+    /// block it.
+    fn apply_pending(&self) -> bool {
+        let Some(applied) = self.inner.applied.get() else { return false };
+        let committed = lock(&self.inner.committed).map_or(0, |id| id.index);
+        committed > applied.load(Ordering::Acquire)
     }
 
     fn recent(&self) -> MutexGuard<'_, LogCache> {
@@ -443,14 +461,23 @@ impl RaftLogStorage<TypeConfig> for Wal {
         let entries: Vec<Entry> = entries.into_iter().collect();
         // Readable at once: openraft reads only entries it knows are flushed, or ships them to peers.
         self.recent().append(entries.iter().cloned());
-        let this = self.clone();
-        blocking(move || {
+        let write = move |this: &Wal| {
             let result = this.write(Change::Append(&entries));
             let report = result.as_ref().map(|_| ()).map_err(|e| std::io::Error::new(e.kind(), e.to_string()));
             callback.log_io_completed(report);
             result.map_err(|e| StorageIOError::write_logs(any_error(e)).into())
-        })
-        .await
+        };
+        // openraft 0.9's core waits for the flush before it goes on. When nothing else waits for the
+        // raft thread (`raft/thread.rs`), the write runs inline, blocking it in the sync: a hop to
+        // another thread and back would cost more than the write. When committed entries wait to be
+        // applied, the write goes to the blocking pool, so the apply runs on the raft thread while
+        // the disk syncs: under load one entry applies while the next one is made durable.
+        if self.apply_pending() {
+            let this = self.clone();
+            blocking(move || write(&this)).await
+        } else {
+            write(self)
+        }
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
