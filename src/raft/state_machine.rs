@@ -134,7 +134,7 @@ impl KvEnv {
         write(&self.current())
     }
 
-    /// Runs `write` like `write`, unless a defragment pauses writes: then `None`, at once.
+    /// Like `write`, but `None` at once instead of waiting while a defragment pauses writes.
     fn try_write<T>(&self, write: impl FnOnce(&State) -> T) -> Option<T> {
         let _writing = match self.writing.try_lock() {
             Ok(writing) => writing,
@@ -211,13 +211,13 @@ impl StateMachine {
         self.kv.current()
     }
 
-    /// The swappable kv environment, for the node to hold.
     /// The index of the last entry applied since this process started (0 before the first apply),
     /// for the log: an append may overlap a pending apply (`wal/mod.rs`).
     pub fn applied_index(&self) -> Arc<AtomicU64> {
         self.applied.clone()
     }
 
+    /// The swappable kv environment, for the node to hold.
     pub fn kv_env(&self) -> Arc<KvEnv> {
         self.kv.clone()
     }
