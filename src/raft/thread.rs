@@ -15,16 +15,16 @@
 //! disk — still goes to the blocking pool.
 
 use std::future::Future;
-use std::thread::JoinHandle;
 
 use tokio::runtime::{Builder, Handle};
 use tokio::sync::oneshot;
 
-/// The thread and its runtime; dropping it stops the runtime (the tasks still on it are dropped).
+/// The raft thread's runtime; dropping this stops it (the tasks still on it are dropped).
 pub struct RaftThread {
     handle: Handle,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    /// Dropped with this: the thread's runtime stops. The thread is not joined: a drop inside an
+    /// async task must not block its worker on the raft thread's last task.
+    _stop: oneshot::Sender<()>,
 }
 
 impl RaftThread {
@@ -32,14 +32,14 @@ impl RaftThread {
         let runtime = Builder::new_current_thread().enable_all().thread_name("raft-blocking").build()?;
         let handle = runtime.handle().clone();
         let (stop, stopped) = oneshot::channel::<()>();
-        let thread = std::thread::Builder::new().name("raft".into()).spawn(move || {
-            // Runs the runtime until the owner stops it (or is dropped).
+        std::thread::Builder::new().name("raft".into()).spawn(move || {
+            // Runs the runtime until the owner drops its `RaftThread`.
             let _ = runtime.block_on(stopped);
             // Blocking work in flight (a snapshot being written) finishes in the background; the
             // process may exit meanwhile, as it may after any task.
             runtime.shutdown_background();
         })?;
-        Ok(RaftThread { handle, stop: Some(stop), thread: Some(thread) })
+        Ok(RaftThread { handle, _stop: stop })
     }
 
     /// Runs `future` on the raft thread and waits for its output there. Tasks it spawns (openraft's
@@ -52,23 +52,12 @@ impl RaftThread {
         match self.handle.spawn(future).await {
             Ok(output) => output,
             Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
-            Err(join) => panic!("the raft thread stopped while starting raft: {join}"),
+            Err(join) => panic!("the raft thread stopped before the future finished: {join}"),
         }
     }
 
     pub fn handle(&self) -> &Handle {
         &self.handle
-    }
-}
-
-impl Drop for RaftThread {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        // Not joined: a drop inside an async task must not block its worker on the raft thread's
-        // last task.
-        drop(self.thread.take());
     }
 }
 
