@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use openraft::error::Fatal;
 use openraft::storage::RaftLogStorage;
 use prost::Message;
@@ -43,11 +44,16 @@ use crate::raft::{NodeId, Raft};
 use crate::space::Space;
 
 mod leader;
+mod read_rounds;
 mod transfer;
 
 pub struct Node {
     pub raft: Raft,
     proposer: Proposer,
+    /// Linearizable reads here share their read index rounds (`node/read_rounds.rs`)...
+    read_rounds: read_rounds::ReadRounds,
+    /// ...and so do those the leader confirms, for itself and for followers.
+    leader_read_rounds: read_rounds::ReadRounds,
     /// The applied state's environment, swapped by Defragment: reach it through `state()`.
     kv: Arc<KvEnv>,
     pub member_id: u64,
@@ -282,8 +288,16 @@ impl Node {
         let logged = raft.metrics().borrow().last_log_index;
         let seed =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        let node = Arc::new(Node {
+        let node = Arc::new_cyclic(|me: &std::sync::Weak<Node>| Node {
             proposer: Proposer::start(raft_thread.handle(), raft.clone(), config.max_request_bytes),
+            read_rounds: read_rounds::ReadRounds::new({
+                let me = me.clone();
+                Box::new(move || {
+                    let me = me.clone();
+                    async move { me.upgrade().ok_or(EtcdError::Stopped)?.fetch_read_index().await }.boxed()
+                })
+            }),
+            leader_read_rounds: read_rounds::ReadRounds::new(leader::confirmed_read_index(raft.clone())),
             raft,
             kv,
             member_id,

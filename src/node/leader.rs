@@ -122,30 +122,29 @@ impl Node {
     }
 
     /// Waits until this member may serve a linearizable read: a read index confirmed by the leader
-    /// with a quorum, and this member's applied state caught up with it.
+    /// with a quorum, and this member's applied state caught up with it. Concurrent reads share
+    /// their rounds (`node/read_rounds.rs`), here and at the leader.
     pub async fn read_index(&self) -> Result<(), EtcdError> {
-        let index = self
-            .on_leader(
-                move || {
-                    async move { self.raft.ensure_linearizable().await.map(|_| None).map_err(raft_read_error) }.boxed()
-                },
-                |mut leader| {
-                    let req = self.forwarded(ReadIndexRequest {});
-                    async move { Ok(Some(leader.read_index(req).await?.into_inner().index)) }.boxed()
-                },
-            )
-            .await?;
-        match index {
-            Some(index) => self.wait_applied(index).await,
-            None => Ok(()),
-        }
+        let index = self.read_rounds.read_index().await?;
+        self.wait_applied(index).await
     }
 
-    /// The leader's read index for a follower's linearizable read (confirmed with a quorum; the
-    /// follower waits for its own apply).
+    /// One round of `read_index`: the leader's read index, asked of it if this member does not lead.
+    pub(super) async fn fetch_read_index(&self) -> Result<u64, EtcdError> {
+        self.on_leader(
+            move || self.leader_read_rounds.read_index().boxed(),
+            |mut leader| {
+                let req = self.forwarded(ReadIndexRequest {});
+                async move { Ok(leader.read_index(req).await?.into_inner().index) }.boxed()
+            },
+        )
+        .await
+    }
+
+    /// The leader's read index for a linearizable read, here or on a follower (confirmed with a
+    /// quorum; the reader waits for its own member's apply). Only a leader answers.
     pub async fn leader_read_index(&self) -> Result<u64, EtcdError> {
-        let (read, _applied) = self.raft.get_read_log_id().await.map_err(raft_read_error)?;
-        Ok(read.map_or(0, |id| id.index))
+        self.leader_read_rounds.read_index().await
     }
 
     async fn wait_applied(&self, index: u64) -> Result<(), EtcdError> {
@@ -296,6 +295,18 @@ impl Node {
             .metrics(|m| done(m.membership_config.membership()), "membership change seen")
             .await;
     }
+}
+
+/// One round at the leader: openraft confirms leadership with a quorum and names the read index.
+pub(super) fn confirmed_read_index(raft: crate::raft::Raft) -> super::read_rounds::Fetch {
+    Box::new(move || {
+        let raft = raft.clone();
+        async move {
+            let (read, _applied) = raft.get_read_log_id().await.map_err(raft_read_error)?;
+            Ok(read.map_or(0, |id| id.index))
+        }
+        .boxed()
+    })
 }
 
 fn raft_read_error<E>(e: RaftError<NodeId, E>) -> EtcdError {

@@ -1,0 +1,163 @@
+//! Linearizable reads share their quorum round, as etcd's read loop does.
+//!
+//! A read index costs a round trip to a quorum (openraft's `get_read_log_id` sends one heartbeat to
+//! every voter per call) or, on a follower, one request to the leader. Reads that arrive while a
+//! round is in flight wait for the next round and then share it: one round serves all of them. They
+//! must not join the round in flight: its read index was fixed before they arrived, and a write
+//! acknowledged in between would be missing from what they read.
+
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
+use tokio::sync::oneshot;
+
+use crate::error::EtcdError;
+
+/// One round: the read index a quorum confirmed.
+pub type Fetch = Box<dyn Fn() -> BoxFuture<'static, Result<u64, EtcdError>> + Send + Sync>;
+
+/// Shares rounds of `fetch` among the reads that wait for them; cloning shares the rounds.
+#[derive(Clone)]
+pub struct ReadRounds {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    fetch: Fetch,
+    pending: Mutex<Pending>,
+}
+
+#[derive(Default)]
+struct Pending {
+    /// Reads waiting for the next round.
+    waiting: Vec<oneshot::Sender<Result<u64, EtcdError>>>,
+    /// A task runs rounds until no read waits.
+    running: bool,
+}
+
+impl ReadRounds {
+    pub fn new(fetch: Fetch) -> Self {
+        Self { inner: Arc::new(Inner { fetch, pending: Mutex::new(Pending::default()) }) }
+    }
+
+    /// The read index of the first round that starts after this call.
+    pub async fn read_index(&self) -> Result<u64, EtcdError> {
+        let (answer, answered) = oneshot::channel();
+        let start = {
+            let mut pending = self.inner.pending.lock().unwrap_or_else(|e| e.into_inner());
+            pending.waiting.push(answer);
+            !std::mem::replace(&mut pending.running, true)
+        };
+        if start {
+            // A task of its own: a reader that gives up (its client went away) must not stop the
+            // round the others wait for.
+            tokio::spawn(self.clone().run());
+        }
+        answered.await.unwrap_or(Err(EtcdError::Stopped))
+    }
+
+    async fn run(self) {
+        loop {
+            let round = {
+                let mut pending = self.inner.pending.lock().unwrap_or_else(|e| e.into_inner());
+                if pending.waiting.is_empty() {
+                    pending.running = false;
+                    return;
+                }
+                std::mem::take(&mut pending.waiting)
+            };
+            let index = (self.inner.fetch)().await;
+            for reader in round {
+                let _ = reader.send(index.clone());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use futures::FutureExt;
+    use tokio::sync::Semaphore;
+
+    use super::*;
+
+    /// Rounds that each return their own number and wait for a permit before returning.
+    fn counted(rounds: Arc<AtomicU64>, gate: Arc<Semaphore>) -> ReadRounds {
+        ReadRounds::new(Box::new(move || {
+            let number = rounds.fetch_add(1, Ordering::SeqCst) + 1;
+            let gate = gate.clone();
+            async move {
+                gate.acquire().await.expect("gate open").forget();
+                Ok(number)
+            }
+            .boxed()
+        }))
+    }
+
+    #[tokio::test]
+    async fn reads_during_a_round_share_the_next_one() {
+        let started = Arc::new(AtomicU64::new(0));
+        let gate = Arc::new(Semaphore::new(0));
+        let rounds = counted(started.clone(), gate.clone());
+
+        let first = tokio::spawn({
+            let rounds = rounds.clone();
+            async move { rounds.read_index().await }
+        });
+        while started.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        // Round 1 is in flight: these ten arrive after its index was fixed.
+        let later: Vec<_> = (0..10)
+            .map(|_| {
+                let rounds = rounds.clone();
+                tokio::spawn(async move { rounds.read_index().await })
+            })
+            .collect();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(started.load(Ordering::SeqCst), 1, "no second round while the first is in flight");
+        gate.add_permits(2);
+        assert_eq!(first.await.unwrap(), Ok(1));
+        for read in later {
+            assert_eq!(read.await.unwrap(), Ok(2), "every later read waits for the round after it arrived");
+        }
+        assert_eq!(started.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_gives_up_does_not_stop_the_rounds() {
+        let started = Arc::new(AtomicU64::new(0));
+        let gate = Arc::new(Semaphore::new(0));
+        let rounds = counted(started.clone(), gate.clone());
+
+        // The reader whose call started the rounds goes away while its round is in flight.
+        let quitter = tokio::spawn({
+            let rounds = rounds.clone();
+            async move { rounds.read_index().await }
+        });
+        while started.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        let next = tokio::spawn({
+            let rounds = rounds.clone();
+            async move { rounds.read_index().await }
+        });
+        tokio::task::yield_now().await;
+        quitter.abort();
+        gate.add_permits(2);
+        // Bounded only so that a broken runner fails instead of hanging the suite.
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(30), next).await;
+        assert_eq!(answer.expect("the next round ran").unwrap(), Ok(2));
+    }
+
+    #[tokio::test]
+    async fn errors_reach_every_reader_of_the_round() {
+        let rounds = ReadRounds::new(Box::new(|| async { Err(EtcdError::NoLeader) }.boxed()));
+        let (a, b) = tokio::join!(rounds.read_index(), rounds.read_index());
+        assert_eq!((a, b), (Err(EtcdError::NoLeader), Err(EtcdError::NoLeader)));
+    }
+}
