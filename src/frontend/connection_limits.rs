@@ -9,6 +9,7 @@
 //! server's keepalive pings (`--grpc-keepalive-interval`), which counts as traffic: keep the idle
 //! timeout above the keepalive interval plus its timeout (checked at startup).
 
+use super::coalesce::Coalesced;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -72,10 +73,11 @@ impl Admission {
         Admission::new(limits)
     }
 
-    /// The connection, watched, if the listener has room for it; `None` closes it.
-    pub fn admit<T>(&self, io: T) -> Option<Watched<T>> {
+    /// The connection, watched and with its writes coalesced (`coalesce.rs`), if the listener has
+    /// room for it; `None` closes it.
+    pub fn admit<T>(&self, io: T) -> Option<Watched<Coalesced<T>>> {
         match self.permits.clone().try_acquire_owned() {
-            Ok(permit) => Some(Watched::new(io, self.limits.idle_timeout, permit)),
+            Ok(permit) => Some(Watched::new(Coalesced::new(io), self.limits.idle_timeout, permit)),
             Err(_) => {
                 crate::metrics::CLIENT_CONNECTIONS_REFUSED.inc();
                 tracing::debug!(

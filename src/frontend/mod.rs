@@ -17,12 +17,14 @@
 //! - `connection.rs`: reading those back from a request (the identity; the client's address, which
 //!   login throttling keys on).
 //! - `connection_limits.rs`: how many connections a listener holds and how long one may stay silent.
+//! - `coalesce.rs`: responses that complete together leave a connection in one write.
 //!
 //! It must not depend on the member (`node`, `raft`, `server`): a proxy has none of them.
 
 pub mod certificate;
 #[cfg(test)]
 mod certificate_fuzz;
+pub mod coalesce;
 pub mod connection;
 pub mod connection_limits;
 pub mod forwarded;

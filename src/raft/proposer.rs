@@ -107,7 +107,7 @@ async fn batch_and_propose(raft: Raft, mut pending: mpsc::Receiver<Proposal>, ma
                 let (requests, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|p| (p.req, p.reply)).unzip();
                 match raft.client_write_ff(RaftBatch(InternalRaftBatch { requests })).await {
                     Ok(written) => in_flight.push_back(async move {
-                        let w = written.await;                        let outcome = match w {
+                        let outcome = match written.await {
                             Ok(Ok(response)) => Ok((response.log_id.index, response.data)),
                             Ok(Err(refused)) => Err(write_error(refused)),
                             Err(_dropped) => Err(EtcdError::Stopped),
