@@ -86,13 +86,23 @@ impl Node {
 
     /// Proposes `req` (its header set) through the leader and returns what applying it produced.
     pub(super) async fn propose_on_leader(&self, req: InternalRaftRequest) -> Result<Applied, EtcdError> {
-        let here = req.clone();
+        // Proposed here it is moved, not copied; each forwarding attempt sends a copy.
+        let req = std::sync::Mutex::new(Some(req));
+        let take = || req.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let copy = || req.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let (index, result) = self
             .on_leader(
-                move || async move { self.proposer.propose(here).await.map(|p| (None, p.result)) }.boxed(),
-                |mut leader| {
-                    let req = self.forwarded(req.clone());
+                move || {
                     async move {
+                        let here = take().ok_or(EtcdError::Internal)?;
+                        self.proposer.propose(here).await.map(|p| (None, p.result))
+                    }
+                    .boxed()
+                },
+                |mut leader| {
+                    let req = copy().map(|req| self.forwarded(req));
+                    async move {
+                        let req = req.ok_or_else(|| tonic::Status::internal("the request was proposed here"))?;
                         let answer = leader.propose(req).await?.into_inner();
                         let result = postcard::from_bytes(&answer.result)
                             .map_err(|e| tonic::Status::internal(format!("undecodable apply result: {e}")))?;
