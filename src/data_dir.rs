@@ -72,9 +72,18 @@ pub fn lock(dir: &Path) -> Result<DataDirLock, LockError> {
     Ok(DataDirLock { _file: file })
 }
 
-/// Creates `dir` and any missing parent owner-only (0700). An existing directory keeps its mode.
+/// Creates `dir` and any missing parent owner-only (0700), and makes each new directory's name
+/// durable by syncing the directory that holds it: a power loss must not take away a directory whose
+/// files were synced (`member/` with the whole log in it). An existing directory keeps its mode.
 pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
-    DirBuilder::new().recursive(true).mode(DIR_MODE).create(dir)
+    let missing: Vec<&Path> = dir.ancestors().take_while(|d| !d.as_os_str().is_empty() && !d.exists()).collect();
+    DirBuilder::new().recursive(true).mode(DIR_MODE).create(dir)?;
+    // Outermost first: each name is durable before the one inside it.
+    for created in missing.iter().rev() {
+        let holder = created.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        sync_dir(holder)?;
+    }
+    Ok(())
 }
 
 /// Opens a new file for writing, owner-only (0600), replacing any file at `path`.
