@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::etcd_errors::COMPACTED;
+use common::faultfs::{FaultFs, Loss};
 use common::{assert_status, current_revision, Kind, Server};
 use etcd_client::{Client, GetOptions, KeyValue};
 use tonic::Code;
@@ -480,4 +481,185 @@ async fn check_at(server: &Server, revisions: &BTreeMap<String, i64>) {
         .collect();
     assert_eq!(got.len(), revisions.len(), "every acknowledged key");
     assert_eq!(&got, revisions, "each with the revision it was acknowledged at");
+}
+
+// ---------------------------------------------------------------------------
+// a power loss: what was not synced is gone (tests/common/faultfs.rs)
+// ---------------------------------------------------------------------------
+
+/// A temp dir with an empty faultfs mounted at `<dir>/data` (the harness's data dir), or `None`
+/// (with one line saying why) where FUSE is not available.
+fn faultfs_dir(test: &str) -> Option<(tempfile::TempDir, FaultFs)> {
+    let dir = tempfile::Builder::new().prefix("harness-keyward-faultfs-").tempdir().expect("temp dir");
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    match FaultFs::mount(&data) {
+        Ok(fs) => Some((dir, fs)),
+        Err(why) => {
+            eprintln!("{test}: skipped, FUSE is not available: {why}");
+            None
+        }
+    }
+}
+
+/// The file system the power-loss test stands on: synced data and synced names survive, nothing
+/// else does; mmap reads see writes at once (LMDB reads its file through an mmap and writes it with
+/// `pwrite`); `flock` works (the data dir lock).
+#[test]
+fn faultfs_keeps_what_was_synced_and_nothing_else() {
+    use std::os::unix::fs::FileExt;
+    let Some((dir, fs)) = faultfs_dir("faultfs_keeps_what_was_synced_and_nothing_else") else { return };
+    let root = fs.mountpoint().to_path_buf();
+    let sync_dir = |d: &Path| std::fs::File::open(d).unwrap().sync_all().unwrap();
+    let open_rw = |p: &Path| std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p);
+
+    // a file synced and named durably, then written again without a sync
+    let kept = open_rw(&root.join("kept")).unwrap();
+    kept.write_all_at(b"synced", 0).unwrap();
+    kept.sync_data().unwrap();
+    std::fs::create_dir(root.join("dir")).unwrap();
+    std::fs::write(root.join("old-name"), b"renamed later").unwrap();
+    std::fs::File::open(root.join("old-name")).unwrap().sync_all().unwrap();
+    std::fs::write(root.join("unlinked"), b"unlinked later").unwrap();
+    std::fs::File::open(root.join("unlinked")).unwrap().sync_all().unwrap();
+    sync_dir(&root);
+    kept.write_all_at(b"UNSYNCED and longer", 0).unwrap();
+    // names changed after the last sync of their directory
+    std::fs::rename(root.join("old-name"), root.join("new-name")).unwrap();
+    std::fs::remove_file(root.join("unlinked")).unwrap();
+    std::fs::write(root.join("never-named"), b"the file is synced, its directory is not").unwrap();
+    std::fs::File::open(root.join("never-named")).unwrap().sync_all().unwrap();
+    std::fs::create_dir(root.join("new-dir")).unwrap();
+    std::fs::write(root.join("new-dir/inside"), b"x").unwrap();
+    sync_dir(&root.join("new-dir")); // not its parent: the directory itself is not named durably
+
+    // preallocation is sparse and cheap; a truncation and extension reads zeros
+    let ballast = open_rw(&root.join("dir/ballast")).unwrap();
+    rustix::fs::fallocate(&ballast, rustix::fs::FallocateFlags::empty(), 0, 64 << 20).unwrap();
+    rustix::fs::fallocate(&ballast, rustix::fs::FallocateFlags::KEEP_SIZE, 0, 128 << 20).unwrap();
+    ballast.write_all_at(&[7; 10_000], (64 << 20) - 5_000).unwrap();
+    ballast.set_len((64 << 20) - 4_000).unwrap();
+    ballast.set_len(64 << 20).unwrap();
+    let mut tail = vec![0; 10_000];
+    ballast.read_exact_at(&mut tail, (64 << 20) - 10_000).unwrap();
+    assert!(tail[..5_000].iter().all(|&b| b == 0) && tail[5_000..6_000].iter().all(|&b| b == 7));
+    assert!(tail[6_000..].iter().all(|&b| b == 0), "truncated bytes come back as zeros");
+    ballast.sync_all().unwrap();
+    assert!(free_bytes(&root) > 1 << 30, "statfs reports room");
+    sync_dir(&root.join("dir"));
+
+    // mmap reads see pwrite at once, whole pages and parts of pages
+    let mapped = open_rw(&root.join("dir/mapped")).unwrap();
+    mapped.set_len(64 << 10).unwrap();
+    let len = 64 << 10;
+    // SAFETY: a fresh read-only shared mapping of a file this test owns, unmapped below.
+    let map = unsafe {
+        rustix::mm::mmap(
+            std::ptr::null_mut(),
+            len,
+            rustix::mm::ProtFlags::READ,
+            rustix::mm::MapFlags::SHARED,
+            &mapped,
+            0,
+        )
+        .unwrap()
+    };
+    // SAFETY: `len` mapped bytes, read only while mapped.
+    let view = || unsafe { std::slice::from_raw_parts(map as *const u8, len) }.to_vec();
+    assert!(view().iter().all(|&b| b == 0));
+    mapped.write_all_at(&[1; 8192], 4096).unwrap();
+    assert_eq!(&view()[4096..12288], &[1; 8192][..]);
+    mapped.write_all_at(&[2; 100], 5000).unwrap();
+    let v = view();
+    assert!(v[4096..5000].iter().all(|&b| b == 1) && v[5000..5100].iter().all(|&b| b == 2) && v[5100] == 1);
+    // SAFETY: the mapping made above, no longer used.
+    unsafe { rustix::mm::munmap(map, len).unwrap() };
+
+    // flock: the kernel keeps it (a second open file description conflicts)
+    let lock_a = open_rw(&root.join("lock")).unwrap();
+    let lock_b = open_rw(&root.join("lock")).unwrap();
+    rustix::fs::flock(&lock_a, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+    assert_eq!(
+        rustix::fs::flock(&lock_b, rustix::fs::FlockOperation::NonBlockingLockExclusive),
+        Err(rustix::io::Errno::WOULDBLOCK)
+    );
+
+    // a listing survives removals while it is read
+    for i in 0..300 {
+        std::fs::write(root.join(format!("dir/f{i:03}")), b"").unwrap();
+    }
+    let mut listed = 0;
+    for entry in std::fs::read_dir(root.join("dir")).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_name().to_string_lossy().starts_with('f') {
+            std::fs::remove_file(entry.path()).unwrap();
+            listed += 1;
+        }
+    }
+    assert_eq!(listed, 300);
+
+    drop((kept, ballast, mapped, lock_a, lock_b));
+    let report = fs.power_loss(Loss::Clean).expect("power loss");
+    eprintln!("{report:?}");
+    let image = dir.path().join("data");
+    assert_eq!(std::fs::read(image.join("kept")).unwrap(), b"synced", "only the synced bytes and size");
+    assert_eq!(std::fs::read(image.join("old-name")).unwrap(), b"renamed later", "the rename was not synced");
+    assert!(!image.join("new-name").exists());
+    assert_eq!(std::fs::read(image.join("unlinked")).unwrap(), b"unlinked later", "the unlink was not synced");
+    assert!(!image.join("never-named").exists(), "a synced file whose name was not");
+    assert!(!image.join("new-dir").exists(), "a directory whose parent was not synced");
+    assert!(!image.join("lock").exists());
+    let ballast = std::fs::metadata(image.join("dir/ballast")).unwrap();
+    assert_eq!(ballast.len(), 64 << 20);
+    assert!(std::os::unix::fs::MetadataExt::blocks(&ballast) * 512 <= 64 << 10, "written sparse: only its one page");
+    assert!(!image.join("dir/mapped").exists());
+    let mut lost = report.lost_paths.clone();
+    lost.sort();
+    assert_eq!(lost, ["/dir/mapped", "/lock", "/never-named", "/new-dir", "/new-name"]);
+    assert_eq!(report.revived_paths, ["/old-name", "/unlinked"]);
+    assert_no_mount(&image);
+}
+
+/// Torn: the pages written since the last sync are each kept or lost, as the seed says.
+#[test]
+fn faultfs_torn_power_loss_keeps_some_unsynced_pages() {
+    use std::os::unix::fs::FileExt;
+    let image = |seed: u64| {
+        let (dir, fs) = faultfs_dir("faultfs_torn_power_loss_keeps_some_unsynced_pages")?;
+        let path = fs.mountpoint().join("f");
+        let file = std::fs::File::create(&path).unwrap();
+        file.write_all_at(&[1; 64 * 4096], 0).unwrap();
+        file.sync_data().unwrap();
+        std::fs::File::open(fs.mountpoint()).unwrap().sync_all().unwrap();
+        file.write_all_at(&[2; 64 * 4096], 0).unwrap();
+        drop(file);
+        let report = fs.power_loss(Loss::Torn { seed }).unwrap();
+        assert_eq!(report.unsynced_pages_kept + report.unsynced_pages_lost, 64);
+        let bytes = std::fs::read(dir.path().join("data/f")).unwrap();
+        let pages: Vec<u8> = bytes.chunks(4096).map(|p| p[0]).collect();
+        assert!(bytes.chunks(4096).all(|p| p.iter().all(|&b| b == p[0])), "whole pages");
+        assert_eq!(pages.iter().filter(|&&b| b == 2).count(), report.unsynced_pages_kept);
+        Some(pages)
+    };
+    let Some(a) = image(7) else { return };
+    let kept = a.iter().filter(|&&b| b == 2).count();
+    assert!(kept > 0 && kept < 64, "{kept} of 64 unsynced pages kept");
+    assert_eq!(image(7).unwrap(), a, "the same seed, the same image");
+    assert_ne!(image(8).unwrap(), a, "another seed, another image");
+}
+
+fn free_bytes(dir: &Path) -> u64 {
+    let stat = rustix::fs::statvfs(dir).unwrap();
+    stat.f_bavail * stat.f_frsize
+}
+
+/// `path` is not (or no longer) a mount point.
+fn assert_no_mount(path: &Path) {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let path = path.canonicalize().unwrap();
+    assert!(
+        !mounts.lines().any(|l| l.split(' ').nth(4) == Some(path.to_str().unwrap())),
+        "{} is still mounted",
+        path.display()
+    );
 }
