@@ -9,6 +9,8 @@
 #   docker-compose -> `docker-compose config` validates deploy/docker-compose.yml (no Docker engine needed)
 #   python3-venv -> a venv in target/tools-venv with pip's kubernetes-validate (the Kubernetes JSON
 #                   schemas, bundled) for deploy/kubernetes
+#   fuse3        -> only when not root: fusermount3, through which the power-loss test (tests/durability.rs)
+#                   mounts its FUSE file system; root mounts it itself (no libfuse either way)
 # `--no-fail-fast`: every test target runs even when an earlier one fails, so one failure never hides
 # another; cargo still exits non-zero if any failed.
 set -euo pipefail
@@ -23,6 +25,7 @@ command -v curl >/dev/null || need+=(curl)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || need+=(docker-compose)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+[ "$(id -u)" -eq 0 ] || command -v fusermount3 >/dev/null || need+=(fuse3)
 if [ ${#need[@]} -gt 0 ]; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"

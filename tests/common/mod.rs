@@ -32,6 +32,7 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
+pub mod faultfs;
 pub mod forwarding;
 pub mod pki;
 
