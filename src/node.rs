@@ -297,7 +297,7 @@ impl Node {
                     async move { me.upgrade().ok_or(EtcdError::Stopped)?.fetch_read_index().await }.boxed()
                 })
             }),
-            leader_read_rounds: read_rounds::ReadRounds::new(leader::confirmed_read_index(raft.clone())),
+            leader_read_rounds: read_rounds::ReadRounds::new(read_rounds::confirmed_by_quorum(raft.clone())),
             raft,
             kv,
             member_id,

@@ -109,6 +109,17 @@ struct WriterReport {
     failed: usize,
 }
 
+/// Every writer's report, together.
+async fn gather(writers: Vec<tokio::task::JoinHandle<WriterReport>>) -> WriterReport {
+    let mut all = WriterReport { acked: Vec::new(), failed: 0 };
+    for w in writers {
+        let report = w.await.expect("writer task");
+        all.acked.extend(report.acked);
+        all.failed += report.failed;
+    }
+    all
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn acknowledged_puts_survive_kill_9_mid_load() {
     let mut server = Server::start(Kind::under_test());
@@ -153,13 +164,7 @@ async fn acknowledged_puts_survive_kill_9_mid_load() {
     // let every writer see its in-flight put fail
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::SeqCst);
-    let mut acked: Vec<(String, String, i64)> = Vec::new();
-    let mut failed = 0;
-    for w in writers {
-        let report = w.await.expect("writer task");
-        acked.extend(report.acked);
-        failed += report.failed;
-    }
+    let WriterReport { acked, failed } = gather(writers).await;
     eprintln!(
         "kill -9 under load after {kill_at:?}: {} puts acknowledged by {WRITERS} writers, {failed} failed after the kill",
         acked.len()
@@ -758,13 +763,7 @@ async fn power_loss_round(seed: u64) -> bool {
     let loss = tokio::task::block_in_place(|| fs.power_loss(Loss::Torn { seed })).expect("power loss");
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::SeqCst);
-    let mut acked: Vec<(String, String, i64)> = Vec::new();
-    let mut failed = 0;
-    for w in writers {
-        let report = w.await.expect("writer task");
-        acked.extend(report.acked);
-        failed += report.failed;
-    }
+    let WriterReport { acked, failed } = gather(writers).await;
     eprintln!(
         "seed {seed:#x}: power loss after {:.1?}: {} puts acknowledged ({} by the time the first snapshot file \
          appeared, {at_kill} at the power loss), {failed} failed after; {loss:?}",

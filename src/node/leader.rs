@@ -15,7 +15,6 @@
 use std::time::Duration;
 
 use futures::future::{BoxFuture, FutureExt};
-use openraft::error::RaftError;
 use tonic::transport::Channel;
 
 use super::Node;
@@ -304,24 +303,5 @@ impl Node {
             .wait(Some(APPLY_WAIT))
             .metrics(|m| done(m.membership_config.membership()), "membership change seen")
             .await;
-    }
-}
-
-/// One round at the leader: openraft confirms leadership with a quorum and names the read index.
-pub(super) fn confirmed_read_index(raft: crate::raft::Raft) -> super::read_rounds::Fetch {
-    Box::new(move || {
-        let raft = raft.clone();
-        async move {
-            let (read, _applied) = raft.get_read_log_id().await.map_err(raft_read_error)?;
-            Ok(read.map_or(0, |id| id.index))
-        }
-        .boxed()
-    })
-}
-
-fn raft_read_error<E>(e: RaftError<NodeId, E>) -> EtcdError {
-    match e {
-        RaftError::APIError(_) => EtcdError::NoLeader,
-        RaftError::Fatal(_) => EtcdError::Stopped,
     }
 }

@@ -8,10 +8,12 @@
 
 use std::sync::{Arc, Mutex};
 
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, FutureExt};
+use openraft::error::RaftError;
 use tokio::sync::oneshot;
 
 use crate::error::EtcdError;
+use crate::raft::Raft;
 
 /// One round: the read index a quorum confirmed.
 pub type Fetch = Box<dyn Fn() -> BoxFuture<'static, Result<u64, EtcdError>> + Send + Sync>;
@@ -74,11 +76,26 @@ impl ReadRounds {
     }
 }
 
+/// The rounds of a leader: openraft confirms leadership with a quorum and names the read index. A
+/// member that does not lead answers "no leader".
+pub fn confirmed_by_quorum(raft: Raft) -> Fetch {
+    Box::new(move || {
+        let raft = raft.clone();
+        async move {
+            let (read, _applied) = raft.get_read_log_id().await.map_err(|e| match e {
+                RaftError::APIError(_) => EtcdError::NoLeader,
+                RaftError::Fatal(_) => EtcdError::Stopped,
+            })?;
+            Ok(read.map_or(0, |id| id.index))
+        }
+        .boxed()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
 
-    use futures::FutureExt;
     use tokio::sync::Semaphore;
 
     use super::*;

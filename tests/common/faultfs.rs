@@ -237,6 +237,17 @@ const ROOT: u64 = 1;
 
 type Result<T> = std::result::Result<T, Errno>;
 
+/// Whether a name holding `body` may be removed, or replaced, by an operation on a directory
+/// (`dir`) or on a file: rmdir and rename's errors.
+fn replaceable(body: &Body, dir: bool) -> Result<()> {
+    match (body, dir) {
+        (Body::Dir { entries, .. }, true) if !entries.is_empty() => Err(Errno::ENOTEMPTY),
+        (Body::Dir { .. }, false) => Err(Errno::EISDIR),
+        (Body::File { .. }, true) => Err(Errno::ENOTDIR),
+        _ => Ok(()),
+    }
+}
+
 impl Disk {
     fn new() -> Disk {
         let now = SystemTime::now();
@@ -337,12 +348,7 @@ impl Disk {
     /// Removes the name `name` from `parent` (the inode lives on: see [`Disk`]).
     fn remove(&mut self, parent: u64, name: &OsStr, want_dir: bool) -> Result<()> {
         let ino = *self.entries(parent)?.get(name).ok_or(Errno::ENOENT)?;
-        match (&self.inode(ino)?.body, want_dir) {
-            (Body::Dir { entries, .. }, true) if !entries.is_empty() => return Err(Errno::ENOTEMPTY),
-            (Body::Dir { .. }, false) => return Err(Errno::EISDIR),
-            (Body::File { .. }, true) => return Err(Errno::ENOTDIR),
-            _ => {}
-        }
+        replaceable(&self.inode(ino)?.body, want_dir)?;
         self.entries_mut(parent)?.remove(name);
         self.unlinked(ino, parent);
         self.touch_dir(parent);
@@ -417,12 +423,7 @@ impl Disk {
             if target == ino {
                 return Ok(()); // two names of one file: nothing happens
             }
-            match (&self.inode(target)?.body, moving_dir) {
-                (Body::Dir { entries, .. }, true) if !entries.is_empty() => return Err(Errno::ENOTEMPTY),
-                (Body::Dir { .. }, false) => return Err(Errno::EISDIR),
-                (Body::File { .. }, true) => return Err(Errno::ENOTDIR),
-                _ => {}
-            }
+            replaceable(&self.inode(target)?.body, moving_dir)?;
             self.entries_mut(newparent)?.remove(newname);
             self.unlinked(target, newparent);
         }
