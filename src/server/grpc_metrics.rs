@@ -10,7 +10,7 @@
 //! bodies), etcd's `etcd_server_client_requests_total` and the gRPC bytes received and sent.
 
 use std::pin::Pin;
-use std::sync::LazyLock;
+use std::sync::{LazyLock, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -139,8 +139,7 @@ pub async fn record(request: Request, next: Next) -> Response {
         return next.run(request).await;
     };
     metrics.started.inc();
-    let stream = if metrics.labels[0] == UNARY { "unary" } else { "stream" };
-    CLIENT_REQUESTS.with_label_values(&[stream, client_api_version(request.headers())]).inc();
+    client_requests(metrics.labels[0] != UNARY, client_api_version(request.headers())).inc();
     let call = Call { metrics, started: Instant::now() };
     let request = request.map(|body| Body::new(Received { body, metrics, messages: Messages::default() }));
     let response = next.run(request).await;
@@ -155,12 +154,25 @@ fn method_of(path: &str) -> Option<&'static MethodMetrics> {
     BY_METHOD.get(index)
 }
 
-/// etcd's clients send their API version (`client-api-version: 3.4`); anything else that a client
-/// could use to make up label values is `unknown`.
-fn client_api_version(headers: &HeaderMap) -> &'static str {
-    const KNOWN: [&str; 8] = ["3.0", "3.1", "3.2", "3.3", "3.4", "3.5", "3.6", "3.7"];
+/// The `client_api_version` labels: what etcd's clients send (`client-api-version: 3.4`), then
+/// `unknown` for anything else, which a client could otherwise use to make up label values.
+const API_VERSIONS: [&str; 9] = ["3.0", "3.1", "3.2", "3.3", "3.4", "3.5", "3.6", "3.7", "unknown"];
+
+/// The client's API version, as an index into `API_VERSIONS`.
+fn client_api_version(headers: &HeaderMap) -> usize {
     let sent = headers.get("client-api-version").and_then(|v| v.to_str().ok());
-    KNOWN.iter().find(|&&v| Some(v) == sent).copied().unwrap_or("unknown")
+    API_VERSIONS[..API_VERSIONS.len() - 1].iter().position(|&v| Some(v) == sent).unwrap_or(API_VERSIONS.len() - 1)
+}
+
+/// `etcd_server_client_requests_total`'s series for a unary call or a stream and a version, looked
+/// up once like the per-method series, but created on first use (etcd shows only versions seen).
+fn client_requests(stream: bool, version: usize) -> &'static IntCounter {
+    static SERIES: [[OnceLock<IntCounter>; API_VERSIONS.len()]; 2] =
+        [const { [const { OnceLock::new() }; API_VERSIONS.len()] }; 2];
+    SERIES[usize::from(stream)][version].get_or_init(|| {
+        let kind = if stream { "stream" } else { "unary" };
+        CLIENT_REQUESTS.with_label_values(&[kind, API_VERSIONS[version]])
+    })
 }
 
 /// The call's gRPC code number, from its `grpc-status`; an unknown number is Unknown (2).
@@ -316,6 +328,24 @@ impl Drop for Metered {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_requests_count_by_type_and_known_version_only() {
+        let headers = |version: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert("client-api-version", version.parse().unwrap());
+            headers
+        };
+        assert_eq!(API_VERSIONS[client_api_version(&headers("3.4"))], "3.4");
+        assert_eq!(API_VERSIONS[client_api_version(&headers("made-up"))], "unknown");
+        assert_eq!(API_VERSIONS[client_api_version(&HeaderMap::new())], "unknown");
+
+        let series = CLIENT_REQUESTS.with_label_values(&["stream", "3.7"]);
+        let before = series.get();
+        client_requests(true, client_api_version(&headers("3.7"))).inc();
+        client_requests(false, client_api_version(&headers("3.7"))).inc();
+        assert_eq!(series.get(), before + 1, "the stream's series, not the unary one");
+    }
 
     #[test]
     fn only_etcds_methods_are_counted_with_their_type() {
