@@ -38,4 +38,9 @@ if [ ! -x target/tools-venv/bin/kubernetes-validate ]; then
     target/tools-venv/bin/pip install -q kubernetes-validate
 fi
 
+# A fresh build needs ~3 GB under target/ (no incremental cache: a CI build is built once) and the
+# servers the tests start need a few hundred MB under $TMPDIR. The free space is printed first, so a
+# run that fails for want of disk says so instead of failing as "database space exceeded".
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+df -h target "${TMPDIR:-/tmp}" || true
 cargo test --all-targets --no-fail-fast -- --test-threads="${KEYWARD_TEST_THREADS:-4}"
