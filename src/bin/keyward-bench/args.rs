@@ -119,6 +119,13 @@ pub enum Workload {
         #[arg(long)]
         enable: bool,
     },
+    /// Serve KV.Put on keyward's front-end stack, answering each Put at once with no raft or storage:
+    /// the most any server on that stack can reach on this machine (`ceiling.rs`). Runs until killed.
+    CeilingServer {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:2379")]
+        listen: std::net::SocketAddr,
+    },
     /// Local bcrypt verification throughput at a cost, on --clients threads (no server involved).
     Bcrypt {
         /// bcrypt cost.

@@ -10,9 +10,11 @@
 //!
 //! Workloads: `put`, `range` (`--consistency l|s`), `txn-put`, `watch` (events per second delivered
 //! to N watchers), `authenticate`; plus two helpers for `benches/compare.sh`: `setup-auth` (users,
-//! roles, many grants, auth enable) and `bcrypt` (local bcrypt throughput, no server).
+//! roles, many grants, auth enable) and `bcrypt` (local bcrypt throughput, no server); and
+//! `ceiling-server`, a Put-only server on keyward's front end with nothing behind it (`ceiling.rs`).
 
 mod args;
+mod ceiling;
 mod conn;
 mod report;
 mod setup;
@@ -61,6 +63,7 @@ fn run(args: BenchArgs) -> ExitCode {
             Workload::SetupAuth { root_password, new_users, enable } => {
                 setup::setup_auth(&args, root_password, new_users, *enable).await.map(|()| None)
             }
+            Workload::CeilingServer { listen } => ceiling::serve(*listen).await.map(|()| None),
             _ => workloads::run(&args).await.map(Some),
         }
     });

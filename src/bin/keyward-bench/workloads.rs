@@ -94,7 +94,12 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Summary> {
             let request = AuthenticateRequest { name, password };
             ("authenticate".into(), Arc::new(move |_: &mut SmallRng, _| Op::Authenticate(request.clone())))
         }
-        Workload::Watch { .. } | Workload::SetupAuth { .. } | Workload::Bcrypt { .. } => unreachable!(),
+        Workload::Watch { .. }
+        | Workload::SetupAuth { .. }
+        | Workload::Bcrypt { .. }
+        | Workload::CeilingServer { .. } => {
+            unreachable!("not a load: dispatched in main")
+        }
     };
     // Authenticate measures the RPC itself: no per-connection token.
     let conns = connect_all(args, !matches!(args.workload, Workload::Authenticate)).await?;
