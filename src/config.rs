@@ -532,28 +532,14 @@ impl ServeArgs {
             crate::auth::token_config::parse_go_duration(text).map_err(|e| invalid(format!("--{flag}: {e}")))
         };
         duration("grpc-keepalive-min-time", &self.grpc_keepalive_min_time)?;
-        let connections = crate::frontend::connection_limits::ConnectionLimits {
-            max_connections: self.max_client_connections,
-            idle_timeout: duration("client-idle-timeout", &self.client_idle_timeout)?,
-            keepalive_interval: duration("grpc-keepalive-interval", &self.grpc_keepalive_interval)?,
-            keepalive_timeout: duration("grpc-keepalive-timeout", &self.grpc_keepalive_timeout)?,
-            max_concurrent_streams: self.max_concurrent_streams,
-        };
-        if connections.max_connections == 0 || connections.max_concurrent_streams == 0 {
-            return Err(invalid("--max-client-connections and --max-concurrent-streams must be at least 1"));
-        }
-        if connections.idle_timeout.is_zero() {
-            return Err(invalid("--client-idle-timeout must be above 0"));
-        }
-        if !connections.keepalive_interval.is_zero()
-            && connections.idle_timeout <= connections.keepalive_interval + connections.keepalive_timeout
-        {
-            return Err(invalid(format!(
-                "--client-idle-timeout {} must be above --grpc-keepalive-interval + --grpc-keepalive-timeout, or \
-                 quiet live clients (an idle watch) are cut off",
-                self.client_idle_timeout
-            )));
-        }
+        let connections = crate::frontend::connection_limits::ConnectionLimits::from_flags(
+            self.max_client_connections,
+            &self.client_idle_timeout,
+            &self.grpc_keepalive_interval,
+            &self.grpc_keepalive_timeout,
+            self.max_concurrent_streams,
+        )
+        .map_err(invalid)?;
         if self.login_throttle_base_delay > self.login_throttle_max_delay {
             return Err(invalid(format!(
                 "--login-throttle-base-delay {} is above --login-throttle-max-delay {}",

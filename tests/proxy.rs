@@ -799,3 +799,64 @@ fn bad_proxy_flags_exit_with_status_2() {
     assert_eq!(status.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&status.stderr).contains("need --cacert"));
 }
+
+// ---------------------------------------------------------------------------
+// connection bounds
+// ---------------------------------------------------------------------------
+
+/// Whether the proxy closed `conn` (end of stream or reset) within `within`; `false` if it is still
+/// open then.
+fn closed_within(conn: &mut TcpStream, within: Duration) -> bool {
+    use std::io::Read;
+    conn.set_read_timeout(Some(within)).unwrap();
+    match conn.read(&mut [0u8; 64]) {
+        Ok(0) => true,
+        Ok(n) => panic!("the proxy sent {n} bytes to a client that never spoke"),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => false,
+        Err(_) => true,
+    }
+}
+
+/// The proxy's client listener has a member's bounds: past `--max-client-connections` a connection
+/// is closed at once; one that stays silent is closed after `--client-idle-timeout`, which frees its
+/// place; a quiet live client (an idle watch) answers the keepalive pings and keeps its stream.
+#[test]
+fn the_proxy_caps_client_connections_and_closes_silent_ones() {
+    use etcd_client::WatchOptions;
+    let pki = Pki::new();
+    let member = member_behind_a_proxy(&pki);
+    member.user_with_prefix("web", None);
+    let listen = format!("127.0.0.1:{}", common::free_port());
+    let mut args = proxy_args(&[&member.url()], &listen, &pki, &pki.client("workload", Some("web")));
+    let bounds = ["--max-client-connections", "2", "--client-idle-timeout", "6s"];
+    args.extend(
+        bounds
+            .into_iter()
+            .chain(["--grpc-keepalive-interval", "1s", "--grpc-keepalive-timeout", "2s"])
+            .map(String::from),
+    );
+    let sidecar = Proxy::start(args, format!("http://{listen}"));
+    let addr: SocketAddr = listen.parse().unwrap();
+    runtime().block_on(async {
+        // Place 1: a watch that sees no event for longer than the idle timeout.
+        let mut client = etcd_client::Client::connect([sidecar.url.as_str()], None).await.expect("connect");
+        let mut stream = client.watch("/web/", Some(WatchOptions::new().with_prefix())).await.expect("watch");
+        let created = tokio::time::timeout(PATIENCE, stream.message()).await.expect("in time").unwrap().unwrap();
+        assert!(created.created(), "{created:?}");
+        // Place 2: a client that never speaks.
+        let mut silent = TcpStream::connect(addr).unwrap();
+        // Past the cap: closed at once, while the silent one is still within its idle timeout.
+        let mut third = TcpStream::connect(addr).unwrap();
+        assert!(closed_within(&mut third, Duration::from_secs(4)), "a third connection was admitted past a cap of 2");
+        assert!(!closed_within(&mut silent, Duration::from_millis(200)), "the silent connection was closed at once");
+        // The silent connection goes after its idle timeout and frees its place...
+        assert!(closed_within(&mut silent, PATIENCE), "the silent connection was never closed");
+        let ca = pki.ca_str();
+        ok(sidecar.ctl(&ca, None, &["put", "/web/k", "after"]), &["put"]);
+        // ...while the watch, quiet for longer than the idle timeout, answered the pings and still
+        // delivers (the put above is its first event).
+        let event =
+            tokio::time::timeout(PATIENCE, stream.message()).await.expect("in time").unwrap().expect("an event");
+        assert_eq!(event.events()[0].kv().unwrap().key(), b"/web/k");
+    });
+}

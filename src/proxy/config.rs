@@ -26,6 +26,7 @@ use clap::Args;
 use super::client_tls::ClientTlsFiles;
 use super::endpoint::Endpoint;
 use crate::frontend::certificate::IdentitySource;
+use crate::frontend::connection_limits::ConnectionLimits;
 use crate::frontend::tls::settings::TlsSettings;
 
 #[derive(Args, Debug, Clone)]
@@ -73,6 +74,19 @@ pub struct StartArgs {
     /// members enforce their own limit on every call).
     #[arg(long, default_value_t = 1_572_864)]
     pub max_request_bytes: usize,
+    /// Client connections the proxy holds at most; more are closed on accept (as the member's flag).
+    #[arg(long, default_value_t = 10_000)]
+    pub max_client_connections: usize,
+    /// A client connection on which the client sends nothing for this long is closed (a live client
+    /// answers the keepalive pings, so keep it above the keepalive interval + timeout).
+    #[arg(long, default_value = "3h")]
+    pub client_idle_timeout: String,
+    /// How often the proxy pings a client connection (0 disables the pings).
+    #[arg(long, default_value = "2h")]
+    pub grpc_keepalive_interval: String,
+    /// How long a ping may go unanswered before the connection is closed.
+    #[arg(long, default_value = "20s")]
+    pub grpc_keepalive_timeout: String,
     /// Enable debug-level logging.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub debug: bool,
@@ -106,6 +120,9 @@ pub struct ProxyConfig {
     pub mode: Mode,
     /// The gateway's request limit (`--max-request-bytes`).
     pub max_request_bytes: usize,
+    /// The client listener's connection cap, idle timeout and keepalive pings (no stream limit of
+    /// the proxy's own, as etcd's grpc-proxy).
+    pub connections: ConnectionLimits,
     pub log_filter: &'static str,
 }
 
@@ -174,6 +191,13 @@ impl StartArgs {
             tls.server_config()?;
         }
         let mode = if self.client_cert_auth { Mode::ForwardClientCertificates } else { Mode::OwnIdentity };
+        let connections = ConnectionLimits::from_flags(
+            self.max_client_connections,
+            &self.client_idle_timeout,
+            &self.grpc_keepalive_interval,
+            &self.grpc_keepalive_timeout,
+            u32::MAX,
+        )?;
         Ok(ProxyConfig {
             endpoints,
             listen,
@@ -181,6 +205,7 @@ impl StartArgs {
             listener_tls,
             mode,
             max_request_bytes: self.max_request_bytes,
+            connections,
             log_filter: if self.debug { "debug" } else { "info" },
         })
     }
@@ -229,6 +254,24 @@ mod tests {
         assert_eq!((config.endpoints[0].port, config.endpoints[0].tls), (2379, false));
         assert_eq!(config.mode, Mode::OwnIdentity);
         assert!(config.client_tls.is_none() && config.listener_tls.is_none());
+        assert_eq!(config.connections, ConnectionLimits { max_concurrent_streams: u32::MAX, ..Default::default() });
+    }
+
+    #[test]
+    fn connection_bounds_are_checked_as_a_members() {
+        let bounds =
+            ["--max-client-connections", "5", "--client-idle-timeout", "90s", "--grpc-keepalive-interval", "30s"];
+        let config = parse(&bounds).unwrap();
+        assert_eq!(config.connections.max_connections, 5);
+        assert_eq!(config.connections.idle_timeout, std::time::Duration::from_secs(90));
+        let refused = |args: &[&str], why: &str| {
+            let err = parse(args).unwrap_err();
+            assert!(err.contains(why), "{args:?}: {err:?} lacks {why:?}");
+        };
+        refused(&["--max-client-connections", "0"], "must be at least 1");
+        refused(&["--client-idle-timeout", "0s"], "--client-idle-timeout must be above 0");
+        refused(&["--client-idle-timeout", "10s", "--grpc-keepalive-interval", "9s"], "must be above --grpc-keepalive");
+        refused(&["--grpc-keepalive-timeout", "soon"], "--grpc-keepalive-timeout");
     }
 
     #[test]

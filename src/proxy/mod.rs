@@ -30,6 +30,7 @@ use std::sync::Arc;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 
+use crate::frontend::connection_limits::Admission;
 use client_identity::{ClientConnection, ClientIdentity};
 use client_tls::ClientTls;
 use config::{ListenAddr, Mode, ProxyConfig};
@@ -50,8 +51,19 @@ pub async fn run(config: ProxyConfig) -> anyhow::Result<()> {
     announce(&config, &listener);
     let mut server = auto::Builder::new(TokioExecutor::new());
     // As etcd's grpc-proxy: no limit of the proxy's own on a client's concurrent streams (watches).
-    server.http2().timer(TokioTimer::new()).max_concurrent_streams(u32::MAX);
+    // The pings keep a quiet live client (an idle watch) from looking idle to `Admission`.
+    let limits = config.connections;
+    server
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(u32::MAX)
+        .keep_alive_interval(limits.ping_interval());
+    if let Some(timeout) = limits.ping_timeout() {
+        server.http2().keep_alive_timeout(timeout);
+    }
     let server = Arc::new(server);
+    // As on a member's client listener: a connection cap, and silent connections are closed.
+    let admission = Admission::new(limits);
     let stop = crate::signals::shutdown();
     tokio::pin!(stop);
     loop {
@@ -60,6 +72,7 @@ pub async fn run(config: ProxyConfig) -> anyhow::Result<()> {
             _ = &mut stop => break,
         };
         let Some(accepted) = accepted else { break };
+        let Some(io) = admission.admit(accepted.io) else { continue };
         let identity = ClientIdentity::of_connection(config.mode, accepted.certificate.as_ref());
         let client = Arc::new(ClientConnection::new(identity, accepted.remote_addr));
         tracing::debug!(identity = ?accepted.identity, forwarding = matches!(client.identity, ClientIdentity::Forward(_)), "client connected");
@@ -69,7 +82,7 @@ pub async fn run(config: ProxyConfig) -> anyhow::Result<()> {
                 let (client, upstreams, gateway) = (client.clone(), upstreams.clone(), gateway.clone());
                 async move { Ok::<_, Infallible>(service::answer(request, &client, &upstreams, &gateway).await) }
             });
-            if let Err(e) = server.serve_connection(TokioIo::new(accepted.io), service).await {
+            if let Err(e) = server.serve_connection(TokioIo::new(io), service).await {
                 tracing::debug!(error = %e, "client connection ended with an error");
             }
         });

@@ -116,10 +116,9 @@ async fn serve_bound(
         };
         let mut builder = Server::builder().accept_http1(true).tcp_nodelay(true);
         if let Some(limits) = &limits {
-            let interval = (!limits.keepalive_interval.is_zero()).then_some(limits.keepalive_interval);
             builder = builder
-                .http2_keepalive_interval(interval)
-                .http2_keepalive_timeout((!limits.keepalive_timeout.is_zero()).then_some(limits.keepalive_timeout))
+                .http2_keepalive_interval(limits.ping_interval())
+                .http2_keepalive_timeout(limits.ping_timeout())
                 .max_concurrent_streams(Some(limits.max_concurrent_streams));
         }
         let server = builder.add_routes(routes);
