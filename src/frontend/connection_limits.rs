@@ -138,6 +138,24 @@ impl Admission {
     }
 }
 
+/// The plain-TCP connections `socket` accepts, each with `TCP_NODELAY` set and admitted (or closed) by
+/// `admission`. tonic ignores `tcp_nodelay` for custom incoming streams: unset, Nagle's algorithm
+/// delays small responses (watch events) by tens of milliseconds.
+pub fn admitted_tcp(
+    socket: tokio::net::TcpListener,
+    admission: Admission,
+) -> impl futures::Stream<Item = io::Result<Watched<Coalesced<tokio::net::TcpStream>>>> {
+    futures::StreamExt::filter_map(tokio_stream::wrappers::TcpListenerStream::new(socket), move |conn| {
+        let admitted = conn
+            .inspect(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            })
+            .map(|tcp| admission.admit(tcp))
+            .transpose();
+        std::future::ready(admitted)
+    })
+}
+
 /// A client connection that is closed when the client stays silent too long.
 pub struct Watched<T> {
     io: T,

@@ -18,7 +18,6 @@ use std::future::Future;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
 use tonic::transport::Server;
 
@@ -136,17 +135,7 @@ async fn serve_bound(
             }
             (true, None) => anyhow::bail!("an https:// listener needs a certificate and key"),
             (false, _) => tokio::spawn(async move {
-                // tonic ignores `tcp_nodelay` for custom incoming streams: set it per socket, or Nagle's
-                // algorithm delays small responses (watch events) by tens of milliseconds.
-                let incoming = futures::StreamExt::filter_map(TcpListenerStream::new(socket), move |conn| {
-                    let admitted = conn
-                        .inspect(|tcp| {
-                            let _ = tcp.set_nodelay(true);
-                        })
-                        .map(|tcp| admission.admit(tcp))
-                        .transpose();
-                    std::future::ready(admitted)
-                });
+                let incoming = crate::frontend::connection_limits::admitted_tcp(socket, admission);
                 server.serve_with_incoming_shutdown(incoming, stopped).await
             }),
         });

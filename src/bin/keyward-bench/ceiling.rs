@@ -11,13 +11,12 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use anyhow::Context;
-use keyward::frontend::connection_limits::Admission;
+use keyward::frontend::connection_limits::{admitted_tcp, Admission};
 use keyward::proto::etcdserverpb::kv_server::{Kv, KvServer};
 use keyward::proto::etcdserverpb::{
     CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse,
     RangeRequest, RangeResponse, ResponseHeader, TxnRequest, TxnResponse,
 };
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
 
 /// Answers Put with the next "revision" and nothing else.
@@ -58,16 +57,7 @@ impl Kv for InstantPut {
 pub async fn serve(listen: SocketAddr) -> anyhow::Result<()> {
     let socket = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
     eprintln!("keyward-bench: ceiling server on {}", socket.local_addr()?);
-    let admission = Admission::unbounded();
-    let incoming = futures::StreamExt::filter_map(TcpListenerStream::new(socket), move |conn| {
-        let admitted = conn
-            .inspect(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            })
-            .map(|tcp| admission.admit(tcp))
-            .transpose();
-        std::future::ready(admitted)
-    });
+    let incoming = admitted_tcp(socket, Admission::unbounded());
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(KvServer::new(InstantPut::default()))
