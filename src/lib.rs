@@ -120,7 +120,7 @@ pub async fn serve(config: config::Config) -> anyhow::Result<()> {
     node.raft.shutdown().await.map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?;
     // Nothing applies any more: sync the kv environment, and say so (`raft/unsynced.rs`), so that the
     // next start never rebuilds it.
-    node.state().env.force_sync().map_err(|e| anyhow::anyhow!("sync the kv environment: {e}"))?;
+    node.state().sync().map_err(|e| anyhow::anyhow!("sync the kv environment: {e}"))?;
     let member_dir = config.data_dir.join("member");
     raft::unsynced::clear(&member_dir).map_err(|e| anyhow::anyhow!("clear {}: {e}", member_dir.display()))?;
     Ok(())

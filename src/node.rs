@@ -150,7 +150,7 @@ impl Node {
         let identity =
             IdentityRules::new(config.client_tls.as_ref()).map_err(|e| anyhow::anyhow!("client TLS: {e}"))?;
         let (revision, auth_enabled, auth_revision) = {
-            let txn = state.env.read_txn()?;
+            let txn = state.read_txn()?;
             lessor.recover(state.leases.all(&txn)?);
             (
                 Arc::new(std::sync::atomic::AtomicI64::new(state.kv.view(&txn)?.rev)),
@@ -631,7 +631,7 @@ impl Node {
             proposals_applied: self.applied_requests.load(Ordering::Relaxed),
             current_revision: self.revision(),
             quota_bytes: self.space.quota().gauge(),
-            db_size_bytes: self.state().env.real_disk_size().unwrap_or(0),
+            db_size_bytes: self.state().disk_size().unwrap_or(0),
             db_size_in_use_bytes: self.space.in_use(),
             defragmenting: self.kv.defragmenting(),
             apply_waiting_for_space: self.space.stalled(),
@@ -652,7 +652,7 @@ impl Node {
         let kv = self.kv.clone();
         tokio::task::spawn_blocking(move || {
             let state = kv.current();
-            let txn = state.env.read_txn()?;
+            let txn = state.read_txn()?;
             read(&state, &txn)
         })
         .await
@@ -935,7 +935,7 @@ mod tests {
         assert_eq!(ttl, 60);
         assert!(left <= 20 && left > 10, "resumes from its checkpoint (20 s), not its TTL: {left}");
         assert!(node.lessor.time_to_live(3).is_some_and(|(ttl, left)| ttl == 30 && left > 20));
-        let txn = leader.env.read_txn().unwrap();
+        let txn = leader.read_txn().unwrap();
         assert_eq!(node.revision(), 4);
         assert!(node.auth_enabled());
         assert_eq!(node.auth_revision(), leader.auth.revision(&txn).unwrap());

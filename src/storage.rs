@@ -10,7 +10,10 @@ use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvFlags, EnvOpenOptions, WithoutTls};
 
 pub mod compacted;
+pub mod mapping;
 pub mod table;
+
+pub use mapping::Writes;
 
 /// The longest key LMDB accepts in its default build (`MDB_MAXKEYSIZE`); `open` checks it, and `Table`
 /// sizes its chunks by it.
@@ -40,26 +43,37 @@ pub enum Durability {
 
 /// Opens (creating if needed) the environment at `dir` and the named databases in it.
 pub fn open<const N: usize>(dir: &Path, names: [&str; N], durability: Durability) -> heed::Result<(LmdbEnv, [Db; N])> {
-    open_with_map_size(dir, names, durability, MAP_SIZE)
+    open_with(dir, names, durability, Writes::Copied, MAP_SIZE)
 }
 
-/// `open` with `map_size` bytes of address space reserved instead of `MAP_SIZE`.
-pub fn open_with_map_size<const N: usize>(
+/// `open` with `map_size` bytes of map instead of `MAP_SIZE`, written as `writes` says. For
+/// `Writes::Mapped`, `map_size` is the file's reservation, made before any page is written
+/// (`mapping.rs`); the caller creates the `Mapping` that grows it.
+pub fn open_with<const N: usize>(
     dir: &Path,
     names: [&str; N],
     durability: Durability,
+    writes: Writes,
     map_size: usize,
 ) -> heed::Result<(LmdbEnv, [Db; N])> {
     crate::data_dir::create_private_dir(dir)?;
     let mut options = EnvOpenOptions::new().read_txn_without_tls();
     options.map_size(map_size).max_dbs(N as u32).max_readers(1024);
+    let mut flags = EnvFlags::empty();
     if durability == Durability::Deferred {
-        // SAFETY: MDB_NOSYNC only drops the syncs at commit; LMDB documents that atomicity,
-        // consistency and isolation stay, and durability is the caller's (see `Durability`).
-        #[allow(unsafe_code)]
-        unsafe {
-            options.flags(EnvFlags::NO_SYNC);
-        }
+        // MDB_NOSYNC only drops the syncs at commit; LMDB documents that atomicity, consistency and
+        // isolation stay, and durability is the caller's (see `Durability`).
+        flags |= EnvFlags::NO_SYNC;
+    }
+    if writes == Writes::Mapped {
+        // Pages are written in the map, which never exceeds the blocks reserved below (`mapping.rs`);
+        // safe Rust only reads the map, through `&[u8]`.
+        flags |= EnvFlags::WRITE_MAP;
+    }
+    // SAFETY: see the two flags above.
+    #[allow(unsafe_code)]
+    unsafe {
+        options.flags(flags);
     }
     // SAFETY: LMDB requires that an environment is opened at most once per process and that the file is
     // not modified by other means while open. keyward opens each member directory exactly once
@@ -75,6 +89,10 @@ pub fn open_with_map_size<const N: usize>(
             env.max_key_size(),
             LMDB_MAX_KEY
         ))));
+    }
+    if writes == Writes::Mapped {
+        // LMDB sized the file to the map, unallocated: allocate it before the first write.
+        mapping::reserve_opened(dir, &env)?;
     }
     let wtxn = env.write_txn()?;
     let dbs = env

@@ -68,7 +68,7 @@ pub fn import(bolt: &Bolt, state: &State) -> anyhow::Result<Imported> {
     let mut imported = Imported::default();
     read_meta(bolt, bucket("meta")?, &mut imported)?;
     let attached = import_keys(bolt, &keys, state, &mut imported)?;
-    let mut txn = state.env.write_txn()?;
+    let mut txn = state.offline_write_txn()?;
     let current = imported.revision.max(imported.compacted.unwrap_or(0));
     state.kv.import_finish(&mut txn, current, imported.compacted).map_err(|e| anyhow!("compaction: {e}"))?;
     imported.revision = current.max(1);
@@ -171,7 +171,7 @@ fn import_keys(
     imported: &mut Imported,
 ) -> anyhow::Result<BTreeMap<Vec<u8>, i64>> {
     let mut leased = BTreeMap::new();
-    let mut txn = Some(state.env.write_txn()?);
+    let mut txn = Some(state.offline_write_txn()?);
     let mut last = None;
     let mut in_txn = 0;
     bolt.for_each(keys, |key, value| {
@@ -201,7 +201,7 @@ fn import_keys(
             in_txn = 0;
             let full = txn.take().ok_or_else(|| bad("key", key, "no transaction"))?;
             full.commit().map_err(|e| bad("key", key, e))?;
-            txn = Some(state.env.write_txn().map_err(|e| bad("key", key, e))?);
+            txn = Some(state.offline_write_txn().map_err(|e| bad("key", key, e))?);
         }
         Ok(())
     })?;

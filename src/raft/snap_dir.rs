@@ -48,7 +48,8 @@ impl SnapDir {
         &self.dir
     }
 
-    fn current_path(&self) -> PathBuf {
+    /// Where the current snapshot is (it may not exist).
+    pub fn current_path(&self) -> PathBuf {
         self.dir.join(CURRENT)
     }
 

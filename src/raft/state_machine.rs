@@ -31,12 +31,15 @@ use crate::lease::store::{LeaseRecord, LeaseStore};
 use crate::mvcc::KvStore;
 use crate::proto::etcdserverpb::{AlarmMember, AlarmType};
 use crate::space::{Full, Space};
+use crate::storage::mapping::{self, Mapping, ReadTxn};
 use crate::storage::table::LongKeys;
-use crate::storage::{self, Db, LmdbEnv};
+use crate::storage::{self, Db, LmdbEnv, Writes};
 
 #[cfg(test)]
 mod apply_fuzz;
 pub mod defrag;
+#[cfg(test)]
+mod mapping_tests;
 #[cfg(test)]
 pub(crate) mod snapshot_tests;
 
@@ -47,7 +50,9 @@ const FULL_RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// The applied state, shared with the read path (which opens its own read transactions on `env`).
 pub struct State {
-    pub env: LmdbEnv,
+    /// Private: every use of the map goes through `mapping`'s pin (`read_txn`, `sync`, ...).
+    env: LmdbEnv,
+    mapping: Mapping,
     pub kv: KvStore,
     pub leases: LeaseStore,
     pub auth: AuthStore,
@@ -161,6 +166,17 @@ enum ApplyFailure {
     Storage(BoxError),
 }
 
+impl ApplyFailure {
+    /// For callers outside apply, which do not retry: full storage is an error like any other.
+    fn into_error(self) -> BoxError {
+        match self {
+            ApplyFailure::Full(Full::Disk) => "no space left on the disk of the kv database".into(),
+            ApplyFailure::Full(Full::Map) => "the map of the kv database is full".into(),
+            ApplyFailure::Storage(e) => e,
+        }
+    }
+}
+
 impl<E: Into<BoxError>> From<E> for ApplyFailure {
     fn from(err: E) -> ApplyFailure {
         ApplyFailure::Storage(err.into())
@@ -184,8 +200,25 @@ impl StateMachine {
         StateMachine::open_with(kv_dir, snap_dir, Arc::new(Space::without_ballast()))
     }
 
+    /// Opens the state machine for an offline tool (`keyward snapshot`, `migrate`): written with
+    /// copied writes, so its map never has to grow (`storage::mapping`).
+    pub fn open_offline(kv_dir: &Path, snap_dir: &Path) -> Result<Self, heed::Error> {
+        StateMachine::open_writing(kv_dir, snap_dir, Arc::new(Space::without_ballast()), Some(Writes::Copied))
+    }
+
     /// Opens the state machine; `space` sets the quota (and with it the map size) and the ballast.
     pub fn open_with(kv_dir: &Path, snap_dir: &Path, space: Arc<Space>) -> Result<Self, heed::Error> {
+        StateMachine::open_writing(kv_dir, snap_dir, space, None)
+    }
+
+    /// `open_with`, with the environment written as `writes` says instead of as its file system
+    /// allows (for tests of each way).
+    pub fn open_writing(
+        kv_dir: &Path,
+        snap_dir: &Path,
+        space: Arc<Space>,
+        writes: Option<Writes>,
+    ) -> Result<Self, heed::Error> {
         let snaps = SnapDir::open(snap_dir).map_err(|e| heed::Error::Io(std::io::Error::other(e)))?;
         if kv_dir.exists() {
             storage::compacted::remove_leftovers(kv_dir).map_err(heed::Error::Io)?;
@@ -196,6 +229,7 @@ impl StateMachine {
             snaps: Arc::new(snaps),
             observer: Default::default(),
             audit: None,
+            writes,
         };
         let state = State::open(kv_dir, carried)?;
         let kv = KvEnv {
@@ -232,6 +266,8 @@ struct Carried {
     snaps: Arc<SnapDir>,
     observer: Arc<OnceLock<Observer>>,
     audit: Option<Arc<crate::audit::AuditLog>>,
+    /// How the environment is written: `None` chooses by its file system (`Writes::for_dir`).
+    writes: Option<Writes>,
 }
 
 impl State {
@@ -256,12 +292,21 @@ impl State {
             "sm_meta",
         ];
         let existing = std::fs::metadata(kv_dir.join("data.mdb")).map_or(0, |m| m.len());
-        let map_size = crate::space::map_size(carried.space.quota(), existing);
-        let (env, dbs) = storage::open_with_map_size(kv_dir, names, storage::Durability::Deferred, map_size)?;
+        let ceiling = crate::space::map_size(carried.space.quota(), existing);
+        crate::data_dir::create_private_dir(kv_dir)?;
+        let writes = carried.writes.unwrap_or_else(|| Writes::for_dir(kv_dir));
+        let map_size = match writes {
+            Writes::Copied => ceiling,
+            Writes::Mapped => mapping::initial_reserve(existing).min(ceiling as u64) as usize,
+        };
+        let (env, dbs) = storage::open_with(kv_dir, names, storage::Durability::Deferred, writes, map_size)?;
+        let mapping = Mapping::new(kv_dir, &env, writes, ceiling as u64)?;
+        tracing::info!(dir = %kv_dir.display(), ?writes, reserved = mapping.reserved(), "kv environment opened");
         let [live, revs, index, kv_meta, leases, lease_keys, users, roles, auth_meta, alarms, long_keys, meta] = dbs;
         let long = LongKeys::new(long_keys);
         let state = State {
             env,
+            mapping,
             kv: KvStore::new([live, revs, index, kv_meta], long),
             leases: LeaseStore::new([leases, lease_keys], long),
             auth: AuthStore::new([users, roles, auth_meta], long),
@@ -280,7 +325,7 @@ impl State {
         };
         state.install_current_if_newer().map_err(|e| heed::Error::Io(std::io::Error::other(e)))?;
         {
-            let txn = state.env.read_txn()?;
+            let txn = state.read_txn()?;
             state.after_commit(&txn)?;
         }
         if let Some(audit) = carried.audit {
@@ -297,6 +342,7 @@ impl State {
             snaps: self.snaps.clone(),
             observer: self.observer.clone(),
             audit: self.auth.audit.get().cloned(),
+            writes: Some(self.mapping.writes()),
         }
     }
 }
@@ -350,7 +396,7 @@ impl State {
         self.meta.put(&mut txn, APPLIED, &postcard::to_allocvec(&Some(applied))?)?;
         self.meta.put(&mut txn, MEMBERSHIP, &postcard::to_allocvec(&membership)?)?;
         txn.commit()?;
-        self.env.force_sync()?;
+        self.sync()?;
         Ok(())
     }
 
@@ -374,7 +420,46 @@ impl State {
     }
 
     pub fn page_size(&self) -> u64 {
-        u64::from(self.env.unnamed_database_stat().page_size)
+        self.mapping.page_size()
+    }
+
+    /// A read transaction on the applied state, holding the map pinned (`storage::mapping`).
+    pub fn read_txn(&self) -> heed::Result<ReadTxn<'_>> {
+        self.mapping.read_txn(&self.env)
+    }
+
+    /// A write transaction, for offline tools (`keyward migrate`) on an environment opened with
+    /// copied writes, whose map does not need to grow. Apply writes through `apply_batch`.
+    pub fn offline_write_txn(&self) -> heed::Result<heed::RwTxn<'_>> {
+        debug_assert_eq!(self.mapping.writes(), Writes::Copied, "a mapped environment grows in apply only");
+        self.env.write_txn()
+    }
+
+    /// Flushes every commit to disk.
+    pub fn sync(&self) -> heed::Result<()> {
+        let _pin = self.mapping.pin();
+        self.env.force_sync()
+    }
+
+    /// The size of `data.mdb`: with mapped writes, every byte reserved for it.
+    pub fn disk_size(&self) -> heed::Result<u64> {
+        self.env.real_disk_size()
+    }
+
+    /// Writes a copy of the environment to `file`, as `compaction` says (`etcdctl snapshot save`).
+    pub fn copy_to_file(&self, file: &mut File, compaction: heed::CompactionOption) -> heed::Result<()> {
+        let _pin = self.mapping.pin();
+        self.env.copy_to_file(file, compaction).map(drop)
+    }
+
+    /// The environment's directory.
+    pub fn dir(&self) -> &Path {
+        self.env.path()
+    }
+
+    /// How this environment's pages reach its file.
+    pub fn writes(&self) -> Writes {
+        self.mapping.writes()
     }
 
     fn read_meta<T: serde::de::DeserializeOwned>(&self, txn: &heed::RoTxn, name: &[u8]) -> Result<Option<T>, BoxError> {
@@ -382,7 +467,7 @@ impl State {
     }
 
     fn applied_state(&self) -> Result<(Option<LogId>, StoredMembership), BoxError> {
-        let txn = self.env.read_txn()?;
+        let txn = self.read_txn()?;
         let applied = self.read_meta::<Option<LogId>>(&txn, APPLIED)?.flatten();
         let membership = self.read_meta(&txn, MEMBERSHIP)?.unwrap_or_default();
         Ok((applied, membership))
@@ -405,7 +490,15 @@ impl State {
             match self.apply_once(entries) {
                 Ok(results) => return Ok(results),
                 Err(ApplyFailure::Storage(e)) => return Err(e),
-                Err(ApplyFailure::Full(kind)) => {
+                Err(ApplyFailure::Full(mut kind)) => {
+                    if kind == Full::Map {
+                        match self.grow_map(0) {
+                            Ok(true) => continue, // a larger map: apply the batch again
+                            Ok(false) => {}       // at its ceiling
+                            Err(ApplyFailure::Full(disk)) => kind = disk,
+                            Err(ApplyFailure::Storage(e)) => return Err(e),
+                        }
+                    }
                     if self.space.report_full(kind, self.env.path()) {
                         continue; // the ballast is gone: there is room for this batch now
                     }
@@ -425,6 +518,43 @@ impl State {
                     std::thread::sleep(wait);
                     wait = (wait * 2).min(FULL_RETRY_MAX);
                 }
+            }
+        }
+    }
+
+    /// Grows the map of a mapped environment after `MDB_MAP_FULL` (`storage::mapping`), to at least
+    /// `at_least` bytes: false when it cannot grow (copied writes, or at its ceiling); a full disk is
+    /// `Full::Disk`. Call with no write transaction open.
+    fn grow_map(&self, at_least: u64) -> Result<bool, ApplyFailure> {
+        match self.mapping.grow(&self.env, at_least) {
+            Ok(Some(grown)) => {
+                tracing::info!(from = grown.from, to = grown.to, "kv file reservation grown");
+                Ok(true)
+            }
+            Ok(None) => Ok(false),
+            Err(e) => Err(self.write_failure(e)),
+        }
+    }
+
+    /// A write transaction with the snapshot in `path` loaded into it (`load`). A mapped environment
+    /// first grows to hold the old state and the new one side by side (the old pages are freed only
+    /// at the commit), and again whenever the load still finds its map full.
+    fn load_growing(&self, path: &Path, meta: &Meta) -> Result<heed::RwTxn<'_>, BoxError> {
+        if let Some(reserved) = self.mapping.reserved() {
+            let incoming = std::fs::metadata(path)?.len();
+            self.grow_map(reserved.saturating_add(2 * incoming)).map_err(ApplyFailure::into_error)?;
+        }
+        loop {
+            let mut txn = self.env.write_txn()?;
+            match self.load(&mut txn, File::open(path)?, meta) {
+                Ok(()) => return Ok(txn),
+                Err(e) if matches!(e.downcast_ref(), Some(heed::Error::Mdb(heed::MdbError::MapFull))) => {
+                    drop(txn);
+                    if !self.grow_map(0).map_err(ApplyFailure::into_error)? {
+                        return Err(e);
+                    }
+                }
+                Err(e) => return Err(e),
             }
         }
     }
@@ -499,6 +629,9 @@ impl State {
         let committing = std::time::Instant::now();
         txn.commit().map_err(|e| self.write_failure(e))?;
         crate::metrics::BACKEND_COMMIT_SECONDS.observe(committing.elapsed().as_secs_f64());
+        if let Some(grown) = self.mapping.grow_early(&self.env) {
+            tracing::debug!(from = grown.from, to = grown.to, "kv file reservation grown");
+        }
         count_mvcc_ops(entries, &results);
         if let Some(alarms) = alarms {
             *self.active_alarms.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(alarms);
@@ -522,8 +655,8 @@ impl State {
     /// the file, open for reading.
     fn build_snapshot(&self) -> Result<(Meta, File), BoxError> {
         // The log is purged behind a snapshot: everything the snapshot covers must be durable first.
-        self.env.force_sync()?;
-        let txn = self.env.read_txn()?;
+        self.sync()?;
+        let txn = self.read_txn()?;
         let last_log_id = self.read_meta::<Option<LogId>>(&txn, APPLIED)?.flatten();
         let last_membership: StoredMembership = self.read_meta(&txn, MEMBERSHIP)?.unwrap_or_default();
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
@@ -551,15 +684,14 @@ impl State {
             // machine's snapshot): copied in, so that it can become current.
             _ => self.copy_in(file)?,
         };
-        let mut txn = self.env.write_txn()?;
-        self.load(&mut txn, File::open(temp.path())?, meta)?;
+        let txn = self.load_growing(temp.path(), meta)?;
         // Current before the commit: a crash in between leaves a snapshot newer than the applied
         // state, which `open` installs (`install_current_if_newer`); the other order could leave a
         // member whose current snapshot is older than its purged log.
         self.snaps.publish(temp, meta)?;
         txn.commit()?;
         // openraft purges the log behind the snapshot: the installed state must survive a power loss.
-        self.env.force_sync()?;
+        self.sync()?;
         self.rebuild_after_install()
     }
 
@@ -588,16 +720,15 @@ impl State {
     /// At open: a current snapshot newer than the applied state (a crash between making an installed
     /// snapshot current and committing it) is installed again.
     fn install_current_if_newer(&self) -> Result<(), BoxError> {
-        let Some((meta, file)) = self.snaps.current()? else { return Ok(()) };
+        let Some((meta, _)) = self.snaps.current()? else { return Ok(()) };
         let (applied, _) = self.applied_state()?;
         if meta.last_log_id <= applied {
             return Ok(());
         }
         tracing::warn!(snapshot = %meta, "the current snapshot is newer than the applied state: installing it");
-        let mut txn = self.env.write_txn()?;
-        self.load(&mut txn, file, &meta)?;
-        txn.commit()?;
-        self.env.force_sync()?;
+        // Nothing else uses the snap dir while the state opens: the current file stays this one.
+        self.load_growing(&self.snaps.current_path(), &meta)?.commit()?;
+        self.sync()?;
         Ok(())
     }
 
@@ -607,7 +738,7 @@ impl State {
     /// rebuilds the rest (the node's auth state and revision, the lease clock, watchers).
     fn rebuild_after_install(&self) -> Result<(), BoxError> {
         self.auth.cache.clear();
-        let txn = self.env.read_txn()?;
+        let txn = self.read_txn()?;
         self.after_commit(&txn)?;
         let revision = self.kv.view(&txn)?.rev;
         let (auth_enabled, auth_revision) = (self.auth.enabled(&txn)?, self.auth.revision(&txn)?);
@@ -759,7 +890,7 @@ pub(crate) type TableRecords = Vec<Vec<(Vec<u8>, Vec<u8>)>>;
 impl State {
     /// Every table's records, in snapshot order.
     pub(crate) fn table_records(&self) -> TableRecords {
-        let txn = self.env.read_txn().expect("read txn");
+        let txn = self.read_txn().expect("read txn");
         let records = |db: &Db| -> Vec<(Vec<u8>, Vec<u8>)> {
             db.iter(&txn).expect("iter").map(|kv| kv.map(|(k, v)| (k.to_vec(), v.to_vec())).expect("record")).collect()
         };
@@ -844,7 +975,7 @@ mod space_tests {
     }
 
     fn value(state: &State, key: &str) -> Option<Vec<u8>> {
-        let txn = state.env.read_txn().unwrap();
+        let txn = state.read_txn().unwrap();
         let view = state.kv.view(&txn).unwrap();
         let resp = crate::mvcc::kv::range(&view, &RangeRequest { key: key.into(), ..Default::default() }).unwrap();
         resp.kvs.first().map(|kv| kv.value.clone())
@@ -864,7 +995,7 @@ mod space_tests {
         assert!(!full.space.ballast().present(), "the ballast made the room");
         assert!(!full.space.stalled());
         assert_eq!(value(&full, "k"), Some(b"v2".to_vec()));
-        assert_eq!(full.kv.view(&full.env.read_txn().unwrap()).unwrap().rev, 4, "applied exactly once");
+        assert_eq!(full.kv.view(&full.read_txn().unwrap()).unwrap().rev, 4, "applied exactly once");
     }
 
     #[test]
@@ -876,7 +1007,7 @@ mod space_tests {
         assert!(matches!(results[0], Ok(Applied::Put(_))), "{results:?}");
         assert_eq!(state.inject_full.load(std::sync::atomic::Ordering::SeqCst), 0, "both full attempts were retried");
         assert!(!state.space.stalled(), "no longer waiting once applied");
-        assert_eq!(state.kv.view(&state.env.read_txn().unwrap()).unwrap().rev, 2);
+        assert_eq!(state.kv.view(&state.read_txn().unwrap()).unwrap().rev, 2);
     }
 
     #[test]
@@ -963,7 +1094,7 @@ mod space_tests {
             ],
         );
         assert!(setup.iter().all(Result::is_ok), "{setup:?}");
-        let revision = state.auth.revision(&state.env.read_txn().unwrap()).unwrap();
+        let revision = state.auth.revision(&state.read_txn().unwrap()).unwrap();
         let bob = Some(RequestHeader { username: "bob".into(), auth_revision: revision, ..Default::default() });
         let refused = apply(
             &state,
@@ -998,7 +1129,7 @@ mod space_tests {
         apply(&state, 1, puts);
         let full = state.space.in_use();
         assert!(full > empty + 64 * (64 << 10), "{empty} -> {full}");
-        let file = state.env.real_disk_size().unwrap();
+        let file = state.disk_size().unwrap();
         let mut requests: Vec<_> = (0..64).map(|i| delete(&format!("k{i:03}"))).collect();
         requests.push(InternalRaftRequest {
             compaction: Some(CompactionRequest { revision: 129, physical: false }),
@@ -1007,7 +1138,7 @@ mod space_tests {
         apply(&state, 2, requests);
         let after = state.space.in_use();
         assert!(after < full / 4, "compaction frees the pages: {full} -> {after}");
-        assert!(state.env.real_disk_size().unwrap() >= file, "LMDB keeps its file, reusing the pages");
+        assert!(state.disk_size().unwrap() >= file, "LMDB keeps its file, reusing the pages");
     }
 
     #[test]

@@ -78,8 +78,9 @@ impl NewDataDir {
             return Ok(state.clone());
         }
         let (kv, snap) = (self.kv_dir(), self.temp.join("member").join("snap"));
-        let state =
-            StateMachine::open(&kv, &snap).map_err(|e| anyhow!("cannot open the restored database: {e}"))?.state();
+        let state = StateMachine::open_offline(&kv, &snap)
+            .map_err(|e| anyhow!("cannot open the restored database: {e}"))?
+            .state();
         self.state = Some(state.clone());
         Ok(state)
     }

@@ -27,7 +27,7 @@ use crate::proto::etcdserverpb::{
     HashRequest, HashResponse, InternalRaftRequest, MoveLeaderRequest, MoveLeaderResponse, ResponseHeader,
     SnapshotRequest, SnapshotResponse, StatusRequest, StatusResponse,
 };
-use crate::storage::LmdbEnv;
+use crate::raft::state_machine::State;
 
 /// The etcd API version keyward speaks.
 pub const ETCD_API_VERSION: &str = "3.4.0";
@@ -113,7 +113,7 @@ impl Maintenance for MaintenanceService {
     async fn status(&self, request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         self.require_user(&request, "status").await?;
         let metrics = self.node.raft.metrics().borrow().clone();
-        let db_size = self.node.state().env.real_disk_size().unwrap_or(0) as i64;
+        let db_size = self.node.state().disk_size().unwrap_or(0) as i64;
         let leader = self.node.leader();
         // As etcd: "no leader", then each active alarm in Go's text form.
         let mut errors = Vec::new();
@@ -197,7 +197,7 @@ impl Maintenance for MaintenanceService {
         // The state, not only its env: a defragment waits for the copy to end before it swaps.
         let state = self.node.state();
         let (file, total) =
-            tokio::task::spawn_blocking(move || copy_env(&state.env)).await.map_err(|_| EtcdError::Internal)??;
+            tokio::task::spawn_blocking(move || copy_env(&state)).await.map_err(|_| EtcdError::Internal)??;
         let header = self.node.header(0);
         let (tx, rx) = mpsc::channel(SNAPSHOT_QUEUE);
         tokio::task::spawn_blocking(move || send_snapshot(file, total, header, tx));
@@ -227,8 +227,8 @@ fn raw_auth_status(status: Status) -> Status {
 }
 
 /// Where snapshot copies are written: `<data-dir>/member/`, next to the kv environment.
-fn snapshot_dir(env: &LmdbEnv) -> PathBuf {
-    let kv = env.path();
+fn snapshot_dir(state: &State) -> PathBuf {
+    let kv = state.dir();
     kv.parent().unwrap_or(kv).to_path_buf()
 }
 
@@ -238,19 +238,19 @@ fn io_error(err: std::io::Error) -> EtcdError {
 
 /// Copies the environment into an anonymous (already unlinked) file; returns it rewound, with the
 /// number of bytes to stream (the copy, padded to `SNAPSHOT_ALIGN`).
-fn copy_env(env: &LmdbEnv) -> Result<(File, u64), EtcdError> {
+fn copy_env(state: &State) -> Result<(File, u64), EtcdError> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let dir = snapshot_dir(env);
+    let dir = snapshot_dir(state);
     let path = dir.join(format!("snapshot-{}-{}.tmp", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
     let mut file = File::options().read(true).write(true).create_new(true).open(&path).map_err(io_error)?;
     remove_temp(&path);
     let start = Instant::now();
-    if let Err(err) = env.copy_to_file(&mut file, heed::CompactionOption::Enabled) {
+    if let Err(err) = state.copy_to_file(&mut file, heed::CompactionOption::Enabled) {
         // A compacting copy fails if the environment ever leaked a page; a plain copy still works.
         tracing::warn!(error = %err, "compacting snapshot copy failed; copying without compaction");
         file.set_len(0).map_err(io_error)?;
         file.rewind().map_err(io_error)?;
-        env.copy_to_file(&mut file, heed::CompactionOption::Disabled)?;
+        state.copy_to_file(&mut file, heed::CompactionOption::Disabled)?;
     }
     crate::metrics::BACKEND_SNAPSHOT_SECONDS.observe(start.elapsed().as_secs_f64());
     let copied = file.metadata().map_err(io_error)?.len();

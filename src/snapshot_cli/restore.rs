@@ -48,7 +48,7 @@ pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
     // Read every table once: a backup that opens but does not read back is refused here, not by the
     // member that would serve it.
     let (revision, index) = {
-        let txn = state.env.read_txn()?;
+        let txn = state.read_txn()?;
         let revision = state.kv.view(&txn).map_err(|e| anyhow!("snapshot {}: {e}", args.file.display()))?.rev;
         state.hash_all(&txn).map_err(|e| anyhow!("snapshot {}: cannot read it back: {e}", args.file.display()))?;
         let applied = state.applied_log_id().map_err(|e| anyhow!("snapshot {}: {e}", args.file.display()))?;

@@ -52,10 +52,10 @@ pub fn status(path: &std::path::Path) -> anyhow::Result<Status> {
         let mut source = File::open(path).with_context(|| format!("cannot open snapshot {}", path.display()))?;
         std::io::copy(&mut (&mut source).take(checked.db_len), &mut out)?;
         drop(out);
-        let state = StateMachine::open(&kv, &temp.join("snap"))
+        let state = StateMachine::open_offline(&kv, &temp.join("snap"))
             .map_err(|e| anyhow!("snapshot {} is not a keyward backup: {e}", path.display()))?
             .state();
-        let txn = state.env.read_txn()?;
+        let txn = state.read_txn()?;
         let read = |e: crate::error::EtcdError| anyhow!("snapshot {}: {e}", path.display());
         let hash = state.hash_all(&txn).map_err(read)?;
         let revision = state.kv.view(&txn).map_err(read)?.rev;

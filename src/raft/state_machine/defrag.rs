@@ -60,9 +60,14 @@ impl KvEnv {
         self.defragmenting.store(true, Ordering::Relaxed);
         let _in_flight = InFlight(self);
         let state = self.current();
-        let dir = state.env.path().to_path_buf();
-        let before = state.env.real_disk_size()?;
-        if let Err(err) = compacted::prepare(&state.env) {
+        let dir = state.dir().to_path_buf();
+        let before = state.disk_size()?;
+        // Writes are paused, so the map cannot grow meanwhile; pinned all the same, as every reader.
+        let prepared = {
+            let _pin = state.mapping.pin();
+            compacted::prepare(&state.env)
+        };
+        if let Err(err) = prepared {
             compacted::remove_leftovers(&dir)?;
             return Err(err.into());
         }
@@ -91,7 +96,7 @@ impl KvEnv {
             .and_then(|()| State::open(&dir, carried.clone()).map_err(BoxError::from));
         match opened {
             Ok(new) => {
-                let after = new.env.real_disk_size()?;
+                let after = new.disk_size()?;
                 *slot = Some(Arc::new(new));
                 drop(slot);
                 compacted::remove_leftovers(&dir)?;
@@ -183,7 +188,7 @@ mod tests {
         let done = sm.kv.defragment().unwrap();
         assert_eq!(held.join().unwrap(), records.len());
         assert!(done.after * 3 < done.before, "{done:?}");
-        assert_eq!(sm.state().env.real_disk_size().unwrap(), done.after);
+        assert_eq!(sm.state().disk_size().unwrap(), done.after);
         assert_eq!(sm.state().table_records(), records);
         assert_eq!(sm.state().applied_state().unwrap(), applied);
         assert!(!sm.kv.defragmenting());
@@ -204,11 +209,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let sm = mostly_freed(dir.path());
         let records = sm.state().table_records();
-        let size = sm.state().env.real_disk_size().unwrap();
+        let size = sm.state().disk_size().unwrap();
         // The copy cannot be created: a file is in its way.
         std::fs::write(dir.path().join("kv").join(COPY), b"in the way").unwrap();
         assert!(sm.kv.defragment().is_err());
-        assert_eq!(sm.state().env.real_disk_size().unwrap(), size);
+        assert_eq!(sm.state().disk_size().unwrap(), size);
         assert_eq!(sm.state().table_records(), records);
         assert!(sm.state().apply_requests(3, vec![put("after".into(), b"x".to_vec())])[0].is_ok());
         assert!(!dir.path().join("kv").join(COPY).exists() && !dir.path().join("kv").join(OLD).exists());
@@ -218,7 +223,7 @@ mod tests {
     fn a_read_longer_than_the_drain_deadline_fails_the_defragment_and_changes_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let sm = mostly_freed(dir.path());
-        let (records, size) = (sm.state().table_records(), sm.state().env.real_disk_size().unwrap());
+        let (records, size) = (sm.state().table_records(), sm.state().disk_size().unwrap());
         let reader = sm.state();
         let held = std::thread::spawn(move || {
             std::thread::sleep(DRAIN_DEADLINE * 3);
@@ -227,7 +232,7 @@ mod tests {
         let err = sm.kv.defragment().unwrap_err();
         assert!(err.to_string().contains("did not finish"), "{err}");
         assert_eq!(held.join().unwrap(), records, "the long read saw the old environment throughout");
-        assert_eq!(sm.state().env.real_disk_size().unwrap(), size);
+        assert_eq!(sm.state().disk_size().unwrap(), size);
         assert_eq!(sm.state().table_records(), records);
         assert!(sm.state().apply_requests(3, vec![put("after".into(), b"x".to_vec())])[0].is_ok());
         assert!(!dir.path().join("kv").join(COPY).exists() && !dir.path().join("kv").join(OLD).exists());

@@ -120,7 +120,7 @@ fn temp_files(dir: &Path) -> Vec<String> {
 }
 
 fn may_read(state: &State, key: &[u8]) -> bool {
-    let txn = state.env.read_txn().unwrap();
+    let txn = state.read_txn().unwrap();
     let authz = Authorizer::new(&state.auth, &txn).unwrap();
     let alice = Requester::client("alice".into(), authz.revision());
     authz.check(&alice, "range", Access::Read, &KeyRange::new(key, b"")).is_ok()
@@ -165,7 +165,7 @@ async fn an_install_rebuilds_everything_derived_from_the_applied_state() {
     let bulk = (0..64).map(|i| as_member(put(format!("bulk/{i}").as_bytes(), &[1; 16 << 10], 0))).collect();
     apply(&dst, 2, bulk);
     apply(&dst, 3, vec![as_member(grant(9, 30)), alarm(7)]);
-    let revision_of = |state: &State| state.auth.revision(&state.env.read_txn().unwrap()).unwrap();
+    let revision_of = |state: &State| state.auth.revision(&state.read_txn().unwrap()).unwrap();
     let auth_revision = revision_of(&src);
     assert_eq!(revision_of(&dst), auth_revision, "same auth revision, different permissions");
 
@@ -191,7 +191,7 @@ async fn an_install_rebuilds_everything_derived_from_the_applied_state() {
     assert_eq!(alarms, [42]);
     let reported = dst.space.in_use();
     assert!(reported < size_before / 2, "{size_before} -> {reported}");
-    dst.refresh_size_in_use(&dst.env.read_txn().unwrap()).unwrap();
+    dst.refresh_size_in_use(&dst.read_txn().unwrap()).unwrap();
     assert_eq!(dst.space.in_use(), reported, "the size in use was measured on the installed state");
     assert_eq!(simple.info("issued-before.1"), None, "issued before alice's credentials in the installed state");
     assert_eq!(simple.info("ghost.3"), None, "the installed state has no such user");
@@ -201,7 +201,7 @@ async fn an_install_rebuilds_everything_derived_from_the_applied_state() {
     let [told] = &observed[..] else { panic!("one notice of the install: {observed:?}") };
     let installed = told.installed.as_ref().expect("an install, not a batch");
     assert_eq!(installed.leases, [(7, LeaseRecord { ttl: 60, remaining_ttl: 20 })]);
-    let src_txn = src.env.read_txn().unwrap();
+    let src_txn = src.read_txn().unwrap();
     assert_eq!(told.revision, src.kv.view(&src_txn).unwrap().rev);
     assert!(told.auth_enabled);
     assert_eq!(told.auth_revision, auth_revision);

@@ -1,0 +1,148 @@
+//! The kv environment with mapped writes (`storage::mapping`): the map grows with the data, never
+//! past the blocks allocated to the file, and never while a reader holds it.
+
+use std::os::unix::fs::MetadataExt;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use super::snapshot_tests::put;
+use super::*;
+use crate::proto::etcdserverpb::InternalRaftRequest;
+use crate::storage::mapping::MIN_RESERVE;
+
+fn open_mapped(dir: &Path) -> Arc<State> {
+    let space = Arc::new(Space::without_ballast());
+    StateMachine::open_writing(&dir.join("kv"), &dir.join("snap"), space, Some(Writes::Mapped)).expect("open").state()
+}
+
+/// `data.mdb`'s length, and the bytes of blocks allocated to it.
+fn file_and_blocks(state: &State) -> (u64, u64) {
+    let meta = std::fs::metadata(state.dir().join("data.mdb")).unwrap();
+    (meta.len(), meta.blocks() * 512)
+}
+
+/// Asserts that the map is the reservation, the file is as long as the map, and no byte of the file
+/// is a hole: LMDB cannot write a page that has no block.
+fn assert_fully_reserved(state: &State) -> u64 {
+    let reserved = state.mapping.reserved().expect("mapped writes");
+    let (len, blocks) = file_and_blocks(state);
+    assert_eq!(state.env.info().map_size as u64, reserved, "the map is the reservation");
+    assert_eq!(len, reserved, "the file is as long as the map");
+    assert!(blocks >= len, "{} bytes of the file have no block", len - blocks);
+    reserved
+}
+
+/// `n` puts of `value_bytes` each, keys `{prefix}{i}`.
+fn puts(prefix: &str, n: usize, value_bytes: usize) -> Vec<InternalRaftRequest> {
+    let value = vec![b'v'; value_bytes];
+    (0..n).map(|i| put(format!("{prefix}{i:05}").as_bytes(), &value, 0)).collect()
+}
+
+fn revision(state: &State) -> i64 {
+    state.kv.view(&state.read_txn().unwrap()).unwrap().rev
+}
+
+#[test]
+fn the_map_grows_with_the_data_and_every_byte_of_it_has_a_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = open_mapped(dir.path());
+    assert_eq!(state.writes(), Writes::Mapped);
+    assert_eq!(assert_fully_reserved(&state), MIN_RESERVE, "a new environment starts at the minimum");
+
+    // Batches of 1 MiB: the reservation grows ahead of them, after commits.
+    for index in 1..=24 {
+        let results = state.apply_requests(index, puts(&format!("a{index:02}/"), 64, 16 << 10));
+        assert!(results.iter().all(Result::is_ok));
+        assert_fully_reserved(&state);
+    }
+    let before_big = assert_fully_reserved(&state);
+    assert!(before_big >= 24 << 20, "{before_big}");
+
+    // One batch larger than the room left: MDB_MAP_FULL, the map grows, the batch runs again, once.
+    let rev = revision(&state);
+    let results = state.apply_requests(25, puts("big/", 48, 1 << 20));
+    assert!(results.iter().all(Result::is_ok));
+    assert_eq!(revision(&state), rev + 48, "applied exactly once");
+    let after_big = assert_fully_reserved(&state);
+    assert!(after_big >= before_big + (48 << 20), "{before_big} -> {after_big}");
+
+    // Reopened, the reservation starts at the file's size and the data is all there.
+    drop(state);
+    let state = open_mapped(dir.path());
+    assert_eq!(assert_fully_reserved(&state), after_big);
+    assert_eq!(revision(&state), rev + 48);
+    let txn = state.read_txn().unwrap();
+    let view = state.kv.view(&txn).unwrap();
+    let range = crate::proto::etcdserverpb::RangeRequest {
+        key: b"big/".to_vec(),
+        range_end: b"big0".to_vec(),
+        count_only: true,
+        ..Default::default()
+    };
+    assert_eq!(crate::mvcc::kv::range(&view, &range).unwrap().count, 48);
+}
+
+#[test]
+fn a_remap_waits_for_the_reader_holding_the_map() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = open_mapped(dir.path());
+    state.apply_requests(1, vec![put(b"k", b"before", 0)]);
+    let reserved = assert_fully_reserved(&state);
+
+    let (held, hold) = (mpsc::channel(), mpsc::channel::<()>());
+    let reader = {
+        let state = state.clone();
+        std::thread::spawn(move || {
+            let txn = state.read_txn().unwrap();
+            let view = state.kv.view(&txn).unwrap();
+            let req = crate::proto::etcdserverpb::RangeRequest { key: b"k".to_vec(), ..Default::default() };
+            let before = crate::mvcc::kv::range(&view, &req).unwrap();
+            held.0.send(()).unwrap();
+            hold.1.recv().unwrap();
+            // Still the snapshot this transaction began on, read from a map that did not move.
+            assert_eq!(crate::mvcc::kv::range(&view, &req).unwrap(), before);
+            before.kvs[0].value.clone()
+        })
+    };
+    held.1.recv().unwrap();
+
+    // A batch that needs a larger map: it must wait for the reader before remapping.
+    let (applied, done) = mpsc::channel();
+    let writer = {
+        let state = state.clone();
+        std::thread::spawn(move || {
+            let mut requests = vec![put(b"k", b"after", 0)];
+            requests.extend(puts("fill/", 8, 1 << 20));
+            state.apply_requests(2, requests);
+            applied.send(()).unwrap();
+        })
+    };
+    assert_eq!(
+        done.recv_timeout(Duration::from_millis(300)),
+        Err(mpsc::RecvTimeoutError::Timeout),
+        "the map was remapped under a reader"
+    );
+    assert_eq!(state.mapping.reserved(), Some(reserved));
+    hold.0.send(()).unwrap();
+    assert_eq!(reader.join().unwrap(), b"before");
+    done.recv().unwrap();
+    writer.join().unwrap();
+    assert!(assert_fully_reserved(&state) > reserved);
+    let txn = state.read_txn().unwrap();
+    let req = crate::proto::etcdserverpb::RangeRequest { key: b"k".to_vec(), ..Default::default() };
+    assert_eq!(crate::mvcc::kv::range(&state.kv.view(&txn).unwrap(), &req).unwrap().kvs[0].value, b"after");
+}
+
+#[test]
+fn a_snapshot_larger_than_the_map_installs_into_a_mapped_environment() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let source = open_mapped(a.path());
+    for index in 1..=4 {
+        source.apply_requests(index, puts(&format!("s{index}/"), 16, 1 << 20));
+    }
+    let target = open_mapped(b.path());
+    assert_eq!(assert_fully_reserved(&target), MIN_RESERVE);
+    target.install_snapshot_of(&source).expect("install");
+    assert!(assert_fully_reserved(&target) >= 64 << 20);
+    assert_eq!(target.table_records(), source.table_records());
+}

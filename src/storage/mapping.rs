@@ -1,0 +1,246 @@
+//! How the kv environment's file is written, and when its map may be touched.
+//!
+//! **Mapped writes.** By default LMDB copies each page a transaction dirties into a buffer and writes
+//! it to the file with `pwrite` at commit. Under a put load that is about a fifth of the member's CPU
+//! (`docs/performance.md`). With `MDB_WRITEMAP` a transaction writes the mapped pages in place.
+//!
+//! The catch is what a full disk does then. LMDB sizes the file to the whole map, and the blocks
+//! behind pages never written are not allocated. Writing such a page on a full disk raises `SIGBUS`
+//! in the writing thread (apply) instead of returning `ENOSPC`, and the entry would kill the member
+//! again at every replay. So here the map is exactly as large as the blocks reserved for the file
+//! (`fallocate`): LMDB cannot touch a page without an allocated block. A transaction that needs more
+//! gets `MDB_MAP_FULL`, an error. The writer aborts it, reserves more (`ENOSPC` there takes the
+//! ordinary disk-full path, `space.rs`), remaps, and runs the transaction again.
+//!
+//! This holds only where writing an allocated block cannot fail for want of space: ext4 and tmpfs.
+//! On copy-on-write file systems (btrfs, ZFS, XFS with shared extents) a reserved block may still
+//! need a new one when written, so there the environment is written with `pwrite`, as before.
+//!
+//! **The pin.** A remap may move the map. Every reader of the map (a read transaction, a copy, a
+//! sync) holds the pin shared. A remap holds it exclusively. Only the writer remaps, between two of
+//! its write transactions.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::ops::Deref;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use heed::{RoTxn, WithoutTls};
+use rustix::fs::FallocateFlags;
+
+use super::LmdbEnv;
+
+/// The first reservation of a new environment, and the smallest step by which one grows.
+pub const MIN_RESERVE: u64 = 4 << 20;
+/// Reservations are whole multiples of this.
+const GRANULE: u64 = 1 << 20;
+/// After a commit, the reservation grows once pages past this share of it are in use, so that a
+/// batch rarely meets `MDB_MAP_FULL` and has to run twice.
+const GROW_EARLY_AT: (u64, u64) = (3, 4);
+
+const EXT4_SUPER_MAGIC: i64 = 0xEF53;
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// How an environment's pages reach its file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Writes {
+    /// Copied and written with `pwrite` at commit; the map is address space only.
+    Copied,
+    /// Written in place in the map (`MDB_WRITEMAP`), which never exceeds the reserved blocks.
+    Mapped,
+}
+
+impl Writes {
+    /// `Mapped` where the file system of `dir` writes reserved blocks in place and reserves blocks
+    /// (checked by reserving one in a scratch file), else `Copied`.
+    pub fn for_dir(dir: &Path) -> Writes {
+        // `f_type`'s integer type differs between architectures.
+        #[allow(clippy::unnecessary_cast)]
+        let in_place = rustix::fs::statfs(dir)
+            .map(|fs| matches!(fs.f_type as i64, EXT4_SUPER_MAGIC | TMPFS_MAGIC))
+            .unwrap_or(false);
+        if in_place && can_reserve(dir) {
+            Writes::Mapped
+        } else {
+            Writes::Copied
+        }
+    }
+}
+
+/// Whether `fallocate` works in `dir` (ext2 and ext3 share ext4's magic but refuse it).
+fn can_reserve(dir: &Path) -> bool {
+    let probe = dir.join("data.mdb.reserve-probe");
+    let reserved = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&probe)
+        .and_then(|file| Ok(rustix::fs::fallocate(&file, FallocateFlags::empty(), 0, 4096)?));
+    let _ = std::fs::remove_file(&probe);
+    reserved.is_ok()
+}
+
+/// Allocates the blocks of `file` up to `bytes` (and its length, if shorter).
+fn allocate(file: &File, bytes: u64) -> io::Result<()> {
+    Ok(rustix::fs::fallocate(file, FallocateFlags::empty(), 0, bytes)?)
+}
+
+/// The first reservation for an environment whose file holds `existing` bytes.
+pub fn initial_reserve(existing: u64) -> u64 {
+    round_up(existing.max(MIN_RESERVE))
+}
+
+fn round_up(bytes: u64) -> u64 {
+    bytes.div_ceil(GRANULE).saturating_mul(GRANULE)
+}
+
+/// Allocates the blocks of `<dir>/data.mdb` for the whole of `env`'s map, right after LMDB opened it
+/// with `MDB_WRITEMAP` (which sized the file to the map) and before any transaction writes a page.
+pub fn reserve_opened(dir: &Path, env: &LmdbEnv) -> io::Result<()> {
+    let file = OpenOptions::new().write(true).open(dir.join("data.mdb"))?;
+    allocate(&file, env.info().map_size as u64)
+}
+
+/// The pin and, for mapped writes, the reservation of one open environment.
+pub struct Mapping {
+    pin: RwLock<()>,
+    reserve: Option<Reserve>,
+    page_size: u64,
+}
+
+struct Reserve {
+    /// `data.mdb`, to allocate its blocks.
+    file: File,
+    /// The map's size: every block below it is allocated.
+    reserved: AtomicU64,
+    /// The most the map may grow to (`space::map_size`); past it, `MDB_MAP_FULL` stands.
+    ceiling: u64,
+}
+
+/// A growth of the reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grown {
+    pub from: u64,
+    pub to: u64,
+}
+
+/// The map pinned: it cannot move while this is held.
+pub type Pin<'a> = RwLockReadGuard<'a, ()>;
+
+/// A read transaction that holds the map pinned for as long as it lives.
+pub struct ReadTxn<'a> {
+    // Declared first: dropped (ended) before the pin is released.
+    txn: RoTxn<'a, WithoutTls>,
+    _pin: Pin<'a>,
+}
+
+impl<'a> Deref for ReadTxn<'a> {
+    type Target = RoTxn<'a, WithoutTls>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.txn
+    }
+}
+
+impl Mapping {
+    /// The mapping of `env`, opened at `dir` with `writes`; `ceiling` bounds a mapped reservation.
+    pub fn new(dir: &Path, env: &LmdbEnv, writes: Writes, ceiling: u64) -> io::Result<Mapping> {
+        let reserve = match writes {
+            Writes::Copied => None,
+            Writes::Mapped => Some(Reserve {
+                file: OpenOptions::new().write(true).open(dir.join("data.mdb"))?,
+                reserved: AtomicU64::new(env.info().map_size as u64),
+                ceiling: ceiling.max(env.info().map_size as u64),
+            }),
+        };
+        let page_size = u64::from(env.unnamed_database_stat().page_size);
+        Ok(Mapping { pin: RwLock::new(()), reserve, page_size })
+    }
+
+    /// LMDB's page size for this environment.
+    pub fn page_size(&self) -> u64 {
+        self.page_size
+    }
+
+    pub fn writes(&self) -> Writes {
+        match self.reserve {
+            Some(_) => Writes::Mapped,
+            None => Writes::Copied,
+        }
+    }
+
+    /// Pins the map; for anything but a read transaction that reads it (a copy, a sync, a stat).
+    pub fn pin(&self) -> Pin<'_> {
+        self.pin.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Begins a read transaction on `env` (the environment of this mapping), with the map pinned.
+    pub fn read_txn<'a>(&'a self, env: &'a LmdbEnv) -> heed::Result<ReadTxn<'a>> {
+        let pin = self.pin();
+        Ok(ReadTxn { txn: env.read_txn()?, _pin: pin })
+    }
+
+    /// Bytes reserved for the file (the map's size), for mapped writes.
+    pub fn reserved(&self) -> Option<u64> {
+        self.reserve.as_ref().map(|r| r.reserved.load(Ordering::Acquire))
+    }
+
+    /// After `MDB_MAP_FULL`: reserves more, at least `at_least` bytes in all, and remaps. `Ok(None)`
+    /// when the map cannot grow here (copied writes, or the reservation is at its ceiling); `ENOSPC`
+    /// (`heed::Error::Io`) when the disk has no room. Only the writer calls this, with none of its
+    /// write transactions open. It waits for the readers in flight (a `snapshot save` copy holds the
+    /// pin for its whole length).
+    pub fn grow(&self, env: &LmdbEnv, at_least: u64) -> heed::Result<Option<Grown>> {
+        self.grow_with(env, at_least, |pin| Some(pin.write().unwrap_or_else(PoisonError::into_inner)))
+    }
+
+    /// After a commit: grows the reservation ahead of need once most of it is in use, unless a reader
+    /// holds the map (then a later commit tries again). A failure is left to the next
+    /// `MDB_MAP_FULL`, which reports it.
+    pub fn grow_early(&self, env: &LmdbEnv) -> Option<Grown> {
+        let reserved = self.reserved()?;
+        let used = (env.info().last_page_number as u64 + 1) * self.page_size;
+        if used * GROW_EARLY_AT.1 < reserved * GROW_EARLY_AT.0 {
+            return None;
+        }
+        self.grow_with(env, 0, |pin| pin.try_write().ok()).ok().flatten()
+    }
+
+    fn grow_with<'a>(
+        &'a self,
+        env: &LmdbEnv,
+        at_least: u64,
+        remapping: impl FnOnce(&'a RwLock<()>) -> Option<RwLockWriteGuard<'a, ()>>,
+    ) -> heed::Result<Option<Grown>> {
+        let Some(reserve) = &self.reserve else { return Ok(None) };
+        let from = reserve.reserved.load(Ordering::Acquire);
+        if from >= reserve.ceiling {
+            return Ok(None);
+        }
+        // A quarter more (at least `MIN_RESERVE`); nearer a full disk, as little as one granule.
+        let mut step = round_up((from / 4).max(MIN_RESERVE).max(at_least.saturating_sub(from)));
+        let to = loop {
+            let to = (from + step).min(reserve.ceiling);
+            match allocate(&reserve.file, to) {
+                Ok(()) => break to,
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error()) && step > GRANULE => {
+                    step = round_up(step / 2);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        // Blocks past the map are allocated but unused until the remap: harmless if it never comes.
+        let Some(_remapping) = remapping(&self.pin) else { return Ok(None) };
+        // SAFETY: LMDB requires that no transaction of this process is open during a remap. Every read
+        // transaction and every other access to the map holds the pin, held exclusively here; the
+        // only writer is the caller, between its transactions.
+        #[allow(unsafe_code)]
+        unsafe {
+            env.resize(to as usize)?
+        };
+        reserve.reserved.store(to, Ordering::Release);
+        Ok(Some(Grown { from, to }))
+    }
+}
