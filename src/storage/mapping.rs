@@ -27,10 +27,12 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use heed::{RoTxn, WithoutTls};
+use heed::{Env, RoTxn, WithoutTls};
 use rustix::fs::FallocateFlags;
 
-use super::LmdbEnv;
+/// `storage::LmdbEnv`, named here so that this module does not import its parent, which opens
+/// environments with it.
+type LmdbEnv = Env<WithoutTls>;
 
 /// The first reservation of a new environment, and the smallest step by which one grows.
 pub const MIN_RESERVE: u64 = 4 << 20;
