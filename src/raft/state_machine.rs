@@ -630,7 +630,7 @@ impl State {
         txn.commit().map_err(|e| self.write_failure(e))?;
         crate::metrics::BACKEND_COMMIT_SECONDS.observe(committing.elapsed().as_secs_f64());
         if let Some(grown) = self.mapping.grow_early(&self.env) {
-            tracing::debug!(from = grown.from, to = grown.to, "kv file reservation grown");
+            tracing::info!(from = grown.from, to = grown.to, "kv file reservation grown ahead of need");
         }
         count_mvcc_ops(entries, &results);
         if let Some(alarms) = alarms {
