@@ -294,12 +294,9 @@ impl State {
         let existing = std::fs::metadata(kv_dir.join("data.mdb")).map_or(0, |m| m.len());
         let ceiling = crate::space::map_size(carried.space.quota(), existing);
         crate::data_dir::create_private_dir(kv_dir)?;
-        let writes = carried.writes.unwrap_or_else(|| Writes::for_dir(kv_dir));
-        let map_size = match writes {
-            Writes::Copied => ceiling,
-            Writes::Mapped => mapping::initial_reserve(existing).min(ceiling as u64) as usize,
-        };
-        let (env, dbs) = storage::open_with(kv_dir, names, storage::Durability::Deferred, writes, map_size)?;
+        let wanted = carried.writes.unwrap_or_else(|| Writes::for_dir(kv_dir));
+        let (writes, map_size) = mapping::plan(kv_dir, wanted, existing, ceiling as u64)?;
+        let (env, dbs) = storage::open_with(kv_dir, names, storage::Durability::Deferred, writes, map_size as usize)?;
         let mapping = Mapping::new(kv_dir, &env, writes, ceiling as u64)?;
         tracing::info!(dir = %kv_dir.display(), ?writes, reserved = mapping.reserved(), "kv environment opened");
         let [live, revs, index, kv_meta, leases, lease_keys, users, roles, auth_meta, alarms, long_keys, meta] = dbs;

@@ -94,6 +94,37 @@ pub fn initial_reserve(existing: u64) -> u64 {
     round_up(existing.max(MIN_RESERVE))
 }
 
+/// How to open the environment in `dir` whose `data.mdb` holds `existing` bytes (0: none yet), when
+/// `wanted` says how it should be written: the way, and the map size (at most `ceiling`). For mapped
+/// writes to an existing file its first reservation is allocated here, before LMDB maps it; with no
+/// room for it (a member restarting on a full disk) the environment is written with copied writes
+/// instead, which need no room to open and serve reads, until a restart finds room. A new file is
+/// reserved once LMDB has created it (`reserve_opened`).
+pub fn plan(dir: &Path, wanted: Writes, existing: u64, ceiling: u64) -> io::Result<(Writes, u64)> {
+    let reserve = initial_reserve(existing).min(ceiling);
+    if wanted == Writes::Copied || existing == 0 {
+        return Ok((wanted, if wanted == Writes::Copied { ceiling } else { reserve }));
+    }
+    let file = OpenOptions::new().write(true).open(dir.join("data.mdb"))?;
+    match allocate(&file, reserve) {
+        Ok(()) => Ok((Writes::Mapped, reserve)),
+        Err(e) if is_disk_full(&e) => {
+            tracing::warn!(
+                dir = %dir.display(),
+                reserve,
+                "no room to reserve the kv file for mapped writes: written with pwrite until a restart finds room"
+            );
+            Ok((Writes::Copied, ceiling))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn is_disk_full(e: &io::Error) -> bool {
+    let full = [rustix::io::Errno::NOSPC.raw_os_error(), rustix::io::Errno::DQUOT.raw_os_error()];
+    e.raw_os_error().is_some_and(|code| full.contains(&code))
+}
+
 fn round_up(bytes: u64) -> u64 {
     bytes.div_ceil(GRANULE).saturating_mul(GRANULE)
 }
@@ -227,7 +258,7 @@ impl Mapping {
             let to = (from + step).min(reserve.ceiling);
             match allocate(&reserve.file, to) {
                 Ok(()) => break to,
-                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error()) && step > GRANULE => {
+                Err(e) if is_disk_full(&e) && step > GRANULE => {
                     step = round_up(step / 2);
                 }
                 Err(e) => return Err(e.into()),
@@ -244,5 +275,77 @@ impl Mapping {
         };
         reserve.reserved.store(to, Ordering::Release);
         Ok(Some(Grown { from, to }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::process::Command;
+
+    use super::*;
+
+    /// A tmpfs of `size` mounted at a temp dir, unmounted on drop; `None` where mounting is not
+    /// allowed (not root), and the test returns early.
+    struct SmallDisk(tempfile::TempDir);
+
+    impl SmallDisk {
+        fn mount(size: &str) -> Option<SmallDisk> {
+            let dir = tempfile::tempdir().unwrap();
+            let mounted = Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
+                .arg(dir.path())
+                .output()
+                .is_ok_and(|out| out.status.success());
+            if !mounted {
+                eprintln!("skipping: cannot mount a tmpfs (needs root)");
+            }
+            mounted.then_some(SmallDisk(dir))
+        }
+
+        fn path(&self) -> &Path {
+            self.0.path()
+        }
+    }
+
+    impl Drop for SmallDisk {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
+        }
+    }
+
+    /// Writes `path` until the file system is full.
+    fn fill(path: &Path) {
+        let mut file = std::fs::File::create(path).unwrap();
+        let chunk = vec![1u8; 64 << 10];
+        while file.write_all(&chunk).is_ok() {}
+    }
+
+    #[test]
+    fn an_existing_file_without_room_for_its_reservation_is_opened_with_copied_writes() {
+        let Some(disk) = SmallDisk::mount("16m") else { return };
+        assert_eq!(Writes::for_dir(disk.path()), Writes::Mapped, "tmpfs writes reserved blocks in place");
+        // A file left by copied writes: shorter than a reservation, not a whole number of granules.
+        std::fs::write(disk.path().join("data.mdb"), vec![7u8; 1_500_000]).unwrap();
+        fill(&disk.path().join("filler"));
+        let ceiling = 1 << 30;
+
+        let (writes, map_size) =
+            plan(disk.path(), Writes::Mapped, 1_500_000, ceiling).expect("a full disk is no error");
+        assert_eq!((writes, map_size), (Writes::Copied, ceiling));
+        assert_eq!(std::fs::metadata(disk.path().join("data.mdb")).unwrap().len(), 1_500_000, "the file is as it was");
+
+        // With room again, the same file is reserved for mapped writes.
+        std::fs::remove_file(disk.path().join("filler")).unwrap();
+        assert_eq!(plan(disk.path(), Writes::Mapped, 1_500_000, ceiling).unwrap(), (Writes::Mapped, MIN_RESERVE));
+        let meta = std::fs::metadata(disk.path().join("data.mdb")).unwrap();
+        assert_eq!(meta.len(), MIN_RESERVE);
+        assert!(std::os::unix::fs::MetadataExt::blocks(&meta) * 512 >= MIN_RESERVE);
+    }
+
+    #[test]
+    fn other_file_systems_get_copied_writes() {
+        // /proc is neither ext4 nor tmpfs.
+        assert_eq!(Writes::for_dir(Path::new("/proc")), Writes::Copied);
     }
 }
