@@ -90,7 +90,7 @@ fn allocate(file: &File, bytes: u64) -> io::Result<()> {
 }
 
 /// The first reservation for an environment whose file holds `existing` bytes.
-pub fn initial_reserve(existing: u64) -> u64 {
+fn initial_reserve(existing: u64) -> u64 {
     round_up(existing.max(MIN_RESERVE))
 }
 
@@ -102,8 +102,10 @@ pub fn initial_reserve(existing: u64) -> u64 {
 /// reserved once LMDB has created it (`reserve_opened`).
 pub fn plan(dir: &Path, wanted: Writes, existing: u64, ceiling: u64) -> io::Result<(Writes, u64)> {
     let reserve = initial_reserve(existing).min(ceiling);
-    if wanted == Writes::Copied || existing == 0 {
-        return Ok((wanted, if wanted == Writes::Copied { ceiling } else { reserve }));
+    match wanted {
+        Writes::Copied => return Ok((Writes::Copied, ceiling)),
+        Writes::Mapped if existing == 0 => return Ok((Writes::Mapped, reserve)),
+        Writes::Mapped => {}
     }
     let file = OpenOptions::new().write(true).open(dir.join("data.mdb"))?;
     match allocate(&file, reserve) {
