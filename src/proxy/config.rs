@@ -257,6 +257,12 @@ mod tests {
         assert_eq!(config.connections, ConnectionLimits { max_concurrent_streams: u32::MAX, ..Default::default() });
     }
 
+    /// Asserts that `args` are refused with an error that says `why`.
+    fn refused(args: &[&str], why: &str) {
+        let err = parse(args).unwrap_err();
+        assert!(err.contains(why), "{args:?}: {err:?} lacks {why:?}");
+    }
+
     #[test]
     fn connection_bounds_are_checked_as_a_members() {
         let bounds =
@@ -264,10 +270,6 @@ mod tests {
         let config = parse(&bounds).unwrap();
         assert_eq!(config.connections.max_connections, 5);
         assert_eq!(config.connections.idle_timeout, std::time::Duration::from_secs(90));
-        let refused = |args: &[&str], why: &str| {
-            let err = parse(args).unwrap_err();
-            assert!(err.contains(why), "{args:?}: {err:?} lacks {why:?}");
-        };
         refused(&["--max-client-connections", "0"], "must be at least 1");
         refused(&["--client-idle-timeout", "0s"], "--client-idle-timeout must be above 0");
         refused(&["--client-idle-timeout", "10s", "--grpc-keepalive-interval", "9s"], "must be above --grpc-keepalive");
@@ -284,10 +286,6 @@ mod tests {
 
     #[test]
     fn inconsistent_flags_are_refused() {
-        let refused = |args: &[&str], why: &str| {
-            let err = parse(args).unwrap_err();
-            assert!(err.contains(why), "{args:?}: {err:?} lacks {why:?}");
-        };
         refused(&["--endpoints", "https://127.0.0.1:2379"], "need --cacert");
         refused(&["--cert", "c.pem"], "--cert and --key go together");
         refused(&["--cert", "c.pem", "--key", "k.pem"], "TLS endpoints need --cacert");
