@@ -150,6 +150,9 @@ struct Reserve {
     file: File,
     /// The map's size: every block below it is allocated.
     reserved: AtomicU64,
+    /// Bytes allocated to the file: ahead of `reserved` when a growth allocated and then found a
+    /// reader holding the map (`grow_early`), so the next try does not allocate again.
+    allocated: AtomicU64,
     /// The most the map may grow to (`space::map_size`); past it, `MDB_MAP_FULL` stands.
     ceiling: u64,
 }
@@ -187,6 +190,7 @@ impl Mapping {
             Writes::Mapped => Some(Reserve {
                 file: OpenOptions::new().write(true).open(dir.join("data.mdb"))?,
                 reserved: AtomicU64::new(env.info().map_size as u64),
+                allocated: AtomicU64::new(env.info().map_size as u64),
                 ceiling: ceiling.max(env.info().map_size as u64),
             }),
         };
@@ -258,15 +262,22 @@ impl Mapping {
         let mut step = round_up((from / 4).max(MIN_RESERVE).max(at_least.saturating_sub(from)));
         let to = loop {
             let to = (from + step).min(reserve.ceiling);
+            if to <= reserve.allocated.load(Ordering::Acquire) {
+                break to;
+            }
             match allocate(&reserve.file, to) {
-                Ok(()) => break to,
+                Ok(()) => {
+                    reserve.allocated.fetch_max(to, Ordering::AcqRel);
+                    break to;
+                }
                 Err(e) if is_disk_full(&e) && step > GRANULE => {
                     step = round_up(step / 2);
                 }
                 Err(e) => return Err(e.into()),
             }
         };
-        // Blocks past the map are allocated but unused until the remap: harmless if it never comes.
+        // Blocks past the map are allocated but unused until the remap: harmless if it never comes,
+        // and not allocated again by the next try (`allocated`).
         let Some(_remapping) = remapping(&self.pin) else { return Ok(None) };
         // SAFETY: LMDB requires that no transaction of this process is open during a remap. Every read
         // transaction and every other access to the map holds the pin, held exclusively here; the
