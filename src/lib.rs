@@ -8,6 +8,7 @@
 #![deny(unsafe_code)] // the one exception is opening LMDB, in storage.rs
 
 pub mod alarm;
+pub mod answers;
 pub mod apply;
 pub mod audit;
 pub mod auth;

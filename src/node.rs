@@ -288,8 +288,9 @@ impl Node {
         let logged = raft.metrics().borrow().last_log_index;
         let seed =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let proposer = Proposer::start(raft_thread.handle(), raft.clone(), config.max_request_bytes)?;
         let node = Arc::new_cyclic(|me: &std::sync::Weak<Node>| Node {
-            proposer: Proposer::start(raft_thread.handle(), raft.clone(), config.max_request_bytes),
+            proposer,
             read_rounds: read_rounds::ReadRounds::new({
                 let me = me.clone();
                 Box::new(move || {

@@ -4,8 +4,12 @@
 //! stream task. The connection task, woken by the first of them, would write that one response at
 //! once (tokio runs a task woken by the running one next), paying a `writev` and a client-side read
 //! per response. Before writing, a connection lets the tasks already waiting to run go first (one
-//! yield): the responses they finish join the same write. Alone, a response waits for nothing but
-//! that yield.
+//! yield): the responses they finish join the same write.
+//!
+//! It gives way only while answers are on their way to other handlers (`answers.rs`). A response
+//! finished alone goes out at once: a task that wakes itself is queued as work another worker may
+//! steal, and tokio wakes a parked worker for it, which with one client cost a futex or eventfd
+//! wake-up for nothing on every response.
 
 use std::io;
 use std::pin::Pin;
@@ -14,22 +18,31 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
 
-/// A connection whose writes wait for one turn of the scheduler first.
+use crate::answers::{Answers, ANSWERS};
+
+/// A connection whose writes wait for one turn of the scheduler first while answers are on their way.
 pub struct Coalesced<T> {
     io: T,
     /// This write already gave way once: the next attempt goes to the socket.
     yielded: bool,
+    answers: &'static Answers,
 }
 
 impl<T> Coalesced<T> {
     pub fn new(io: T) -> Coalesced<T> {
-        Coalesced { io, yielded: false }
+        Coalesced::watching(io, &ANSWERS)
     }
 
-    /// `Pending` once per write, with this task woken again behind the tasks ready to run (a task
-    /// that wakes itself is queued last); `Ready` the second time.
+    /// Gives way while `answers` has some on their way.
+    fn watching(io: T, answers: &'static Answers) -> Coalesced<T> {
+        Coalesced { io, yielded: false, answers }
+    }
+
+    /// `Pending` once per write while answers are on their way, with this task woken again behind the
+    /// tasks ready to run (a task that wakes itself is queued last); `Ready` the second time, and at
+    /// once when no answer is on its way.
     fn give_way(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.yielded {
+        if self.yielded || !self.answers.on_their_way() {
             return Poll::Ready(());
         }
         self.yielded = true;
@@ -108,9 +121,29 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn each_write_gives_way_once_and_then_goes_out_whole() {
+    async fn a_response_finished_alone_goes_out_at_once() {
+        static ANSWERS: Answers = Answers::new();
         let (near, mut far) = tokio::io::duplex(1024);
-        let mut conn = Coalesced::new(near);
+        let mut conn = Coalesced::watching(near, &ANSWERS);
+        let wakes = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = waker(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        match Pin::new(&mut conn).poll_write(&mut cx, b"alone") {
+            Poll::Ready(Ok(n)) => assert_eq!(n, 5),
+            other => panic!("no answer is on its way, so nothing to wait for: {other:?}"),
+        }
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 0, "and no wake-up");
+        let mut got = [0; 5];
+        far.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"alone");
+    }
+
+    #[tokio::test]
+    async fn each_write_gives_way_once_and_then_goes_out_whole() {
+        static ANSWERS: Answers = Answers::new();
+        let _another = ANSWERS.hand();
+        let (near, mut far) = tokio::io::duplex(1024);
+        let mut conn = Coalesced::watching(near, &ANSWERS);
         let wakes = Arc::new(Count(AtomicUsize::new(0)));
         let waker = waker(wakes.clone());
         let mut cx = Context::from_waker(&waker);
@@ -133,11 +166,13 @@ mod tests {
     async fn responses_finished_meanwhile_share_the_write() {
         // The connection's task is ready to write one response while another task, ready too,
         // finishes a second one (as stream tasks do in tonic): the write waits and carries both.
+        static ANSWERS: Answers = Answers::new();
         let (near, mut far) = tokio::io::duplex(1024);
         let queued = Arc::new(std::sync::Mutex::new(b"one;".to_vec()));
+        let second = ANSWERS.hand(); // the answer the second stream task is about to take
         let connection = tokio::spawn({
             let queued = queued.clone();
-            let mut conn = Coalesced::new(near);
+            let mut conn = Coalesced::watching(near, &ANSWERS);
             async move {
                 std::future::poll_fn(|cx| {
                     let mut queued = queued.lock().unwrap();
@@ -150,7 +185,10 @@ mod tests {
         });
         let stream = tokio::spawn({
             let queued = queued.clone();
-            async move { queued.lock().unwrap().extend_from_slice(b"two;") }
+            async move {
+                drop(second);
+                queued.lock().unwrap().extend_from_slice(b"two;")
+            }
         });
         stream.await.unwrap();
         assert_eq!(connection.await.unwrap().unwrap(), 8, "one write for both responses");

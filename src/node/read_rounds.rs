@@ -12,6 +12,7 @@ use futures::future::{BoxFuture, FutureExt};
 use openraft::error::RaftError;
 use tokio::sync::oneshot;
 
+use crate::answers::{Handed, ANSWERS};
 use crate::error::EtcdError;
 use crate::raft::Raft;
 
@@ -32,7 +33,8 @@ struct Inner {
 #[derive(Default)]
 struct Pending {
     /// Reads waiting for the next round.
-    waiting: Vec<oneshot::Sender<Result<u64, EtcdError>>>,
+    /// Each read's index is counted as an answer on its way (`answers.rs`) until the read takes it.
+    waiting: Vec<oneshot::Sender<(Result<u64, EtcdError>, Handed)>>,
     /// A task runs rounds until no read waits.
     running: bool,
 }
@@ -55,7 +57,10 @@ impl ReadRounds {
             // round the others wait for.
             tokio::spawn(self.clone().run());
         }
-        answered.await.unwrap_or(Err(EtcdError::Stopped))
+        match answered.await {
+            Ok((index, _taken)) => index,
+            Err(_dropped) => Err(EtcdError::Stopped),
+        }
     }
 
     async fn run(self) {
@@ -70,7 +75,7 @@ impl ReadRounds {
             };
             let index = (self.inner.fetch)().await;
             for reader in round {
-                let _ = reader.send(index.clone());
+                let _ = reader.send((index.clone(), ANSWERS.hand()));
             }
         }
     }

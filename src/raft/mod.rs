@@ -12,6 +12,7 @@ pub mod log_cache;
 pub mod log_store;
 pub mod member;
 pub mod proposer;
+pub mod relay;
 pub mod snap_dir;
 pub mod snapshot_data;
 pub mod snapshot_file;

@@ -16,7 +16,9 @@ use openraft::error::ClientWriteError;
 use prost::Message;
 use tokio::sync::{mpsc, oneshot};
 
+use super::relay::Relay;
 use super::{BatchResults, NodeId, Raft, RaftBatch};
+use crate::answers::{Handed, ANSWERS};
 use crate::apply::Applied;
 use crate::error::EtcdError;
 use crate::proto::etcdserverpb::{InternalRaftBatch, InternalRaftRequest};
@@ -31,7 +33,9 @@ const MAX_REQUESTS_PER_ENTRY: usize = 1024;
 /// Requests waiting for a place in an entry. Callers wait here when the member is saturated.
 const QUEUE_DEPTH: usize = 4096;
 
-type Reply = oneshot::Sender<Result<Proposed, EtcdError>>;
+/// The outcome, counted as an answer on its way (`answers.rs`) until the proposer's caller takes it.
+type Outcome = (Result<Proposed, EtcdError>, Handed);
+type Reply = oneshot::Sender<Outcome>;
 
 /// A committed and applied proposal: the log index of its entry, and what applying it produced (an
 /// apply result, even a refusal such as permission denied, is not a failed proposal).
@@ -54,11 +58,12 @@ pub struct Proposer {
 impl Proposer {
     /// Starts the batching task on `runtime` (the raft thread's, where the core it feeds runs). An
     /// entry holds at most `max_entry_bytes` of encoded requests, unless a single request is larger
-    /// by itself.
-    pub fn start(runtime: &tokio::runtime::Handle, raft: Raft, max_entry_bytes: usize) -> Self {
+    /// by itself. Called on the runtime of the callers of `propose`: the answers are relayed to it.
+    pub fn start(runtime: &tokio::runtime::Handle, raft: Raft, max_entry_bytes: usize) -> std::io::Result<Self> {
         let (queue, pending) = mpsc::channel(QUEUE_DEPTH);
-        runtime.spawn(batch_and_propose(raft, pending, max_entry_bytes));
-        Proposer { queue }
+        let relay = Relay::start()?;
+        runtime.spawn(batch_and_propose(raft, pending, relay, max_entry_bytes));
+        Ok(Proposer { queue })
     }
 
     /// Proposes `req` (its header already set) and returns what applying it produced; an error when it
@@ -69,14 +74,22 @@ impl Proposer {
             crate::metrics::PROPOSALS_FAILED.inc();
             return Err(EtcdError::Stopped);
         }
-        applied.await.unwrap_or_else(|_dropped| {
-            crate::metrics::PROPOSALS_FAILED.inc();
-            Err(EtcdError::Stopped)
-        })
+        match applied.await {
+            Ok((outcome, _taken)) => outcome,
+            Err(_dropped) => {
+                crate::metrics::PROPOSALS_FAILED.inc();
+                Err(EtcdError::Stopped)
+            }
+        }
     }
 }
 
-async fn batch_and_propose(raft: Raft, mut pending: mpsc::Receiver<Proposal>, max_entry_bytes: usize) {
+async fn batch_and_propose(
+    raft: Raft,
+    mut pending: mpsc::Receiver<Proposal>,
+    relay: Relay<Outcome>,
+    max_entry_bytes: usize,
+) {
     // Entries in flight, completing in log order; the same task delivers their results, so no task is
     // spawned per entry.
     let mut in_flight = FuturesOrdered::new();
@@ -85,7 +98,7 @@ async fn batch_and_propose(raft: Raft, mut pending: mpsc::Receiver<Proposal>, ma
     loop {
         tokio::select! {
             biased;
-            Some((outcome, replies)) = in_flight.next(), if !in_flight.is_empty() => deliver(outcome, replies),
+            Some((outcome, replies)) = in_flight.next(), if !in_flight.is_empty() => deliver(&relay, outcome, replies),
             first = take_or_recv(&mut next, &mut pending), if accepting && in_flight.len() < MAX_IN_FLIGHT => {
                 let Some(first) = first else {
                     accepting = false; // the node is gone: finish what is in flight
@@ -116,7 +129,7 @@ async fn batch_and_propose(raft: Raft, mut pending: mpsc::Receiver<Proposal>, ma
                     }),
                     Err(fatal) => {
                         tracing::error!(error = %fatal, "raft stopped");
-                        deliver(Err(EtcdError::Stopped), replies);
+                        deliver(&relay, Err(EtcdError::Stopped), replies);
                         accepting = false;
                     }
                 }
@@ -135,22 +148,21 @@ async fn take_or_recv(next: &mut Option<Proposal>, pending: &mut mpsc::Receiver<
 }
 
 /// Hands each request its own result, or the entry's error to all of them.
-fn deliver(outcome: Result<(u64, BatchResults), EtcdError>, replies: Vec<Reply>) {
+fn deliver(relay: &Relay<Outcome>, outcome: Result<(u64, BatchResults), EtcdError>, replies: Vec<Reply>) {
     match outcome {
         Ok((index, results)) => {
             debug_assert_eq!(results.len(), replies.len(), "one result per request");
             let mut results = results.into_iter();
-            for reply in replies {
-                let _ = reply.send(Ok(Proposed { index, result: results.next().unwrap_or(Err(EtcdError::Internal)) }));
-            }
+            relay.send(replies.into_iter().map(|reply| {
+                let proposed = Proposed { index, result: results.next().unwrap_or(Err(EtcdError::Internal)) };
+                (reply, (Ok(proposed), ANSWERS.hand()))
+            }));
         }
         Err(e) => {
             // Not committed or not applied: every request of the entry failed as a proposal (an apply
             // result, even a refusal, is not a failed proposal, as in etcd).
             crate::metrics::PROPOSALS_FAILED.inc_by(replies.len() as u64);
-            for reply in replies {
-                let _ = reply.send(Err(e.clone()));
-            }
+            relay.send(replies.into_iter().map(|reply| (reply, (Err(e.clone()), ANSWERS.hand()))));
         }
     }
 }
