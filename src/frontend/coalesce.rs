@@ -6,10 +6,11 @@
 //! per response. Before writing, a connection lets the tasks already waiting to run go first (one
 //! yield): the responses they finish join the same write.
 //!
-//! It gives way only while answers are on their way to other handlers (`answers.rs`). A response
-//! finished alone goes out at once: a task that wakes itself is queued as work another worker may
-//! steal, and tokio wakes a parked worker for it, which with one client cost a futex or eventfd
-//! wake-up for nothing on every response.
+//! A member's connections give way only while answers are on their way to other handlers
+//! (`answers.rs`). A response finished alone goes out at once: a task that wakes itself is queued as
+//! work another worker may steal, and tokio wakes a parked worker for it, which with one client cost a
+//! futex or eventfd wake-up for nothing on every response. The proxy cannot tell when its upstream's
+//! responses are about to finish together, so its connections give way before every write.
 
 use std::io;
 use std::pin::Pin;
@@ -18,31 +19,33 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
 
-use crate::answers::{Answers, ANSWERS};
+use crate::answers::Answers;
 
-/// A connection whose writes wait for one turn of the scheduler first while answers are on their way.
+/// A connection whose writes wait for one turn of the scheduler first.
 pub struct Coalesced<T> {
     io: T,
     /// This write already gave way once: the next attempt goes to the socket.
     yielded: bool,
-    answers: &'static Answers,
+    /// Gives way only while these have some on their way; `None`: before every write.
+    answers: Option<&'static Answers>,
 }
 
 impl<T> Coalesced<T> {
+    /// Gives way before every write.
     pub fn new(io: T) -> Coalesced<T> {
-        Coalesced::watching(io, &ANSWERS)
+        Coalesced { io, yielded: false, answers: None }
     }
 
     /// Gives way while `answers` has some on their way.
-    fn watching(io: T, answers: &'static Answers) -> Coalesced<T> {
-        Coalesced { io, yielded: false, answers }
+    pub fn watching(io: T, answers: &'static Answers) -> Coalesced<T> {
+        Coalesced { io, yielded: false, answers: Some(answers) }
     }
 
-    /// `Pending` once per write while answers are on their way, with this task woken again behind the
-    /// tasks ready to run (a task that wakes itself is queued last); `Ready` the second time, and at
-    /// once when no answer is on its way.
+    /// `Pending` once per write (while answers are on their way, if it watches them), with this task
+    /// woken again behind the tasks ready to run (a task that wakes itself is queued last); `Ready` the
+    /// second time, and at once when no answer it watches is on its way.
     fn give_way(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.yielded || !self.answers.on_their_way() {
+        if self.yielded || self.answers.is_some_and(|answers| !answers.on_their_way()) {
             return Poll::Ready(());
         }
         self.yielded = true;
@@ -136,6 +139,18 @@ mod tests {
         let mut got = [0; 5];
         far.read_exact(&mut got).await.unwrap();
         assert_eq!(&got, b"alone");
+    }
+
+    #[tokio::test]
+    async fn a_connection_watching_no_answers_gives_way_before_every_write() {
+        let (near, _far) = tokio::io::duplex(1024);
+        let mut conn = Coalesced::new(near);
+        let wakes = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = waker(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut conn).poll_write(&mut cx, b"proxied").is_pending(), "gives way");
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 1);
+        assert!(matches!(Pin::new(&mut conn).poll_write(&mut cx, b"proxied"), Poll::Ready(Ok(7))));
     }
 
     #[tokio::test]

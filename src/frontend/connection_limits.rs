@@ -9,7 +9,6 @@
 //! server's keepalive pings (`--grpc-keepalive-interval`), which counts as traffic: keep the idle
 //! timeout above the keepalive interval plus its timeout (checked at startup).
 
-use super::coalesce::Coalesced;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -21,6 +20,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 use tonic::transport::server::Connected;
+
+use super::coalesce::Coalesced;
+use crate::answers::Answers;
 
 /// How long a new connection may take to send its first byte.
 pub const FIRST_BYTES_DEADLINE: Duration = Duration::from_secs(10);
@@ -104,11 +106,19 @@ impl ConnectionLimits {
 pub struct Admission {
     permits: Arc<Semaphore>,
     limits: ConnectionLimits,
+    /// What the connections' writes wait for (`coalesce.rs`): `None`, a turn before every write.
+    answers: Option<&'static Answers>,
 }
 
 impl Admission {
     pub fn new(limits: ConnectionLimits) -> Admission {
-        Admission { permits: Arc::new(Semaphore::new(limits.max_connections)), limits }
+        Admission { permits: Arc::new(Semaphore::new(limits.max_connections)), limits, answers: None }
+    }
+
+    /// The connections' writes give way only while `answers` has some on their way (a member's
+    /// listeners, whose answers come from its proposer and read rounds).
+    pub fn giving_way_while(self, answers: &'static Answers) -> Admission {
+        Admission { answers: Some(answers), ..self }
     }
 
     /// No cap and no idle timeout (peer listeners: raft's own timers judge peers).
@@ -125,7 +135,13 @@ impl Admission {
     /// room for it; `None` closes it.
     pub fn admit<T>(&self, io: T) -> Option<Watched<Coalesced<T>>> {
         match self.permits.clone().try_acquire_owned() {
-            Ok(permit) => Some(Watched::new(Coalesced::new(io), self.limits.idle_timeout, permit)),
+            Ok(permit) => {
+                let io = match self.answers {
+                    Some(answers) => Coalesced::watching(io, answers),
+                    None => Coalesced::new(io),
+                };
+                Some(Watched::new(io, self.limits.idle_timeout, permit))
+            }
             Err(_) => {
                 crate::metrics::CLIENT_CONNECTIONS_REFUSED.inc();
                 tracing::debug!(

@@ -122,7 +122,8 @@ async fn serve_bound(
         }
         let server = builder.add_routes(routes);
         // Every connection of a client listener is admitted (or closed) and watched for silence.
-        let admission = limits.map(Admission::new).unwrap_or_else(Admission::unbounded);
+        let admission =
+            limits.map(Admission::new).unwrap_or_else(Admission::unbounded).giving_way_while(&crate::answers::ANSWERS);
         servers.push(match (is_tls, tls) {
             (true, Some(tls)) => {
                 let accepted =
