@@ -72,9 +72,11 @@ impl<T: Send + 'static> Relay<T> {
         if !self.shared.rung.swap(true, Ordering::SeqCst) {
             if let Err(e) = (&self.shared.bell).write(&[1]) {
                 // Not expected: at most a byte or two are ever unread. The relay's task would miss
-                // these answers, so they go from here.
+                // these answers, so they go from here, and the next answer tries the doorbell again.
                 tracing::warn!(error = %e, "answer relay's doorbell failed; answering from the raft thread");
-                send_all(std::mem::take(&mut self.shared.lock().answers));
+                let answers = std::mem::take(&mut self.shared.lock().answers);
+                self.shared.rung.store(false, Ordering::SeqCst);
+                send_all(answers);
             }
         }
     }
@@ -214,6 +216,26 @@ mod tests {
         drop(runtime); // the relay's task is dropped with it
         relay.send([(queued, 7)]);
         assert_eq!(answer.blocking_recv().unwrap(), 7);
+    }
+
+    #[test]
+    fn answers_still_arrive_when_the_doorbell_fails_every_time() {
+        // A doorbell whose far end is gone and no relay task to notice: every ring fails, and every
+        // answer must still reach its receiver, not wait in the queue for a ring that never comes.
+        let (bell, door) = Bell::pair().unwrap();
+        drop(door);
+        let relay = Relay {
+            shared: Arc::new(Shared {
+                queue: Mutex::new(Queue { answers: Vec::new(), closed: false }),
+                rung: AtomicBool::new(false),
+                bell,
+            }),
+        };
+        for n in 0..3 {
+            let (to, mut answer) = oneshot::channel();
+            relay.send([(to, n)]);
+            assert_eq!(answer.try_recv(), Ok(n), "answer {n} arrived");
+        }
     }
 
     #[test]
