@@ -33,6 +33,7 @@ use crate::proto::etcdserverpb::watch_server::Watch;
 use crate::proto::etcdserverpb::{ResponseHeader, WatchCreateRequest, WatchRequest, WatchResponse};
 use crate::proto::mvccpb::event::EventType;
 use crate::proto::mvccpb::Event;
+use crate::raft::state_machine::Committed;
 
 /// Responses queued per stream before watchers wait for the client to read.
 const STREAM_BUFFER: usize = 256;
@@ -45,6 +46,8 @@ const INVALID_WATCH_ID: i64 = -1;
 
 type ResponseStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
 type Out = mpsc::Sender<Result<WatchResponse, Status>>;
+/// A watcher's subscription to the node's commit broadcast.
+type Commits = broadcast::Receiver<Arc<Committed>>;
 
 pub struct WatchService {
     node: Arc<Node>,
@@ -220,13 +223,7 @@ enum End {
 }
 
 impl Watcher {
-    async fn run(
-        mut self,
-        node: Arc<Node>,
-        mut live: broadcast::Receiver<Arc<crate::raft::state_machine::Committed>>,
-        out: Out,
-        mut stopped: oneshot::Receiver<()>,
-    ) {
+    async fn run(mut self, node: Arc<Node>, mut live: Commits, out: Out, mut stopped: oneshot::Receiver<()>) {
         let end = self.deliver(&node, &mut live, &out, &mut stopped).await;
         let canceled = WatchResponse {
             header: node.header(node.revision()),
@@ -249,7 +246,7 @@ impl Watcher {
     async fn deliver(
         &mut self,
         node: &Arc<Node>,
-        live: &mut broadcast::Receiver<Arc<crate::raft::state_machine::Committed>>,
+        live: &mut Commits,
         out: &Out,
         stopped: &mut oneshot::Receiver<()>,
     ) -> End {
@@ -273,8 +270,14 @@ impl Watcher {
                     Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Lagged(_)) => {}
                     Err(broadcast::error::TryRecvError::Closed) => return End::Closed,
                 }
+            } else {
+                match self.catch_up(node, live, out, stopped).await {
+                    Live::Delivered => continue,
+                    Live::Missed => {} // replayed below
+                    Live::Stop(end) => return end,
+                }
             }
-            // Behind the store: replay from LMDB.
+            // Behind the store and the broadcast's backlog: replay from LMDB.
             if self.next <= node.revision() {
                 let (range, from, prev_kv) = (self.range.clone(), self.next, self.prev_kv);
                 let replay = node
@@ -334,7 +337,7 @@ impl Watcher {
     async fn take_live(
         &mut self,
         node: &Node,
-        batch: &crate::raft::state_machine::Committed,
+        batch: &Committed,
         out: &Out,
         stopped: &mut oneshot::Receiver<()>,
     ) -> Live {
@@ -346,13 +349,7 @@ impl Watcher {
         if batch.installed.is_some() || batch.previous_revision >= self.next {
             return Live::Missed;
         }
-        let events: Vec<Event> = batch
-            .effects
-            .events
-            .iter()
-            .filter(|e| e.kv.as_ref().is_some_and(|kv| kv.mod_revision >= self.next && self.range.contains(&kv.key)))
-            .cloned()
-            .collect();
+        let events = self.matching(batch);
         self.next = batch.revision + 1;
         if let Err(e) = self.still_permitted(node).await {
             return Live::Stop(End::Denied(e.go_status_text()));
@@ -366,6 +363,66 @@ impl Watcher {
             }
         }
         Live::Delivered
+    }
+
+    /// Catches up a watcher that fell behind (more than `SYNCED_LAG` batches) from the batches the
+    /// broadcast still holds: they are in memory and shared by every watcher, so catching up costs no
+    /// read of the store per watcher. As a replay from the store does (and etcd does for an unsynced
+    /// watcher), the events of up to `REPLAY_BATCH_REVISIONS` revisions share one response. `Missed`
+    /// when the backlog no longer holds what comes next (the broadcast overflowed, or a snapshot
+    /// install broke the run): what was taken until then is delivered, the rest is replayed.
+    async fn catch_up(
+        &mut self,
+        node: &Node,
+        live: &mut Commits,
+        out: &Out,
+        stopped: &mut oneshot::Receiver<()>,
+    ) -> Live {
+        let mut events = Vec::new();
+        let mut revisions = 0;
+        let mut upto = None;
+        let missed = loop {
+            if revisions >= REPLAY_BATCH_REVISIONS {
+                break false;
+            }
+            match live.try_recv() {
+                Ok(batch) if batch.revision < self.next => {} // delivered already (by a replay)
+                Ok(batch) if batch.installed.is_some() || batch.previous_revision >= self.next => break true,
+                Ok(batch) => {
+                    events.extend(self.matching(&batch));
+                    revisions += (batch.revision + 1 - self.next) as usize;
+                    self.next = batch.revision + 1;
+                    upto = Some(batch.revision);
+                }
+                Err(broadcast::error::TryRecvError::Empty) => break false,
+                Err(broadcast::error::TryRecvError::Lagged(_)) => break true,
+                Err(broadcast::error::TryRecvError::Closed) => return Live::Stop(End::Closed),
+            }
+        };
+        if let Some(revision) = upto {
+            if let Err(e) = self.still_permitted(node).await {
+                return Live::Stop(End::Denied(e.go_status_text()));
+            }
+            if !self.send_events(node, events, revision, out, stopped).await {
+                return Live::Stop(End::Closed);
+            }
+        }
+        if missed {
+            Live::Missed
+        } else {
+            Live::Delivered
+        }
+    }
+
+    /// The events of a broadcast batch that this watcher has not delivered and that fall in its range.
+    fn matching(&self, batch: &Committed) -> Vec<Event> {
+        batch
+            .effects
+            .events
+            .iter()
+            .filter(|e| e.kv.as_ref().is_some_and(|kv| kv.mod_revision >= self.next && self.range.contains(&kv.key)))
+            .cloned()
+            .collect()
     }
 
     /// Re-checks read permission on the range whenever the auth state has moved since the last check.
@@ -554,22 +611,77 @@ mod tests {
         assert_eq!(flags, expected);
     }
 
+    /// A member of its own in `dir`, serving from the start.
+    async fn member(dir: &std::path::Path) -> Arc<Node> {
+        use clap::Parser;
+
+        use crate::config::{Cli, Command};
+
+        let data_dir = dir.display().to_string();
+        let args = ["keyward", "serve", "--data-dir", data_dir.as_str(), "--ballast-bytes", "0"];
+        let Command::Serve(args) = Cli::try_parse_from(args).unwrap().command else { panic!("not serve") };
+        Node::start(&args.into_config().unwrap()).await.unwrap()
+    }
+
+    /// Starts a watcher of `w/` from revision `next` whose stream holds `capacity` responses unread.
+    fn watch_from(
+        node: &Arc<Node>,
+        next: i64,
+        capacity: usize,
+    ) -> (mpsc::Receiver<Result<WatchResponse, Status>>, oneshot::Sender<()>) {
+        let watcher = Watcher {
+            id: next,
+            range: KeyRange::new(b"w/", b"w0"),
+            next,
+            prev_kv: false,
+            no_put: false,
+            no_delete: false,
+            progress_notify: false,
+            fragment: false,
+            who: Requester::Member,
+            auth_checked: node.auth_revision(),
+        };
+        let (out, responses) = mpsc::channel(capacity);
+        let (stop, stopped) = oneshot::channel();
+        tokio::spawn(watcher.run(node.clone(), node.committed.subscribe(), out, stopped));
+        (responses, stop)
+    }
+
+    /// The next response; a deadline only so that a missing response fails the test instead of hanging it.
+    async fn next_response(responses: &mut mpsc::Receiver<Result<WatchResponse, Status>>) -> WatchResponse {
+        let response = tokio::time::timeout(Duration::from_secs(60), responses.recv()).await;
+        response.expect("a response").expect("the watcher is running").expect("not an error")
+    }
+
+    /// Reads responses until one reaches `revision`: each event's key and revision, and the number of
+    /// responses they came in.
+    async fn delivered_until(
+        responses: &mut mpsc::Receiver<Result<WatchResponse, Status>>,
+        revision: i64,
+    ) -> (Vec<(String, i64)>, usize) {
+        let (mut delivered, mut count) = (Vec::new(), 0);
+        while delivered.last().is_none_or(|&(_, last)| last < revision) {
+            let response = next_response(responses).await;
+            assert!(!response.canceled, "{response:?}");
+            count += 1;
+            for event in response.events {
+                let kv = event.kv.unwrap();
+                delivered.push((String::from_utf8(kv.key).unwrap(), kv.mod_revision));
+            }
+        }
+        (delivered, count)
+    }
+
     /// A snapshot install makes the revision jump with no events: a watcher replays what it brought from
     /// the installed store, each revision once, or is canceled if its next revision was compacted away.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn after_a_snapshot_install_a_watcher_gets_each_revision_once_or_is_canceled_as_compacted() {
-        use clap::Parser;
-
-        use crate::config::{Cli, Command};
         use crate::proto::etcdserverpb::{CompactionRequest, InternalRaftRequest};
         use crate::raft::state_machine::snapshot_tests::put;
         use crate::raft::state_machine::StateMachine;
 
         let dir = tempfile::tempdir().unwrap();
-        let data_dir = dir.path().display().to_string();
-        let args = ["keyward", "serve", "--data-dir", data_dir.as_str(), "--ballast-bytes", "0"];
-        let Command::Serve(args) = Cli::try_parse_from(args).unwrap().command else { panic!("not serve") };
-        let node = Node::start(&args.into_config().unwrap()).await.unwrap();
+        let node = member(dir.path()).await;
         node.propose(put(b"w/0", b"v", 0), &Requester::Member).await.unwrap();
         // The leader went on: w/1..w/6 at revisions 3..8, then compacted at 4.
         let leader_dir = tempfile::tempdir().unwrap();
@@ -580,49 +692,49 @@ mod tests {
         requests.push(InternalRaftRequest { compaction: Some(compact), ..Default::default() });
         assert!(leader.apply_requests(1, requests).iter().all(Result::is_ok));
 
-        let watch_from = |next| {
-            let watcher = Watcher {
-                id: next,
-                range: KeyRange::new(b"w/", b"w0"),
-                next,
-                prev_kv: false,
-                no_put: false,
-                no_delete: false,
-                progress_notify: false,
-                fragment: false,
-                who: Requester::Member,
-                auth_checked: node.auth_revision(),
-            };
-            let (out, responses) = mpsc::channel(16);
-            let (stop, stopped) = oneshot::channel();
-            tokio::spawn(watcher.run(node.clone(), node.committed.subscribe(), out, stopped));
-            (responses, stop)
-        };
-        let (mut from_5, _stop_5) = watch_from(5);
-        let (mut from_3, _stop_3) = watch_from(3);
+        let (mut from_5, _stop_5) = watch_from(&node, 5, 16);
+        let (mut from_3, _stop_3) = watch_from(&node, 3, 16);
 
         node.state().install_snapshot_of(&leader).unwrap();
         node.propose(put(b"w/7", b"v", 0), &Requester::Member).await.unwrap();
 
-        // A deadline only so that a missing response fails the test instead of hanging it.
-        async fn next(responses: &mut mpsc::Receiver<Result<WatchResponse, Status>>) -> WatchResponse {
-            let response = tokio::time::timeout(Duration::from_secs(60), responses.recv()).await;
-            response.expect("a response").expect("the watcher is running").expect("not an error")
-        }
-        let mut delivered = Vec::new();
-        while delivered.last().is_none_or(|&(_, revision)| revision < 9) {
-            let response = next(&mut from_5).await;
-            assert!(!response.canceled, "{response:?}");
-            for event in response.events {
-                let kv = event.kv.unwrap();
-                delivered.push((String::from_utf8(kv.key).unwrap(), kv.mod_revision));
-            }
-        }
+        let (delivered, _) = delivered_until(&mut from_5, 9).await;
         let expected: Vec<_> = (3..8).map(|i| (format!("w/{i}"), i as i64 + 2)).collect();
         assert_eq!(delivered, expected, "revisions 5..9, each once, in order");
-        let canceled = next(&mut from_3).await;
+        let canceled = next_response(&mut from_3).await;
         assert!(canceled.canceled && canceled.events.is_empty(), "{canceled:?}");
         assert_eq!(canceled.compact_revision, 4);
+    }
+
+    /// A watcher that fell behind while its client did not read catches up from the broadcast's backlog
+    /// in memory, the revisions merged into few responses, rather than from the store: here the store
+    /// was compacted past what the watcher still has to deliver, so a replay from it would cancel the
+    /// watcher instead of delivering.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_watcher_behind_catches_up_from_the_broadcast_not_the_store() {
+        use crate::proto::etcdserverpb::{CompactionRequest, InternalRaftRequest};
+        use crate::raft::state_machine::snapshot_tests::put;
+
+        let dir = tempfile::tempdir().unwrap();
+        let node = member(dir.path()).await;
+        let first = node.revision() + 1;
+        // The client reads nothing: one response waits in the stream and the watcher waits to send the next.
+        let (mut responses, _stop) = watch_from(&node, first, 1);
+        let puts = 40;
+        for i in 0..puts {
+            node.propose(put(format!("w/{i}").as_bytes(), b"v", 0), &Requester::Member).await.unwrap();
+        }
+        let last = node.revision();
+        assert_eq!(last, first + puts - 1, "one revision per put");
+        let compact = CompactionRequest { revision: last, physical: false };
+        node.propose(InternalRaftRequest { compaction: Some(compact), ..Default::default() }, &Requester::Member)
+            .await
+            .unwrap();
+
+        let (delivered, count) = delivered_until(&mut responses, last).await;
+        let expected: Vec<_> = (0..puts).map(|i| (format!("w/{i}"), first + i)).collect();
+        assert_eq!(delivered, expected, "every revision once, in order");
+        assert!(count < 10, "{puts} revisions in {count} responses: the backlog was not merged");
     }
 
     /// etcd 3.4's `TestSendFragment` table (etcdserver/api/v3rpc/watch_test.go).
