@@ -18,6 +18,7 @@ pub mod cluster;
 pub mod compactor;
 pub mod config;
 pub mod data_dir;
+pub mod encoded_events;
 pub mod error;
 pub mod frontend;
 pub mod gateway;

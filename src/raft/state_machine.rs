@@ -93,6 +93,8 @@ pub struct Committed {
     /// events, the revision may have jumped, and whatever was derived from the old state must be
     /// derived again from the new one.
     pub installed: Option<Installed>,
+    /// `effects.events` encoded for watchers, once, by the first that sends them.
+    pub encoded: crate::encoded_events::EncodedEvents,
 }
 
 /// What a snapshot install tells the observer beyond the revision and the auth state.
@@ -643,6 +645,7 @@ impl State {
                 effects,
                 requests,
                 installed: None,
+                encoded: Default::default(),
             });
         }
         Ok(results)

@@ -12,6 +12,7 @@ pub mod maintenance;
 pub mod peer;
 pub mod requester;
 pub mod watch;
+pub mod watch_wire;
 
 use crate::frontend::connection_limits::{Admission, ConnectionLimits};
 use std::future::Future;
@@ -29,7 +30,6 @@ use crate::proto::etcdserverpb::cluster_server::ClusterServer;
 use crate::proto::etcdserverpb::kv_server::KvServer;
 use crate::proto::etcdserverpb::lease_server::LeaseServer;
 use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
-use crate::proto::etcdserverpb::watch_server::WatchServer;
 use crate::proto::keywardpb::peer_server::PeerServer;
 
 /// Binds every client listener first (so a bad address fails startup), then serves until `shutdown`.
@@ -170,7 +170,7 @@ fn routes(node: Arc<Node>) -> Routes {
     let maintenance = MaintenanceServer::new(maintenance::MaintenanceService::new(node.clone()));
     let cluster = ClusterServer::new(cluster::ClusterService::new(node.clone()));
     let lease = LeaseServer::new(lease::LeaseService::new(node.clone()));
-    let watch = WatchServer::new(watch::WatchService::new(node.clone()));
+    let watch = watch_wire::WatchServer::new(watch::WatchService::new(node.clone()));
     let auth = AuthServer::new(auth::AuthService::new(node.clone()));
     let grpc = Routes::new(kv)
         .add_service(maintenance)

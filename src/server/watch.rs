@@ -11,17 +11,17 @@
 //! silently skipped forward.
 
 use std::collections::HashMap;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use prost::Message;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::requester::requester;
+use super::watch_wire::{ReplyStream, WatchReply};
 use crate::auth::check::{Authorizer, Requester};
 use crate::auth::permissions::Access;
 use crate::error::EtcdError;
@@ -29,7 +29,6 @@ use crate::keyrange::KeyRange;
 use crate::node::Node;
 use crate::proto::etcdserverpb::watch_create_request::FilterType;
 use crate::proto::etcdserverpb::watch_request::RequestUnion;
-use crate::proto::etcdserverpb::watch_server::Watch;
 use crate::proto::etcdserverpb::{ResponseHeader, WatchCreateRequest, WatchRequest, WatchResponse};
 use crate::proto::mvccpb::event::EventType;
 use crate::proto::mvccpb::Event;
@@ -44,8 +43,7 @@ const PROGRESS_NOTIFY_INTERVAL: Duration = Duration::from_secs(600);
 /// etcd's id for responses that belong to no watcher (progress responses to a progress request).
 const INVALID_WATCH_ID: i64 = -1;
 
-type ResponseStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
-type Out = mpsc::Sender<Result<WatchResponse, Status>>;
+type Out = mpsc::Sender<Result<WatchReply, Status>>;
 /// A watcher's subscription to the node's commit broadcast.
 type Commits = broadcast::Receiver<Arc<Committed>>;
 
@@ -59,9 +57,9 @@ impl WatchService {
     }
 }
 
-#[tonic::async_trait]
-impl Watch for WatchService {
-    async fn watch(&self, request: Request<Streaming<WatchRequest>>) -> Result<Response<ResponseStream>, Status> {
+impl WatchService {
+    /// etcd's `Watch`, served by `watch_wire::WatchServer`.
+    pub async fn watch(&self, request: Request<Streaming<WatchRequest>>) -> Result<Response<ReplyStream>, Status> {
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         // The stream's identity comes from its metadata; a bad token refuses each create, as in etcd.
         // etcd puts Go's status text of the refusal in the cancel reason.
@@ -113,7 +111,7 @@ impl WatchStream {
     }
 
     async fn send(&self, resp: WatchResponse) -> bool {
-        self.out.send(Ok(resp)).await.is_ok()
+        self.out.send(Ok(resp.into())).await.is_ok()
     }
 
     async fn create(&mut self, req: WatchCreateRequest) -> bool {
@@ -240,7 +238,7 @@ impl Watcher {
                 WatchResponse { cancel_reason: reason, ..canceled }
             }
         };
-        let _ = out.send(Ok(resp)).await;
+        let _ = out.send(Ok(resp.into())).await;
     }
 
     async fn deliver(
@@ -323,7 +321,7 @@ impl Watcher {
                 },
                 _ = progress.tick(), if self.progress_notify => {
                     let resp = WatchResponse { header: node.header(self.next - 1), watch_id: self.id, ..Default::default() };
-                    if out.send(Ok(resp)).await.is_err() {
+                    if out.send(Ok(resp.into())).await.is_err() {
                         return End::Closed;
                     }
                 }
@@ -337,7 +335,7 @@ impl Watcher {
     async fn take_live(
         &mut self,
         node: &Node,
-        batch: &Committed,
+        batch: &Arc<Committed>,
         out: &Out,
         stopped: &mut oneshot::Receiver<()>,
     ) -> Live {
@@ -349,7 +347,8 @@ impl Watcher {
         if batch.installed.is_some() || batch.previous_revision >= self.next {
             return Live::Missed;
         }
-        let events = self.matching(batch);
+        let mut taken = Vec::new();
+        self.take(batch, &mut taken);
         self.next = batch.revision + 1;
         if let Err(e) = self.still_permitted(node).await {
             return Live::Stop(End::Denied(e.go_status_text()));
@@ -357,8 +356,8 @@ impl Watcher {
         // etcd tells a live watcher of each revision on its own (a txn's or a multi-key delete's
         // events share one response, two revisions never do), even when group commit applied several
         // revisions in one batch.
-        for (revision, events) in by_revision(events) {
-            if !self.send_events(node, events, revision, out, stopped).await {
+        for (revision, taken) in by_revision(taken, |(batch, i)| revision_of(&batch.effects.events[*i])) {
+            if !self.send_taken(node, taken, revision, out, stopped).await {
                 return Live::Stop(End::Closed);
             }
         }
@@ -378,7 +377,7 @@ impl Watcher {
         out: &Out,
         stopped: &mut oneshot::Receiver<()>,
     ) -> Live {
-        let mut events = Vec::new();
+        let mut taken = Vec::new();
         let mut revisions = 0;
         let mut upto = None;
         let missed = loop {
@@ -389,7 +388,7 @@ impl Watcher {
                 Ok(batch) if batch.revision < self.next => {} // delivered already (by a replay)
                 Ok(batch) if batch.installed.is_some() || batch.previous_revision >= self.next => break true,
                 Ok(batch) => {
-                    events.extend(self.matching(&batch));
+                    self.take(&batch, &mut taken);
                     revisions += (batch.revision + 1 - self.next) as usize;
                     self.next = batch.revision + 1;
                     upto = Some(batch.revision);
@@ -403,7 +402,7 @@ impl Watcher {
             if let Err(e) = self.still_permitted(node).await {
                 return Live::Stop(End::Denied(e.go_status_text()));
             }
-            if !self.send_events(node, events, revision, out, stopped).await {
+            if !self.send_taken(node, taken, revision, out, stopped).await {
                 return Live::Stop(End::Closed);
             }
         }
@@ -414,15 +413,24 @@ impl Watcher {
         }
     }
 
-    /// The events of a broadcast batch that this watcher has not delivered and that fall in its range.
-    fn matching(&self, batch: &Committed) -> Vec<Event> {
-        batch
-            .effects
-            .events
-            .iter()
-            .filter(|e| e.kv.as_ref().is_some_and(|kv| kv.mod_revision >= self.next && self.range.contains(&kv.key)))
-            .cloned()
-            .collect()
+    /// Takes the events of a broadcast batch that this watcher has not delivered, that fall in its
+    /// range and that its filters let through.
+    fn take(&self, batch: &Arc<Committed>, taken: &mut Vec<Taken>) {
+        for (i, event) in batch.effects.events.iter().enumerate() {
+            let Some(kv) = &event.kv else { continue };
+            if kv.mod_revision >= self.next && self.range.contains(&kv.key) && self.lets_through(event) {
+                taken.push((batch.clone(), i));
+            }
+        }
+    }
+
+    /// Whether this watcher's filters (`NOPUT`, `NODELETE`) let `event` through.
+    fn lets_through(&self, event: &Event) -> bool {
+        match EventType::try_from(event.r#type) {
+            Ok(EventType::Put) => !self.no_put,
+            Ok(EventType::Delete) => !self.no_delete,
+            Err(_) => false,
+        }
     }
 
     /// Re-checks read permission on the range whenever the auth state has moved since the last check.
@@ -458,11 +466,7 @@ impl Watcher {
         out: &Out,
         stopped: &mut oneshot::Receiver<()>,
     ) -> bool {
-        events.retain(|e| match EventType::try_from(e.r#type) {
-            Ok(EventType::Put) => !self.no_put,
-            Ok(EventType::Delete) => !self.no_delete,
-            Err(_) => false,
-        });
+        events.retain(|e| self.lets_through(e));
         if events.is_empty() {
             return true;
         }
@@ -476,12 +480,45 @@ impl Watcher {
             vec![WatchResponse { header, watch_id: self.id, events, ..Default::default() }]
         };
         for resp in responses {
-            tokio::select! {
-                sent = out.send(Ok(resp)) => if sent.is_err() { return false },
-                _ = &mut *stopped => return false,
+            if !send_reply(resp.into(), out, stopped).await {
+                return false;
             }
         }
         true
+    }
+
+    /// Sends events taken from broadcast batches: their shared encoding, or (for a watcher that asked
+    /// for fragments, which are cut by encoded size) copies of them.
+    async fn send_taken(
+        &self,
+        node: &Node,
+        taken: Vec<Taken>,
+        revision: i64,
+        out: &Out,
+        stopped: &mut oneshot::Receiver<()>,
+    ) -> bool {
+        if taken.is_empty() {
+            return true;
+        }
+        if self.fragment {
+            let events = taken.iter().map(|(batch, i)| batch.effects.events[*i].clone()).collect();
+            return self.send_events(node, events, revision, out, stopped).await;
+        }
+        let events =
+            taken.iter().map(|(batch, i)| batch.encoded.get(&batch.effects.events, self.prev_kv)[*i].clone()).collect();
+        let reply = WatchReply::Events { header: node.header(revision), watch_id: self.id, events };
+        send_reply(reply, out, stopped).await
+    }
+}
+
+/// An event of a broadcast batch, by its place in the batch: sending it copies no bytes.
+type Taken = (Arc<Committed>, usize);
+
+/// Sends one reply, unless the watcher is stopped first; false when it was not sent.
+async fn send_reply(reply: WatchReply, out: &Out, stopped: &mut oneshot::Receiver<()>) -> bool {
+    tokio::select! {
+        sent = out.send(Ok(reply)) => sent.is_ok(),
+        _ = &mut *stopped => false,
     }
 }
 
@@ -498,12 +535,11 @@ fn attach_prev_kvs(view: &crate::mvcc::ReadView, events: &mut [Event]) -> Result
     Ok(())
 }
 
-/// etcd's watch fragmentation (`sendFragments`), for a watcher created with `fragment`: the limit is
-/// `--max-request-bytes` plus the gRPC overhead allowance, because etcd's watch server is handed
-/// `MaxRequestBytes + grpcOverheadBytes` — with the flag alone, a large revision at a small
-/// `--max-request-bytes` would come in far more (one-event) fragments than etcd sends.
-/// Broadcast batches a watcher may have pending and still be synced (`Watcher::deliver`).
-const SYNCED_LAG: usize = 8;
+/// Broadcast batches a watcher may have pending and still be synced (`Watcher::deliver`): it then
+/// sends each revision on its own, as etcd sends a synced watcher's. Further behind, it catches up
+/// with many revisions per response, as etcd's unsynced watchers do: under load (a thousand
+/// watchers of busy keys) that is what keeps up, fewer responses for the same events.
+const SYNCED_LAG: usize = 2;
 
 /// What became of a broadcast batch (`Watcher::take_live`).
 enum Live {
@@ -513,11 +549,16 @@ enum Live {
     Stop(End),
 }
 
+/// The revision an event happened at.
+fn revision_of(event: &Event) -> i64 {
+    event.kv.as_ref().map_or(0, |kv| kv.mod_revision)
+}
+
 /// Splits events in revision order into runs of one revision each: `(revision, its events)`.
-fn by_revision(events: Vec<Event>) -> Vec<(i64, Vec<Event>)> {
-    let mut runs: Vec<(i64, Vec<Event>)> = Vec::new();
+fn by_revision<T>(events: Vec<T>, revision_of: impl Fn(&T) -> i64) -> Vec<(i64, Vec<T>)> {
+    let mut runs: Vec<(i64, Vec<T>)> = Vec::new();
     for event in events {
-        let revision = event.kv.as_ref().map_or(0, |kv| kv.mod_revision);
+        let revision = revision_of(&event);
         match runs.last_mut() {
             Some((last, run)) if *last == revision => run.push(event),
             _ => runs.push((revision, vec![event])),
@@ -526,6 +567,10 @@ fn by_revision(events: Vec<Event>) -> Vec<(i64, Vec<Event>)> {
     runs
 }
 
+/// etcd's watch fragmentation (`sendFragments`), for a watcher created with `fragment`: the limit is
+/// `--max-request-bytes` plus the gRPC overhead allowance, because etcd's watch server is handed
+/// `MaxRequestBytes + grpcOverheadBytes` — with the flag alone, a large revision at a small
+/// `--max-request-bytes` would come in far more (one-event) fragments than etcd sends.
 fn fragments(
     id: i64,
     header: Option<ResponseHeader>,
@@ -594,10 +639,10 @@ mod tests {
             ..Default::default()
         };
         // A put at 5, a txn of two keys at 6, a put at 7.
-        let runs = by_revision(vec![at(b"a", 5), at(b"b", 6), at(b"c", 6), at(b"d", 7)]);
+        let runs = by_revision(vec![at(b"a", 5), at(b"b", 6), at(b"c", 6), at(b"d", 7)], revision_of);
         let shape: Vec<(i64, usize)> = runs.iter().map(|(rev, events)| (*rev, events.len())).collect();
         assert_eq!(shape, [(5, 1), (6, 2), (7, 1)]);
-        assert!(by_revision(Vec::new()).is_empty());
+        assert!(by_revision(Vec::new(), revision_of).is_empty());
     }
 
     fn event_counts(parts: &[WatchResponse]) -> Vec<usize> {
@@ -628,7 +673,7 @@ mod tests {
         node: &Arc<Node>,
         next: i64,
         capacity: usize,
-    ) -> (mpsc::Receiver<Result<WatchResponse, Status>>, oneshot::Sender<()>) {
+    ) -> (mpsc::Receiver<Result<WatchReply, Status>>, oneshot::Sender<()>) {
         let watcher = Watcher {
             id: next,
             range: KeyRange::new(b"w/", b"w0"),
@@ -648,15 +693,15 @@ mod tests {
     }
 
     /// The next response; a deadline only so that a missing response fails the test instead of hanging it.
-    async fn next_response(responses: &mut mpsc::Receiver<Result<WatchResponse, Status>>) -> WatchResponse {
+    async fn next_response(responses: &mut mpsc::Receiver<Result<WatchReply, Status>>) -> WatchResponse {
         let response = tokio::time::timeout(Duration::from_secs(60), responses.recv()).await;
-        response.expect("a response").expect("the watcher is running").expect("not an error")
+        response.expect("a response").expect("the watcher is running").expect("not an error").into_response()
     }
 
     /// Reads responses until one reaches `revision`: each event's key and revision, and the number of
     /// responses they came in.
     async fn delivered_until(
-        responses: &mut mpsc::Receiver<Result<WatchResponse, Status>>,
+        responses: &mut mpsc::Receiver<Result<WatchReply, Status>>,
         revision: i64,
     ) -> (Vec<(String, i64)>, usize) {
         let (mut delivered, mut count) = (Vec::new(), 0);

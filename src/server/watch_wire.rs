@@ -1,0 +1,214 @@
+//! The Watch service's wire: its responses encoded by keyward, so that the events of a batch, shared
+//! by every watcher, are encoded once (`encoded_events.rs`) rather than once per watcher.
+//!
+//! A `WatchReply` is either a whole `WatchResponse` (created, canceled, progress, fragments, replays
+//! from the store), or a response's header and watch id with its events already encoded, each as an
+//! element of the repeated field `events`. The latter is written as `WatchResponse`'s fields 1 and
+//! 2, then those elements as they are: the bytes prost writes for the same response (a test checks
+//! it). The service glue below is what tonic generates for a streaming method, with this
+//! codec in place of prost's.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{BufMut, Bytes};
+use futures::Stream;
+use prost::encoding::{int64, message};
+use prost::Message;
+use tonic::codec::{Codec, EncodeBuf, Encoder};
+use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
+use tonic::server::{Grpc, NamedService, StreamingService};
+use tonic::{Request, Response, Status, Streaming};
+use tonic_prost::ProstDecoder;
+
+use super::watch::WatchService;
+use crate::proto::etcdserverpb::{ResponseHeader, WatchRequest, WatchResponse};
+
+/// One response on a watch stream.
+#[derive(Debug)]
+pub enum WatchReply {
+    Response(WatchResponse),
+    /// A response of events only: each of `events` is one encoded element of `WatchResponse.events`
+    /// (`encoded_events.rs`).
+    Events {
+        header: Option<ResponseHeader>,
+        watch_id: i64,
+        events: Vec<Bytes>,
+    },
+}
+
+/// `WatchResponse`'s field numbers that `WatchReply::Events` writes.
+const HEADER: u32 = 1;
+const WATCH_ID: u32 = 2;
+
+impl WatchReply {
+    fn encoded_len(&self) -> usize {
+        match self {
+            WatchReply::Response(response) => response.encoded_len(),
+            WatchReply::Events { header, watch_id, events } => {
+                header.as_ref().map_or(0, |h| message::encoded_len(HEADER, h))
+                    + if *watch_id != 0 { int64::encoded_len(WATCH_ID, watch_id) } else { 0 }
+                    + events.iter().map(Bytes::len).sum::<usize>()
+            }
+        }
+    }
+
+    fn encode(&self, buf: &mut impl BufMut) {
+        match self {
+            WatchReply::Response(response) => response.encode_raw(buf),
+            WatchReply::Events { header, watch_id, events } => {
+                // In field order, defaults left out, as prost writes a message.
+                if let Some(header) = header {
+                    message::encode(HEADER, header, buf);
+                }
+                if *watch_id != 0 {
+                    int64::encode(WATCH_ID, watch_id, buf);
+                }
+                for event in events {
+                    buf.put_slice(event);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+impl WatchReply {
+    /// The response a client decodes from this reply.
+    pub fn into_response(self) -> WatchResponse {
+        let mut buf = Vec::with_capacity(self.encoded_len());
+        self.encode(&mut buf);
+        WatchResponse::decode(&buf[..]).expect("a reply decodes as a WatchResponse")
+    }
+}
+
+impl From<WatchResponse> for WatchReply {
+    fn from(response: WatchResponse) -> Self {
+        WatchReply::Response(response)
+    }
+}
+
+/// Decodes `WatchRequest`s with prost; encodes `WatchReply`s itself.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct WatchCodec;
+
+impl Codec for WatchCodec {
+    type Encode = WatchReply;
+    type Decode = WatchRequest;
+    type Encoder = ReplyEncoder;
+    type Decoder = ProstDecoder<WatchRequest>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        ReplyEncoder
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        ProstDecoder::default()
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ReplyEncoder;
+
+impl Encoder for ReplyEncoder {
+    type Item = WatchReply;
+    type Error = Status;
+
+    fn encode(&mut self, reply: WatchReply, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        // The whole response at once: a large one (a catch-up of many revisions) grows the buffer
+        // once instead of doubling it as it goes.
+        dst.reserve(reply.encoded_len());
+        reply.encode(dst);
+        Ok(())
+    }
+}
+
+pub type ReplyStream = Pin<Box<dyn Stream<Item = Result<WatchReply, Status>> + Send>>;
+
+/// etcd's `etcdserverpb.Watch` service on `WatchCodec`.
+#[derive(Clone)]
+pub struct WatchServer {
+    service: Arc<WatchService>,
+}
+
+impl WatchServer {
+    pub fn new(service: WatchService) -> Self {
+        WatchServer { service: Arc::new(service) }
+    }
+}
+
+impl NamedService for WatchServer {
+    const NAME: &'static str = "etcdserverpb.Watch";
+}
+
+impl<B> Service<http::Request<B>> for WatchServer
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.uri().path() != "/etcdserverpb.Watch/Watch" {
+            return Box::pin(async { Ok(Status::unimplemented("").into_http()) });
+        }
+        let streams = Streams(self.service.clone());
+        Box::pin(async move { Ok(Grpc::new(WatchCodec).streaming(streams, request).await) })
+    }
+}
+
+/// The one method: a stream of requests in, a stream of replies out.
+struct Streams(Arc<WatchService>);
+
+impl StreamingService<WatchRequest> for Streams {
+    type Response = WatchReply;
+    type ResponseStream = ReplyStream;
+    type Future = BoxFuture<Response<ReplyStream>, Status>;
+
+    fn call(&mut self, request: Request<Streaming<WatchRequest>>) -> Self::Future {
+        let service = self.0.clone();
+        Box::pin(async move { service.watch(request).await })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::encoded_events::EncodedEvents;
+    use crate::proto::mvccpb::{Event, KeyValue};
+
+    fn event(key: &[u8], revision: i64) -> Event {
+        let kv = KeyValue { key: key.to_vec(), value: b"v".to_vec(), mod_revision: revision, ..Default::default() };
+        Event { r#type: 1, kv: Some(kv.clone()), prev_kv: Some(kv) }
+    }
+
+    fn written(reply: &WatchReply) -> Vec<u8> {
+        let mut buf = Vec::new();
+        reply.encode(&mut buf);
+        assert_eq!(buf.len(), reply.encoded_len());
+        buf
+    }
+
+    #[test]
+    fn encoded_events_are_written_as_prost_writes_the_same_response() {
+        let events = vec![event(b"a", 7), event(b"b", 8)];
+        let header = Some(ResponseHeader { cluster_id: 1, member_id: 2, revision: 8, raft_term: 3 });
+        for watch_id in [0, 5] {
+            let response = WatchResponse { header, watch_id, events: events.clone(), ..Default::default() };
+            let shared = EncodedEvents::default().get(&events, true).to_vec();
+            let reply = WatchReply::Events { header, watch_id, events: shared };
+            assert_eq!(written(&reply), response.encode_to_vec(), "watch id {watch_id}");
+            assert_eq!(WatchResponse::decode(&written(&reply)[..]).unwrap(), response);
+        }
+        let whole = WatchResponse { watch_id: 3, created: true, ..Default::default() };
+        assert_eq!(written(&WatchReply::from(whole.clone())), whole.encode_to_vec());
+    }
+}
