@@ -862,6 +862,10 @@ async fn slow_watcher_catches_up_without_loss() {
 async fn lagging_watcher_compacted_scenario(server: &Server) {
     // 800 revisions of 4 × 4 KiB: more than the stream's buffers hold for a watcher that does not read
     const REVISIONS: usize = 800;
+    // Then single puts, one committed batch each: more than keyward keeps in memory for watchers that
+    // fell behind (1,024 batches), so this one has to replay from the store, which the compaction
+    // then refuses. Fewer, and keyward delivers every event from memory instead of canceling.
+    const SINGLE_PUTS: usize = 1_200;
     let label = server.kind.label();
     let mut c = connect(server).await;
     let wc = c.watch_client().max_decoding_message_size(256 << 20);
@@ -869,6 +873,7 @@ async fn lagging_watcher_compacted_scenario(server: &Server) {
     let created = recv(&mut w, "created").await;
     let start = created.header().unwrap().revision() + 1;
     let mut acked = bulk_put(&c, "lc/", REVISIONS, 4, 4, 4_096).await;
+    acked.extend(bulk_put(&c, "lc/single/", SINGLE_PUTS, 1, 1, 8).await);
     let top = acked.iter().map(|a| a.1).max().unwrap();
     compact(&mut c, top).await;
     // What the watcher must deliver, in order: every write (a txn's puts in key order).

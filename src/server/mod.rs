@@ -170,7 +170,7 @@ fn routes(node: Arc<Node>) -> Routes {
     let maintenance = MaintenanceServer::new(maintenance::MaintenanceService::new(node.clone()));
     let cluster = ClusterServer::new(cluster::ClusterService::new(node.clone()));
     let lease = LeaseServer::new(lease::LeaseService::new(node.clone()));
-    let watch = watch_wire::WatchServer::new(watch::WatchService::new(node.clone()));
+    let watch = watch::WatchServer::new(watch::WatchService::new(node.clone()));
     let auth = AuthServer::new(auth::AuthService::new(node.clone()));
     let grpc = Routes::new(kv)
         .add_service(maintenance)

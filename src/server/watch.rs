@@ -11,17 +11,22 @@
 //! silently skipped forward.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use prost::Message;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
+use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
+use tonic::server::{Grpc, NamedService, StreamingService};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::requester::requester;
-use super::watch_wire::{ReplyStream, WatchReply};
+use super::watch_wire::{WatchCodec, WatchReply};
 use crate::auth::check::{Authorizer, Requester};
 use crate::auth::permissions::Access;
 use crate::error::EtcdError;
@@ -68,6 +73,61 @@ impl WatchService {
         let stream = WatchStream { node: self.node.clone(), who, out, watchers: HashMap::new(), next_id: 0 };
         tokio::spawn(stream.run(request.into_inner()));
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+}
+
+pub type ReplyStream = Pin<Box<dyn Stream<Item = Result<WatchReply, Status>> + Send>>;
+
+/// etcd's `etcdserverpb.Watch` service on `WatchCodec` (`watch_wire.rs`): what tonic generates for a
+/// streaming method, with that codec in place of prost's.
+#[derive(Clone)]
+pub struct WatchServer {
+    service: Arc<WatchService>,
+}
+
+impl WatchServer {
+    pub fn new(service: WatchService) -> Self {
+        WatchServer { service: Arc::new(service) }
+    }
+}
+
+impl NamedService for WatchServer {
+    const NAME: &'static str = "etcdserverpb.Watch";
+}
+
+impl<B> Service<http::Request<B>> for WatchServer
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.uri().path() != "/etcdserverpb.Watch/Watch" {
+            return Box::pin(async { Ok(Status::unimplemented("").into_http()) });
+        }
+        let streams = Streams(self.service.clone());
+        Box::pin(async move { Ok(Grpc::new(WatchCodec).streaming(streams, request).await) })
+    }
+}
+
+/// The one method: a stream of requests in, a stream of replies out.
+struct Streams(Arc<WatchService>);
+
+impl StreamingService<WatchRequest> for Streams {
+    type Response = WatchReply;
+    type ResponseStream = ReplyStream;
+    type Future = BoxFuture<Response<ReplyStream>, Status>;
+
+    fn call(&mut self, request: Request<Streaming<WatchRequest>>) -> Self::Future {
+        let service = self.0.clone();
+        Box::pin(async move { service.watch(request).await })
     }
 }
 

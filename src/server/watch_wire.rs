@@ -5,25 +5,15 @@
 //! from the store), or a response's header and watch id with its events already encoded, each as an
 //! element of the repeated field `events`. The latter is written as `WatchResponse`'s fields 1 and
 //! 2, then those elements as they are: the bytes prost writes for the same response (a test checks
-//! it). The service glue below is what tonic generates for a streaming method, with this
-//! codec in place of prost's.
-
-use std::convert::Infallible;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
+//! it). `watch.rs`'s `WatchServer` serves the service on this codec.
 
 use bytes::{BufMut, Bytes};
-use futures::Stream;
 use prost::encoding::{int64, message};
 use prost::Message;
 use tonic::codec::{Codec, EncodeBuf, Encoder};
-use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
-use tonic::server::{Grpc, NamedService, StreamingService};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::Status;
 use tonic_prost::ProstDecoder;
 
-use super::watch::WatchService;
 use crate::proto::etcdserverpb::{ResponseHeader, WatchRequest, WatchResponse};
 
 /// One response on a watch stream.
@@ -122,60 +112,6 @@ impl Encoder for ReplyEncoder {
         dst.reserve(reply.encoded_len());
         reply.encode(dst);
         Ok(())
-    }
-}
-
-pub type ReplyStream = Pin<Box<dyn Stream<Item = Result<WatchReply, Status>> + Send>>;
-
-/// etcd's `etcdserverpb.Watch` service on `WatchCodec`.
-#[derive(Clone)]
-pub struct WatchServer {
-    service: Arc<WatchService>,
-}
-
-impl WatchServer {
-    pub fn new(service: WatchService) -> Self {
-        WatchServer { service: Arc::new(service) }
-    }
-}
-
-impl NamedService for WatchServer {
-    const NAME: &'static str = "etcdserverpb.Watch";
-}
-
-impl<B> Service<http::Request<B>> for WatchServer
-where
-    B: Body + Send + 'static,
-    B::Error: Into<StdError> + Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Self::Response, Self::Error>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        if request.uri().path() != "/etcdserverpb.Watch/Watch" {
-            return Box::pin(async { Ok(Status::unimplemented("").into_http()) });
-        }
-        let streams = Streams(self.service.clone());
-        Box::pin(async move { Ok(Grpc::new(WatchCodec).streaming(streams, request).await) })
-    }
-}
-
-/// The one method: a stream of requests in, a stream of replies out.
-struct Streams(Arc<WatchService>);
-
-impl StreamingService<WatchRequest> for Streams {
-    type Response = WatchReply;
-    type ResponseStream = ReplyStream;
-    type Future = BoxFuture<Response<ReplyStream>, Status>;
-
-    fn call(&mut self, request: Request<Streaming<WatchRequest>>) -> Self::Future {
-        let service = self.0.clone();
-        Box::pin(async move { service.watch(request).await })
     }
 }
 
