@@ -63,7 +63,7 @@ impl WatchService {
 }
 
 impl WatchService {
-    /// etcd's `Watch`, served by `watch_wire::WatchServer`.
+    /// etcd's `Watch`, served by `WatchServer` below.
     pub async fn watch(&self, request: Request<Streaming<WatchRequest>>) -> Result<Response<ReplyStream>, Status> {
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         // The stream's identity comes from its metadata; a bad token refuses each create, as in etcd.
