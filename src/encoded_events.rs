@@ -34,8 +34,9 @@ impl EncodedEvents {
         if prev_kv {
             self.with_prev.get_or_init(|| events.iter().map(encode).collect())
         } else {
-            self.plain
-                .get_or_init(|| events.iter().map(|event| encode(&Event { prev_kv: None, ..event.clone() })).collect())
+            self.plain.get_or_init(|| {
+                events.iter().map(|e| encode(&Event { r#type: e.r#type, kv: e.kv.clone(), prev_kv: None })).collect()
+            })
         }
     }
 }

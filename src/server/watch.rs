@@ -60,9 +60,7 @@ impl WatchService {
     pub fn new(node: Arc<Node>) -> Self {
         WatchService { node }
     }
-}
 
-impl WatchService {
     /// etcd's `Watch`, served by `WatchServer` below.
     pub async fn watch(&self, request: Request<Streaming<WatchRequest>>) -> Result<Response<ReplyStream>, Status> {
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
@@ -402,9 +400,7 @@ impl Watcher {
         if batch.revision < self.next {
             return Live::Delivered; // delivered already (by a replay)
         }
-        // A snapshot install carries no events, and a batch after a gap (broadcast before this watcher
-        // subscribed) lacks the revisions in between: a replay reads them from the store.
-        if batch.installed.is_some() || batch.previous_revision >= self.next {
+        if !self.follows_on(batch) {
             return Live::Missed;
         }
         let mut taken = Vec::new();
@@ -446,7 +442,7 @@ impl Watcher {
             }
             match live.try_recv() {
                 Ok(batch) if batch.revision < self.next => {} // delivered already (by a replay)
-                Ok(batch) if batch.installed.is_some() || batch.previous_revision >= self.next => break true,
+                Ok(batch) if !self.follows_on(&batch) => break true,
                 Ok(batch) => {
                     self.take(&batch, &mut taken);
                     revisions += (batch.revision + 1 - self.next) as usize;
@@ -471,6 +467,13 @@ impl Watcher {
         } else {
             Live::Delivered
         }
+    }
+
+    /// Whether `batch` follows on from what this watcher delivered. A snapshot install carries no
+    /// events, and a batch after a gap (broadcast before this watcher subscribed) lacks the revisions
+    /// in between: a replay reads them from the store.
+    fn follows_on(&self, batch: &Committed) -> bool {
+        batch.installed.is_none() && batch.previous_revision < self.next
     }
 
     /// Takes the events of a broadcast batch that this watcher has not delivered, that fall in its
