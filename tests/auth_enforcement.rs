@@ -730,6 +730,43 @@ async fn revoked_permission_cancels_live_watch_with_reason() {
     assert_eq!(next_event_keys(&mut b_stream).await, vec!["w/3"]);
 }
 
+/// The same revoke, for a watch that fell behind (its client stopped reading) and catches up from
+/// the batches the member holds in memory: nothing written after the revoke reaches alice, and her
+/// watch ends with the reason once she reads again.
+#[tokio::test]
+async fn revoked_permission_cancels_a_lagging_watch_before_it_catches_up() {
+    let mut s = AuthServer::start().await;
+    let mut alice = s.user("alice", &[Permission::read("w/").with_prefix()]).await;
+    let (mut a_stream, created) = watch(&mut alice, "w/", Some(WatchOptions::new().with_prefix())).await;
+    assert!(!created.canceled());
+    // More than the stream's buffers hold: alice reads nothing, so her watcher falls behind.
+    let value = "x".repeat(64 << 10);
+    for i in 0..400 {
+        root_put(&mut s, &format!("w/before/{i:03}"), &value, None).await;
+    }
+    let revoke = s
+        .root
+        .role_revoke_permission("alice-role", "w/", Some(etcd_client::RoleRevokePermissionOptions::new().with_prefix()))
+        .await;
+    assert_ok("revoke alice's permission", revoke);
+    for i in 0..5 {
+        root_put(&mut s, &format!("w/after/{i}"), "v", None).await;
+    }
+    let mut canceled = None;
+    while let Some(resp) = next(&mut a_stream, Duration::from_secs(10)).await {
+        for event in resp.events() {
+            let key = String::from_utf8_lossy(event.kv().map_or(&[][..], |kv| kv.key())).into_owned();
+            assert!(key.starts_with("w/before/"), "alice's watch delivered {key} after her permission was revoked");
+        }
+        if resp.canceled() {
+            canceled = Some(resp);
+            break;
+        }
+    }
+    let canceled = canceled.expect("alice's lagging watch must be canceled once her read permission is revoked");
+    assert!(canceled.cancel_reason().contains(PERMISSION_DENIED), "{:?}", canceled.cancel_reason());
+}
+
 #[tokio::test]
 async fn deleted_user_watch_is_canceled() {
     let mut s = AuthServer::start().await;
