@@ -23,7 +23,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .flat_map(|file| file.message_type.iter().map(|m| format!(".etcdserverpb.{}", m.name())))
         .collect();
     let encoded = fds.encode_to_vec();
-    tonic_prost_build::configure().build_client(true).generate_default_stubs(true).compile_fds(fds)?;
+    // A raft request is one of some thirty kinds; boxed, it is a few hundred bytes instead of over a
+    // thousand, and so is every future and channel slot that carries one on the write path.
+    let mut config = tonic_prost_build::configure().build_client(true).generate_default_stubs(true);
+    for field in raft_request_kinds(&fds) {
+        config = config.boxed(field);
+    }
+    config.compile_fds(fds)?;
     // etcd's gateway marshals with grpc-gateway's default `JSONPb{OrigName: true}`: field names as
     // written in the .proto, 64-bit integers as strings, bytes as base64, defaults omitted; it ignores
     // unknown fields in requests.
@@ -34,4 +40,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .exclude(internal)
         .build(&[".etcdserverpb", ".mvccpb", ".authpb"])?;
     Ok(())
+}
+
+/// The request fields of `InternalRaftRequest` (every message-typed field but its header).
+fn raft_request_kinds(fds: &prost_types::FileDescriptorSet) -> Vec<String> {
+    use prost_types::field_descriptor_proto::Type;
+    fds.file
+        .iter()
+        .flat_map(|file| file.message_type.iter())
+        .filter(|message| message.name() == "InternalRaftRequest")
+        .flat_map(|message| message.field.iter())
+        .filter(|field| field.r#type() == Type::Message && field.name() != "header")
+        .map(|field| format!(".etcdserverpb.InternalRaftRequest.{}", field.name()))
+        .collect()
 }

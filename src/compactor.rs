@@ -44,7 +44,7 @@ pub async fn run(node: Arc<Node>, policy: AutoCompaction) {
             continue;
         };
         let request = CompactionRequest { revision: target, physical: false };
-        let proposal = InternalRaftRequest { compaction: Some(request), ..Default::default() };
+        let proposal = InternalRaftRequest { compaction: Some(Box::new(request)), ..Default::default() };
         match node.propose(proposal, &Requester::Member).await {
             Ok(_) => {
                 done = target;

@@ -275,18 +275,18 @@ mod tests {
     #[test]
     fn costs_are_etcds_with_nested_puts_counted() {
         let p = |req: InternalRaftRequest| cost(&req);
-        assert_eq!(p(InternalRaftRequest { put: Some(put("k", "vv")), ..Default::default() }), 256 + 1 + 2);
+        assert_eq!(p(InternalRaftRequest { put: Some(Box::new(put("k", "vv"))), ..Default::default() }), 256 + 1 + 2);
         let grant = LeaseGrantRequest { ttl: 5, id: 1 };
-        assert_eq!(p(InternalRaftRequest { lease_grant: Some(grant), ..Default::default() }), 64);
+        assert_eq!(p(InternalRaftRequest { lease_grant: Some(Box::new(grant)), ..Default::default() }), 64);
         let txn = TxnRequest {
             success: vec![op(put("a", "1")), op(put("b", "2"))],
             failure: vec![op(put("c", "333333"))],
             ..Default::default()
         };
-        assert_eq!(p(InternalRaftRequest { txn: Some(txn.clone()), ..Default::default() }), 2 * 258);
+        assert_eq!(p(InternalRaftRequest { txn: Some(Box::new(txn.clone())), ..Default::default() }), 2 * 258);
         let nested =
             TxnRequest { success: vec![RequestOp { request: Some(Request::RequestTxn(txn)) }], ..Default::default() };
-        assert_eq!(p(InternalRaftRequest { txn: Some(nested), ..Default::default() }), 2 * 258);
+        assert_eq!(p(InternalRaftRequest { txn: Some(Box::new(nested)), ..Default::default() }), 2 * 258);
         assert_eq!(p(InternalRaftRequest::default()), 0);
     }
 

@@ -79,13 +79,17 @@ async fn fill(sm: &mut StateMachine, keys: usize, value_len: usize, per_entry: u
     for (index, first) in (0..keys).step_by(per_entry).enumerate() {
         let requests = (first..(first + per_entry).min(keys))
             .map(|i| InternalRaftRequest {
-                put: Some(PutRequest { key: format!("key/{i:08}").into(), value: value.clone(), ..Default::default() }),
+                put: Some(Box::new(PutRequest {
+                    key: format!("key/{i:08}").into(),
+                    value: value.clone(),
+                    ..Default::default()
+                })),
                 ..Default::default()
             })
             .collect();
         let entry = Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index as u64 + 1),
-            payload: EntryPayload::Normal(RaftBatch(InternalRaftBatch { requests })),
+            payload: EntryPayload::Normal(RaftBatch::new(InternalRaftBatch { requests })),
         };
         let results = sm.apply([entry]).await.expect("apply");
         assert!(results[0].iter().all(Result::is_ok));

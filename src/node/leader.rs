@@ -75,7 +75,9 @@ impl Node {
             return Ok(leader);
         }
         let patience = Duration::from_millis(2 * self.raft.config().election_timeout_max);
-        let _ = self.raft.wait(Some(patience)).metrics(|m| m.current_leader.is_some(), "a leader").await;
+        // Boxed: only a request during an election waits here, and inline this wait would be part of
+        // every request's future (each is moved into a box of its own per call).
+        let _ = Box::pin(self.raft.wait(Some(patience)).metrics(|m| m.current_leader.is_some(), "a leader")).await;
         self.leader().ok_or(EtcdError::NoLeader)
     }
 
@@ -85,6 +87,10 @@ impl Node {
 
     /// Proposes `req` (its header set) through the leader and returns what applying it produced.
     pub(super) async fn propose_on_leader(&self, req: InternalRaftRequest) -> Result<Applied, EtcdError> {
+        if self.is_leader() {
+            // The common case, without `on_leader`'s boxed futures.
+            return self.proposer.propose(req).await?.result;
+        }
         // Proposed here it is moved, not copied; each forwarding attempt sends a copy.
         let req = std::sync::Mutex::new(Some(req));
         let take = || req.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -113,7 +119,7 @@ impl Node {
             .await?;
         if let Some(index) = index {
             // Answer once applied here too: a client that reads from this member next sees it.
-            self.wait_applied(index).await?;
+            Box::pin(self.wait_applied(index)).await?;
         }
         result
     }

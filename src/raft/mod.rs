@@ -21,6 +21,8 @@ pub mod thread;
 pub mod unsynced;
 pub mod wal;
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::apply::Applied;
@@ -46,9 +48,16 @@ pub type StoredMembership = openraft::StoredMembership<NodeId, member::MemberNod
 pub type Membership = openraft::Membership<NodeId, member::MemberNode>;
 
 /// The requests of one raft entry, each with the identity of who asked (`header.username`,
-/// `header.auth_revision`).
+/// `header.auth_revision`). Shared, not copied: openraft clones an entry for the log's cache of recent
+/// entries, when it reads one back to apply it, and for each peer it replicates to.
 #[derive(Clone, Debug, PartialEq)]
-pub struct RaftBatch(pub InternalRaftBatch);
+pub struct RaftBatch(pub Arc<InternalRaftBatch>);
+
+impl RaftBatch {
+    pub fn new(batch: InternalRaftBatch) -> Self {
+        RaftBatch(Arc::new(batch))
+    }
+}
 
 /// What applying one entry produced: one result per request of its batch, in order (none for blank and
 /// membership entries).
@@ -60,13 +69,13 @@ pub type ApplyResult = Result<Applied, EtcdError>;
 
 impl Serialize for RaftBatch {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        crate::proto::as_bytes::serialize(&self.0, s)
+        crate::proto::as_bytes::serialize(&*self.0, s)
     }
 }
 
 impl<'de> Deserialize<'de> for RaftBatch {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        crate::proto::as_bytes::deserialize(d).map(RaftBatch)
+        crate::proto::as_bytes::deserialize(d).map(RaftBatch::new)
     }
 }
 

@@ -69,11 +69,14 @@ impl Proposer {
     /// Proposes `req` (its header already set) and returns what applying it produced; an error when it
     /// was not committed and applied.
     pub async fn propose(&self, req: InternalRaftRequest) -> Result<Proposed, EtcdError> {
-        let (reply, applied) = oneshot::channel();
-        if self.queue.send(Proposal { req, reply }).await.is_err() {
+        // A place in the queue first, then the proposal: `send` would hold the request in its future
+        // as well (see `Node::propose`'s size test).
+        let Ok(place) = self.queue.reserve().await else {
             crate::metrics::PROPOSALS_FAILED.inc();
             return Err(EtcdError::Stopped);
-        }
+        };
+        let (reply, applied) = oneshot::channel();
+        place.send(Proposal { req, reply });
         match applied.await {
             Ok((outcome, _taken)) => outcome,
             Err(_dropped) => {
@@ -118,7 +121,7 @@ async fn batch_and_propose(
                     batch.push(proposal);
                 }
                 let (requests, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|p| (p.req, p.reply)).unzip();
-                match raft.client_write_ff(RaftBatch(InternalRaftBatch { requests })).await {
+                match raft.client_write_ff(RaftBatch::new(InternalRaftBatch { requests })).await {
                     Ok(written) => in_flight.push_back(async move {
                         let outcome = match written.await {
                             Ok(Ok(response)) => Ok((response.log_id.index, response.data)),

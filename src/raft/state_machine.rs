@@ -905,7 +905,9 @@ impl State {
     ) -> BatchResults {
         let entry = Entry {
             log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
-            payload: EntryPayload::Normal(super::RaftBatch(crate::proto::etcdserverpb::InternalRaftBatch { requests })),
+            payload: EntryPayload::Normal(super::RaftBatch::new(crate::proto::etcdserverpb::InternalRaftBatch {
+                requests,
+            })),
         };
         self.apply_until_applied(&[entry]).expect("apply").remove(0)
     }
@@ -943,31 +945,31 @@ mod space_tests {
     fn entry(index: u64, requests: Vec<InternalRaftRequest>) -> Entry {
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-            payload: EntryPayload::Normal(RaftBatch(InternalRaftBatch { requests })),
+            payload: EntryPayload::Normal(RaftBatch::new(InternalRaftBatch { requests })),
         }
     }
 
     fn put(key: &str, value: &[u8]) -> InternalRaftRequest {
         InternalRaftRequest {
-            put: Some(PutRequest { key: key.into(), value: value.to_vec(), ..Default::default() }),
+            put: Some(Box::new(PutRequest { key: key.into(), value: value.to_vec(), ..Default::default() })),
             ..Default::default()
         }
     }
 
     fn delete(key: &str) -> InternalRaftRequest {
         InternalRaftRequest {
-            delete_range: Some(DeleteRangeRequest { key: key.into(), ..Default::default() }),
+            delete_range: Some(Box::new(DeleteRangeRequest { key: key.into(), ..Default::default() })),
             ..Default::default()
         }
     }
 
     fn alarm(action: AlarmAction) -> InternalRaftRequest {
         let alarm = AlarmRequest { action: action as i32, member_id: 42, alarm: AlarmType::Nospace as i32 };
-        InternalRaftRequest { alarm: Some(alarm), ..Default::default() }
+        InternalRaftRequest { alarm: Some(Box::new(alarm)), ..Default::default() }
     }
 
     fn txn(success: Vec<RequestOp>) -> InternalRaftRequest {
-        InternalRaftRequest { txn: Some(TxnRequest { success, ..Default::default() }), ..Default::default() }
+        InternalRaftRequest { txn: Some(Box::new(TxnRequest { success, ..Default::default() })), ..Default::default() }
     }
 
     fn apply(state: &State, index: u64, requests: Vec<InternalRaftRequest>) -> Vec<Result<Applied, EtcdError>> {
@@ -1014,8 +1016,10 @@ mod space_tests {
     fn nospace_alarm_refuses_writes_that_take_space_on_every_member_until_disarmed() {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let members = [open(a.path(), Space::without_ballast()), open(b.path(), Space::without_ballast())];
-        let lease =
-            |id| InternalRaftRequest { lease_grant: Some(LeaseGrantRequest { ttl: 60, id }), ..Default::default() };
+        let lease = |id| InternalRaftRequest {
+            lease_grant: Some(Box::new(LeaseGrantRequest { ttl: 60, id })),
+            ..Default::default()
+        };
         let put_op = |k: &str| RequestOp {
             request: Some(Request::RequestPut(PutRequest {
                 key: k.into(),
@@ -1027,7 +1031,7 @@ mod space_tests {
             request: Some(Request::RequestDeleteRange(DeleteRangeRequest { key: k.into(), ..Default::default() })),
         };
         let compact = |revision| InternalRaftRequest {
-            compaction: Some(CompactionRequest { revision, physical: false }),
+            compaction: Some(Box::new(CompactionRequest { revision, physical: false })),
             ..Default::default()
         };
         let nested_put = txn(vec![RequestOp {
@@ -1081,16 +1085,22 @@ mod space_tests {
             &state,
             1,
             vec![
-                as_member(InternalRaftRequest { auth_user_add: Some(user_add), ..Default::default() }),
+                as_member(InternalRaftRequest { auth_user_add: Some(Box::new(user_add)), ..Default::default() }),
                 as_member(InternalRaftRequest {
-                    auth_role_add: Some(AuthRoleAddRequest { name: "root".into() }),
+                    auth_role_add: Some(Box::new(AuthRoleAddRequest { name: "root".into() })),
                     ..Default::default()
                 }),
                 as_member(InternalRaftRequest {
-                    auth_user_grant_role: Some(AuthUserGrantRoleRequest { user: "root".into(), role: "root".into() }),
+                    auth_user_grant_role: Some(Box::new(AuthUserGrantRoleRequest {
+                        user: "root".into(),
+                        role: "root".into(),
+                    })),
                     ..Default::default()
                 }),
-                as_member(InternalRaftRequest { auth_enable: Some(AuthEnableRequest {}), ..Default::default() }),
+                as_member(InternalRaftRequest {
+                    auth_enable: Some(Box::new(AuthEnableRequest {})),
+                    ..Default::default()
+                }),
             ],
         );
         assert!(setup.iter().all(Result::is_ok), "{setup:?}");
@@ -1132,7 +1142,7 @@ mod space_tests {
         let file = state.disk_size().unwrap();
         let mut requests: Vec<_> = (0..64).map(|i| delete(&format!("k{i:03}"))).collect();
         requests.push(InternalRaftRequest {
-            compaction: Some(CompactionRequest { revision: 129, physical: false }),
+            compaction: Some(Box::new(CompactionRequest { revision: 129, physical: false })),
             ..Default::default()
         });
         apply(&state, 2, requests);

@@ -108,7 +108,7 @@ impl AuthService {
                 password: String::new(),
             };
             let who = Requester::client(req.name.clone(), checked_at).with_origin(origin);
-            match self.node.propose(internal(|r| r.authenticate = Some(issue)), &who).await {
+            match self.node.propose(internal(|r| r.authenticate = Some(Box::new(issue))), &who).await {
                 Ok(Applied::Authenticated { index, auth_revision }) => {
                     let token = match self.node.tokens.as_ref() {
                         Tokens::Simple(_) => SimpleTokens::token(&prefix, index),
@@ -147,7 +147,7 @@ fn internal<T>(build: impl FnOnce(&mut InternalRaftRequest) -> T) -> InternalRaf
 impl Auth for AuthService {
     async fn auth_enable(&self, request: Request<AuthEnableRequest>) -> Result<Response<AuthEnableResponse>, Status> {
         let who = requester(&self.node, &request)?;
-        let header = self.change(&who, internal(|r| r.auth_enable = Some(AuthEnableRequest {}))).await?;
+        let header = self.change(&who, internal(|r| r.auth_enable = Some(Box::new(AuthEnableRequest {})))).await?;
         Ok(Response::new(AuthEnableResponse { header }))
     }
 
@@ -156,7 +156,7 @@ impl Auth for AuthService {
         request: Request<AuthDisableRequest>,
     ) -> Result<Response<AuthDisableResponse>, Status> {
         let who = requester(&self.node, &request)?;
-        let header = self.change(&who, internal(|r| r.auth_disable = Some(AuthDisableRequest {}))).await?;
+        let header = self.change(&who, internal(|r| r.auth_disable = Some(Box::new(AuthDisableRequest {})))).await?;
         Ok(Response::new(AuthDisableResponse { header }))
     }
 
@@ -209,7 +209,7 @@ impl Auth for AuthService {
         if !no_password {
             req.hashed_password = password::hash(plaintext, self.node.bcrypt_cost).await?;
         }
-        let header = self.change(&who, internal(|r| r.auth_user_add = Some(req))).await?;
+        let header = self.change(&who, internal(|r| r.auth_user_add = Some(Box::new(req)))).await?;
         Ok(Response::new(AuthUserAddResponse { header }))
     }
 
@@ -245,7 +245,7 @@ impl Auth for AuthService {
     ) -> Result<Response<AuthUserDeleteResponse>, Status> {
         let who = requester(&self.node, &request)?;
         let req = request.into_inner();
-        let header = self.change(&who, internal(|r| r.auth_user_delete = Some(req))).await?;
+        let header = self.change(&who, internal(|r| r.auth_user_delete = Some(Box::new(req)))).await?;
         Ok(Response::new(AuthUserDeleteResponse { header }))
     }
 
@@ -257,7 +257,7 @@ impl Auth for AuthService {
         let mut req = request.into_inner();
         let plaintext = std::mem::take(&mut req.password);
         req.hashed_password = password::hash(plaintext, self.node.bcrypt_cost).await?;
-        let header = self.change(&who, internal(|r| r.auth_user_change_password = Some(req))).await?;
+        let header = self.change(&who, internal(|r| r.auth_user_change_password = Some(Box::new(req)))).await?;
         Ok(Response::new(AuthUserChangePasswordResponse { header }))
     }
 
@@ -267,7 +267,7 @@ impl Auth for AuthService {
     ) -> Result<Response<AuthUserGrantRoleResponse>, Status> {
         let who = requester(&self.node, &request)?;
         let req = request.into_inner();
-        let header = self.change(&who, internal(|r| r.auth_user_grant_role = Some(req))).await?;
+        let header = self.change(&who, internal(|r| r.auth_user_grant_role = Some(Box::new(req)))).await?;
         Ok(Response::new(AuthUserGrantRoleResponse { header }))
     }
 
@@ -277,7 +277,7 @@ impl Auth for AuthService {
     ) -> Result<Response<AuthUserRevokeRoleResponse>, Status> {
         let who = requester(&self.node, &request)?;
         let req = request.into_inner();
-        let header = self.change(&who, internal(|r| r.auth_user_revoke_role = Some(req))).await?;
+        let header = self.change(&who, internal(|r| r.auth_user_revoke_role = Some(Box::new(req)))).await?;
         Ok(Response::new(AuthUserRevokeRoleResponse { header }))
     }
 
@@ -287,7 +287,7 @@ impl Auth for AuthService {
         if req.name.is_empty() {
             return Err(EtcdError::RoleEmpty.into());
         }
-        let header = self.change(&who, internal(|r| r.auth_role_add = Some(req))).await?;
+        let header = self.change(&who, internal(|r| r.auth_role_add = Some(Box::new(req)))).await?;
         Ok(Response::new(AuthRoleAddResponse { header }))
     }
 
@@ -323,7 +323,7 @@ impl Auth for AuthService {
     ) -> Result<Response<AuthRoleDeleteResponse>, Status> {
         let who = requester(&self.node, &request)?;
         let req = request.into_inner();
-        let header = self.change(&who, internal(|r| r.auth_role_delete = Some(req))).await?;
+        let header = self.change(&who, internal(|r| r.auth_role_delete = Some(Box::new(req)))).await?;
         Ok(Response::new(AuthRoleDeleteResponse { header }))
     }
 
@@ -333,7 +333,7 @@ impl Auth for AuthService {
     ) -> Result<Response<AuthRoleGrantPermissionResponse>, Status> {
         let who = requester(&self.node, &request)?;
         let req = request.into_inner();
-        let header = self.change(&who, internal(|r| r.auth_role_grant_permission = Some(req))).await?;
+        let header = self.change(&who, internal(|r| r.auth_role_grant_permission = Some(Box::new(req)))).await?;
         Ok(Response::new(AuthRoleGrantPermissionResponse { header }))
     }
 
@@ -343,7 +343,7 @@ impl Auth for AuthService {
     ) -> Result<Response<AuthRoleRevokePermissionResponse>, Status> {
         let who = requester(&self.node, &request)?;
         let req = request.into_inner();
-        let header = self.change(&who, internal(|r| r.auth_role_revoke_permission = Some(req))).await?;
+        let header = self.change(&who, internal(|r| r.auth_role_revoke_permission = Some(Box::new(req)))).await?;
         Ok(Response::new(AuthRoleRevokePermissionResponse { header }))
     }
 }

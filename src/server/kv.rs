@@ -74,7 +74,7 @@ impl Kv for KvService {
         let who = requester(&self.node, &request)?;
         let req = request.into_inner();
         txn::validate_put(&req)?;
-        match self.propose(InternalRaftRequest { put: Some(req), ..Default::default() }, &who).await? {
+        match self.propose(InternalRaftRequest { put: Some(Box::new(req)), ..Default::default() }, &who).await? {
             Applied::Put(resp) => Ok(Response::new(resp)),
             other => Err(other.mismatch().into()),
         }
@@ -89,7 +89,10 @@ impl Kv for KvService {
         if req.key.is_empty() {
             return Err(EtcdError::EmptyKey.into());
         }
-        match self.propose(InternalRaftRequest { delete_range: Some(req), ..Default::default() }, &who).await? {
+        match self
+            .propose(InternalRaftRequest { delete_range: Some(Box::new(req)), ..Default::default() }, &who)
+            .await?
+        {
             Applied::DeleteRange(resp) => Ok(Response::new(resp)),
             other => Err(other.mismatch().into()),
         }
@@ -103,7 +106,7 @@ impl Kv for KvService {
             // Like etcd, a transaction that cannot write is served as a linearizable read.
             self.node.read(true, move |view, authz| read_only_txn(view, authz, &who, &req)).await?
         } else {
-            match self.propose(InternalRaftRequest { txn: Some(req), ..Default::default() }, &who).await? {
+            match self.propose(InternalRaftRequest { txn: Some(Box::new(req)), ..Default::default() }, &who).await? {
                 Applied::Txn(resp) => resp,
                 other => return Err(other.mismatch().into()),
             }
@@ -115,7 +118,7 @@ impl Kv for KvService {
     async fn compact(&self, request: Request<CompactionRequest>) -> Result<Response<CompactionResponse>, Status> {
         let who = requester(&self.node, &request)?;
         let req = request.into_inner();
-        match self.propose(InternalRaftRequest { compaction: Some(req), ..Default::default() }, &who).await? {
+        match self.propose(InternalRaftRequest { compaction: Some(Box::new(req)), ..Default::default() }, &who).await? {
             Applied::Compaction(resp) => Ok(Response::new(resp)),
             other => Err(other.mismatch().into()),
         }

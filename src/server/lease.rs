@@ -49,7 +49,11 @@ impl Lease for LeaseService {
         if req.id == 0 {
             req.id = self.node.next_id();
         }
-        match self.node.propose(InternalRaftRequest { lease_grant: Some(req), ..Default::default() }, &who).await? {
+        match self
+            .node
+            .propose(InternalRaftRequest { lease_grant: Some(Box::new(req)), ..Default::default() }, &who)
+            .await?
+        {
             Applied::LeaseGrant(resp) => Ok(Response::new(resp)),
             other => Err(other.mismatch().into()),
         }
@@ -61,7 +65,11 @@ impl Lease for LeaseService {
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
         let who = requester(&self.node, &request)?;
         let req = request.into_inner();
-        match self.node.propose(InternalRaftRequest { lease_revoke: Some(req), ..Default::default() }, &who).await? {
+        match self
+            .node
+            .propose(InternalRaftRequest { lease_revoke: Some(Box::new(req)), ..Default::default() }, &who)
+            .await?
+        {
             Applied::LeaseRevoke(resp) => Ok(Response::new(resp)),
             other => Err(other.mismatch().into()),
         }

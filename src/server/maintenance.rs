@@ -101,7 +101,7 @@ impl Maintenance for MaintenanceService {
             }
             AlarmAction::Activate | AlarmAction::Deactivate => {}
         }
-        match self.node.propose(InternalRaftRequest { alarm: Some(req), ..Default::default() }, &who).await? {
+        match self.node.propose(InternalRaftRequest { alarm: Some(Box::new(req)), ..Default::default() }, &who).await? {
             Applied::Alarm(resp) => Ok(Response::new(resp)),
             other => {
                 tracing::error!(?other, "apply result does not match the proposal");

@@ -797,7 +797,7 @@ mod tests {
             StateMachine::open(&leader_dir.path().join("kv"), &leader_dir.path().join("snap")).unwrap().state();
         let mut requests: Vec<_> = (0..7).map(|i| put(format!("w/{i}").as_bytes(), b"v", 0)).collect();
         let compact = CompactionRequest { revision: 4, physical: false };
-        requests.push(InternalRaftRequest { compaction: Some(compact), ..Default::default() });
+        requests.push(InternalRaftRequest { compaction: Some(Box::new(compact)), ..Default::default() });
         assert!(leader.apply_requests(1, requests).iter().all(Result::is_ok));
 
         let (mut from_5, _stop_5) = watch_from(&node, 5, 16);
@@ -835,9 +835,12 @@ mod tests {
         let last = node.revision();
         assert_eq!(last, first + puts - 1, "one revision per put");
         let compact = CompactionRequest { revision: last, physical: false };
-        node.propose(InternalRaftRequest { compaction: Some(compact), ..Default::default() }, &Requester::Member)
-            .await
-            .unwrap();
+        node.propose(
+            InternalRaftRequest { compaction: Some(Box::new(compact)), ..Default::default() },
+            &Requester::Member,
+        )
+        .await
+        .unwrap();
 
         let (delivered, count) = delivered_until(&mut responses, last).await;
         let expected: Vec<_> = (0..puts).map(|i| (format!("w/{i}"), first + i)).collect();

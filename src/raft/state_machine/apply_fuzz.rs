@@ -138,70 +138,74 @@ fn permission() -> impl Strategy<Value = Permission> {
 /// One request of any kind, with the operation fields etcd's raft entries carry.
 fn operation() -> BoxedStrategy<InternalRaftRequest> {
     let kv = prop_oneof![
-        put().prop_map(|put| InternalRaftRequest { put: Some(put), ..Default::default() }),
-        delete().prop_map(|d| InternalRaftRequest { delete_range: Some(d), ..Default::default() }),
-        txn().prop_map(|t| InternalRaftRequest { txn: Some(t), ..Default::default() }),
+        put().prop_map(|put| InternalRaftRequest { put: Some(Box::new(put)), ..Default::default() }),
+        delete().prop_map(|d| InternalRaftRequest { delete_range: Some(Box::new(d)), ..Default::default() }),
+        txn().prop_map(|t| InternalRaftRequest { txn: Some(Box::new(t)), ..Default::default() }),
         revision().prop_map(|revision| InternalRaftRequest {
-            compaction: Some(CompactionRequest { revision, physical: false }),
+            compaction: Some(Box::new(CompactionRequest { revision, physical: false })),
             ..Default::default()
         }),
     ];
     let leases = prop_oneof![
         (lease(), -2i64..4).prop_map(|(id, ttl)| InternalRaftRequest {
-            lease_grant: Some(LeaseGrantRequest { ttl, id }),
+            lease_grant: Some(Box::new(LeaseGrantRequest { ttl, id })),
             ..Default::default()
         }),
-        lease()
-            .prop_map(|id| InternalRaftRequest { lease_revoke: Some(LeaseRevokeRequest { id }), ..Default::default() }),
+        lease().prop_map(|id| InternalRaftRequest {
+            lease_revoke: Some(Box::new(LeaseRevokeRequest { id })),
+            ..Default::default()
+        }),
         (lease(), -1i64..100).prop_map(|(id, remaining_ttl)| InternalRaftRequest {
-            lease_checkpoint: Some(LeaseCheckpointRequest { checkpoints: vec![LeaseCheckpoint { id, remaining_ttl }] }),
+            lease_checkpoint: Some(Box::new(LeaseCheckpointRequest {
+                checkpoints: vec![LeaseCheckpoint { id, remaining_ttl }]
+            })),
             ..Default::default()
         }),
     ];
     let users = prop_oneof![
-        Just(InternalRaftRequest { auth_enable: Some(AuthEnableRequest {}), ..Default::default() }),
-        Just(InternalRaftRequest { auth_disable: Some(AuthDisableRequest {}), ..Default::default() }),
+        Just(InternalRaftRequest { auth_enable: Some(Box::new(AuthEnableRequest {})), ..Default::default() }),
+        Just(InternalRaftRequest { auth_disable: Some(Box::new(AuthDisableRequest {})), ..Default::default() }),
         (name(), any::<bool>()).prop_map(|(name, no_password)| InternalRaftRequest {
-            auth_user_add: Some(AuthUserAddRequest {
+            auth_user_add: Some(Box::new(AuthUserAddRequest {
                 name,
                 password: String::new(),
                 options: Some(UserAddOptions { no_password }),
                 hashed_password: if no_password { String::new() } else { "$2b$04$not.a.real.hash".into() },
-            }),
+            })),
             ..Default::default()
         }),
         name().prop_map(|name| InternalRaftRequest {
-            auth_user_delete: Some(AuthUserDeleteRequest { name }),
+            auth_user_delete: Some(Box::new(AuthUserDeleteRequest { name })),
             ..Default::default()
         }),
         (name(), name()).prop_map(|(user, role)| InternalRaftRequest {
-            auth_user_grant_role: Some(AuthUserGrantRoleRequest { user, role }),
+            auth_user_grant_role: Some(Box::new(AuthUserGrantRoleRequest { user, role })),
             ..Default::default()
         }),
         (name(), name()).prop_map(|(name, role)| InternalRaftRequest {
-            auth_user_revoke_role: Some(AuthUserRevokeRoleRequest { name, role }),
+            auth_user_revoke_role: Some(Box::new(AuthUserRevokeRoleRequest { name, role })),
             ..Default::default()
         }),
         (name(), name()).prop_map(|(name, simple_token)| InternalRaftRequest {
-            authenticate: Some(InternalAuthenticateRequest { name, password: String::new(), simple_token }),
+            authenticate: Some(Box::new(InternalAuthenticateRequest { name, password: String::new(), simple_token })),
             ..Default::default()
         }),
     ];
     let roles = prop_oneof![
         name().prop_map(|name| InternalRaftRequest {
-            auth_role_add: Some(AuthRoleAddRequest { name }),
+            auth_role_add: Some(Box::new(AuthRoleAddRequest { name })),
             ..Default::default()
         }),
         name().prop_map(|role| InternalRaftRequest {
-            auth_role_delete: Some(AuthRoleDeleteRequest { role }),
+            auth_role_delete: Some(Box::new(AuthRoleDeleteRequest { role })),
             ..Default::default()
         }),
         (name(), prop::option::of(permission())).prop_map(|(name, perm)| InternalRaftRequest {
-            auth_role_grant_permission: Some(AuthRoleGrantPermissionRequest { name, perm }),
+            auth_role_grant_permission: Some(Box::new(AuthRoleGrantPermissionRequest { name, perm })),
             ..Default::default()
         }),
         (name(), key(), range_end()).prop_map(|(role, key, range_end)| InternalRaftRequest {
-            auth_role_revoke_permission: Some(AuthRoleRevokePermissionRequest { role, key, range_end }),
+            auth_role_revoke_permission: Some(Box::new(AuthRoleRevokePermissionRequest { role, key, range_end })),
             ..Default::default()
         }),
     ];
@@ -229,7 +233,7 @@ fn request() -> impl Strategy<Value = InternalRaftRequest> {
 fn entry(index: u64, req: InternalRaftRequest) -> Entry {
     Entry {
         log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-        payload: EntryPayload::Normal(RaftBatch(InternalRaftBatch { requests: vec![req] })),
+        payload: EntryPayload::Normal(RaftBatch::new(InternalRaftBatch { requests: vec![req] })),
     }
 }
 

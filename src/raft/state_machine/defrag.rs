@@ -152,7 +152,7 @@ mod tests {
 
     fn put(key: String, value: Vec<u8>) -> InternalRaftRequest {
         InternalRaftRequest {
-            put: Some(PutRequest { key: key.into(), value, ..Default::default() }),
+            put: Some(Box::new(PutRequest { key: key.into(), value, ..Default::default() })),
             ..Default::default()
         }
     }
@@ -163,11 +163,11 @@ mod tests {
         let state = sm.state();
         state.apply_requests(1, (0..400).map(|i| put(format!("k{i:03}"), vec![7; 8 << 10])).collect());
         let deletes = (0..400).filter(|i| i % 10 != 0).map(|i| InternalRaftRequest {
-            delete_range: Some(DeleteRangeRequest { key: format!("k{i:03}").into(), ..Default::default() }),
+            delete_range: Some(Box::new(DeleteRangeRequest { key: format!("k{i:03}").into(), ..Default::default() })),
             ..Default::default()
         });
         let compact = InternalRaftRequest {
-            compaction: Some(CompactionRequest { revision: 761, physical: false }),
+            compaction: Some(Box::new(CompactionRequest { revision: 761, physical: false })),
             ..Default::default()
         };
         state.apply_requests(2, deletes.chain([compact]).collect());

@@ -37,29 +37,29 @@ pub(crate) fn as_member(req: InternalRaftRequest) -> InternalRaftRequest {
 
 pub(crate) fn put(key: &[u8], value: &[u8], lease: i64) -> InternalRaftRequest {
     let put = PutRequest { key: key.to_vec(), value: value.to_vec(), lease, ..Default::default() };
-    InternalRaftRequest { put: Some(put), ..Default::default() }
+    InternalRaftRequest { put: Some(Box::new(put)), ..Default::default() }
 }
 
 pub(crate) fn delete(key: &[u8]) -> InternalRaftRequest {
     let delete = DeleteRangeRequest { key: key.to_vec(), ..Default::default() };
-    InternalRaftRequest { delete_range: Some(delete), ..Default::default() }
+    InternalRaftRequest { delete_range: Some(Box::new(delete)), ..Default::default() }
 }
 
 pub(crate) fn grant(id: i64, ttl: i64) -> InternalRaftRequest {
-    InternalRaftRequest { lease_grant: Some(LeaseGrantRequest { ttl, id }), ..Default::default() }
+    InternalRaftRequest { lease_grant: Some(Box::new(LeaseGrantRequest { ttl, id })), ..Default::default() }
 }
 
 pub(crate) fn checkpoint(id: i64, remaining_ttl: i64) -> InternalRaftRequest {
     let checkpoints = vec![LeaseCheckpoint { id, remaining_ttl }];
     as_member(InternalRaftRequest {
-        lease_checkpoint: Some(LeaseCheckpointRequest { checkpoints }),
+        lease_checkpoint: Some(Box::new(LeaseCheckpointRequest { checkpoints })),
         ..Default::default()
     })
 }
 
 pub(crate) fn alarm(member_id: u64) -> InternalRaftRequest {
     let alarm = AlarmRequest { action: AlarmAction::Activate as i32, member_id, alarm: AlarmType::Nospace as i32 };
-    as_member(InternalRaftRequest { alarm: Some(alarm), ..Default::default() })
+    as_member(InternalRaftRequest { alarm: Some(Box::new(alarm)), ..Default::default() })
 }
 
 /// root, and alice who may read `readable`; then auth on. The same number of auth changes whatever
@@ -70,20 +70,23 @@ pub(crate) fn auth_with_alice_reading(readable: &[u8]) -> Vec<InternalRaftReques
     let user_role = |user: &str, role: &str| AuthUserGrantRoleRequest { user: user.into(), role: role.into() };
     let perm = Permission { perm_type: PermType::Read as i32, key: readable.to_vec(), range_end: Vec::new() };
     [
-        InternalRaftRequest { auth_user_add: Some(user("root")), ..Default::default() },
-        InternalRaftRequest { auth_role_add: Some(role("root")), ..Default::default() },
-        InternalRaftRequest { auth_user_grant_role: Some(user_role("root", "root")), ..Default::default() },
-        InternalRaftRequest { auth_user_add: Some(user("alice")), ..Default::default() },
-        InternalRaftRequest { auth_role_add: Some(role("reader")), ..Default::default() },
+        InternalRaftRequest { auth_user_add: Some(Box::new(user("root"))), ..Default::default() },
+        InternalRaftRequest { auth_role_add: Some(Box::new(role("root"))), ..Default::default() },
+        InternalRaftRequest { auth_user_grant_role: Some(Box::new(user_role("root", "root"))), ..Default::default() },
+        InternalRaftRequest { auth_user_add: Some(Box::new(user("alice"))), ..Default::default() },
+        InternalRaftRequest { auth_role_add: Some(Box::new(role("reader"))), ..Default::default() },
         InternalRaftRequest {
-            auth_role_grant_permission: Some(AuthRoleGrantPermissionRequest {
+            auth_role_grant_permission: Some(Box::new(AuthRoleGrantPermissionRequest {
                 name: "reader".into(),
                 perm: Some(perm),
-            }),
+            })),
             ..Default::default()
         },
-        InternalRaftRequest { auth_user_grant_role: Some(user_role("alice", "reader")), ..Default::default() },
-        InternalRaftRequest { auth_enable: Some(AuthEnableRequest {}), ..Default::default() },
+        InternalRaftRequest {
+            auth_user_grant_role: Some(Box::new(user_role("alice", "reader"))),
+            ..Default::default()
+        },
+        InternalRaftRequest { auth_enable: Some(Box::new(AuthEnableRequest {})), ..Default::default() },
     ]
     .into_iter()
     .map(as_member)

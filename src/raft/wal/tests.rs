@@ -22,10 +22,10 @@ fn log_id(term: u64, index: u64) -> LogId {
 /// An entry with a put of `value_len` bytes, so its size is known.
 fn entry(term: u64, index: u64, value_len: usize) -> Entry {
     let put = PutRequest { key: format!("k{index}").into(), value: vec![b'v'; value_len], ..Default::default() };
-    let req = InternalRaftRequest { put: Some(put), ..Default::default() };
+    let req = InternalRaftRequest { put: Some(Box::new(put)), ..Default::default() };
     Entry {
         log_id: log_id(term, index),
-        payload: EntryPayload::Normal(RaftBatch(InternalRaftBatch { requests: vec![req] })),
+        payload: EntryPayload::Normal(RaftBatch::new(InternalRaftBatch { requests: vec![req] })),
     }
 }
 
