@@ -12,6 +12,7 @@
 //! proposals wait), and a member that answers "not leader" before doing anything is asked again at
 //! the leader it names next. After that the answer is etcd's retryable "no leader".
 
+use std::future::Future;
 use std::time::Duration;
 
 use futures::future::{BoxFuture, FutureExt};
@@ -40,10 +41,12 @@ const REROUTES: usize = 3;
 type Leader = PeerClient<Channel>;
 
 impl Node {
-    /// Runs `here` if this member leads, else `there` against the leader; see the module docs.
-    async fn on_leader<'a, T>(
+    /// Runs `here` if this member leads, else `there` against the leader; see the module docs. `here`'s
+    /// future is held as it is, since on the leader every request runs it (membership changes, rare and
+    /// large, box theirs); `there`'s are boxed.
+    async fn on_leader<'a, T, Here: Future<Output = Result<T, EtcdError>>>(
         &'a self,
-        here: impl FnOnce() -> BoxFuture<'a, Result<T, EtcdError>>,
+        here: impl FnOnce() -> Here,
         mut there: impl FnMut(Leader) -> BoxFuture<'a, Result<T, tonic::Status>>,
     ) -> Result<T, EtcdError> {
         let not_leader = EtcdError::NotLeader.to_string();
@@ -87,22 +90,15 @@ impl Node {
 
     /// Proposes `req` (its header set) through the leader and returns what applying it produced.
     pub(super) async fn propose_on_leader(&self, req: InternalRaftRequest) -> Result<Applied, EtcdError> {
-        if self.is_leader() {
-            // The common case, without `on_leader`'s boxed futures.
-            return self.proposer.propose(req).await?.result;
-        }
         // Proposed here it is moved, not copied; each forwarding attempt sends a copy.
         let req = std::sync::Mutex::new(Some(req));
         let take = || req.lock().unwrap_or_else(|e| e.into_inner()).take();
         let copy = || req.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let (index, result) = self
             .on_leader(
-                move || {
-                    async move {
-                        let here = take().ok_or(EtcdError::Internal)?;
-                        self.proposer.propose(here).await.map(|p| (None, p.result))
-                    }
-                    .boxed()
+                move || async move {
+                    let here = take().ok_or(EtcdError::Internal)?;
+                    self.proposer.propose(here).await.map(|p| (None, p.result))
                 },
                 |mut leader| {
                     let req = copy().map(|req| self.forwarded(req));
@@ -147,7 +143,7 @@ impl Node {
     /// One round of `read_index`: the leader's read index, asked of it if this member does not lead.
     pub(super) async fn fetch_read_index(&self) -> Result<u64, EtcdError> {
         self.on_leader(
-            move || self.leader_read_rounds.read_index().boxed(),
+            move || self.leader_read_rounds.read_index(),
             |mut leader| {
                 let req = self.forwarded(ReadIndexRequest {});
                 async move { Ok(leader.read_index(req).await?.into_inner().index) }.boxed()
@@ -173,7 +169,7 @@ impl Node {
     /// Renews lease `id` on the leader's clock: its TTL, or 0 for an unknown or expired lease.
     pub async fn lease_renew(&self, id: i64) -> Result<i64, EtcdError> {
         self.on_leader(
-            move || async move { Ok(self.lessor.renew(id).unwrap_or(0)) }.boxed(),
+            move || async move { Ok(self.lessor.renew(id).unwrap_or(0)) },
             |mut leader| {
                 let req = self.forwarded(LeaseKeepAliveRequest { id });
                 async move { Ok(leader.lease_keep_alive(req).await?.into_inner().ttl) }.boxed()
@@ -185,7 +181,7 @@ impl Node {
     /// `(granted TTL, remaining seconds)` of lease `id` on the leader's clock.
     pub async fn lease_time_to_live(&self, id: i64) -> Result<Option<(i64, i64)>, EtcdError> {
         self.on_leader(
-            move || async move { Ok(self.lessor.time_to_live(id)) }.boxed(),
+            move || async move { Ok(self.lessor.time_to_live(id)) },
             |mut leader| {
                 let req = self.forwarded(LeaseTimeToLiveRequest { id, keys: false });
                 async move {
