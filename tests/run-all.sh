@@ -12,7 +12,9 @@
 #   fuse3        -> only when not root: fusermount3, through which the power-loss test (tests/durability.rs)
 #                   mounts its FUSE file system; root mounts it itself (no libfuse either way)
 # `--no-fail-fast`: every test target runs even when an earlier one fails, so one failure never hides
-# another; cargo still exits non-zero if any failed.
+# another; cargo still exits non-zero if any failed. Before the tests: the h2 patch still applies,
+# `cargo fmt --check`, `cargo clippy --all-targets -- -D warnings` (a failure there is reported after
+# the tests, which still run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +35,10 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
 fi
 
+# rustup's minimal profile has neither: the checks below need both.
+cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
+
 if [ ! -x target/tools-venv/bin/kubernetes-validate ]; then
     python3 -m venv target/tools-venv
     target/tools-venv/bin/pip install -q kubernetes-validate
@@ -43,4 +49,23 @@ fi
 # run that fails for want of disk says so instead of failing as "database space exceeded".
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 df -h target "${TMPDIR:-/tmp}" || true
-cargo test --all-targets --no-fail-fast -- --test-threads="${KEYWARD_TEST_THREADS:-4}"
+
+# Checks that run beside the tests; each failure is reported, none hides the tests' results.
+failed=()
+# The vendored h2 (vendor/h2/PATCH.md: etcdctl 3.4's malformed :authority) must be the h2 every crate
+# links: if tonic or hyper moved to an h2 the patch does not match, cargo would silently use the
+# registry's and etcdctl 3.4 would break.
+h2_builds=$(cargo tree -e normal,build,dev --prefix none --format '{p}' | grep -E '^h2 v' | sort -u)
+if [ -z "$h2_builds" ] || grep -qv '/vendor/h2)' <<<"$h2_builds"; then
+    echo "h2 does not resolve to vendor/h2 (the patch in Cargo.toml no longer applies):" >&2
+    echo "$h2_builds" >&2
+    failed+=("h2 patch")
+fi
+cargo fmt --all -- --check || failed+=("cargo fmt --check")
+cargo clippy --all-targets -- -D warnings || failed+=("cargo clippy")
+
+cargo test --all-targets --no-fail-fast -- --test-threads="${KEYWARD_TEST_THREADS:-4}" || failed+=("cargo test")
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "FAILED: ${failed[*]}" >&2
+    exit 1
+fi
