@@ -95,7 +95,7 @@ fn hostile_keys_and_login_names_cannot_forge_log_lines() {
         &[
             "--bcrypt-cost",
             "4",
-            // Throttled from the first failure, refused from the second: the refusal is logged too.
+            // Throttled from the first failure; concurrent attempts are refused: the refusal is logged.
             "--login-throttle-free-failures",
             "0",
             "--login-throttle-base-delay",
@@ -111,9 +111,14 @@ fn hostile_keys_and_login_names_cannot_forge_log_lines() {
     let denied = server.etcdctl(&["--user", "alice:alicepw", "put", &hostile_key, "v"]);
     assert!(!denied.success(), "alice has no permission: {}", denied.stdout);
     let hostile_user = format!("mallory\n{FORGED}\r\u{2028}x:pw");
-    for _ in 0..4 {
-        assert!(!server.etcdctl(&["--user", &hostile_user, "get", "k"]).success());
-    }
+    // One failure, then attempts at once: they queue behind it, and those that would wait past the
+    // cap are refused.
+    assert!(!server.etcdctl(&["--user", &hostile_user, "get", "k"]).success());
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| assert!(!server.etcdctl(&["--user", &hostile_user, "get", "k"]).success()));
+        }
+    });
 
     let log = std::fs::read_to_string(server.log_path()).unwrap();
     let forged: Vec<&str> = log.lines().filter(|l| l.starts_with("1999-") || l.contains("\r")).collect();
