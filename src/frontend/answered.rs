@@ -57,7 +57,8 @@ impl AnswerScan {
                 }
                 State::Http1 => {
                     // A response head starts a write of its own (hyper writes the head first).
-                    let status = bytes.strip_prefix(b"HTTP/1.").and_then(|rest| rest.get(4));
+                    // `HTTP/1.1 200`: the status's first digit follows the minor version and a space.
+                    let status = bytes.strip_prefix(b"HTTP/1.").and_then(|rest| rest.get(2));
                     if status.is_some_and(|&digit| digit != b'1') {
                         self.state = State::Answered;
                     }
