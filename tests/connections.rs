@@ -130,6 +130,8 @@ fn hold_half_sent_requests(server: &Server, count: usize) -> Vec<TcpStream> {
                 _ => empty_watch_stream(),
             };
             let _ = c.write_all(&request);
+            // Time for the server to take in each (and to answer it, were it to).
+            std::thread::sleep(Duration::from_millis(100));
             c
         })
         .collect()
