@@ -119,7 +119,7 @@ pub fn init(level: &str, settings: &LogSettings) -> Result<(), String> {
     installed.map_err(|e| format!("cannot install the logger: {e}"))
 }
 
-fn open_log_file(path: &PathBuf) -> Result<File, String> {
+fn open_log_file(path: &std::path::Path) -> Result<File, String> {
     crate::private_file::open_append(path).map_err(|e| format!("--log-outputs {}: {e}", path.display()))
 }
 
@@ -266,6 +266,35 @@ mod tests {
         assert!(parse("logrus", &[]).unwrap_err().contains("want \"zap\" or \"capnslog\""));
         assert!(parse("zap", &["systemd/journal"]).unwrap_err().contains("not supported"));
         assert!(!parse("zap", &["stdout"]).unwrap().writes_to_stderr());
+    }
+
+    #[test]
+    fn a_text_event_is_one_line_even_with_a_line_break_in_an_unquoted_field() {
+        use std::sync::Mutex;
+        #[derive(Clone, Default)]
+        struct Buffer(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let sink = buffer.clone();
+        let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(OneLine(move || sink.clone())).finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let hostile = "k\n2026-01-01T00:00:00Z  INFO forged\r\u{2028}";
+            tracing::warn!(key = %hostile, "first");
+            tracing::warn!("second");
+        });
+        let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(lines[0].ends_with("first key=k\\n2026-01-01T00:00:00Z  INFO forged\\r\\u{2028}"), "{text}");
+        assert!(lines[1].ends_with("second"), "{text}");
     }
 
     #[test]

@@ -1255,7 +1255,10 @@ fn client_cert_auth_with_an_http_listener_is_warned_about() {
 
 /// A TLS connection (with `client`'s certificate, if any) that completes its handshake and sends
 /// the HTTP/2 preface, then nothing: no request.
-fn tls_without_a_request(server: &TlsServer, client: Option<&Cert>) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+fn tls_without_a_request(
+    server: &TlsServer,
+    client: Option<&Cert>,
+) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
     const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
     let tcp = TcpStream::connect(server.addr()).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();

@@ -215,7 +215,10 @@ impl Slots {
                 evicted.evicted.store(true, Ordering::Release);
                 evicted.reader.wake();
                 crate::metrics::CLIENT_CONNECTIONS_EVICTED.inc();
-                tracing::debug!(limit = self.max, "--max-client-connections reached: closed the oldest unanswered connection");
+                tracing::debug!(
+                    limit = self.max,
+                    "--max-client-connections reached: closed the oldest unanswered connection"
+                );
             }
         }
         let state = Arc::new(SlotState { proved: AtomicBool::new(proved), ..SlotState::default() });

@@ -10,9 +10,9 @@
 //! Each accepted connection comes with the client certificate its TLS handshake verified, if any:
 //! that certificate, and nothing the client says later, is what the proxy may forward.
 
+use std::fs::Permissions;
 use std::io;
 use std::net::SocketAddr;
-use std::fs::Permissions;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -61,8 +61,7 @@ impl Listener {
             }
             (ListenAddr::Unix(path), None) => {
                 remove_stale_socket(path)?;
-                let socket =
-                    bind_owner_only(path).map_err(|e| format!("listen on unix://{}: {e}", path.display()))?;
+                let socket = bind_owner_only(path).map_err(|e| format!("listen on unix://{}: {e}", path.display()))?;
                 Ok(Listener::Unix(socket, path.clone()))
             }
             (ListenAddr::Unix(_), Some(_)) => Err("a unix:// listener is plain text".into()),
