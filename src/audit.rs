@@ -10,9 +10,10 @@
 //!
 //! The file is rotated by size: past `--audit-log-max-size` it becomes `PATH.1` (`PATH.1` becomes
 //! `PATH.2`, ... up to `--audit-log-max-backups`, the oldest dropped) and a new `PATH` is started. A
-//! write that fails is counted (`keyward_audit_write_failures_total`) and logged, never fatal.
+//! write that fails is counted (`keyward_audit_write_failures_total`) and logged, never fatal. Every
+//! file is created 0600 whatever the umask, and an existing one with a wider mode is narrowed.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -109,8 +110,9 @@ impl AuditLog {
     }
 }
 
+/// Owner-only whatever the umask (`private_file.rs`): the log names keys, users and clients.
 fn open_append(path: &Path) -> Result<File, String> {
-    OpenOptions::new().create(true).append(true).open(path).map_err(|e| format!("--audit-log {}: {e}", path.display()))
+    crate::private_file::open_append(path).map_err(|e| format!("--audit-log {}: {e}", path.display()))
 }
 
 fn failed(why: &str) {

@@ -2,11 +2,15 @@
 //!
 //! `--logger zap` writes one JSON object per line with etcd's keys, in etcd's order — `level`, `ts`,
 //! `caller`, `msg`, then the event's fields — so log pipelines built for etcd read keyward's.
-//! `--logger capnslog` (the default) is tracing's human-readable text. `KEYWARD_LOG` (an
-//! `EnvFilter` directive) overrides `--log-level` for finer filtering.
+//! `--logger capnslog` (the default) is tracing's human-readable text, one line per event: a line
+//! break left inside an event (a client-chosen value not put through `log_text::Quoted`) is escaped
+//! on its way out (`OneLine`), so no client can forge a log line. `KEYWARD_LOG` (an `EnvFilter`
+//! directive) overrides `--log-level` for finer filtering.
+//!
+//! Log files are created 0600 (they name keys and users).
 
 use std::fmt::Write as _;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,7 +19,7 @@ use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
-use tracing_subscriber::fmt::writer::{BoxMakeWriter, MakeWriterExt};
+use tracing_subscriber::fmt::writer::{BoxMakeWriter, MakeWriter, MakeWriterExt};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
@@ -104,23 +108,55 @@ pub fn init(level: &str, settings: &LogSettings) -> Result<(), String> {
         });
     }
     let writer = writer.unwrap_or_else(|| BoxMakeWriter::new(std::io::stderr));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
     let installed = match settings.format {
-        LogFormat::Json => builder.event_format(ZapJson).try_init(),
+        LogFormat::Json => builder.with_writer(writer).event_format(ZapJson).try_init(),
         LogFormat::Text => {
             let ansi = settings.outputs == [LogOutput::Stderr] && std::io::stderr().is_terminal();
-            builder.with_ansi(ansi).try_init()
+            builder.with_ansi(ansi).with_writer(OneLine(writer)).try_init()
         }
     };
     installed.map_err(|e| format!("cannot install the logger: {e}"))
 }
 
-fn open_log_file(path: &PathBuf) -> Result<File, String> {
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| format!("--log-outputs {}: {e}", path.display()))
+fn open_log_file(path: &std::path::Path) -> Result<File, String> {
+    crate::private_file::open_append(path).map_err(|e| format!("--log-outputs {}: {e}", path.display()))
+}
+
+/// The text logger's writer: each event arrives as one buffer (tracing-subscriber formats an event,
+/// then writes it with one `write_all`); every line break in it but the last is escaped.
+struct OneLine<M>(M);
+
+impl<'a, M: MakeWriter<'a>> MakeWriter<'a> for OneLine<M> {
+    type Writer = OneLineWriter<M::Writer>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        OneLineWriter(self.0.make_writer())
+    }
+
+    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> Self::Writer {
+        OneLineWriter(self.0.make_writer_for(meta))
+    }
+}
+
+struct OneLineWriter<W>(W);
+
+impl<W: std::io::Write> std::io::Write for OneLineWriter<W> {
+    fn write(&mut self, event: &[u8]) -> std::io::Result<usize> {
+        let (body, end) = match event.strip_suffix(b"\n") {
+            Some(body) => (body, &b"\n"[..]),
+            None => (event, &b""[..]),
+        };
+        let text = String::from_utf8_lossy(body);
+        let mut line = crate::log_text::escape_line_breaks(&text).into_owned().into_bytes();
+        line.extend_from_slice(end);
+        self.0.write_all(&line)?;
+        Ok(event.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
 }
 
 /// etcd's zap encoder: `{"level":"info","ts":"…","caller":"file.rs:12","msg":"…",…fields}`.
@@ -230,6 +266,35 @@ mod tests {
         assert!(parse("logrus", &[]).unwrap_err().contains("want \"zap\" or \"capnslog\""));
         assert!(parse("zap", &["systemd/journal"]).unwrap_err().contains("not supported"));
         assert!(!parse("zap", &["stdout"]).unwrap().writes_to_stderr());
+    }
+
+    #[test]
+    fn a_text_event_is_one_line_even_with_a_line_break_in_an_unquoted_field() {
+        use std::sync::Mutex;
+        #[derive(Clone, Default)]
+        struct Buffer(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let sink = buffer.clone();
+        let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(OneLine(move || sink.clone())).finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let hostile = "k\n2026-01-01T00:00:00Z  INFO forged\r\u{2028}";
+            tracing::warn!(key = %hostile, "first");
+            tracing::warn!("second");
+        });
+        let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(lines[0].ends_with("first key=k\\n2026-01-01T00:00:00Z  INFO forged\\r\\u{2028}"), "{text}");
+        assert!(lines[1].ends_with("second"), "{text}");
     }
 
     #[test]

@@ -314,6 +314,17 @@ pub static CLIENT_CONNECTIONS_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| {
     )
 });
 
+pub static CLIENT_CONNECTIONS_EVICTED: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(
+        IntCounter::new(
+            "keyward_client_connections_evicted_total",
+            "Client connections that had not yet had a request answered (nor a verified client certificate), \
+             closed to make room for a new connection at --max-client-connections.",
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
 pub static CLIENT_CONNECTIONS_IDLE_CLOSED: LazyLock<IntCounter> = LazyLock::new(|| {
     register(
         IntCounter::new(

@@ -82,3 +82,92 @@ fn every_auth_decision_is_an_audit_line() {
     let audited = lines.iter().filter(|l| l["user"] == "alice" && l["allowed"] == false && l["op"] != "authenticate");
     assert!(audited.count() >= 31);
 }
+
+/// A log line as an attacker would forge it: a plausible timestamp and message.
+const FORGED: &str = "1999-01-01T00:00:00.000000Z  INFO keyward: FORGED root logged in";
+
+/// A key and a login name holding a newline and a fake log line (issue 28): each stays one quoted,
+/// escaped field of its own line in the text log; no line of the log is the forged one.
+#[test]
+fn hostile_keys_and_login_names_cannot_forge_log_lines() {
+    let server = Server::start_with(
+        Kind::Keyward,
+        &[
+            "--bcrypt-cost",
+            "4",
+            // Throttled from the first failure; concurrent attempts are refused: the refusal is logged.
+            "--login-throttle-free-failures",
+            "0",
+            "--login-throttle-base-delay",
+            "300",
+            "--login-throttle-max-delay",
+            "400",
+        ],
+    );
+    ok(&server, &["user", "add", "root:rootpw"]);
+    ok(&server, &["auth", "enable"]);
+    ok(&server, &["--user", "root:rootpw", "user", "add", "alice:alicepw"]);
+    let hostile_key = format!("/k\n{FORGED}");
+    let denied = server.etcdctl(&["--user", "alice:alicepw", "put", &hostile_key, "v"]);
+    assert!(!denied.success(), "alice has no permission: {}", denied.stdout);
+    let hostile_user = format!("mallory\n{FORGED}\r\u{2028}x:pw");
+    // One failure, then attempts at once: they queue behind it, and those that would wait past the
+    // cap are refused.
+    assert!(!server.etcdctl(&["--user", &hostile_user, "get", "k"]).success());
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| assert!(!server.etcdctl(&["--user", &hostile_user, "get", "k"]).success()));
+        }
+    });
+
+    let log = std::fs::read_to_string(server.log_path()).unwrap();
+    let forged: Vec<&str> = log.lines().filter(|l| l.starts_with("1999-") || l.contains("\r")).collect();
+    assert!(forged.is_empty(), "forged log lines: {forged:#?}\n--- log ---\n{log}");
+    let escaped = format!("\\n{}", &FORGED[..10]);
+    assert!(
+        log.lines().any(|l| l.contains("request denied") && l.contains(&format!("\"/k{escaped}"))),
+        "the denied key, quoted and escaped:\n{log}"
+    );
+    assert!(
+        log.lines().any(|l| l.contains("authentication") && l.contains(&format!("\"mallory{escaped}"))),
+        "the login name, quoted and escaped:\n{log}"
+    );
+}
+
+/// The audit log and a `--log-outputs` file are owner-only under umask 0 (issue 28): a new file is
+/// created 0600, an existing wider one narrowed to 0600. The data dir is 0700 with owner-only files.
+#[test]
+fn log_files_and_the_data_dir_are_owner_only_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.log");
+    let log_file = dir.path().join("keyward.log");
+    std::fs::write(&log_file, "").unwrap();
+    std::fs::set_permissions(&log_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let outputs = format!("stderr,{}", log_file.display());
+    let server = common::under_umask(0, || {
+        Server::start_with(
+            Kind::Keyward,
+            &["--bcrypt-cost", "4", "--audit-log", audit.to_str().unwrap(), "--log-outputs", &outputs],
+        )
+    });
+    ok(&server, &["user", "add", "root:rootpw"]);
+    ok(&server, &["auth", "enable"]);
+    ok(&server, &["--user", "root:rootpw", "put", "k", "v"]);
+    assert!(!lines(&audit).is_empty(), "the audit log is written");
+    assert!(std::fs::read_to_string(&log_file).unwrap().contains("INFO"), "the log file is written");
+    assert_eq!(common::mode_of(&audit), 0o600, "audit log");
+    assert_eq!(common::mode_of(&log_file), 0o600, "an existing 0644 log file");
+    let mut wide = Vec::new();
+    let mut pending = vec![server.data_dir()];
+    while let Some(path) = pending.pop() {
+        let mode = common::mode_of(&path);
+        if path.is_dir() {
+            pending.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        }
+        if mode & 0o077 != 0 {
+            wide.push(format!("{} {mode:o}", path.display()));
+        }
+    }
+    assert!(wide.is_empty(), "readable by others under umask 0: {wide:#?}");
+}

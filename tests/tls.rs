@@ -1248,3 +1248,79 @@ fn client_cert_auth_with_an_http_listener_is_warned_about() {
     }
     assert!(ready.contains("client_cert_auth=true") && ready.contains("auth_token=simple"), "{ready}");
 }
+
+// ---------------------------------------------------------------------------
+// --max-client-connections over TLS (issue 28)
+// ---------------------------------------------------------------------------
+
+/// A TLS connection (with `client`'s certificate, if any) that completes its handshake and sends
+/// the HTTP/2 preface, then nothing: no request.
+fn tls_without_a_request(
+    server: &TlsServer,
+    client: Option<&Cert>,
+) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+    let tcp = TcpStream::connect(server.addr()).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let conn = rustls::ClientConnection::new(
+        rustls_client_config(&server.ca, client),
+        ServerName::try_from("127.0.0.1").unwrap(),
+    )
+    .unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    tls.write_all(PREFACE).expect("handshake and preface");
+    tls.flush().unwrap();
+    tls
+}
+
+/// Reads (the server's SETTINGS and the like) until the server closes; false if still open after
+/// `within`.
+fn tls_closed_within(tls: &mut rustls::StreamOwned<rustls::ClientConnection, TcpStream>, within: Duration) -> bool {
+    tls.sock.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let deadline = Instant::now() + within;
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        match tls.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+/// Over TLS without client certificates, connections that sent no request give way to a real
+/// client at `--max-client-connections`; with `--client-cert-auth`, a connection whose certificate
+/// was verified keeps its place (its holder is known), and the newcomer is refused.
+#[test]
+fn over_tls_unanswered_connections_give_way_and_verified_certificates_keep_their_place() {
+    let pki = Pki::new();
+    let server_only = vec![
+        "--cert-file".to_string(),
+        pki.server.cert_str().into(),
+        "--key-file".into(),
+        pki.server.key_str().into(),
+        "--max-client-connections".into(),
+        "3".into(),
+    ];
+    let server = TlsServer::start(Kind::Keyward, &pki, &server_only, None);
+    thread::sleep(Duration::from_millis(300));
+    let mut held: Vec<_> = (0..5).map(|_| tls_without_a_request(&server, None)).collect();
+    let out = server.ctl(None, &["--dial-timeout=5s", "--command-timeout=10s", "put", "k", "v"]);
+    assert!(out.success(), "a real client was locked out: {}{}", out.stdout, out.stderr);
+    let closed: Vec<bool> = held.iter_mut().map(|c| tls_closed_within(c, Duration::from_secs(2))).collect();
+    assert!(closed[..3].iter().all(|&c| c), "the oldest unanswered TLS connections kept their place: {closed:?}");
+    drop(held);
+    drop(server);
+
+    let server = TlsServer::start_cert_auth(Kind::Keyward, &pki, &["--max-client-connections", "2"], &pki.root);
+    thread::sleep(Duration::from_millis(300));
+    let mut vouched: Vec<_> = (0..2).map(|_| tls_without_a_request(&server, Some(&pki.alice))).collect();
+    let refused = server.ctl(Some(&pki.root), &["--dial-timeout=1s", "--command-timeout=2s", "put", "k", "v"]);
+    assert!(!refused.success(), "a verified certificate's connection was closed for a newcomer");
+    assert!(vouched.iter_mut().all(|c| !tls_closed_within(c, Duration::from_millis(300))));
+    drop(vouched);
+    thread::sleep(Duration::from_millis(300));
+    server.ok(&pki.root, &["put", "k", "v"]);
+}

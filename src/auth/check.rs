@@ -14,6 +14,7 @@ use super::store::{is_root, AuthStore};
 use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
 use crate::log_limit::LogLimit;
+use crate::log_text::Quoted;
 use crate::proto::etcdserverpb::request_op::Request;
 use crate::proto::etcdserverpb::{DeleteRangeRequest, PutRequest, RequestHeader, TxnRequest};
 
@@ -375,23 +376,22 @@ fn denied(who: &Requester, op: &'static str, range: Option<&KeyRange>, reason: &
     // Any client can cause these: at most 5 lines per user per 10 s (the metric counts them all).
     static LIMIT: LogLimit = LogLimit::new(5, Duration::from_secs(10));
     let Some(suppressed) = LIMIT.admit(who.describe()) else { return };
+    let user = Quoted::str(who.describe());
     match range {
         Some(range) => tracing::warn!(
-            user = who.describe(), op, range = %describe_range(range), reason = %reason, suppressed_before = suppressed,
+            user = %user, op, range = %describe_range(range), reason = %reason, suppressed_before = suppressed,
             "request denied"
         ),
-        None => {
-            tracing::warn!(user = who.describe(), op, reason = %reason, suppressed_before = suppressed, "request denied")
-        }
+        None => tracing::warn!(user = %user, op, reason = %reason, suppressed_before = suppressed, "request denied"),
     }
 }
 
+/// The refused keys as the log shows them: each quoted (`log_text.rs`), so a key holding a newline
+/// cannot forge a line.
 fn describe_range(range: &KeyRange) -> String {
     match range {
-        KeyRange::Single(k) => String::from_utf8_lossy(k).into_owned(),
-        KeyRange::Span { start, end } => {
-            format!("[{}, {})", String::from_utf8_lossy(start), String::from_utf8_lossy(end))
-        }
-        KeyRange::From(start) => format!("[{}, <end>)", String::from_utf8_lossy(start)),
+        KeyRange::Single(k) => Quoted::bytes(k).to_string(),
+        KeyRange::Span { start, end } => format!("[{}, {})", Quoted::bytes(start), Quoted::bytes(end)),
+        KeyRange::From(start) => format!("[{}, <end>)", Quoted::bytes(start)),
     }
 }

@@ -1,8 +1,14 @@
 //! Bounds on client connections: how many a listener holds, how long one may stay silent, and the
 //! HTTP/2 settings etcd's flags name (`--grpc-keepalive-*`, `--max-concurrent-streams`).
 //!
-//! Each accepted connection holds a permit of its listener's `--max-client-connections`; beyond it a
-//! new connection is closed at once (and counted). Each connection is `Watched`: one that sends no
+//! Each accepted connection takes a slot of its listener's `--max-client-connections` at once. A
+//! connection *proves* itself when the server answers one of its requests (`answered.rs`) or when
+//! its TLS handshake verified a client certificate. When the listener is full, a new connection
+//! takes the slot of the oldest connection that has not proved itself, which is closed (and
+//! counted); only when every slot is held by a proved connection is the new one closed instead. So
+//! connections holding half-sent requests cannot lock real clients out, while clients that were
+//! answered (an idle watch among them) are never closed for a newcomer. Each connection is
+//! `Watched`: one that sends no
 //! byte for `--client-idle-timeout` is closed; until its first byte (the HTTP/2 preface, after the
 //! TLS handshake on a TLS listener) the limit is `FIRST_BYTES_DEADLINE`, so a connection that never
 //! speaks is gone within seconds. A live client that is quiet (an idle watch) still answers the
@@ -16,12 +22,18 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use futures::task::AtomicWaker;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 use tonic::transport::server::Connected;
 
+use super::answered::AnswerScan;
 use super::coalesce::Coalesced;
+use super::tls::listener::TlsConnection;
 use crate::answers::Answers;
 
 /// How long a new connection may take to send its first byte.
@@ -101,18 +113,26 @@ impl ConnectionLimits {
     }
 }
 
-/// The permits of one listener.
+/// The slots of one listener.
 #[derive(Clone)]
 pub struct Admission {
-    permits: Arc<Semaphore>,
+    slots: Arc<Slots>,
     limits: ConnectionLimits,
     /// What the connections' writes wait for (`coalesce.rs`): `None`, a turn before every write.
     answers: Option<&'static Answers>,
 }
 
+/// Whether a connection comes with a client certificate its TLS handshake verified: such a
+/// connection has proved itself from the start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vouched {
+    Certificate,
+    Nothing,
+}
+
 impl Admission {
     pub fn new(limits: ConnectionLimits) -> Admission {
-        Admission { permits: Arc::new(Semaphore::new(limits.max_connections)), limits, answers: None }
+        Admission { slots: Arc::new(Slots::new(limits.max_connections)), limits, answers: None }
     }
 
     /// The connections' writes give way only while `answers` has some on their way (a member's
@@ -124,7 +144,7 @@ impl Admission {
     /// No cap and no idle timeout (peer listeners: raft's own timers judge peers).
     pub fn unbounded() -> Admission {
         let limits = ConnectionLimits {
-            max_connections: Semaphore::MAX_PERMITS,
+            max_connections: usize::MAX,
             idle_timeout: Duration::from_secs(100 * 365 * 24 * 3600),
             ..ConnectionLimits::default()
         };
@@ -132,25 +152,92 @@ impl Admission {
     }
 
     /// The connection, watched and with its writes coalesced (`coalesce.rs`), if the listener has
-    /// room for it; `None` closes it.
-    pub fn admit<T>(&self, io: T) -> Option<Watched<Coalesced<T>>> {
-        match self.permits.clone().try_acquire_owned() {
-            Ok(permit) => {
+    /// room for it (made by closing the oldest connection that has not proved itself, if need be);
+    /// `None` closes it.
+    pub fn admit<T>(&self, io: T, vouched: Vouched) -> Option<Watched<Coalesced<T>>> {
+        match self.slots.take(vouched == Vouched::Certificate) {
+            Some(slot) => {
                 let io = match self.answers {
                     Some(answers) => Coalesced::watching(io, answers),
                     None => Coalesced::new(io),
                 };
-                Some(Watched::new(io, self.limits.idle_timeout, permit))
+                Some(Watched::new(io, self.limits.idle_timeout, slot))
             }
-            Err(_) => {
+            None => {
                 crate::metrics::CLIENT_CONNECTIONS_REFUSED.inc();
                 tracing::debug!(
                     limit = self.limits.max_connections,
-                    "client connection refused: --max-client-connections reached"
+                    "client connection refused: --max-client-connections reached, every connection answered"
                 );
                 None
             }
         }
+    }
+}
+
+impl Admission {
+    /// A TLS connection: vouched for if its handshake verified a client certificate.
+    pub fn admit_tls(&self, conn: TlsConnection) -> Option<Watched<Coalesced<TlsConnection>>> {
+        let vouched = if conn.client_certificate().is_some() { Vouched::Certificate } else { Vouched::Nothing };
+        self.admit(conn, vouched)
+    }
+}
+
+/// A listener's open connections, oldest first.
+struct Slots {
+    max: usize,
+    open: Mutex<BTreeMap<u64, Arc<SlotState>>>,
+    next_id: AtomicU64,
+}
+
+/// What a connection and its listener share.
+#[derive(Default)]
+struct SlotState {
+    /// A request was answered on the connection, or it came with a verified certificate.
+    proved: AtomicBool,
+    /// The listener gave the slot to a newer connection: this one is to close.
+    evicted: AtomicBool,
+    /// The connection's reader, woken to close on eviction.
+    reader: AtomicWaker,
+}
+
+impl Slots {
+    fn new(max: usize) -> Slots {
+        Slots { max, open: Mutex::new(BTreeMap::new()), next_id: AtomicU64::new(0) }
+    }
+
+    /// A slot for a new connection: a free one, or the oldest unproved connection's.
+    fn take(self: &Arc<Self>, proved: bool) -> Option<Slot> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if open.len() >= self.max {
+            let oldest_unproved = open.iter().find(|(_, s)| !s.proved.load(Ordering::Acquire)).map(|(id, _)| *id)?;
+            if let Some(evicted) = open.remove(&oldest_unproved) {
+                evicted.evicted.store(true, Ordering::Release);
+                evicted.reader.wake();
+                crate::metrics::CLIENT_CONNECTIONS_EVICTED.inc();
+                tracing::debug!(
+                    limit = self.max,
+                    "--max-client-connections reached: closed the oldest unanswered connection"
+                );
+            }
+        }
+        let state = Arc::new(SlotState { proved: AtomicBool::new(proved), ..SlotState::default() });
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        open.insert(id, state.clone());
+        Some(Slot { slots: self.clone(), id, state })
+    }
+}
+
+/// A connection's hold on its slot, given back when the connection is dropped.
+struct Slot {
+    slots: Arc<Slots>,
+    id: u64,
+    state: Arc<SlotState>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.slots.open.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
     }
 }
 
@@ -166,13 +253,14 @@ pub fn admitted_tcp(
             .inspect(|tcp| {
                 let _ = tcp.set_nodelay(true);
             })
-            .map(|tcp| admission.admit(tcp))
+            .map(|tcp| admission.admit(tcp, Vouched::Nothing))
             .transpose();
         std::future::ready(admitted)
     })
 }
 
-/// A client connection that is closed when the client stays silent too long.
+/// A client connection that is closed when the client stays silent too long, or when the listener
+/// gives its slot to a newer connection before it proved itself.
 pub struct Watched<T> {
     io: T,
     idle_timeout: Duration,
@@ -181,18 +269,40 @@ pub struct Watched<T> {
     /// Fires at the latest possible close; on firing the close is re-armed from `last_read` if the
     /// client spoke since (cheaper than resetting the timer on every read).
     deadline: Pin<Box<Sleep>>,
-    _permit: OwnedSemaphorePermit,
+    slot: Slot,
+    /// Watches the server's writes until a request is answered (then the connection has proved itself).
+    scan: AnswerScan,
 }
 
 impl<T> Watched<T> {
-    fn new(io: T, idle_timeout: Duration, permit: OwnedSemaphorePermit) -> Watched<T> {
+    fn new(io: T, idle_timeout: Duration, slot: Slot) -> Watched<T> {
         let first = if idle_timeout > FIRST_BYTES_DEADLINE { FIRST_BYTES_DEADLINE } else { idle_timeout };
-        Watched { io, idle_timeout, last_read: None, deadline: Box::pin(tokio::time::sleep(first)), _permit: permit }
+        let deadline = Box::pin(tokio::time::sleep(first));
+        Watched { io, idle_timeout, last_read: None, deadline, slot, scan: AnswerScan::default() }
     }
+
+    fn evicted(&self) -> bool {
+        self.slot.state.evicted.load(Ordering::Acquire)
+    }
+
+    fn wrote(&mut self, bytes: &[u8]) {
+        if !self.scan.answered() && self.scan.wrote(bytes) {
+            self.slot.state.proved.store(true, Ordering::Release);
+        }
+    }
+}
+
+fn evicted_error() -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionAborted, "closed for a new connection: no request answered yet")
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        // Registered before the check: an eviction after it wakes this reader.
+        self.slot.state.reader.register(cx.waker());
+        if self.evicted() {
+            return Poll::Ready(Err(evicted_error()));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut self.io).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
@@ -225,7 +335,14 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        if self.evicted() {
+            return Poll::Ready(Err(evicted_error()));
+        }
+        let written = Pin::new(&mut self.io).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = written {
+            self.wrote(&buf[..n]);
+        }
+        written
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -241,7 +358,21 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        if self.evicted() {
+            return Poll::Ready(Err(evicted_error()));
+        }
+        let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(mut n)) = written {
+            for buf in bufs {
+                if n == 0 || self.scan.answered() {
+                    break;
+                }
+                let part = n.min(buf.len());
+                self.wrote(&buf[..part]);
+                n -= part;
+            }
+        }
+        written
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -270,7 +401,7 @@ mod tests {
     async fn a_silent_connection_is_closed_and_traffic_keeps_it_open() {
         let admission = Admission::new(limits(4, Duration::from_secs(60)));
         let (client, server) = tokio::io::duplex(64);
-        let mut server = admission.admit(server).expect("room");
+        let mut server = admission.admit(server, Vouched::Nothing).expect("room");
         let mut client = client;
         // Bytes within the first-bytes deadline, then within each idle timeout: still open.
         client.write_all(b"PRI").await.unwrap();
@@ -290,20 +421,44 @@ mod tests {
     async fn a_connection_that_never_speaks_is_closed_at_the_first_bytes_deadline() {
         let admission = Admission::new(limits(4, Duration::from_secs(3600)));
         let (_client, server) = tokio::io::duplex(64);
-        let mut server = admission.admit(server).expect("room");
+        let mut server = admission.admit(server, Vouched::Nothing).expect("room");
         let started = Instant::now();
         let mut buf = [0u8; 8];
         assert!(server.read(&mut buf).await.is_err());
         assert_eq!(started.elapsed(), FIRST_BYTES_DEADLINE);
     }
 
+    /// An HTTP/2 DATA frame with a payload: the server answered a request.
+    const ANSWER: &[u8] = b"\x00\x00\x01\x00\x00\x00\x00\x00\x01x";
+
     #[tokio::test]
-    async fn beyond_the_cap_connections_are_refused_until_one_closes() {
-        let admission = Admission::new(limits(2, Duration::from_secs(60)));
-        let first = admission.admit(tokio::io::duplex(8).1).expect("1");
-        let _second = admission.admit(tokio::io::duplex(8).1).expect("2");
-        assert!(admission.admit(tokio::io::duplex(8).1).is_none(), "the third is refused");
-        drop(first);
-        assert!(admission.admit(tokio::io::duplex(8).1).is_some(), "room again once one closed");
+    async fn when_full_the_oldest_unanswered_connection_gives_way_and_answered_ones_never_do() {
+        let admission = Admission::new(limits(3, Duration::from_secs(60)));
+        let (mut answered_client, answered) = tokio::io::duplex(64);
+        let mut answered = admission.admit(answered, Vouched::Nothing).expect("1");
+        let (_c2, oldest) = tokio::io::duplex(64);
+        let mut oldest = admission.admit(oldest, Vouched::Nothing).expect("2");
+        let (_c3, younger) = tokio::io::duplex(64);
+        let mut younger = admission.admit(younger, Vouched::Nothing).expect("3");
+        answered.write_all(ANSWER).await.unwrap();
+        let mut buf = [0u8; 16];
+        answered_client.read_exact(&mut buf[..ANSWER.len()]).await.unwrap();
+        // Full: the fourth takes the oldest unanswered connection's slot, which closes.
+        let (_c4, fourth) = tokio::io::duplex(64);
+        let _fourth = admission.admit(fourth, Vouched::Nothing).expect("room made");
+        assert_eq!(oldest.read(&mut buf).await.unwrap_err().kind(), io::ErrorKind::ConnectionAborted);
+        // A verified certificate vouches from the start; the fifth takes the younger one's slot.
+        let _fifth = admission.admit(tokio::io::duplex(8).1, Vouched::Certificate).expect("room made");
+        assert!(younger.write_all(b"x").await.is_err(), "evicted");
+        let _sixth = admission.admit(tokio::io::duplex(8).1, Vouched::Nothing).expect("the fourth gives way");
+        // Now every slot is held by an answered or vouched connection, bar the sixth: it gives way,
+        // then nobody does.
+        let _seventh = admission.admit(tokio::io::duplex(8).1, Vouched::Certificate).expect("the sixth gives way");
+        assert!(admission.admit(tokio::io::duplex(8).1, Vouched::Nothing).is_none(), "all proved: refused");
+        // The answered connection was never touched.
+        answered.write_all(ANSWER).await.unwrap();
+        answered_client.read_exact(&mut buf[..ANSWER.len()]).await.unwrap();
+        drop(answered);
+        assert!(admission.admit(tokio::io::duplex(8).1, Vouched::Nothing).is_some(), "room again once one closed");
     }
 }

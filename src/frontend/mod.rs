@@ -16,11 +16,14 @@
 //!   connections carrying their `PeerIdentity` and the client's address.
 //! - `connection.rs`: reading those back from a request (the identity; the client's address, which
 //!   login throttling keys on).
-//! - `connection_limits.rs`: how many connections a listener holds and how long one may stay silent.
+//! - `connection_limits.rs`: how many connections a listener holds (a newcomer takes the slot of
+//!   the oldest connection that had no request answered) and how long one may stay silent;
+//!   `answered.rs` reads from the server's writes whether a connection had a request answered.
 //! - `coalesce.rs`: responses that complete together leave a connection in one write.
 //!
 //! It must not depend on the member (`node`, `raft`, `server`): a proxy has none of them.
 
+pub mod answered;
 pub mod certificate;
 #[cfg(test)]
 mod certificate_fuzz;

@@ -1,13 +1,20 @@
 //! The proxy's client-facing listener: TLS on TCP (the shared `frontend/tls` accept loop, with its
 //! handshake deadline, CRL and certificate reload), plain TCP, or a Unix socket for a sidecar.
 //!
+//! A Unix socket is owner-only (0600) whatever the umask: whoever may connect to it acts with the
+//! proxy's certificate. It is bound inside a fresh 0700 directory beside its path, set to 0600
+//! there, and only then renamed into place, so there is no moment at which another user can reach
+//! it with a wider mode (binding under a narrowed umask would do the same, but the umask is the whole
+//! process's, shared by every thread).
+//!
 //! Each accepted connection comes with the client certificate its TLS handshake verified, if any:
 //! that certificate, and nothing the client says later, is what the proxy may forward.
 
+use std::fs::Permissions;
 use std::io;
 use std::net::SocketAddr;
-use std::os::unix::fs::FileTypeExt;
-use std::path::PathBuf;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rustls_pki_types::CertificateDer;
@@ -54,8 +61,7 @@ impl Listener {
             }
             (ListenAddr::Unix(path), None) => {
                 remove_stale_socket(path)?;
-                let socket =
-                    UnixListener::bind(path).map_err(|e| format!("listen on unix://{}: {e}", path.display()))?;
+                let socket = bind_owner_only(path).map_err(|e| format!("listen on unix://{}: {e}", path.display()))?;
                 Ok(Listener::Unix(socket, path.clone()))
             }
             (ListenAddr::Unix(_), Some(_)) => Err("a unix:// listener is plain text".into()),
@@ -109,6 +115,28 @@ impl Drop for Listener {
         }
     }
 }
+
+/// Binds a Unix socket at `path`, mode 0600, reachable at `path` only once that mode is set.
+fn bind_owner_only(path: &Path) -> io::Result<UnixListener> {
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().ok_or_else(|| io::Error::other("the socket path names no file"))?;
+    let private = parent.join(format!(".{}.bind-{}", name.to_string_lossy(), std::process::id()));
+    std::fs::DirBuilder::new().mode(0o700).create(&private)?;
+    let bound = (|| -> io::Result<UnixListener> {
+        // The umask may have narrowed the directory further; it must still be ours to use.
+        std::fs::set_permissions(&private, Permissions::from_mode(0o700))?;
+        let inside = private.join("s");
+        let socket = UnixListener::bind(&inside)?;
+        std::fs::set_permissions(&inside, Permissions::from_mode(SOCKET_MODE))?;
+        std::fs::rename(&inside, path)?;
+        Ok(socket)
+    })();
+    let _ = std::fs::remove_dir_all(&private);
+    bound
+}
+
+/// Owner read and write: connecting to a Unix socket needs write permission on it.
+const SOCKET_MODE: u32 = 0o600;
 
 /// A socket file left by a proxy that did not exit cleanly is removed; a live one (something
 /// accepts on it) or a file that is not a socket is an error, never deleted.

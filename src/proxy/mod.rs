@@ -30,7 +30,7 @@ use std::sync::Arc;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 
-use crate::frontend::connection_limits::Admission;
+use crate::frontend::connection_limits::{Admission, Vouched};
 use client_identity::{ClientConnection, ClientIdentity};
 use client_tls::ClientTls;
 use config::{ListenAddr, Mode, ProxyConfig};
@@ -72,7 +72,8 @@ pub async fn run(config: ProxyConfig) -> anyhow::Result<()> {
             _ = &mut stop => break,
         };
         let Some(accepted) = accepted else { break };
-        let Some(io) = admission.admit(accepted.io) else { continue };
+        let vouched = if accepted.certificate.is_some() { Vouched::Certificate } else { Vouched::Nothing };
+        let Some(io) = admission.admit(accepted.io, vouched) else { continue };
         let identity = ClientIdentity::of_connection(config.mode, accepted.certificate.as_ref());
         let client = Arc::new(ClientConnection::new(identity, accepted.remote_addr));
         tracing::debug!(identity = ?accepted.identity, forwarding = matches!(client.identity, ClientIdentity::Forward(_)), "client connected");

@@ -17,6 +17,7 @@ use crate::auth::simple::SimpleTokens;
 use crate::auth::tokens::Tokens;
 use crate::error::EtcdError;
 use crate::log_limit::LogLimit;
+use crate::log_text::Quoted;
 use crate::node::Node;
 use crate::proto::etcdserverpb::auth_server::Auth;
 use crate::proto::etcdserverpb::*;
@@ -119,7 +120,7 @@ impl AuthService {
                 }
                 Ok(other) => return Err(other.mismatch()),
                 Err(EtcdError::AuthOldRevision) => {
-                    tracing::info!(user = %req.name, "auth state changed while checking the password; checking again");
+                    tracing::info!(user = %Quoted::str(&req.name), "auth state changed while checking the password; checking again");
                 }
                 Err(e) => return Err(e),
             }
@@ -133,7 +134,7 @@ impl AuthService {
 fn log_failed_login(user: &str, why: &str) {
     static LIMIT: LogLimit = LogLimit::new(5, std::time::Duration::from_secs(10));
     if let Some(suppressed) = LIMIT.admit(user) {
-        tracing::info!(user, why, suppressed_before = suppressed, "authentication failed");
+        tracing::info!(user = %Quoted::str(user), why, suppressed_before = suppressed, "authentication failed");
     }
 }
 
@@ -180,7 +181,7 @@ impl Auth for AuthService {
         let throttle = &self.node.login_throttle;
         let wait = throttle.admit(&req.name, client).inspect_err(|_| {
             crate::metrics::LOGINS_THROTTLED.with_label_values(&["refused"]).inc();
-            tracing::info!(user = %req.name, client = ?client, "authentication refused: too many failed logins");
+            tracing::info!(user = %Quoted::str(&req.name), client = ?client, "authentication refused: too many failed logins");
         })?;
         if !wait.is_zero() {
             crate::metrics::LOGINS_THROTTLED.with_label_values(&["delayed"]).inc();

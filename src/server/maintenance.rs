@@ -3,6 +3,7 @@
 
 use std::fs::File;
 use std::io::{Read, Seek};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -242,7 +243,14 @@ fn copy_env(state: &State) -> Result<(File, u64), EtcdError> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let dir = snapshot_dir(state);
     let path = dir.join(format!("snapshot-{}-{}.tmp", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
-    let mut file = File::options().read(true).write(true).create_new(true).open(&path).map_err(io_error)?;
+    // Owner-only even for the moment before the unlink: it is a copy of every key and password hash.
+    let mut file = File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(crate::data_dir::FILE_MODE)
+        .open(&path)
+        .map_err(io_error)?;
     remove_temp(&path);
     let start = Instant::now();
     if let Err(err) = state.copy_to_file(&mut file, heed::CompactionOption::Enabled) {

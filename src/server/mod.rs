@@ -130,7 +130,7 @@ async fn serve_bound(
                     crate::frontend::tls::listener::accept(socket, tls.clone()).map_err(|e| anyhow::anyhow!(e))?;
                 let incoming = futures::StreamExt::filter_map(
                     tokio_stream::wrappers::ReceiverStream::new(accepted),
-                    move |conn| std::future::ready(conn.map(|c| admission.admit(c)).transpose()),
+                    move |conn| std::future::ready(conn.map(|c| admission.admit_tls(c)).transpose()),
                 );
                 tokio::spawn(async move { server.serve_with_incoming_shutdown(incoming, stopped).await })
             }

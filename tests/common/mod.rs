@@ -1158,3 +1158,26 @@ pub fn metric_if_any(text: &str, name: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
         .map(|value| value.trim().parse().unwrap())
 }
+
+// ---------------------------------------------------------------------------
+// file modes
+// ---------------------------------------------------------------------------
+
+/// Runs `start` (which spawns processes) with the process umask set to `mask`, then restores it:
+/// the processes keep the umask they were spawned with. Serialised, as the umask is the whole test
+/// binary's.
+pub fn under_umask<T>(mask: u32, start: impl FnOnce() -> T) -> T {
+    use rustix::fs::Mode;
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let before = rustix::process::umask(Mode::from_raw_mode(mask));
+    let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(start));
+    rustix::process::umask(before);
+    started.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
+/// A file's permission bits.
+pub fn mode_of(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).permissions().mode() & 0o7777
+}
