@@ -1349,8 +1349,8 @@ fn text(bytes: &[u8]) -> String {
 /// A watch opened with alice's token delivers until the token is voided; at the apply that voids it
 /// (nothing is written after), the watch is canceled with etcd's reason, and nothing written later
 /// reaches it. Before that, an auth change that is not alice's leaves it running (the twin).
-async fn token_watch_ends_when(void: Void) {
-    let mut s = AuthServer::start().await;
+async fn token_watch_ends_when(void: Void, token_kind: TokenKind) {
+    let mut s = AuthServer::start_with_token(token_kind).await;
     s.add_user("alice", "alicepw", &[Permission::read("w/").with_prefix()]).await;
     s.add_user("bob", "bobpw", &[]).await;
     let ep = s.ep();
@@ -1375,23 +1375,28 @@ async fn token_watch_ends_when(void: Void) {
 
 #[tokio::test]
 async fn a_token_watch_ends_when_the_password_changes() {
-    token_watch_ends_when(Void::PasswordChange).await;
+    token_watch_ends_when(Void::PasswordChange, TokenKind::Simple).await;
+}
+
+#[tokio::test]
+async fn a_jwt_watch_ends_when_the_password_changes() {
+    token_watch_ends_when(Void::PasswordChange, TokenKind::Jwt).await;
 }
 
 #[tokio::test]
 async fn a_token_watch_ends_when_the_user_is_deleted() {
-    token_watch_ends_when(Void::UserDelete).await;
+    token_watch_ends_when(Void::UserDelete, TokenKind::Simple).await;
 }
 
 #[tokio::test]
 async fn a_token_watch_ends_when_auth_is_disabled() {
-    token_watch_ends_when(Void::AuthDisable).await;
+    token_watch_ends_when(Void::AuthDisable, TokenKind::Simple).await;
 }
 
 /// A keep-alive stream opened with alice's token ends with etcd's error at the apply that voids the
 /// token, without another keep-alive being sent; an auth change that is not alice's leaves it open.
-async fn token_keep_alive_ends_when(void: Void) {
-    let mut s = AuthServer::start().await;
+async fn token_keep_alive_ends_when(void: Void, token_kind: TokenKind) {
+    let mut s = AuthServer::start_with_token(token_kind).await;
     s.add_user("alice", "alicepw", &[]).await;
     s.add_user("bob", "bobpw", &[]).await;
     let ep = s.ep();
@@ -1421,17 +1426,22 @@ async fn token_keep_alive_ends_when(void: Void) {
 
 #[tokio::test]
 async fn a_token_keep_alive_ends_when_the_password_changes() {
-    token_keep_alive_ends_when(Void::PasswordChange).await;
+    token_keep_alive_ends_when(Void::PasswordChange, TokenKind::Simple).await;
+}
+
+#[tokio::test]
+async fn a_jwt_keep_alive_ends_when_the_password_changes() {
+    token_keep_alive_ends_when(Void::PasswordChange, TokenKind::Jwt).await;
 }
 
 #[tokio::test]
 async fn a_token_keep_alive_ends_when_the_user_is_deleted() {
-    token_keep_alive_ends_when(Void::UserDelete).await;
+    token_keep_alive_ends_when(Void::UserDelete, TokenKind::Simple).await;
 }
 
 #[tokio::test]
 async fn a_token_keep_alive_ends_when_auth_is_disabled() {
-    token_keep_alive_ends_when(Void::AuthDisable).await;
+    token_keep_alive_ends_when(Void::AuthDisable, TokenKind::Simple).await;
 }
 
 // ---------------------------------------------------------------------------
