@@ -1509,3 +1509,33 @@ async fn a_lease_is_its_holders() {
     assert_ok("alice revokes her lease", alice.lease_revoke(a).await);
     assert_eq!(root_get(&mut s, "a/1").await, None, "the revoke deleted her key");
 }
+
+/// A lease granted with auth off has no holder (as a lease recorded before keyward kept holders): once
+/// auth is on it is for the users who may use its keys, and root; a user who may not sees nothing of
+/// it, and a lease with no keys is root's alone.
+#[tokio::test]
+async fn a_lease_without_a_holder_is_for_the_users_of_its_keys() {
+    let server = Server::start_with(Kind::under_test(), &FAST_BCRYPT);
+    let mut anonymous = connect(&server.endpoint()).await;
+    let keyed = assert_ok("lease grant with auth off", anonymous.lease_grant(60, None).await).id();
+    let empty = assert_ok("lease grant with auth off", anonymous.lease_grant(60, None).await).id();
+    assert_ok("attach k/1", anonymous.put("k/1", "v", Some(PutOptions::new().with_lease(keyed))).await);
+    let root = enable_auth(&server.endpoint()).await;
+    let mut s = AuthServer { server, root, keys: None };
+    let mut alice = s.user("alice", &[Permission::write("k/").with_prefix()]).await;
+    let mut bob = s.user("bob", &[Permission::read_write("b/").with_prefix()]).await;
+
+    assert_eq!(lease_ids(assert_ok("bob lists", bob.leases().await)), Vec::<i64>::new());
+    assert_eq!(keep_alive_once(&mut bob, keyed).await, 0, "bob may not use k/1");
+    assert_denied("bob reads its TTL", bob.lease_time_to_live(keyed, None).await);
+    // twins: the user of its key, root
+    assert_eq!(lease_ids(assert_ok("alice lists", alice.leases().await)), [keyed], "alice may write k/1");
+    assert!(keep_alive_once(&mut alice, keyed).await > 0, "alice keeps it alive");
+    assert_denied("alice revokes the lease with no keys", alice.lease_revoke(empty).await);
+    let mut all = vec![keyed, empty];
+    all.sort();
+    refresh(&s.root).await;
+    assert_eq!(lease_ids(assert_ok("root lists", s.root.leases().await)), all);
+    assert_ok("alice revokes the lease of her key", alice.lease_revoke(keyed).await);
+    assert_ok("root revokes the lease with no keys", s.root.lease_revoke(empty).await);
+}
