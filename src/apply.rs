@@ -29,6 +29,7 @@ use crate::auth::simple::SimpleTokens;
 use crate::auth::store::AuthStore;
 use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
+use crate::lease::holders;
 use crate::lease::store::{LeaseRecord, LeaseStore};
 use crate::lease::{MAX_LEASE_TTL, MIN_LEASE_TTL};
 use crate::mvcc::kv::{self, Leases};
@@ -162,7 +163,11 @@ pub fn apply(
             Ok(Applied::Compaction(CompactionResponse { header: kv::header(w.rev()) }))
         })
     } else if let Some(grant) = &req.lease_grant {
-        authorize(stores, txn, index, |authz| authz.check_user(&who, "lease_grant"))?;
+        let owner = {
+            let authz = Authorizer::new(stores.auth, txn)?.at_index(index);
+            authz.check_user(&who, "lease_grant")?;
+            holders::owner_of_grant(&authz, &who)
+        };
         refuse_if_capped(stores, txn, req)?;
         if stores.leases.get(txn, grant.id)?.is_some() {
             return Err(EtcdError::LeaseExists);
@@ -171,19 +176,25 @@ pub fn apply(
             return Err(EtcdError::LeaseTtlTooLarge);
         }
         let ttl = grant.ttl.max(MIN_LEASE_TTL);
-        stores.leases.put(txn, grant.id, LeaseRecord { ttl, remaining_ttl: 0 })?;
+        stores.leases.put(txn, grant.id, &LeaseRecord::granted(ttl, owner))?;
         let header = kv::header(stores.kv.view(txn)?.rev);
         let resp = LeaseGrantResponse { header, id: grant.id, ttl, error: String::new() };
         Ok((Applied::LeaseGrant(resp), Effects { granted: vec![(grant.id, ttl)], ..Default::default() }))
     } else if let Some(revoke) = &req.lease_revoke {
-        if stores.leases.get(txn, revoke.id)?.is_none() {
+        let Some(record) = stores.leases.get(txn, revoke.id)? else {
             return Err(EtcdError::LeaseNotFound);
-        }
+        };
         let keys = stores.leases.attached_keys(txn, revoke.id)?;
         authorize(stores, txn, index, |authz| {
             authz.check_user(&who, "lease_revoke")?;
             // Revoking deletes every attached key: the requester must be allowed to delete each.
-            keys.iter().try_for_each(|k| authz.check(&who, "lease_revoke", Access::Write, &KeyRange::Single(k.clone())))
+            keys.iter()
+                .try_for_each(|k| authz.check(&who, "lease_revoke", Access::Write, &KeyRange::Single(k.clone())))?;
+            // And the lease must be one the requester may use (a lease with no keys is its holder's).
+            match holders::may_use(authz, stores.leases, txn, &who, revoke.id, &record)? {
+                true => Ok(()),
+                false => Err(authz.refuse(&who, "lease_revoke")),
+            }
         })?;
         let (_, mut effects) = write_kv(stores, txn, &[], |w, _| {
             for key in &keys {
@@ -200,7 +211,7 @@ pub fn apply(
         for cp in &checkpoint.checkpoints {
             if let Some(mut record) = stores.leases.get(txn, cp.id)? {
                 record.remaining_ttl = cp.remaining_ttl;
-                stores.leases.put(txn, cp.id, record)?;
+                stores.leases.put(txn, cp.id, &record)?;
             }
         }
         let header = kv::header(stores.kv.view(txn)?.rev);
@@ -283,6 +294,13 @@ fn check_put(
     if put.lease != 0 {
         for attached in leases.attached_keys(txn, put.lease)? {
             authz.check(who, "put", Access::Write, &KeyRange::Single(attached))?;
+        }
+        // Attaching a key to a lease uses it: only a lease the requester may use (`lease/holders.rs`),
+        // or another user's lease would become the attacher's by the key attached.
+        if let Some(record) = leases.get(txn, put.lease)? {
+            if !holders::may_use(authz, leases, txn, who, put.lease, &record)? {
+                return Err(authz.refuse(who, "put"));
+            }
         }
     }
     Ok(())

@@ -83,6 +83,9 @@ pub struct Node {
     /// Whether auth is enabled, and the auth revision, as of the latest applied batch.
     auth_enabled: Arc<std::sync::atomic::AtomicBool>,
     auth_revision: Arc<AtomicU64>,
+    /// `(auth revision, enabled)`, changed at the apply that changes either: long-lived streams
+    /// re-judge their credentials then (`server/stream_credential.rs`).
+    auth_changes: tokio::sync::watch::Sender<(u64, bool)>,
     next_request_id: AtomicU64,
     pub lessor: Arc<Lessor>,
     revision: Arc<std::sync::atomic::AtomicI64>,
@@ -159,12 +162,17 @@ impl Node {
             )
         };
         let (committed, _) = tokio::sync::broadcast::channel(COMMITTED_BACKLOG);
+        let auth_changes = tokio::sync::watch::Sender::new((
+            auth_revision.load(Ordering::Acquire),
+            auth_enabled.load(Ordering::Acquire),
+        ));
         let applied_requests = Arc::new(AtomicU64::new(0));
         let snapshot_due = Arc::new(tokio::sync::Notify::new());
         {
             let (lessor, committed, revision) = (lessor.clone(), committed.clone(), revision.clone());
             let applied_requests = applied_requests.clone();
             let (auth_enabled, auth_revision) = (auth_enabled.clone(), auth_revision.clone());
+            let auth_changes = auth_changes.clone();
             let (snapshot_due, snapshot_count) = (snapshot_due.clone(), config.snapshot_count);
             let since_snapshot = AtomicU64::new(0);
             state.observe(Box::new(move |mut batch: Committed| {
@@ -178,6 +186,8 @@ impl Node {
                 applied_requests.fetch_add(batch.requests, Ordering::Relaxed);
                 auth_enabled.store(batch.auth_enabled, Ordering::Release);
                 auth_revision.store(batch.auth_revision, Ordering::Release);
+                let auth_now = (batch.auth_revision, batch.auth_enabled);
+                auth_changes.send_if_modified(|auth| std::mem::replace(auth, auth_now) != auth_now);
                 for &(id, ttl) in &batch.effects.granted {
                     lessor.granted(id, ttl);
                 }
@@ -320,6 +330,7 @@ impl Node {
             tokens,
             auth_enabled,
             auth_revision,
+            auth_changes,
             // Unique across restarts: member bits, then time, then a counter (as etcd's idutil).
             next_request_id: AtomicU64::new(((member_id & 0xffff) << 48) | ((seed & 0xff_ffff_ffff) << 8)),
             lessor,
@@ -457,6 +468,11 @@ impl Node {
 
     pub fn auth_revision(&self) -> u64 {
         self.auth_revision.load(Ordering::Acquire)
+    }
+
+    /// Told of every applied change of the auth revision or of whether auth is enabled.
+    pub fn auth_changes(&self) -> tokio::sync::watch::Receiver<(u64, bool)> {
+        self.auth_changes.subscribe()
     }
 
     /// Proposes one write through raft on behalf of `who` and returns what applying it produced. The

@@ -13,8 +13,9 @@
 //! expectations themselves. etcd 3.4.23 predates several fixes these tests require, so there these
 //! fail by design: nested txns (also read-only ones), txn puts with prev_kv or a lease, LeaseTimeToLive
 //! keys (CVE-2023-32082), the lease APIs' authentication (GHSA-q8m4-xhhv-38mg), from-key watches
-//! (GHSA-xg4h-6gfc-h4m8), compaction by non-root users, the canceling of live watches, and stale
-//! *simple* tokens (etcd 3.4 resolves a simple token to the current auth revision). Everything else,
+//! (GHSA-xg4h-6gfc-h4m8), compaction by non-root users, the canceling of live watches, streams that
+//! end with their token, leases kept to their holders, and stale *simple* tokens (etcd 3.4 resolves a
+//! simple token to the current auth revision). Everything else,
 //! including the exact error texts and watch cancel reasons, passes against etcd 3.4.23.
 
 #[path = "common/auth.rs"]
@@ -453,10 +454,12 @@ async fn lease_time_to_live_with_keys_needs_read_on_all_keys() {
         "time-to-live with keys, one unreadable",
         alice.lease_time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys())).await,
     );
-    let plain = assert_ok("time-to-live without keys", alice.lease_time_to_live(lease, None).await);
-    assert!(plain.keys().is_empty());
+    // Not alice's lease, and she may not read all its keys: not even its TTL (`a_lease_is_its_holders`).
+    assert_denied("time-to-live without keys", alice.lease_time_to_live(lease, None).await);
     // twin
     grant(&mut s, "alice-role", Permission::read("secret"), &[&alice]).await;
+    let plain = assert_ok("time-to-live without keys", alice.lease_time_to_live(lease, None).await);
+    assert!(plain.keys().is_empty());
     let resp = assert_ok(
         "time-to-live with keys, all readable",
         alice.lease_time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys())).await,
@@ -483,7 +486,8 @@ async fn lease_revoke_requires_authenticated_user() {
     let mut anonymous = connect(&s.ep()).await;
     assert_err("anonymous lease revoke", anonymous.lease_revoke(lease).await, USER_EMPTY);
     let mut alice = s.user("alice", &[]).await;
-    assert_ok("authenticated revoke of a lease without keys", alice.lease_revoke(lease).await);
+    let own = assert_ok("alice's lease", alice.lease_grant(60, None).await).id();
+    assert_ok("authenticated revoke of a lease of one's own", alice.lease_revoke(own).await);
 }
 
 #[tokio::test]
@@ -493,7 +497,8 @@ async fn lease_time_to_live_requires_authenticated_user() {
     let mut anonymous = connect(&s.ep()).await;
     assert_err("anonymous time-to-live", anonymous.lease_time_to_live(lease, None).await, USER_EMPTY);
     let mut alice = s.user("alice", &[]).await;
-    assert_ok("authenticated time-to-live", alice.lease_time_to_live(lease, None).await);
+    let own = assert_ok("alice's lease", alice.lease_grant(60, None).await).id();
+    assert_ok("authenticated time-to-live", alice.lease_time_to_live(own, None).await);
 }
 
 #[tokio::test]
@@ -503,8 +508,10 @@ async fn lease_leases_requires_authenticated_user() {
     let mut anonymous = connect(&s.ep()).await;
     assert_err("anonymous lease list", anonymous.leases().await, USER_EMPTY);
     let mut alice = s.user("alice", &[]).await;
+    let own = assert_ok("alice's lease", alice.lease_grant(60, None).await).id();
     let resp = assert_ok("authenticated lease list", alice.leases().await);
-    assert_eq!(resp.leases().len(), 1);
+    let listed: Vec<i64> = resp.leases().iter().map(|l| l.id()).collect();
+    assert_eq!(listed, [own], "alice lists her own lease (root's is not hers)");
 }
 
 #[tokio::test]
@@ -518,7 +525,8 @@ async fn keep_alive_requires_authenticated_user() {
     }
     // twin
     let mut alice = s.user("alice", &[]).await;
-    let (mut keeper, mut responses) = assert_ok("authenticated keep-alive", alice.lease_keep_alive(lease).await);
+    let own = assert_ok("alice's lease", alice.lease_grant(60, None).await).id();
+    let (mut keeper, mut responses) = assert_ok("authenticated keep-alive", alice.lease_keep_alive(own).await);
     assert_ok("second keep-alive", keeper.keep_alive().await);
     let resp = assert_ok("keep-alive response", responses.message().await).expect("a keep-alive response");
     assert!(resp.ttl() > 0);
@@ -1264,4 +1272,270 @@ fn a_password_longer_than_bcrypt_reads_is_refused() {
     let out = server.etcdctl_stdin(&["user", "passwd", "max", "--interactive=false"], &format!("{over}\n"));
     assert!(!out.success() && out.stderr.contains("password is too long"), "{}", out.stderr);
     assert!(!run(&["user", "list"]).stdout.contains("long"), "no user was added with a cut password");
+}
+
+// ---------------------------------------------------------------------------
+// streams end with their credentials
+// ---------------------------------------------------------------------------
+
+/// What voids alice's token while her streams are open.
+#[derive(Clone, Copy, Debug)]
+enum Void {
+    PasswordChange,
+    UserDelete,
+    AuthDisable,
+}
+
+impl Void {
+    /// Root voids alice's token.
+    async fn apply(self, s: &mut AuthServer) {
+        refresh(&s.root).await;
+        let done = match self {
+            Void::PasswordChange => s.root.user_change_password("alice", "newpw").await.map(drop),
+            Void::UserDelete => s.root.user_delete("alice").await.map(drop),
+            Void::AuthDisable => s.root.auth_disable().await.map(drop),
+        };
+        assert_ok(&format!("{self:?}"), done);
+    }
+
+    /// Writes `key` after the void (with auth disabled, root's token went with it: anyone writes).
+    async fn put_after(self, s: &mut AuthServer, key: &str) {
+        match self {
+            Void::AuthDisable => assert_ok("put after auth disable", connect(&s.ep()).await.put(key, "v", None).await),
+            _ => {
+                refresh(&s.root).await;
+                assert_ok("root put", s.root.put(key, "v", None).await)
+            }
+        };
+    }
+}
+
+/// A raw watch of the prefix `w/` opened with `token`: the request sender (kept open) and the
+/// responses, after a creation response that was not a refusal.
+async fn raw_watch(
+    ep: &str,
+    token: &str,
+) -> (tokio::sync::mpsc::Sender<pb::WatchRequest>, tonic::Streaming<pb::WatchResponse>) {
+    let (requests, input) = tokio::sync::mpsc::channel(4);
+    let create = pb::WatchCreateRequest { key: b"w/".to_vec(), range_end: b"w0".to_vec(), ..Default::default() };
+    let create = pb::WatchRequest { request_union: Some(pb::watch_request::RequestUnion::CreateRequest(create)) };
+    requests.send(create).await.expect("queue the create request");
+    let mut watch = pb::watch_client::WatchClient::new(channel(ep).await);
+    let input = tokio_stream::wrappers::ReceiverStream::new(input);
+    let mut responses = watch.watch(with_token(input, "token", token)).await.expect("open the watch").into_inner();
+    let created = raw_next(&mut responses, Duration::from_secs(30)).await.expect("a creation response");
+    assert!(created.created && !created.canceled, "{created:?}");
+    (requests, responses)
+}
+
+/// The next raw response within `wait` (`None`: nothing came, or the stream ended).
+async fn raw_next<T>(responses: &mut tonic::Streaming<T>, wait: Duration) -> Option<T> {
+    match tokio::time::timeout(wait, responses.message()).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(status)) => panic!("the stream failed: {status:?}"),
+        Err(_) => None,
+    }
+}
+
+/// The keys of a raw watch response's events.
+fn raw_keys(response: &pb::WatchResponse) -> Vec<String> {
+    response.events.iter().filter_map(|e| e.kv.as_ref()).map(|kv| text(&kv.key)).collect()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A watch opened with alice's token delivers until the token is voided; at the apply that voids it
+/// (nothing is written after), the watch is canceled with etcd's reason, and nothing written later
+/// reaches it. Before that, an auth change that is not alice's leaves it running (the twin).
+async fn token_watch_ends_when(void: Void, token_kind: TokenKind) {
+    let mut s = AuthServer::start_with_token(token_kind).await;
+    s.add_user("alice", "alicepw", &[Permission::read("w/").with_prefix()]).await;
+    s.add_user("bob", "bobpw", &[]).await;
+    let ep = s.ep();
+    let token = raw_token(&ep, "alice", "alicepw").await.expect("authenticate");
+    let (_requests, mut responses) = raw_watch(&ep, &token).await;
+    assert_ok("bob's password changes", s.root.user_change_password("bob", "newpw").await);
+    root_put(&mut s, "w/1", "v", None).await;
+    let event = raw_next(&mut responses, Duration::from_secs(30)).await.expect("w/1 reaches alice");
+    assert_eq!(raw_keys(&event), ["w/1"], "{void:?}: {event:?}");
+
+    void.apply(&mut s).await;
+    let canceled = raw_next(&mut responses, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| panic!("{void:?}: alice's watch must be canceled at the apply that voids her token"));
+    assert!(canceled.canceled && canceled.events.is_empty(), "{void:?}: {canceled:?}");
+    assert!(canceled.cancel_reason.contains(AUTH_OLD_REVISION), "{void:?}: {:?}", canceled.cancel_reason);
+    void.put_after(&mut s, "w/2").await;
+    if let Some(late) = raw_next(&mut responses, Duration::from_secs(2)).await {
+        assert!(late.events.is_empty(), "{void:?}: delivered after the cancel: {late:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_token_watch_ends_when_the_password_changes() {
+    token_watch_ends_when(Void::PasswordChange, TokenKind::Simple).await;
+}
+
+#[tokio::test]
+async fn a_jwt_watch_ends_when_the_password_changes() {
+    token_watch_ends_when(Void::PasswordChange, TokenKind::Jwt).await;
+}
+
+#[tokio::test]
+async fn a_token_watch_ends_when_the_user_is_deleted() {
+    token_watch_ends_when(Void::UserDelete, TokenKind::Simple).await;
+}
+
+#[tokio::test]
+async fn a_token_watch_ends_when_auth_is_disabled() {
+    token_watch_ends_when(Void::AuthDisable, TokenKind::Simple).await;
+}
+
+/// A keep-alive stream opened with alice's token ends with etcd's error at the apply that voids the
+/// token, without another keep-alive being sent; an auth change that is not alice's leaves it open.
+async fn token_keep_alive_ends_when(void: Void, token_kind: TokenKind) {
+    let mut s = AuthServer::start_with_token(token_kind).await;
+    s.add_user("alice", "alicepw", &[]).await;
+    s.add_user("bob", "bobpw", &[]).await;
+    let ep = s.ep();
+    let token = raw_token(&ep, "alice", "alicepw").await.expect("authenticate");
+    let mut lease = pb::lease_client::LeaseClient::new(channel(&ep).await);
+    let grant = pb::LeaseGrantRequest { ttl: 60, ..Default::default() };
+    let id = lease.lease_grant(with_token(grant, "token", &token)).await.expect("alice's lease").into_inner().id;
+    let (requests, input) = tokio::sync::mpsc::channel(4);
+    let input = tokio_stream::wrappers::ReceiverStream::new(input);
+    let mut responses =
+        lease.lease_keep_alive(with_token(input, "token", &token)).await.expect("open the keep-alive").into_inner();
+    requests.send(pb::LeaseKeepAliveRequest { id }).await.expect("send a keep-alive");
+    let first = raw_next(&mut responses, Duration::from_secs(30)).await.expect("a keep-alive answer");
+    assert!(first.ttl > 0, "{first:?}");
+    assert_ok("bob's password changes", s.root.user_change_password("bob", "newpw").await);
+    requests.send(pb::LeaseKeepAliveRequest { id }).await.expect("send a keep-alive");
+    let second = raw_next(&mut responses, Duration::from_secs(30)).await.expect("alice's stream outlives bob's change");
+    assert!(second.ttl > 0, "{second:?}");
+
+    void.apply(&mut s).await;
+    let ended = tokio::time::timeout(Duration::from_secs(30), responses.message())
+        .await
+        .unwrap_or_else(|_| panic!("{void:?}: the keep-alive stream must end at the apply that voids alice's token"));
+    let status = ended.expect_err("an error, not an answer");
+    assert_eq!(status.message(), AUTH_OLD_REVISION, "{void:?}: {status:?}");
+}
+
+#[tokio::test]
+async fn a_token_keep_alive_ends_when_the_password_changes() {
+    token_keep_alive_ends_when(Void::PasswordChange, TokenKind::Simple).await;
+}
+
+#[tokio::test]
+async fn a_jwt_keep_alive_ends_when_the_password_changes() {
+    token_keep_alive_ends_when(Void::PasswordChange, TokenKind::Jwt).await;
+}
+
+#[tokio::test]
+async fn a_token_keep_alive_ends_when_the_user_is_deleted() {
+    token_keep_alive_ends_when(Void::UserDelete, TokenKind::Simple).await;
+}
+
+#[tokio::test]
+async fn a_token_keep_alive_ends_when_auth_is_disabled() {
+    token_keep_alive_ends_when(Void::AuthDisable, TokenKind::Simple).await;
+}
+
+// ---------------------------------------------------------------------------
+// lease holders
+// ---------------------------------------------------------------------------
+
+/// The ids of a lease listing.
+fn lease_ids(resp: etcd_client::LeaseLeasesResponse) -> Vec<i64> {
+    let mut ids: Vec<i64> = resp.leases().iter().map(|l| l.id()).collect();
+    ids.sort();
+    ids
+}
+
+/// The TTL of the first answer of a keep-alive stream for `lease` (0: answered as an unknown lease,
+/// which `etcd-client` reports as "lease not found").
+async fn keep_alive_once(c: &mut Client, lease: i64) -> i64 {
+    let (mut keeper, mut responses) = match c.lease_keep_alive(lease).await {
+        Err(etcd_client::Error::LeaseKeepAliveError(e)) if e == "lease not found" => return 0,
+        opened => assert_ok("open a keep-alive stream", opened),
+    };
+    // The client took the first answer: a second keep-alive, for an answer to read.
+    assert_ok("second keep-alive", keeper.keep_alive().await);
+    let answer = tokio::time::timeout(Duration::from_secs(30), responses.message()).await.expect("an answer in time");
+    assert_ok("keep-alive answer", answer).expect("a keep-alive answer").ttl()
+}
+
+/// A lease is its holder's (the user who granted it): bob, an authenticated user with keys of his
+/// own, does not see alice's lease listed, cannot read its TTL, keep it alive (answered as an unknown
+/// lease, TTL 0), revoke it or attach a key to it. alice can; so can a user who may read every key
+/// attached to it; root sees every lease. etcd lets any user do all of this.
+#[tokio::test]
+async fn a_lease_is_its_holders() {
+    let mut s = AuthServer::start().await;
+    let mut alice = s.user("alice", &[Permission::read_write("a/").with_prefix()]).await;
+    let mut bob = s.user("bob", &[Permission::read_write("b/").with_prefix()]).await;
+    let mut carol = s.user("carol", &[Permission::read("a/").with_prefix()]).await;
+    let a = assert_ok("alice's lease", alice.lease_grant(60, None).await).id();
+    let b = assert_ok("bob's lease", bob.lease_grant(60, None).await).id();
+
+    assert_eq!(lease_ids(assert_ok("bob lists", bob.leases().await)), [b], "bob sees only his own lease");
+    assert_denied("bob reads the TTL of alice's lease", bob.lease_time_to_live(a, None).await);
+    assert_eq!(keep_alive_once(&mut bob, a).await, 0, "bob's keep-alive of alice's lease is answered as unknown");
+    assert_denied("bob revokes alice's lease", bob.lease_revoke(a).await);
+    assert_denied(
+        "bob attaches his key to alice's lease",
+        bob.put("b/1", "v", Some(PutOptions::new().with_lease(a))).await,
+    );
+    assert_denied(
+        "bob attaches his key to alice's lease in a txn",
+        bob.txn(Txn::new().and_then([TxnOp::put("b/1", "v", Some(PutOptions::new().with_lease(a)))])).await,
+    );
+    assert_eq!(lease_ids(assert_ok("carol lists", carol.leases().await)), Vec::<i64>::new(), "nothing to read yet");
+
+    // twins: alice, her keys' reader, root
+    assert_eq!(lease_ids(assert_ok("alice lists", alice.leases().await)), [a]);
+    assert!(assert_ok("alice reads her TTL", alice.lease_time_to_live(a, None).await).ttl() > 0);
+    assert!(keep_alive_once(&mut alice, a).await > 0, "alice keeps her lease alive");
+    assert_ok("alice attaches her key", alice.put("a/1", "v", Some(PutOptions::new().with_lease(a))).await);
+    assert_eq!(lease_ids(assert_ok("carol lists", carol.leases().await)), [a], "carol may read every key of it");
+    assert!(keep_alive_once(&mut carol, a).await > 0, "carol may keep alive a lease whose keys she reads");
+    let mut all = vec![a, b];
+    all.sort();
+    refresh(&s.root).await;
+    assert_eq!(lease_ids(assert_ok("root lists", s.root.leases().await)), all, "root sees every lease");
+    assert_ok("alice revokes her lease", alice.lease_revoke(a).await);
+    assert_eq!(root_get(&mut s, "a/1").await, None, "the revoke deleted her key");
+}
+
+/// A lease granted with auth off has no holder (as a lease recorded before keyward kept holders): once
+/// auth is on it is for the users who may use its keys, and root; a user who may not sees nothing of
+/// it, and a lease with no keys is root's alone.
+#[tokio::test]
+async fn a_lease_without_a_holder_is_for_the_users_of_its_keys() {
+    let server = Server::start_with(Kind::under_test(), &FAST_BCRYPT);
+    let mut anonymous = connect(&server.endpoint()).await;
+    let keyed = assert_ok("lease grant with auth off", anonymous.lease_grant(60, None).await).id();
+    let empty = assert_ok("lease grant with auth off", anonymous.lease_grant(60, None).await).id();
+    assert_ok("attach k/1", anonymous.put("k/1", "v", Some(PutOptions::new().with_lease(keyed))).await);
+    let root = enable_auth(&server.endpoint()).await;
+    let mut s = AuthServer { server, root, keys: None };
+    let mut alice = s.user("alice", &[Permission::write("k/").with_prefix()]).await;
+    let mut bob = s.user("bob", &[Permission::read_write("b/").with_prefix()]).await;
+
+    assert_eq!(lease_ids(assert_ok("bob lists", bob.leases().await)), Vec::<i64>::new());
+    assert_eq!(keep_alive_once(&mut bob, keyed).await, 0, "bob may not use k/1");
+    assert_denied("bob reads its TTL", bob.lease_time_to_live(keyed, None).await);
+    // twins: the user of its key, root
+    assert_eq!(lease_ids(assert_ok("alice lists", alice.leases().await)), [keyed], "alice may write k/1");
+    assert!(keep_alive_once(&mut alice, keyed).await > 0, "alice keeps it alive");
+    assert_denied("alice revokes the lease with no keys", alice.lease_revoke(empty).await);
+    let mut all = vec![keyed, empty];
+    all.sort();
+    refresh(&s.root).await;
+    assert_eq!(lease_ids(assert_ok("root lists", s.root.leases().await)), all);
+    assert_ok("alice revokes the lease of her key", alice.lease_revoke(keyed).await);
+    assert_ok("root revokes the lease with no keys", s.root.lease_revoke(empty).await);
 }

@@ -13,14 +13,15 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::etcd_errors::{AUTH_FAILED, INVALID_AUTH_TOKEN, PERMISSION_DENIED, USER_EMPTY};
+use common::etcd_errors::{AUTH_FAILED, AUTH_OLD_REVISION, INVALID_AUTH_TOKEN, PERMISSION_DENIED, USER_EMPTY};
 use common::{Kind, Server};
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -730,4 +731,149 @@ fn gateway_answers_as_etcds_gateway() {
         differences.push(format!("watch\n  etcd:    {expected:?}\n  keyward: {got:?}"));
     }
     assert!(differences.is_empty(), "{} differences:\n{}", differences.len(), differences.join("\n"));
+}
+
+// ---------------------------------------------------------------------------
+// streams end with their credentials
+// ---------------------------------------------------------------------------
+
+/// A gateway stream whose request body stays open (a keep-alive stream sends as it goes): raw HTTP/1.1
+/// with a chunked body, since curl reads all of its input before sending a body it must frame.
+struct OpenStream {
+    writer: TcpStream,
+    reader: BufReader<TcpStream>,
+    headers_read: bool,
+    /// Answer lines read but not yet returned, and the start of one not complete yet.
+    lines: std::collections::VecDeque<String>,
+    partial: String,
+    /// The response's last chunk was read.
+    ended: bool,
+}
+
+impl OpenStream {
+    fn open(server: &Server, path: &str, creds: (&str, &str)) -> OpenStream {
+        let writer = TcpStream::connect(server.endpoint()).expect("connect to the gateway");
+        writer.set_read_timeout(Some(STREAM_WAIT)).unwrap();
+        let reader = BufReader::new(writer.try_clone().unwrap());
+        let mut stream = OpenStream {
+            writer,
+            reader,
+            headers_read: false,
+            lines: Default::default(),
+            partial: String::new(),
+            ended: false,
+        };
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Basic {}\r\nContent-Type: application/json\r\n\
+             Transfer-Encoding: chunked\r\n\r\n",
+            server.endpoint(),
+            b64(&format!("{}:{}", creds.0, creds.1)),
+        );
+        stream.writer.write_all(head.as_bytes()).unwrap();
+        stream
+    }
+
+    /// Sends one request of the stream, as one chunk of the body.
+    fn send(&mut self, request: Value) {
+        let data = request.to_string();
+        write!(self.writer, "{:x}\r\n{data}\r\n", data.len()).unwrap();
+        self.writer.flush().unwrap();
+    }
+
+    /// The next answer (`None`: the response ended). Fails the test if nothing comes in `STREAM_WAIT`.
+    #[track_caller]
+    fn next(&mut self) -> Option<Value> {
+        if !self.headers_read {
+            let mut status = String::new();
+            self.reader.read_line(&mut status).expect("the response's status in time");
+            assert!(status.starts_with("HTTP/1.1 200"), "{status:?}");
+            loop {
+                let mut line = String::new();
+                self.reader.read_line(&mut line).expect("a response header");
+                if line == "\r\n" || line.is_empty() {
+                    break;
+                }
+            }
+            self.headers_read = true;
+        }
+        loop {
+            if let Some(line) = self.lines.pop_front() {
+                return Some(serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}")));
+            }
+            if self.ended {
+                return None;
+            }
+            let mut size = String::new();
+            self.reader.read_line(&mut size).expect("the next chunk in time");
+            let size = usize::from_str_radix(size.trim(), 16).unwrap_or_else(|_| panic!("a chunk size: {size:?}"));
+            if size == 0 {
+                // The last answer (an error) may end without a newline.
+                self.ended = true;
+                let last = std::mem::take(&mut self.partial);
+                self.lines.extend((!last.trim().is_empty()).then(|| last.trim().to_string()));
+                continue;
+            }
+            let mut data = vec![0; size + 2]; // and its CRLF
+            self.reader.read_exact(&mut data).unwrap();
+            self.partial.push_str(std::str::from_utf8(&data[..size]).unwrap());
+            while let Some(end) = self.partial.find('\n') {
+                let line: String = self.partial.drain(..=end).collect();
+                self.lines.push_back(line.trim().to_string());
+            }
+        }
+    }
+}
+
+/// A watch and a keep-alive opened with Basic credentials end at the apply that changes the password
+/// (nothing is sent or written after it): the watch is canceled with etcd's reason, the keep-alive
+/// stream ends with etcd's error. The gateway logged in with the password; its token is void.
+#[test]
+fn streams_opened_with_basic_credentials_end_when_the_password_changes() {
+    let server = keyward();
+    let gw = Gateway::plain(&server);
+    users_and_auth(&gw);
+    let (alice, root) = (Creds::Basic("alice", "alicepw"), Creds::Basic("root", "rootpw"));
+    let watch = gw.stream("/v3/watch", json!({"create_request": {"key": b64("a1")}}), &alice);
+    let created = watch.next();
+    assert_eq!(created["result"]["created"], json!(true), "{created}");
+    let lease = gw.post("/v3/lease/grant", json!({"TTL": 60}), &alice).ok();
+    let mut keep_alive = OpenStream::open(&server, "/v3/lease/keepalive", ("alice", "alicepw"));
+    keep_alive.send(json!({"ID": lease["ID"]}));
+    let kept = keep_alive.next().expect("a keep-alive answer");
+    assert_eq!(kept["result"]["ID"], lease["ID"], "{kept}");
+    // An unrelated change leaves both open (the twin).
+    gw.post("/v3/auth/user/changepw", json!({"name": "bob", "password": "new"}), &root).ok();
+    gw.post("/v3/kv/put", put("a1", "x"), &alice).ok();
+    let event = watch.next();
+    assert_eq!(event["result"]["events"][0]["kv"]["value"], b64("x"), "{event}");
+    keep_alive.send(json!({"ID": lease["ID"]}));
+    assert_eq!(keep_alive.next().expect("a keep-alive answer")["result"]["ID"], lease["ID"]);
+
+    gw.post("/v3/auth/user/changepw", json!({"name": "alice", "password": "new"}), &root).ok();
+    let canceled = watch.next();
+    assert_eq!(canceled["result"]["canceled"], json!(true), "{canceled}");
+    let reason = canceled["result"]["cancel_reason"].as_str().unwrap_or_default();
+    assert!(reason.contains(AUTH_OLD_REVISION), "{canceled}");
+    let ended = keep_alive.next().expect("the keep-alive stream's error");
+    assert_eq!(ended["error"]["message"], json!(AUTH_OLD_REVISION), "{ended}");
+    assert_eq!(keep_alive.next(), None, "the keep-alive stream ended");
+}
+
+/// A watch opened with a client certificate is judged by its user's permissions now: a change of
+/// that user's password does not end it (the certificate, not a password, is its credential).
+#[test]
+fn a_watch_opened_with_a_certificate_outlives_a_password_change() {
+    let pki = Pki::new();
+    let (root_cert, alice_cert) = (pki.issue("root", "root", false), pki.issue("alice", "alice", false));
+    let member = TlsMember::start(&pki, &root_cert);
+    let gw = member.gateway(&pki.ca());
+    let root = gw.with_cert(&root_cert);
+    users_and_auth(&root);
+    let alice = gw.with_cert(&alice_cert);
+    let watch = alice.stream("/v3/watch", json!({"create_request": {"key": b64("a1")}}), &Creds::None);
+    assert_eq!(watch.next()["result"]["created"], json!(true));
+    root.post("/v3/auth/user/changepw", json!({"name": "alice", "password": "new"}), &Creds::None).ok();
+    alice.post("/v3/kv/put", put("a1", "w"), &Creds::None).ok();
+    let event = watch.next();
+    assert_eq!(event["result"]["events"][0]["kv"]["value"], b64("w"), "{event}");
 }

@@ -338,6 +338,51 @@ impl<'t> Authorizer<'t> {
         result
     }
 
+    /// Whether a token's identity still stands, whether or not auth is on now (`AuthStore::token_valid`):
+    /// its user exists, with the credentials the token was issued for, and auth was not disabled
+    /// since. For a stream opened with a token, which ends once it does not ("revision of auth store
+    /// is old", as etcd answers a token older than the auth state).
+    pub fn token_stands(&self, who: &Requester, op: &'static str) -> Result<(), EtcdError> {
+        let Requester::Client { username, revision, .. } = who else { return Ok(()) };
+        // No user has an empty name (and LMDB has no empty keys).
+        if !username.is_empty() && self.store.token_valid(self.txn, username, *revision)? {
+            return Ok(());
+        }
+        denied(who, op, None, &EtcdError::AuthOldRevision);
+        self.audit(who, op, None, &Err(EtcdError::AuthOldRevision));
+        Err(EtcdError::AuthOldRevision)
+    }
+
+    /// Whether `who` may have `access` to all of `range`, decided quietly: for a filter (which leases a
+    /// listing shows), where a refusal is not a refused request. A void identity is still an error.
+    pub fn permits(&self, who: &Requester, access: Access, range: &KeyRange) -> Result<bool, EtcdError> {
+        if !self.enabled || *who == Requester::Member {
+            return Ok(true);
+        }
+        match self.decide(who, access, range) {
+            Ok(()) => Ok(true),
+            Err(EtcdError::PermissionDenied) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether `who` is root (or the member), by an identity that still stands; with auth off, everyone
+    /// may do what root may.
+    pub fn is_root(&self, who: &Requester) -> Result<bool, EtcdError> {
+        if !self.enabled || *who == Requester::Member {
+            return Ok(true);
+        }
+        Ok(self.authenticated(who)?.is_some_and(|user| matches!(user.permissions, UserPermissions::Root)))
+    }
+
+    /// Refuses `op` to `who` with "permission denied" for a reason decided outside this authorizer (a
+    /// lease that is not theirs: `lease/holders.rs`), logged and audited as every refusal is.
+    pub fn refuse(&self, who: &Requester, op: &'static str) -> EtcdError {
+        denied(who, op, None, &EtcdError::PermissionDenied);
+        self.audit(who, op, None, &Err(EtcdError::PermissionDenied));
+        EtcdError::PermissionDenied
+    }
+
     /// Whether `who` is the named user, by an identity that still stands (users may read their own
     /// record). A void token of that user is refused, not passed on to the root check.
     pub fn is_user(&self, who: &Requester, name: &str) -> Result<bool, EtcdError> {

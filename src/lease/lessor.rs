@@ -124,7 +124,7 @@ mod tests {
         assert_eq!(lessor.renew(1), Some(10));
         assert_eq!(lessor.renew(2), None);
         assert!(lessor.take_expired().is_empty());
-        lessor.recover([(3, LeaseRecord { ttl: 10, remaining_ttl: 0 })]);
+        lessor.recover([(3, LeaseRecord { ttl: 10, remaining_ttl: 0, owner: None })]);
         lessor.lock().get_mut(&3).unwrap().expiry = Instant::now();
         assert_eq!(lessor.take_expired(), vec![3]);
         assert!(lessor.take_expired().is_empty(), "a revoke in flight is not proposed twice");
@@ -145,7 +145,7 @@ mod tests {
     #[test]
     fn recovery_uses_the_checkpointed_remaining_ttl() {
         let lessor = Lessor::default();
-        lessor.recover([(7, LeaseRecord { ttl: 100, remaining_ttl: 30 })]);
+        lessor.recover([(7, LeaseRecord { ttl: 100, remaining_ttl: 30, owner: None })]);
         let (granted, left) = lessor.time_to_live(7).unwrap();
         assert_eq!(granted, 100);
         assert!((29..=30).contains(&left));

@@ -2,9 +2,11 @@
 //!
 //! - `store.rs`: what is replicated — each lease's TTL (and last checkpointed remaining TTL) and which
 //!   keys are attached, in LMDB, changed only by applied raft entries.
+//! - `holders.rs`: who may use a lease once granted (its holder, users of its keys, root).
 //! - `lessor.rs`: the clock — when each lease expires. Only the leader acts on it, by proposing a
 //!   revoke through raft, so expiry is ordered in the log like any other write.
 
+pub mod holders;
 pub mod lessor;
 pub mod store;
 

@@ -1,5 +1,6 @@
 //! Replicated lease state in the kv environment:
-//! - `leases`: lease id → `LeaseRecord`
+//! - `leases`: lease id → `LeaseRecord` (postcard; a record written before leases had owners decodes
+//!   as owner-less)
 //! - `lease_keys`: lease id ++ key → (empty): the keys attached to each lease (a [`Table`]: keys may be
 //!   longer than LMDB's key limit)
 
@@ -12,11 +13,31 @@ use crate::error::EtcdError;
 use crate::storage::table::{LongKeys, Table};
 use crate::storage::Db;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseRecord {
     pub ttl: i64,
     /// Remaining TTL at the last checkpoint; 0 when never checkpointed.
     pub remaining_ttl: i64,
+    /// The user who granted it, with auth on (`lease/holders.rs`). `None` for a lease granted with
+    /// auth off, or recorded before owners were (older data dirs and snapshots). Last, so that an
+    /// older record is a prefix of a newer one (and an older member reads a newer record).
+    pub owner: Option<String>,
+}
+
+impl LeaseRecord {
+    /// A lease of `ttl` seconds, never checkpointed, granted by `owner`.
+    pub fn granted(ttl: i64, owner: Option<String>) -> LeaseRecord {
+        LeaseRecord { ttl, remaining_ttl: 0, owner }
+    }
+
+    fn decode(bytes: &[u8]) -> Result<LeaseRecord, EtcdError> {
+        if let Ok(record) = postcard::from_bytes(bytes) {
+            return Ok(record);
+        }
+        // Written before leases had owners: `ttl` and `remaining_ttl` only.
+        let (ttl, remaining_ttl): (i64, i64) = postcard::from_bytes(bytes).map_err(|_| corrupt())?;
+        Ok(LeaseRecord { ttl, remaining_ttl, owner: None })
+    }
 }
 
 pub struct LeaseStore {
@@ -53,7 +74,7 @@ impl LeaseStore {
     pub fn get(&self, txn: &RoTxn, id: i64) -> Result<Option<LeaseRecord>, EtcdError> {
         match self.leases.get(txn, &id_key(id))? {
             None => Ok(None),
-            Some(bytes) => postcard::from_bytes(bytes).map(Some).map_err(|_| corrupt()),
+            Some(bytes) => LeaseRecord::decode(bytes).map(Some),
         }
     }
 
@@ -62,13 +83,13 @@ impl LeaseStore {
         for item in self.leases.iter(txn)? {
             let (id, bytes) = item?;
             let id = i64::from_be_bytes(id.try_into().map_err(|_| corrupt())?);
-            out.push((id, postcard::from_bytes(bytes).map_err(|_| corrupt())?));
+            out.push((id, LeaseRecord::decode(bytes)?));
         }
         Ok(out)
     }
 
-    pub fn put(&self, txn: &mut RwTxn, id: i64, record: LeaseRecord) -> Result<(), EtcdError> {
-        let bytes = postcard::to_allocvec(&record).map_err(|_| EtcdError::Internal)?;
+    pub fn put(&self, txn: &mut RwTxn, id: i64, record: &LeaseRecord) -> Result<(), EtcdError> {
+        let bytes = postcard::to_allocvec(record).map_err(|_| EtcdError::Internal)?;
         Ok(self.leases.put(txn, &id_key(id), &bytes)?)
     }
 
@@ -98,5 +119,24 @@ impl LeaseStore {
     pub fn detach(&self, txn: &mut RwTxn, id: i64, key: &[u8]) -> Result<(), EtcdError> {
         self.keys.delete(txn, &attachment(id, key))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record of an older data dir or snapshot (no owner) reads as owner-less; a record with an owner
+    /// begins with the older layout, so an older member reads its TTLs.
+    #[test]
+    fn records_without_an_owner_still_decode() {
+        let old = postcard::to_allocvec(&(60i64, 20i64)).unwrap();
+        let decoded = LeaseRecord::decode(&old).unwrap();
+        assert_eq!(decoded, LeaseRecord { ttl: 60, remaining_ttl: 20, owner: None });
+        let new = LeaseRecord { ttl: 60, remaining_ttl: 20, owner: Some("alice".into()) };
+        let bytes = postcard::to_allocvec(&new).unwrap();
+        assert_eq!(LeaseRecord::decode(&bytes).unwrap(), new);
+        assert_eq!(postcard::from_bytes::<(i64, i64)>(&bytes).unwrap(), (60, 20), "as an older member reads it");
+        assert!(LeaseRecord::decode(&[0x80]).is_err(), "a truncated record is corrupt");
     }
 }

@@ -75,8 +75,8 @@ pub fn import(bolt: &Bolt, state: &State) -> anyhow::Result<Imported> {
     if let Some(leases) = bucket("lease")? {
         bolt.for_each(&leases, |id, value| {
             let lease = EtcdLease::decode(value).map_err(|e| bad("lease", id, e))?;
-            let record = LeaseRecord { ttl: lease.ttl, remaining_ttl: lease.remaining_ttl };
-            state.leases.put(&mut txn, lease.id, record).map_err(|e| bad("lease", id, e))?;
+            let record = LeaseRecord { ttl: lease.ttl, remaining_ttl: lease.remaining_ttl, owner: None };
+            state.leases.put(&mut txn, lease.id, &record).map_err(|e| bad("lease", id, e))?;
             imported.leases += 1;
             Ok(())
         })?;

@@ -11,6 +11,7 @@ pub mod lease;
 pub mod maintenance;
 pub mod peer;
 pub mod requester;
+pub(crate) mod stream_credential;
 pub mod watch;
 pub mod watch_wire;
 

@@ -10,6 +10,12 @@ use crate::node::Node;
 /// The requester behind a request to this member: its identity (decided in `frontend/identity.rs`,
 /// as every front end decides it) at the member's current auth revision.
 pub(crate) fn requester<T>(node: &Node, request: &Request<T>) -> Result<Requester, Status> {
+    Ok(identified(node, request)?.1)
+}
+
+/// The identity behind a request and the requester it runs as (`requester`), for a caller that must
+/// know how the identity was established (a stream's credential: `stream_credential.rs`).
+pub(crate) fn identified<T>(node: &Node, request: &Request<T>) -> Result<(Identity, Requester), Status> {
     let identity = node.identity.identify(request.metadata(), peer_identity(request.extensions()), &*node.tokens)?;
     let credential = match &identity {
         Identity::Token { .. } => Credential::Token,
@@ -18,7 +24,8 @@ pub(crate) fn requester<T>(node: &Node, request: &Request<T>) -> Result<Requeste
         Identity::Anonymous(_) => Credential::None,
     };
     let origin = Origin { client: client(node, request), credential };
-    Ok(identity.requester(node.auth_revision()).with_origin(origin))
+    let requester = identity.requester(node.auth_revision()).with_origin(origin);
+    Ok((identity, requester))
 }
 
 /// The client's address as this member counts it (login throttling, the audit log): the connection's,

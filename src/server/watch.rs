@@ -19,13 +19,13 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use prost::Message;
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
 use tonic::server::{Grpc, NamedService, StreamingService};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::requester::requester;
+use super::stream_credential::StreamCredential;
 use super::watch_wire::{WatchCodec, WatchReply};
 use crate::auth::check::{Authorizer, Requester};
 use crate::auth::permissions::Access;
@@ -66,7 +66,7 @@ impl WatchService {
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         // The stream's identity comes from its metadata; a bad token refuses each create, as in etcd.
         // etcd puts Go's status text of the refusal in the cancel reason.
-        let who = requester(&self.node, &request)
+        let who = StreamCredential::of(&self.node, &request)
             .map_err(|s| format!("rpc error: code = {:?} desc = {}", s.code(), s.message()));
         let stream = WatchStream { node: self.node.clone(), who, out, watchers: HashMap::new(), next_id: 0 };
         tokio::spawn(stream.run(request.into_inner()));
@@ -137,7 +137,7 @@ struct Running {
 /// One client stream: reads requests, starts and stops watchers.
 struct WatchStream {
     node: Arc<Node>,
-    who: Result<Requester, String>,
+    who: Result<StreamCredential, String>,
     out: Out,
     watchers: HashMap<i64, Running>,
     next_id: i64,
@@ -195,8 +195,14 @@ impl WatchStream {
             Err(reason) => return self.send(refuse(reason)).await,
         };
         let (checked, check_range) = (who.clone(), range.clone());
-        let permitted =
-            self.node.read(false, move |_, authz| authz.check(&checked, "watch", Access::Read, &check_range)).await;
+        let permitted = self
+            .node
+            .read(false, move |_, authz| {
+                // A void token refuses the create even with auth off (it was disabled since the stream opened).
+                checked.stands(authz, "watch")?;
+                authz.check(checked.requester(), "watch", Access::Read, &check_range)
+            })
+            .await;
         if let Err(e) = permitted {
             return self.send(refuse(&e.go_status_text())).await;
         }
@@ -226,8 +232,9 @@ impl WatchStream {
             no_delete: req.filters.contains(&(FilterType::Nodelete as i32)),
             progress_notify: req.progress_notify,
             fragment: req.fragment,
-            who,
-            auth_checked: self.node.auth_revision(),
+            credential: who,
+            auth_checked: (self.node.auth_revision(), self.node.auth_enabled()),
+            auth_changes: self.node.auth_changes(),
         };
         let (stop, stopped) = oneshot::channel();
         // Subscribe before the task starts: commits from here on reach it through the broadcast.
@@ -262,9 +269,12 @@ struct Watcher {
     no_delete: bool,
     progress_notify: bool,
     fragment: bool,
-    who: Requester,
-    /// The auth revision at which this watcher's permission was last confirmed.
-    auth_checked: u64,
+    credential: StreamCredential,
+    /// The auth revision (and whether auth was on) at which this watcher's permission was last confirmed.
+    auth_checked: (u64, bool),
+    /// Wakes the watcher at each auth change, so that a change that ends it (a permission revoked, its
+    /// token voided) does so at its apply even when nothing it watches is written.
+    auth_changes: watch::Receiver<(u64, bool)>,
 }
 
 /// Why a watcher stopped on its own.
@@ -273,8 +283,9 @@ enum End {
     Closed,
     /// `next` was compacted away; the client must be told.
     Compacted(i64),
-    /// The watcher's user lost read permission on its range (or was deleted): keyward cancels it with
-    /// the reason rather than keep streaming what the user may no longer read.
+    /// The watcher's user lost read permission on its range (or was deleted), or the token the stream
+    /// was opened with is void: keyward cancels it with the reason rather than keep streaming what the
+    /// user may no longer read.
     Denied(String),
 }
 
@@ -377,6 +388,8 @@ impl Watcher {
                     Err(broadcast::error::RecvError::Lagged(_)) => continue,
                     Err(broadcast::error::RecvError::Closed) => return End::Closed,
                 },
+                // The top of the loop checks the permission again.
+                Ok(()) = self.auth_changes.changed() => {}
                 _ = progress.tick(), if self.progress_notify => {
                     let resp = WatchResponse { header: node.header(self.next - 1), watch_id: self.id, ..Default::default() };
                     if out.send(Ok(resp.into())).await.is_err() {
@@ -497,17 +510,20 @@ impl Watcher {
     }
 
     /// Re-checks read permission on the range whenever the auth state has moved since the last check.
-    /// The check is of the user's permission now (a token issued before the change is not "old" here:
-    /// the stream stays open as long as the user may still read what it watches).
+    /// A token the stream was opened with must still stand (not voided by a password change, its
+    /// user's deletion or an auth disable); the permission is the user's now (an unrelated auth
+    /// change does not make the token "old" here: the stream stays open as long as the user may
+    /// still read what it watches).
     async fn still_permitted(&mut self, node: &Node) -> Result<(), EtcdError> {
-        let current = node.auth_revision();
+        let current = (node.auth_revision(), node.auth_enabled());
         if current == self.auth_checked {
             return Ok(());
         }
-        let (who, range) = (self.who.clone(), self.range.clone());
+        let (credential, range) = (self.credential.clone(), self.range.clone());
         node.read_state(move |state, txn| {
             let authz = Authorizer::new(&state.auth, txn)?;
-            let now = match who {
+            credential.stands(&authz, "watch")?;
+            let now = match credential.requester().clone() {
                 Requester::Client { username, origin, .. } => {
                     Requester::Client { username, revision: authz.revision(), origin }
                 }
@@ -746,8 +762,9 @@ mod tests {
             no_delete: false,
             progress_notify: false,
             fragment: false,
-            who: Requester::Member,
-            auth_checked: node.auth_revision(),
+            credential: StreamCredential::standing(Requester::Member),
+            auth_checked: (node.auth_revision(), node.auth_enabled()),
+            auth_changes: node.auth_changes(),
         };
         let (out, responses) = mpsc::channel(capacity);
         let (stop, stopped) = oneshot::channel();

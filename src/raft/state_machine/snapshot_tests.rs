@@ -203,7 +203,7 @@ async fn an_install_rebuilds_everything_derived_from_the_applied_state() {
     let observed = observed.lock().unwrap();
     let [told] = &observed[..] else { panic!("one notice of the install: {observed:?}") };
     let installed = told.installed.as_ref().expect("an install, not a batch");
-    assert_eq!(installed.leases, [(7, LeaseRecord { ttl: 60, remaining_ttl: 20 })]);
+    assert_eq!(installed.leases, [(7, LeaseRecord { ttl: 60, remaining_ttl: 20, owner: None })]);
     let src_txn = src.read_txn().unwrap();
     assert_eq!(told.revision, src.kv.view(&src_txn).unwrap().rev);
     assert!(told.auth_enabled);
