@@ -686,9 +686,9 @@ async fn an_unrelated_role_change_makes_no_client_log_in_again() {
 
 /// 300 wrong passwords for root from one address get slower and slower (each failure beyond the
 /// free ones doubles the wait, up to the limit), while root from another address logs in without
-/// any wait; the right password from the throttled address still works (after its wait) and clears
-/// the throttle. The waits are counted by `keyward_auth_logins_throttled_total`; the latencies are
-/// compared within this run only.
+/// any wait; the right password from the throttled address still works (after its wait). The waits
+/// are counted by `keyward_auth_logins_throttled_total`; the latencies are compared within this run
+/// only.
 #[tokio::test]
 async fn failed_logins_slow_down_their_address_but_not_the_same_user_elsewhere() {
     if common::selftest() {
@@ -732,11 +732,10 @@ async fn failed_logins_slow_down_their_address_but_not_the_same_user_elsewhere()
     assert!(throttled("delayed") >= 290.0, "every attempt beyond the free ones waited");
     let increasing = latencies[5..12].windows(2).filter(|w| w[1] > w[0]).count();
     assert!(increasing >= 4, "the wait grows attempt by attempt: {:?}", &latencies[5..12]);
-    // The right password from the throttled address: admitted after its wait, and then no more waits.
+    // The right password from the throttled address: admitted after its wait. (It clears root's own
+    // (user, address) key only; that the address's count survives is `login_throttle.rs`'s
+    // spraying test.)
     login_on(&attacker, "root", ROOT_PW).await.0.expect("the right password still works");
-    let delayed = throttled("delayed");
-    login_on(&attacker, "root", "wrong-again").await.0.unwrap_err();
-    assert_eq!(throttled("delayed"), delayed, "a success cleared the throttle");
 }
 
 /// Logging in as a user that does not exist takes as long as a wrong password (both run one bcrypt
