@@ -263,3 +263,68 @@ async fn failures_spread_over_three_members_exhaust_one_budget() {
     result.expect("root from 127.0.0.2 through a follower");
     eprintln!("root from 127.0.0.2 through a follower: {took:?}");
 }
+
+/// A channel to `member` over TLS presenting `cert` (from 127.0.0.1, as every client here).
+async fn tls_channel(member: &Member, ca: &std::path::Path, cert: &pki::Cert) -> tonic::transport::Channel {
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(std::fs::read(ca).unwrap()))
+        .identity(Identity::from_pem(std::fs::read(&cert.cert).unwrap(), std::fs::read(&cert.key).unwrap()))
+        .domain_name("localhost");
+    Channel::from_shared(member.client_url.clone()).unwrap().tls_config(tls).unwrap().connect().await.unwrap()
+}
+
+/// Clients that proved a certificate are counted by its identity, not by the address they share
+/// (many clients behind one NAT, sidecar or proxy): mallory's concurrent guesses from 127.0.0.1 use
+/// up mallory's budget (two checked, one after its wait, the last refused), while alice, from the
+/// same address with her own certificate, logs in as the same user at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_clients_are_counted_by_certificate_not_by_shared_address() {
+    if common::selftest() {
+        return;
+    }
+    let _turn = TURN.lock().await;
+    let metrics_port = common::free_port();
+    let metrics_url = format!("http://127.0.0.1:{metrics_port}");
+    let options = Options::new(1).client_tls().flags(&[
+        "--listen-metrics-urls",
+        &metrics_url,
+        "--login-throttle-free-failures",
+        "2",
+        "--login-throttle-base-delay",
+        "1000",
+        "--login-throttle-max-delay",
+        "1500",
+    ]);
+    let cluster = tokio::task::spawn_blocking(|| Cluster::start(options)).await.unwrap();
+    let member = &cluster.members[0];
+    let (mallory, alice) = (cluster.client_cert("mallory"), cluster.client_cert("alice"));
+    tokio::task::block_in_place(|| {
+        member.ctl(&["user", "add", "root", "--no-password"]);
+        member.ctl(&["auth", "enable"]);
+        member.ctl(&["user", "add", "victim:victimpw"]);
+    });
+    let ca = cluster.pki.ca_file();
+    let (as_mallory, as_alice) = (tls_channel(member, &ca, &mallory).await, tls_channel(member, &ca, &alice).await);
+    let ep = format!("127.0.0.1:{metrics_port}");
+    let delayed_before = throttled(&ep, "delayed");
+
+    let burst = futures::future::join_all((0..4).map(|i| {
+        let ch = as_mallory.clone();
+        async move { login_on(&ch, "victim", &format!("guess-{i}")).await.0 }
+    }));
+    let outcomes = Outcomes::of(burst.await);
+    eprintln!("mallory's 4 concurrent guesses for victim: {outcomes:?}");
+    assert!(outcomes.other.is_empty(), "{:?}", outcomes.other);
+    assert_eq!((outcomes.wrong, outcomes.refused), (3, 1), "mallory's budget: {outcomes:?}");
+    let delayed = throttled(&ep, "delayed");
+    assert_eq!(delayed, delayed_before + 1.0, "the third guess waited");
+
+    let (result, took) = login_on(&as_alice, "victim", "victimpw").await;
+    result.expect("victim's password from alice's certificate, same address");
+    assert_eq!(throttled(&ep, "delayed"), delayed, "alice's login waited ({took:?})");
+    // Twin: mallory's own next attempt is still throttled.
+    let (result, _) = login_on(&as_mallory, "victim", "victimpw").await;
+    result.expect("the right password from mallory's certificate, after its wait");
+    assert_eq!(throttled(&ep, "delayed"), delayed + 1.0, "mallory's next attempt waited");
+}
