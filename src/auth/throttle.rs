@@ -23,7 +23,8 @@
 //! cannot lock a user out.
 //!
 //! In a cluster the leader keeps the one table; the other members ask it (`node/login_throttle.rs`).
-//! The table forgets keys idle for `FORGET_AFTER` and holds at most `MAX_KEYS`.
+//! The table forgets keys idle for `FORGET_AFTER` and holds at most `MAX_KEYS`; at most
+//! `MAX_LIVE_ATTEMPTS` attempts are in progress at once, whatever their sources.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -39,6 +40,9 @@ use crate::error::EtcdError;
 const FORGET_AFTER: Duration = Duration::from_secs(15 * 60);
 /// Keys kept at most; beyond, the oldest idle ones are forgotten first.
 const MAX_KEYS: usize = 100_000;
+/// Attempts admitted and not yet settled, at most, across all keys: each may hold a stream from a
+/// follower and a bcrypt job; beyond, "too many requests" (the bcrypt queue holds 256 anyway).
+const MAX_LIVE_ATTEMPTS: usize = 1024;
 /// How many more failures a source alone gets free than a (user, source) pair.
 const SOURCE_FACTOR: u32 = 4;
 
@@ -123,6 +127,8 @@ impl Entry {
 struct Table {
     entries: HashMap<Key, Entry>,
     next_ticket: u64,
+    /// Attempts admitted and not yet settled.
+    live: usize,
 }
 
 pub struct LoginThrottle {
@@ -141,7 +147,7 @@ enum Turn {
 
 impl LoginThrottle {
     pub fn new(limits: Limits) -> LoginThrottle {
-        LoginThrottle { limits, table: Mutex::new(Table { entries: HashMap::new(), next_ticket: 0 }) }
+        LoginThrottle { limits, table: Mutex::new(Table { entries: HashMap::new(), next_ticket: 0, live: 0 }) }
     }
 
     pub fn limits(&self) -> Limits {
@@ -187,7 +193,7 @@ impl LoginThrottle {
         let keys = self.keys(user, source);
         let mut table = self.lock();
         let wait = keys.iter().map(|(key, free)| self.projected_wait(table.entries.get(key), *free, now)).max();
-        if wait.unwrap_or_default() > self.limits.max_delay {
+        if wait.unwrap_or_default() > self.limits.max_delay || table.live >= MAX_LIVE_ATTEMPTS {
             return Err(EtcdError::TooManyRequests);
         }
         if table.entries.len() >= MAX_KEYS {
@@ -195,6 +201,7 @@ impl LoginThrottle {
         }
         let ticket = table.next_ticket;
         table.next_ticket += 1;
+        table.live += 1;
         for (key, _) in &keys {
             let entry = table.entries.entry(key.clone()).or_insert_with(|| Entry::new(now));
             entry.live.insert(ticket);
@@ -272,6 +279,7 @@ impl LoginThrottle {
     fn settle(&self, ticket: u64, keys: &[(Key, u32); 2], outcome: Outcome) {
         let now = Instant::now();
         let mut table = self.lock();
+        table.live = table.live.saturating_sub(1);
         for (key, free) in keys {
             let Some(entry) = table.entries.get_mut(key) else { continue };
             entry.live.remove(&ticket);
@@ -541,6 +549,19 @@ mod tests {
         throttled.failed();
         // Another certificate behind the same proxy or NAT is another key.
         at_once(&t, "root", &Source::Certificate("alice".into())).await.failed();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn attempts_in_progress_are_bounded_over_all_sources() {
+        let t = throttle();
+        let mut held = Vec::new();
+        for i in 0..MAX_LIVE_ATTEMPTS {
+            held.push(at_once(&t, "root", &Source::Certificate(format!("client-{i}"))).await);
+        }
+        let another = Source::Certificate("one-more".into());
+        assert_eq!(t.attempt("root", &another).await.unwrap_err(), EtcdError::TooManyRequests);
+        held.pop().map(Attempt::withdrawn);
+        at_once(&t, "root", &another).await.succeeded();
     }
 
     #[test]
