@@ -86,7 +86,12 @@ impl Outcomes {
 }
 
 /// A wrong-password Authenticate that gives up after `patience` (the client's deadline).
-async fn impatient_login(ch: &tonic::transport::Channel, user: &str, pw: &str, patience: Duration) -> Result<String, tonic::Status> {
+async fn impatient_login(
+    ch: &tonic::transport::Channel,
+    user: &str,
+    pw: &str,
+    patience: Duration,
+) -> Result<String, tonic::Status> {
     let mut auth = pb::auth_client::AuthClient::new(ch.clone());
     let mut req = tonic::Request::new(pb::AuthenticateRequest { name: user.into(), password: pw.into() });
     req.set_timeout(patience);
@@ -212,7 +217,7 @@ async fn spraying_between_own_logins_still_throttles_the_address() {
     assert_eq!(throttled(&ep, "delayed"), before, "a guess from 127.0.0.2 waited ({took:?})");
 }
 
-/// Three members give one budget: wrong passwords for root spread over all three members use up
+/// Three members give one budget: wrong passwords for a user spread over all three members use up
 /// one free allowance (the leader keeps the table; followers ask it over the peer port), then a
 /// concurrent burst spread over the three gets one check in and the rest refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -232,13 +237,16 @@ async fn failures_spread_over_three_members_exhaust_one_budget() {
     ]);
     let mut cluster = tokio::task::spawn_blocking(|| Cluster::start(options)).await.unwrap();
     let addrs: Vec<String> = cluster.members.iter().map(Member::addr).collect();
-    enable_auth(&cluster.members[0].client_url).await;
+    let mut root = enable_auth(&cluster.members[0].client_url).await;
+    // The harness logs in as root (from 127.0.0.1) to find the leader: the guesses are for another
+    // user, whose count those successes do not touch.
     cluster.set_admin("root", ROOT_PW);
+    assert_ok("user add", root.user_add("victim", "victimpw", None).await);
     let checks = || addrs.iter().map(|a| wrong_checks(a)).sum::<f64>();
     let before = checks();
 
     for addr in &addrs {
-        let (result, _) = login_on(&channel(addr).await, "root", "wrong").await;
+        let (result, _) = login_on(&channel(addr).await, "victim", "wrong").await;
         assert_eq!(result.unwrap_err().message(), AUTH_FAILED, "a free failure on {addr}");
     }
     let mut channels = Vec::new();
@@ -247,11 +255,13 @@ async fn failures_spread_over_three_members_exhaust_one_budget() {
     }
     let burst = futures::future::join_all((0..6).map(|i| {
         let ch = channels[i % 3].clone();
-        async move { login_on(&ch, "root", &format!("guess-{i}")).await.0 }
+        async move { login_on(&ch, "victim", &format!("guess-{i}")).await.0 }
     }));
     let outcomes = Outcomes::of(burst.await);
     let checked = checks() - before;
-    eprintln!("after 3 failures (one per member), 6 concurrent guesses over 3 members: {outcomes:?}; {checked} checks in all");
+    eprintln!(
+        "after 3 failures (one per member), 6 concurrent guesses over 3 members: {outcomes:?}; {checked} checks in all"
+    );
     assert!(outcomes.other.is_empty(), "{:?}", outcomes.other);
     assert_eq!((outcomes.wrong, outcomes.refused), (1, 5), "one budget for the cluster: {outcomes:?}");
     assert_eq!(checked, 4.0, "3 free checks and one after its wait");
@@ -259,9 +269,29 @@ async fn failures_spread_over_three_members_exhaust_one_budget() {
     // The right password from another address, through a follower: at once.
     let leader = cluster.leader().await;
     let follower = (0..3).find(|&i| i != leader).unwrap();
-    let (result, took) = login_on(&channel_from(&addrs[follower], ELSEWHERE).await, "root", ROOT_PW).await;
-    result.expect("root from 127.0.0.2 through a follower");
-    eprintln!("root from 127.0.0.2 through a follower: {took:?}");
+    let (result, took) = login_on(&channel_from(&addrs[follower], ELSEWHERE).await, "victim", "victimpw").await;
+    result.expect("victim from 127.0.0.2 through a follower");
+    eprintln!("victim from 127.0.0.2 through a follower: {took:?}");
+
+    // A guess through the follower that waits its turn at the leader, and whose client gives up:
+    // the follower drops the call, and the leader gives its place back. Were it still held, the
+    // right password after it would be refused (a second wait past the 1.5 s cap).
+    let via_follower = channel(&addrs[follower]).await;
+    // A failure just now: the next attempt waits 1.5 s.
+    let (result, took) = login_on(&via_follower, "victim", "guess-now").await;
+    eprintln!("a guess through the follower took {took:?}");
+    assert_eq!(result.unwrap_err().message(), AUTH_FAILED);
+    let gave_up = impatient_login(&via_follower, "victim", "guess-late", Duration::from_millis(300)).await;
+    assert!(
+        matches!(gave_up.as_ref().map_err(|e| e.code()), Err(tonic::Code::DeadlineExceeded | tonic::Code::Cancelled)),
+        "the late guess waits past its client's deadline: {gave_up:?}"
+    );
+    let (result, took) = login_on(&via_follower, "victim", "victimpw").await;
+    eprintln!(
+        "right password through the follower after an abandoned guess: {:?} after {took:?}",
+        result.as_ref().map(|_| "ok")
+    );
+    result.expect("the right password, once the abandoned guess gave its place back");
 }
 
 /// A channel to `member` over TLS presenting `cert` (from 127.0.0.1, as every client here).

@@ -214,7 +214,10 @@ impl LoginThrottle {
     fn keys(&self, user: &str, source: &Source) -> [(Key, u32); 2] {
         let origin = Origin::of(source);
         let free = self.limits.free_failures;
-        [(Key::UserFrom(user.to_string(), origin.clone()), free), (Key::From(origin), free.saturating_mul(SOURCE_FACTOR))]
+        [
+            (Key::UserFrom(user.to_string(), origin.clone()), free),
+            (Key::From(origin), free.saturating_mul(SOURCE_FACTOR)),
+        ]
     }
 
     /// The delay after `failures` failures of a key whose free allowance is `free`.

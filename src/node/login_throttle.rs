@@ -122,7 +122,13 @@ impl Node {
             )
             .await;
         // The leader's refusal comes back as its status: the same error here.
-        attempt.map_err(|e| if e.to_string() == EtcdError::TooManyRequests.to_string() { EtcdError::TooManyRequests } else { e })
+        attempt.map_err(|e| {
+            if e.to_string() == EtcdError::TooManyRequests.to_string() {
+                EtcdError::TooManyRequests
+            } else {
+                e
+            }
+        })
     }
 }
 
@@ -151,7 +157,8 @@ pub fn decode_start(start: LoginAttemptStart) -> Option<(String, Source)> {
 }
 
 /// Serves a follower's `LoginAttempt` call on the leader: the attempt's turn, then its outcome.
-/// Dropping the returned future or stream (the follower went away) drops the attempt.
+/// The follower's stream ending, or the call being dropped (the follower went away), drops the
+/// attempt.
 pub async fn serve_at_leader(
     node: &Node,
     mut steps: Streaming<LoginAttemptRequest>,
@@ -162,7 +169,12 @@ pub async fn serve_at_leader(
     };
     let (user, source) =
         start.ok_or_else(|| tonic::Status::invalid_argument("a login attempt starts with its user and source"))?;
-    let attempt = node.login_throttle.attempt(&user, &source).await?;
+    // The follower sends nothing more before the turn: its stream ending first means its client gave
+    // up (the call may be half-closed rather than reset), and the attempt gives its place back.
+    let attempt = tokio::select! {
+        attempt = node.login_throttle.attempt(&user, &source) => attempt?,
+        _ = steps.message() => return Err(tonic::Status::cancelled("the login attempt was given up")),
+    };
     let waited = attempt.waited();
     let settle = async move {
         match steps.message().await {

@@ -25,9 +25,8 @@ use crate::proto::etcdserverpb::{
 use crate::proto::keywardpb::peer_server::Peer;
 use crate::proto::keywardpb::{
     CampaignRequest, CampaignResponse, ElectionsRequest, ElectionsResponse, LoginAttemptReply, LoginAttemptRequest,
-    MembershipRequest, MembershipResponse,
-    ProposeResponse, PublishRequest, PublishResponse, RaftMessage, ReadIndexRequest, ReadIndexResponse, RemovedRequest,
-    RemovedResponse,
+    MembershipRequest, MembershipResponse, ProposeResponse, PublishRequest, PublishResponse, RaftMessage,
+    ReadIndexRequest, ReadIndexResponse, RemovedRequest, RemovedResponse,
 };
 
 type LoginAttemptReplies = std::pin::Pin<Box<dyn futures::Stream<Item = Result<LoginAttemptReply, Status>> + Send>>;

@@ -308,7 +308,11 @@ pub async fn channel_from(ep: &str, from: std::net::Ipv4Addr) -> tonic::transpor
         .expect("connect from another loopback address")
 }
 
-pub async fn login_on(ch: &tonic::transport::Channel, user: &str, pw: &str) -> (Result<String, tonic::Status>, std::time::Duration) {
+pub async fn login_on(
+    ch: &tonic::transport::Channel,
+    user: &str,
+    pw: &str,
+) -> (Result<String, tonic::Status>, std::time::Duration) {
     let mut auth = pb::auth_client::AuthClient::new(ch.clone());
     let started = std::time::Instant::now();
     let req = pb::AuthenticateRequest { name: user.to_string(), password: pw.to_string() };
