@@ -358,3 +358,44 @@ async fn certificate_clients_are_counted_by_certificate_not_by_shared_address() 
     result.expect("the right password from mallory's certificate, after its wait");
     assert_eq!(throttled(&ep, "delayed"), delayed + 1.0, "mallory's next attempt waited");
 }
+
+/// The HTTP gateway's Basic credentials go through the same throttle (its Authenticate call carries
+/// the connection): 20 concurrent requests with wrong passwords for root get the free allowance and
+/// one check after its wait (401), the rest 429 with etcd's "too many requests".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn basic_credentials_on_the_gateway_are_throttled_as_logins() {
+    if common::selftest() {
+        return;
+    }
+    let _turn = TURN.lock().await;
+    let args = ["--bcrypt-cost", "4", "--login-throttle-free-failures", "5"]
+        .into_iter()
+        .chain(["--login-throttle-base-delay", "1000", "--login-throttle-max-delay", "1500"])
+        .collect::<Vec<_>>();
+    let s = AuthServer::start_with(Kind::Keyward, &args).await;
+    let url = format!("http://{}/v3/kv/range", s.ep());
+    let before = wrong_checks(&s.ep());
+    let statuses = tokio::task::spawn_blocking(move || {
+        let curls: Vec<_> = (0..20)
+            .map(|i| {
+                std::process::Command::new("curl")
+                    .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "--data", r#"{"key":"YQ=="}"#])
+                    .args(["-u", &format!("root:guess-{i}"), &url])
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("curl")
+            })
+            .collect();
+        let mut statuses: Vec<String> =
+            curls.into_iter().map(|c| String::from_utf8(c.wait_with_output().unwrap().stdout).unwrap()).collect();
+        statuses.sort();
+        statuses
+    })
+    .await
+    .unwrap();
+    let count = |code: &str| statuses.iter().filter(|s| *s == code).count();
+    let checks = wrong_checks(&s.ep()) - before;
+    eprintln!("20 concurrent gateway requests with wrong Basic credentials: {statuses:?}; {checks} checks");
+    assert_eq!((count("401"), count("429")), (6, 14), "{statuses:?}");
+    assert_eq!(checks, 6.0);
+}
