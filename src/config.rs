@@ -137,8 +137,9 @@ pub struct ServeArgs {
     /// Rotated audit logs kept (PATH.1 ... PATH.N).
     #[arg(long, env = "KEYWARD_AUDIT_LOG_MAX_BACKUPS", default_value_t = 5)]
     pub audit_log_max_backups: u32,
-    /// Failed logins per user and client address before further attempts are slowed down (keyward;
-    /// four times as many for one address trying several users).
+    /// Login attempts per user and source (certificate identity, else client address) checked at
+    /// once before further ones queue and wait (keyward; four times as many for one source trying
+    /// several users).
     #[arg(long, env = "KEYWARD_LOGIN_THROTTLE_FREE_FAILURES", default_value_t = 5)]
     pub login_throttle_free_failures: u32,
     /// The first throttled attempt's wait, in milliseconds; it doubles with every further failure.

@@ -281,7 +281,7 @@ pub static LOGINS_THROTTLED: LazyLock<IntCounterVec> = LazyLock::new(|| {
         IntCounterVec::new(
             Opts::new(
                 "keyward_auth_logins_throttled_total",
-                "Authenticate attempts slowed down after failed logins from the same address: delayed (waited \
+                "Authenticate attempts slowed down after earlier attempts from the same source: delayed (waited \
                  before the password check) or refused (too many requests).",
             ),
             &["action"],

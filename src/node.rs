@@ -44,6 +44,7 @@ use crate::raft::{NodeId, Raft};
 use crate::space::Space;
 
 mod leader;
+pub mod login_throttle;
 mod read_rounds;
 mod transfer;
 
@@ -73,8 +74,9 @@ pub struct Node {
     /// Who is calling: `--client-cert-auth`, `--trusted-proxy-cn` (see `frontend/identity.rs`).
     pub identity: IdentityRules,
     pub bcrypt_cost: u32,
-    /// Failed logins slow down the next attempts from the same address (`auth/throttle.rs`).
-    pub login_throttle: crate::auth::throttle::LoginThrottle,
+    /// Login attempts slow down the next ones from the same source (`auth/throttle.rs`); the
+    /// leader's decides for the cluster (`node/login_throttle.rs`).
+    pub login_throttle: Arc<crate::auth::throttle::LoginThrottle>,
     /// Passwords Authenticate verified (`auth/verified.rs`).
     pub verified_passwords: crate::auth::verified::VerifiedPasswords,
     /// `--audit-log`: every auth decision as a JSON line (`audit.rs`).
@@ -323,7 +325,7 @@ impl Node {
             max_request_bytes: config.max_request_bytes,
             max_txn_ops: config.max_txn_ops,
             bcrypt_cost: config.bcrypt_cost,
-            login_throttle: crate::auth::throttle::LoginThrottle::new(config.login_throttle),
+            login_throttle: Arc::new(crate::auth::throttle::LoginThrottle::new(config.login_throttle)),
             verified_passwords: Default::default(),
             audit,
             identity,

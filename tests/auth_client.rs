@@ -684,60 +684,11 @@ async fn an_unrelated_role_change_makes_no_client_log_in_again() {
     }
 }
 
-/// Dials `target` from the loopback address `from` (the server still listens on 127.0.0.1 only):
-/// another client address on the same machine.
-#[derive(Clone)]
-struct DialFrom {
-    from: std::net::Ipv4Addr,
-    target: std::net::SocketAddr,
-}
-
-type Dialed = std::pin::Pin<
-    Box<dyn std::future::Future<Output = std::io::Result<hyper_util::rt::TokioIo<tokio::net::TcpStream>>> + Send>,
->;
-
-impl tonic::codegen::Service<tonic::transport::Uri> for DialFrom {
-    type Response = hyper_util::rt::TokioIo<tokio::net::TcpStream>;
-    type Error = std::io::Error;
-    type Future = Dialed;
-
-    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: tonic::transport::Uri) -> Dialed {
-        let DialFrom { from, target } = self.clone();
-        Box::pin(async move {
-            let socket = tokio::net::TcpSocket::new_v4()?;
-            socket.bind((from, 0).into())?;
-            socket.set_nodelay(true)?;
-            Ok(hyper_util::rt::TokioIo::new(socket.connect(target).await?))
-        })
-    }
-}
-
-async fn channel_from(ep: &str, from: std::net::Ipv4Addr) -> tonic::transport::Channel {
-    let target = ep.parse().expect("host:port");
-    tonic::transport::Endpoint::from_shared(format!("http://{ep}"))
-        .unwrap()
-        .connect_with_connector(DialFrom { from, target })
-        .await
-        .expect("connect from another loopback address")
-}
-
-async fn login_on(ch: &tonic::transport::Channel, user: &str, pw: &str) -> (Result<String, tonic::Status>, Duration) {
-    let mut auth = pb::auth_client::AuthClient::new(ch.clone());
-    let started = Instant::now();
-    let req = pb::AuthenticateRequest { name: user.to_string(), password: pw.to_string() };
-    let result = auth.authenticate(req).await.map(|r| r.into_inner().token);
-    (result, started.elapsed())
-}
-
 /// 300 wrong passwords for root from one address get slower and slower (each failure beyond the
 /// free ones doubles the wait, up to the limit), while root from another address logs in without
-/// any wait; the right password from the throttled address still works (after its wait) and clears
-/// the throttle. The waits are counted by `keyward_auth_logins_throttled_total`; the latencies are
-/// compared within this run only.
+/// any wait; the right password from the throttled address still works (after its wait). The waits
+/// are counted by `keyward_auth_logins_throttled_total`; the latencies are compared within this run
+/// only.
 #[tokio::test]
 async fn failed_logins_slow_down_their_address_but_not_the_same_user_elsewhere() {
     if common::selftest() {
@@ -781,11 +732,10 @@ async fn failed_logins_slow_down_their_address_but_not_the_same_user_elsewhere()
     assert!(throttled("delayed") >= 290.0, "every attempt beyond the free ones waited");
     let increasing = latencies[5..12].windows(2).filter(|w| w[1] > w[0]).count();
     assert!(increasing >= 4, "the wait grows attempt by attempt: {:?}", &latencies[5..12]);
-    // The right password from the throttled address: admitted after its wait, and then no more waits.
+    // The right password from the throttled address: admitted after its wait. (It clears root's own
+    // (user, address) key only; that the address's count survives is `login_throttle.rs`'s
+    // spraying test.)
     login_on(&attacker, "root", ROOT_PW).await.0.expect("the right password still works");
-    let delayed = throttled("delayed");
-    login_on(&attacker, "root", "wrong-again").await.0.unwrap_err();
-    assert_eq!(throttled("delayed"), delayed, "a success cleared the throttle");
 }
 
 /// Logging in as a user that does not exist takes as long as a wrong password (both run one bcrypt

@@ -119,6 +119,11 @@ impl IdentityRules {
         })
     }
 
+    /// Whether the connection's verified certificate is a `--trusted-proxy-cn` one.
+    pub fn is_trusted_proxy(&self, peer: Option<&PeerIdentity>) -> bool {
+        matches!(peer, Some(PeerIdentity::Cert { common_name }) if self.trusted_proxy_cns.contains(common_name))
+    }
+
     /// The client's address: the connection's, or on a connection from a trusted proxy the address
     /// it forwarded for its client (`FORWARDED_ADDR`). From anyone else that metadata is ignored: a
     /// client must not choose the address its failed logins are counted under.

@@ -6,7 +6,7 @@
 //! member answers once it has applied that entry itself, so a client reads its own write here; a
 //! linearizable read asks the leader for a read index confirmed by a quorum, then waits until this
 //! member has applied it; lease keep-alives reach the leader's lease clock; membership changes run on
-//! the leader.
+//! the leader; so does the login throttle (`node/login_throttle.rs`).
 //!
 //! During an election a request waits for the new leader (up to two election timeouts, as etcd's
 //! proposals wait), and a member that answers "not leader" before doing anything is asked again at
@@ -44,7 +44,7 @@ impl Node {
     /// Runs `here` if this member leads, else `there` against the leader; see the module docs. `here`'s
     /// future is held as it is, since on the leader every request runs it (membership changes, rare and
     /// large, box theirs); `there`'s are boxed.
-    async fn on_leader<'a, T, Here: Future<Output = Result<T, EtcdError>>>(
+    pub(super) async fn on_leader<'a, T, Here: Future<Output = Result<T, EtcdError>>>(
         &'a self,
         here: impl FnOnce() -> Here,
         mut there: impl FnMut(Leader) -> BoxFuture<'a, Result<T, tonic::Status>>,

@@ -167,34 +167,37 @@ impl Auth for AuthService {
         Ok(Response::new(AuthStatusResponse { header, enabled, auth_revision }))
     }
 
-    /// Login: throttled by earlier failures from the same client address (`auth/throttle.rs`), then
-    /// `check_password_and_issue`. Apply refuses the token issue if the user's credentials changed
-    /// since the check, and the check runs again: a token is never issued for a password that was no
-    /// longer current when the token was ordered in the log.
+    /// Login: throttled by earlier attempts from the same source (`auth/throttle.rs`; the leader's
+    /// table, `node/login_throttle.rs`), then `check_password_and_issue`. Apply refuses the token
+    /// issue if the user's credentials changed since the check, and the check runs again: a token is
+    /// never issued for a password that was no longer current when the token was ordered in the log.
     async fn authenticate(
         &self,
         request: Request<AuthenticateRequest>,
     ) -> Result<Response<AuthenticateResponse>, Status> {
-        let client_addr = super::requester::client(&self.node, &request);
-        let client = client_addr.map(|a| a.ip());
+        let client = super::requester::client(&self.node, &request);
+        let source = super::requester::login_source(&self.node, &request);
         let req = request.into_inner();
-        let throttle = &self.node.login_throttle;
-        let wait = throttle.admit(&req.name, client).inspect_err(|_| {
-            crate::metrics::LOGINS_THROTTLED.with_label_values(&["refused"]).inc();
-            tracing::info!(user = %Quoted::str(&req.name), client = ?client, "authentication refused: too many failed logins");
+        // Waits for its turn here; a client that gives up meanwhile drops this call, and its place
+        // with it: nothing is checked for it.
+        let attempt = self.node.login_attempt(&req.name, &source).await.inspect_err(|e| {
+            if *e == EtcdError::TooManyRequests {
+                crate::metrics::LOGINS_THROTTLED.with_label_values(&["refused"]).inc();
+                tracing::info!(user = %Quoted::str(&req.name), source = ?source, "authentication refused: too many failed logins");
+            }
         })?;
-        if !wait.is_zero() {
+        if attempt.waited() {
             crate::metrics::LOGINS_THROTTLED.with_label_values(&["delayed"]).inc();
-            // A client that gives up meanwhile drops this call: nothing is checked for it.
-            tokio::time::sleep(wait).await;
         }
-        let origin = Origin { client: client_addr, credential: Credential::Password };
+        let origin = Origin { client, credential: Credential::Password };
         let outcome = self.check_password_and_issue(&req, origin).await;
         self.node.audit_login(&req.name, origin, &outcome);
         match &outcome {
-            Ok(_) => throttle.succeeded(&req.name, client),
-            Err(EtcdError::AuthFailed | EtcdError::NoPasswordUser) => throttle.failed(&req.name, client),
-            Err(_) => {}
+            Ok(_) => attempt.succeeded(),
+            Err(EtcdError::AuthFailed | EtcdError::NoPasswordUser) => attempt.failed(),
+            // No password was found wrong (none was checked, or the token's proposal failed after a
+            // right one).
+            Err(_) => attempt.withdrawn(),
         }
         Ok(Response::new(outcome?))
     }

@@ -24,10 +24,12 @@ use crate::proto::etcdserverpb::{
 };
 use crate::proto::keywardpb::peer_server::Peer;
 use crate::proto::keywardpb::{
-    CampaignRequest, CampaignResponse, ElectionsRequest, ElectionsResponse, MembershipRequest, MembershipResponse,
-    ProposeResponse, PublishRequest, PublishResponse, RaftMessage, ReadIndexRequest, ReadIndexResponse, RemovedRequest,
-    RemovedResponse,
+    CampaignRequest, CampaignResponse, ElectionsRequest, ElectionsResponse, LoginAttemptReply, LoginAttemptRequest,
+    MembershipRequest, MembershipResponse, ProposeResponse, PublishRequest, PublishResponse, RaftMessage,
+    ReadIndexRequest, ReadIndexResponse, RemovedRequest, RemovedResponse,
 };
+
+type LoginAttemptReplies = std::pin::Pin<Box<dyn futures::Stream<Item = Result<LoginAttemptReply, Status>> + Send>>;
 
 pub struct PeerService {
     node: Arc<Node>,
@@ -205,6 +207,17 @@ impl Peer for PeerService {
         tracing::info!("campaigning for leadership: the leader transfers it here");
         self.node.raft.trigger().elect().await.map_err(|_| Status::from(EtcdError::Stopped))?;
         Ok(Response::new(CampaignResponse {}))
+    }
+
+    /// A follower's login attempt, decided by this leader's throttle (`node/login_throttle.rs`).
+    async fn login_attempt(
+        &self,
+        request: Request<tonic::Streaming<LoginAttemptRequest>>,
+    ) -> Result<Response<LoginAttemptReplies>, Status> {
+        self.check_cluster(&request, false)?;
+        self.require_leader()?;
+        let replies = crate::node::login_throttle::serve_at_leader(&self.node, request.into_inner()).await?;
+        Ok(Response::new(Box::pin(replies)))
     }
 
     async fn removed(&self, request: Request<RemovedRequest>) -> Result<Response<RemovedResponse>, Status> {

@@ -3,6 +3,7 @@
 use tonic::{Request, Status};
 
 use crate::auth::check::{Credential, Origin, Requester};
+use crate::auth::throttle::Source;
 use crate::frontend::connection::{client_addr, peer_identity};
 use crate::frontend::identity::Identity;
 use crate::node::Node;
@@ -33,4 +34,22 @@ pub(crate) fn identified<T>(node: &Node, request: &Request<T>) -> Result<(Identi
 pub(crate) fn client<T>(node: &Node, request: &Request<T>) -> Option<std::net::SocketAddr> {
     let extensions = request.extensions();
     node.identity.client_addr(request.metadata(), peer_identity(extensions), client_addr(extensions))
+}
+
+/// Who a login attempt is counted under (`auth/throttle.rs`): the identity of a client certificate
+/// the client proved (its own, or one a trusted proxy forwarded), else its address. A token sent
+/// along plays no part, and a trusted proxy's own certificate stands for the clients behind it, so
+/// their forwarded address counts.
+pub(crate) fn login_source<T>(node: &Node, request: &Request<T>) -> Source {
+    let peer = peer_identity(request.extensions());
+    let mut metadata = request.metadata().clone();
+    metadata.remove("token");
+    metadata.remove("authorization");
+    match node.identity.identify(&metadata, peer, &*node.tokens) {
+        Ok(Identity::Forwarded { common_name, .. }) => Source::Certificate(common_name),
+        Ok(Identity::Certificate { common_name }) if !node.identity.is_trusted_proxy(peer) => {
+            Source::Certificate(common_name)
+        }
+        _ => Source::Address(client(node, request).map(|a| a.ip())),
+    }
 }

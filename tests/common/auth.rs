@@ -262,3 +262,60 @@ pub async fn raw_put(ch: &Channel, token: &str, key: &str, value: &str) -> Resul
     let req = pb::PutRequest { key: key.as_bytes().to_vec(), value: value.as_bytes().to_vec(), ..Default::default() };
     Ok(kv.put(with_token(req, "token", token)).await?.into_inner())
 }
+
+// ---------------------------------------------------------------------------
+// clients from another loopback address
+// ---------------------------------------------------------------------------
+
+/// Dials `target` from the loopback address `from` (the server still listens on 127.0.0.1 only):
+/// another client address on the same machine.
+#[derive(Clone)]
+pub struct DialFrom {
+    pub from: std::net::Ipv4Addr,
+    pub target: std::net::SocketAddr,
+}
+
+pub type Dialed = std::pin::Pin<
+    Box<dyn std::future::Future<Output = std::io::Result<hyper_util::rt::TokioIo<tokio::net::TcpStream>>> + Send>,
+>;
+
+impl tonic::codegen::Service<tonic::transport::Uri> for DialFrom {
+    type Response = hyper_util::rt::TokioIo<tokio::net::TcpStream>;
+    type Error = std::io::Error;
+    type Future = Dialed;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: tonic::transport::Uri) -> Dialed {
+        let DialFrom { from, target } = self.clone();
+        Box::pin(async move {
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            socket.bind((from, 0).into())?;
+            socket.set_nodelay(true)?;
+            Ok(hyper_util::rt::TokioIo::new(socket.connect(target).await?))
+        })
+    }
+}
+
+pub async fn channel_from(ep: &str, from: std::net::Ipv4Addr) -> tonic::transport::Channel {
+    let target = ep.parse().expect("host:port");
+    tonic::transport::Endpoint::from_shared(format!("http://{ep}"))
+        .unwrap()
+        .connect_with_connector(DialFrom { from, target })
+        .await
+        .expect("connect from another loopback address")
+}
+
+pub async fn login_on(
+    ch: &tonic::transport::Channel,
+    user: &str,
+    pw: &str,
+) -> (Result<String, tonic::Status>, std::time::Duration) {
+    let mut auth = pb::auth_client::AuthClient::new(ch.clone());
+    let started = std::time::Instant::now();
+    let req = pb::AuthenticateRequest { name: user.to_string(), password: pw.to_string() };
+    let result = auth.authenticate(req).await.map(|r| r.into_inner().token);
+    (result, started.elapsed())
+}
