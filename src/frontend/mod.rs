@@ -16,6 +16,8 @@
 //!   connections carrying their `PeerIdentity` and the client's address.
 //! - `connection.rs`: reading those back from a request (the identity; the client's address, which
 //!   login throttling keys on).
+//! - `metadata.rs`: every metadata name keyward reads and who may set it; `request_trailers.rs`:
+//!   request bodies without trailers, so that metadata is the request's headers only.
 //! - `connection_limits.rs`: how many connections a listener holds and how long one may stay silent.
 //! - `coalesce.rs`: responses that complete together leave a connection in one write.
 //!
@@ -29,4 +31,6 @@ pub mod connection;
 pub mod connection_limits;
 pub mod forwarded;
 pub mod identity;
+pub mod metadata;
+pub mod request_trailers;
 pub mod tls;
