@@ -95,6 +95,34 @@ fn a_forged_client_address_in_request_trailers_is_not_what_the_member_records() 
     });
 }
 
+/// The member holds on its own, whatever the proxy in front of it (an older one, say) passes on: on a
+/// connection of the trusted proxy, request trailers do not override the certificate and address in
+/// its headers.
+#[test]
+fn a_trusted_proxys_request_trailers_do_not_override_its_headers() {
+    let setup = Setup::start();
+    runtime().block_on(async {
+        let key = setup.probe_key();
+        let headers = [
+            (FORWARDED_CERT.to_string(), forwarded(&setup.alice)),
+            (FORWARDED_ADDR.to_string(), "192.0.2.10:1000".to_string()),
+        ];
+        let trailers =
+            [(FORWARDED_CERT.to_string(), forwarded(&setup.pki.root)), (FORWARDED_ADDR.to_string(), FORGED_ADDR.to_string())];
+        let reply = setup.direct_h2(&setup.proxy_cert).call("/etcdserverpb.KV/Range", range_of(&key), &headers, &trailers).await;
+        assert_eq!(reply.status, Some(7), "{reply:?}");
+        let line = setup.audit_line(&key).expect("an audit line for the probe");
+        let want = AuditLine { user: "alice".into(), source: "forwarded_certificate".into(), client: "192.0.2.10:1000".into() };
+        assert_eq!(line, want);
+        // Twin: the trusted proxy naming root in its headers is root (that is what trusting it means).
+        let key = setup.probe_key();
+        let root_headers = [(FORWARDED_CERT.to_string(), forwarded(&setup.pki.root))];
+        let reply = setup.direct_h2(&setup.proxy_cert).call("/etcdserverpb.KV/Range", range_of(&key), &root_headers, &[]).await;
+        assert_eq!(reply.status, Some(0), "{reply:?}");
+        assert_eq!(setup.audit_line(&key).map(|l| l.user), Some("root".to_string()));
+    });
+}
+
 // ---------------------------------------------------------------------------
 // the proxy alone: what reaches a member
 // ---------------------------------------------------------------------------
@@ -454,6 +482,8 @@ fn every_keyward_name_in_every_position_leaves_the_member_seeing_the_real_caller
 struct Setup {
     pki: Pki,
     alice: Cert,
+    /// The proxy's own certificate (CN proxy, in the member's `--trusted-proxy-cn`).
+    proxy_cert: Cert,
     member: Process,
     member_addr: SocketAddr,
     proxy: Process,
@@ -559,6 +589,7 @@ impl Setup {
         });
         let mut setup = Setup {
             alice,
+            proxy_cert,
             member,
             member_addr: format!("127.0.0.1:{port}").parse().unwrap(),
             proxy,
