@@ -28,15 +28,17 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use proptest::prelude::*;
 use prost::Message as _;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tempfile::TempDir;
-use proptest::prelude::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use common::pki::{Cert, Pki};
-use keyward::proto::etcdserverpb::{AuthUserListResponse, AuthenticateRequest, AuthenticateResponse, RangeRequest, RangeResponse};
+use keyward::proto::etcdserverpb::{
+    AuthUserListResponse, AuthenticateRequest, AuthenticateResponse, RangeRequest, RangeResponse,
+};
 
 /// How long a process gets to start, and one request to be answered.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -60,8 +62,7 @@ fn root_certificate_in_request_trailers_through_the_proxy_does_not_make_alice_ro
     runtime().block_on(async {
         let trailers = [(FORWARDED_CERT.to_string(), root_cert.clone())];
         let range = RangeRequest { key: b"/secret".to_vec(), ..Default::default() }.encode_to_vec();
-        let read =
-            setup.proxy_h2(&setup.alice).call("/etcdserverpb.KV/Range", range.clone(), &[], &trailers).await;
+        let read = setup.proxy_h2(&setup.alice).call("/etcdserverpb.KV/Range", range.clone(), &[], &trailers).await;
         assert_eq!(read.status, Some(7), "alice reading /secret with root's certificate in trailers: {read:?}");
         assert_eq!(read.message, "etcdserver:%20permission%20denied", "{read:?}");
         let list = setup.proxy_h2(&setup.alice).call("/etcdserverpb.Auth/UserList", vec![], &[], &trailers).await;
@@ -107,17 +108,27 @@ fn a_trusted_proxys_request_trailers_do_not_override_its_headers() {
             (FORWARDED_CERT.to_string(), forwarded(&setup.alice)),
             (FORWARDED_ADDR.to_string(), "192.0.2.10:1000".to_string()),
         ];
-        let trailers =
-            [(FORWARDED_CERT.to_string(), forwarded(&setup.pki.root)), (FORWARDED_ADDR.to_string(), FORGED_ADDR.to_string())];
-        let reply = setup.direct_h2(&setup.proxy_cert).call("/etcdserverpb.KV/Range", range_of(&key), &headers, &trailers).await;
+        let trailers = [
+            (FORWARDED_CERT.to_string(), forwarded(&setup.pki.root)),
+            (FORWARDED_ADDR.to_string(), FORGED_ADDR.to_string()),
+        ];
+        let reply = setup
+            .direct_h2(&setup.proxy_cert)
+            .call("/etcdserverpb.KV/Range", range_of(&key), &headers, &trailers)
+            .await;
         assert_eq!(reply.status, Some(7), "{reply:?}");
         let line = setup.audit_line(&key).expect("an audit line for the probe");
-        let want = AuditLine { user: "alice".into(), source: "forwarded_certificate".into(), client: "192.0.2.10:1000".into() };
+        let want = AuditLine {
+            user: "alice".into(),
+            source: "forwarded_certificate".into(),
+            client: "192.0.2.10:1000".into(),
+        };
         assert_eq!(line, want);
         // Twin: the trusted proxy naming root in its headers is root (that is what trusting it means).
         let key = setup.probe_key();
         let root_headers = [(FORWARDED_CERT.to_string(), forwarded(&setup.pki.root))];
-        let reply = setup.direct_h2(&setup.proxy_cert).call("/etcdserverpb.KV/Range", range_of(&key), &root_headers, &[]).await;
+        let reply =
+            setup.direct_h2(&setup.proxy_cert).call("/etcdserverpb.KV/Range", range_of(&key), &root_headers, &[]).await;
         assert_eq!(reply.status, Some(0), "{reply:?}");
         assert_eq!(setup.audit_line(&key).map(|l| l.user), Some("root".to_string()));
     });
@@ -213,7 +224,9 @@ fn the_proxy_forwards_no_request_trailers_and_no_client_keyward_names() {
     let mut proxy = Process::spawn(temp_dir("proxy"), &args);
     let proxy_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     proxy.wait_until("proxy", || {
-        std::net::TcpStream::connect_timeout(&proxy_addr, Duration::from_millis(200)).map(drop).map_err(|e| e.to_string())
+        std::net::TcpStream::connect_timeout(&proxy_addr, Duration::from_millis(200))
+            .map(drop)
+            .map_err(|e| e.to_string())
     });
     let root_cert = forwarded(&pki.root);
     let alice_cert = forwarded(&pki.alice);
@@ -244,7 +257,8 @@ fn the_proxy_forwards_no_request_trailers_and_no_client_keyward_names() {
         expect_clean(next(), reply.local, "HTTP/2");
         // HTTP/1.1: mixed-case names in headers and in the chunked body's trailer section.
         let tls = tls_config(&pki, &pki.alice, b"http/1.1");
-        let (raw, local) = h1_call(proxy_addr, &tls, "/etcdserverpb.KV/Range", &range_of("/k"), &forged("K"), &forged("K")).await;
+        let (raw, local) =
+            h1_call(proxy_addr, &tls, "/etcdserverpb.KV/Range", &range_of("/k"), &forged("K"), &forged("K")).await;
         assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
         expect_clean(next(), local, "HTTP/1.1");
         // The gateway on the proxy's listener, names in the HTTP headers and trailers.
@@ -381,7 +395,9 @@ fn expected(route: Route, injections: &[Injection]) -> Expected {
             _ => Expected::Refused,
         },
         Route::DirectH2 | Route::DirectH1 if headers(Name::ForwardedCert) > 0 => Expected::Refused,
-        _ if headers(Name::Token) + headers(Name::Authorization) > 0 => Expected::Acts { user: "carol", source: "token" },
+        _ if headers(Name::Token) + headers(Name::Authorization) > 0 => {
+            Expected::Acts { user: "carol", source: "token" }
+        }
         _ => Expected::Acts { user: "alice", source: alice_source },
     }
 }
@@ -413,7 +429,12 @@ fn injection_strategy() -> impl Strategy<Value = Injection> {
 
 /// Sends one probe with the injections along `route`; the member's audit line for it (or `None`)
 /// and the client's address.
-async fn probe(setup: &Setup, route: Route, injections: &[Injection], root_cert: &str) -> (Option<AuditLine>, SocketAddr, String) {
+async fn probe(
+    setup: &Setup,
+    route: Route,
+    injections: &[Injection],
+    root_cert: &str,
+) -> (Option<AuditLine>, SocketAddr, String) {
     let key = setup.probe_key();
     let mut headers = Vec::new();
     let mut trailers = Vec::new();
@@ -437,7 +458,8 @@ async fn probe(setup: &Setup, route: Route, injections: &[Injection], root_cert:
             (reply.local, format!("{reply:?}"))
         }
         Route::ProxyH1 | Route::DirectH1 => {
-            let (raw, local) = h1_call(addr, &tls, "/etcdserverpb.KV/Range", &range_of(&key), &headers, &trailers).await;
+            let (raw, local) =
+                h1_call(addr, &tls, "/etcdserverpb.KV/Range", &range_of(&key), &headers, &trailers).await;
             (local, raw)
         }
         Route::GatewayProxy | Route::GatewayDirect => {
@@ -539,7 +561,11 @@ impl Setup {
         };
         member.wait_until("member", || {
             let out = ctl(&["endpoint", "health"]);
-            if out.success() { Ok(()) } else { Err(out.stderr) }
+            if out.success() {
+                Ok(())
+            } else {
+                Err(out.stderr)
+            }
         });
         for step in [
             &["user", "add", "root", "--no-password"][..],
@@ -606,8 +632,10 @@ impl Setup {
     /// A token of carol's, from Authenticate directly at the member.
     async fn carol_token(&self) -> String {
         let request = AuthenticateRequest { name: "carol".into(), password: CAROL_PASSWORD.into() };
-        let reply =
-            self.direct_h2(&self.alice).call("/etcdserverpb.Auth/Authenticate", request.encode_to_vec(), &[], &[]).await;
+        let reply = self
+            .direct_h2(&self.alice)
+            .call("/etcdserverpb.Auth/Authenticate", request.encode_to_vec(), &[], &[])
+            .await;
         assert_eq!(reply.status, Some(0), "carol's login: {reply:?}");
         AuthenticateResponse::decode(reply.message_bytes.as_slice()).expect("an AuthenticateResponse").token
     }
@@ -693,9 +721,14 @@ async fn connect(
 }
 
 impl H2 {
-
     /// A unary gRPC call with `headers` added and `trailers` (if any) sent after the message.
-    async fn call(&self, path: &str, message: Vec<u8>, headers: &[(String, String)], trailers: &[(String, String)]) -> Reply {
+    async fn call(
+        &self,
+        path: &str,
+        message: Vec<u8>,
+        headers: &[(String, String)],
+        trailers: &[(String, String)],
+    ) -> Reply {
         let mut request = http::Request::post(format!("https://localhost{path}"))
             .header("content-type", "application/grpc")
             .header("te", "trailers");
@@ -706,8 +739,15 @@ impl H2 {
     }
 
     /// A gateway (HTTP/JSON) POST.
-    async fn post_json(&self, path: &str, json: String, headers: &[(String, String)], trailers: &[(String, String)]) -> Reply {
-        let mut request = http::Request::post(format!("https://localhost{path}")).header("content-type", "application/json");
+    async fn post_json(
+        &self,
+        path: &str,
+        json: String,
+        headers: &[(String, String)],
+        trailers: &[(String, String)],
+    ) -> Reply {
+        let mut request =
+            http::Request::post(format!("https://localhost{path}")).header("content-type", "application/json");
         for (name, value) in headers {
             request = request.header(HeaderName::from_bytes(name.as_bytes()).unwrap(), value);
         }
@@ -742,7 +782,11 @@ impl H2 {
                 local,
                 status: header("grpc-status").and_then(|s| s.parse().ok()),
                 message: header("grpc-message").unwrap_or_default(),
-                message_bytes: if bytes.len() >= 5 && is_grpc(&parts.headers) { bytes[5..].to_vec() } else { bytes.to_vec() },
+                message_bytes: if bytes.len() >= 5 && is_grpc(&parts.headers) {
+                    bytes[5..].to_vec()
+                } else {
+                    bytes.to_vec()
+                },
             }
         };
         tokio::time::timeout(PATIENCE, exchange).await.expect("answered in time")

@@ -147,10 +147,14 @@ mod tests {
     fn every_keyward_name_a_client_sent_is_removed() {
         let connection = ClientConnection::new(ClientIdentity::Proxy, None);
         let mut headers = HeaderMap::new();
-        for name in ["keyward-forwarded-client-cert-bin", "keyward-cluster-id", "keyward-member-id", "keyward-anything"] {
+        for name in ["keyward-forwarded-client-cert-bin", "keyward-cluster-id", "keyward-member-id", "keyward-anything"]
+        {
             headers.append(name, HeaderValue::from_static("x"));
         }
-        headers.append(http::HeaderName::from_bytes(b"Keyward-Forwarded-Client-Addr").unwrap(), HeaderValue::from_static("x"));
+        headers.append(
+            http::HeaderName::from_bytes(b"Keyward-Forwarded-Client-Addr").unwrap(),
+            HeaderValue::from_static("x"),
+        );
         forged(&mut headers);
         connection.apply(&mut headers).unwrap();
         let left: Vec<&str> = headers.keys().map(|n| n.as_str()).collect();
