@@ -16,10 +16,9 @@ use tonic::transport::Channel;
 
 use crate::proto::keywardpb::peer_client::PeerClient;
 
-/// Metadata naming the sender's cluster; a member refuses requests of another cluster.
-pub const CLUSTER_ID_HEADER: &str = "keyward-cluster-id";
-/// Metadata naming the sending member.
-pub const MEMBER_ID_HEADER: &str = "keyward-member-id";
+/// Metadata naming the sender's cluster (a member refuses requests of another cluster), and the
+/// sending member; their trust rules: `frontend/metadata.rs`.
+pub use crate::frontend::metadata::{CLUSTER_ID as CLUSTER_ID_HEADER, MEMBER_ID as MEMBER_ID_HEADER};
 
 /// How long dialing a peer may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);

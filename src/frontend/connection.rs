@@ -10,10 +10,9 @@ use tonic::transport::server::TcpConnectInfo;
 use super::certificate::PeerIdentity;
 use super::tls::listener::TlsConnectInfo;
 
-/// Metadata a trusted proxy sets to the address of the client it forwards for (`ip:port`); the member
-/// takes it only from a connection whose certificate CN is in `--trusted-proxy-cn`
-/// (`IdentityRules::client_addr`), and the proxy always replaces what a client sent.
-pub const FORWARDED_ADDR: &str = "keyward-forwarded-client-addr";
+/// Metadata a trusted proxy sets to the address of the client it forwards for (`ip:port`); its trust
+/// rule: `metadata.rs`.
+pub use super::metadata::FORWARDED_ADDR;
 
 /// The identity the connection's client certificate established (`None`: not a TLS connection).
 pub fn peer_identity(extensions: &Extensions) -> Option<&PeerIdentity> {

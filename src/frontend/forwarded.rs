@@ -23,8 +23,8 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 use super::certificate::{cert_names, CertNames};
 use super::tls::settings::TlsSettings;
 
-/// The metadata key a trusted proxy sets.
-pub const FORWARDED_CERT: &str = "keyward-forwarded-client-cert";
+/// The metadata key a trusted proxy sets (its trust rule: `metadata.rs`).
+pub use super::metadata::FORWARDED_CERT;
 
 /// How often the CA and CRL files are checked for changes (as the listener checks its own).
 const RELOAD_INTERVAL: Duration = Duration::from_secs(2);

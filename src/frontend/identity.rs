@@ -2,7 +2,9 @@
 //! gRPC services, also when the HTTP gateway calls them in process; the proxy calls the same
 //! `IdentityRules::identify`).
 //!
-//! The inputs are the request's metadata (a token: `token` from etcd 3.4 clients, `authorization`
+//! The inputs are the request's metadata — its headers only: every listener drops request trailers
+//! before tonic would merge them in (`request_trailers.rs`; the rules of each name: `metadata.rs`)
+//! — (a token: `token` from etcd 3.4 clients, `authorization`
 //! from newer ones; a certificate forwarded by a trusted proxy) and the connection's `PeerIdentity`,
 //! set at the TLS handshake. The output is an `Identity`, which becomes the `Requester` that the raft
 //! entry header and the read-path checks are built from. Nothing deeper in the stack looks at
@@ -13,8 +15,8 @@ use std::net::SocketAddr;
 use tonic::metadata::MetadataMap;
 
 use super::certificate::{IdentitySource, NoIdentity, PeerIdentity};
-use super::connection::FORWARDED_ADDR;
-use super::forwarded::{ForwardedVerifier, FORWARDED_CERT};
+use super::forwarded::ForwardedVerifier;
+use super::metadata::{AUTHORIZATION, FORWARDED_ADDR, FORWARDED_CERT, TOKEN};
 use super::tls::settings::TlsSettings;
 use crate::auth::check::Requester;
 use crate::auth::tokens::Tokens;
@@ -156,7 +158,7 @@ impl IdentityRules {
         tokens: &impl TokenResolver,
     ) -> Result<Identity, EtcdError> {
         let forwarded = self.forwarded(metadata, peer)?;
-        if let Some(token) = metadata.get("token").or_else(|| metadata.get("authorization")) {
+        if let Some(token) = metadata.get(TOKEN).or_else(|| metadata.get(AUTHORIZATION)) {
             let token = token.to_str().map_err(|_| EtcdError::InvalidAuthToken)?;
             let (username, revision) = tokens.resolve(token)?;
             return Ok(Identity::Token { username, revision });

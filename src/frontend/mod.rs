@@ -16,6 +16,8 @@
 //!   connections carrying their `PeerIdentity` and the client's address.
 //! - `connection.rs`: reading those back from a request (the identity; the client's address, which
 //!   login throttling keys on).
+//! - `metadata.rs`: every metadata name keyward reads and who may set it; `request_trailers.rs`:
+//!   request bodies without trailers, so that metadata is the request's headers only.
 //! - `connection_limits.rs`: how many connections a listener holds (a newcomer takes the slot of
 //!   the oldest connection that had no request answered) and how long one may stay silent;
 //!   `answered.rs` reads from the server's writes whether a connection had a request answered.
@@ -32,4 +34,6 @@ pub mod connection;
 pub mod connection_limits;
 pub mod forwarded;
 pub mod identity;
+pub mod metadata;
+pub mod request_trailers;
 pub mod tls;

@@ -145,7 +145,7 @@ pub fn call_request<M>(message: M, extensions: &Extensions, token: Option<&str>)
     let mut metadata = tonic::metadata::MetadataMap::new();
     if let Some(token) = token {
         let value = MetadataValue::try_from(token).map_err(|_| Status::from(EtcdError::InvalidAuthToken))?;
-        metadata.insert("token", value);
+        metadata.insert(crate::frontend::metadata::TOKEN, value);
     }
     Ok(tonic::Request::from_parts(metadata, extensions.clone(), message))
 }

@@ -1,9 +1,11 @@
 //! What the proxy tells a member about the client behind one connection: the proxy's one auth
 //! decision, taken once per connection and applied to every request on it.
 //!
-//! A client-sent `keyward-forwarded-client-cert` is always removed: only the proxy speaks for a
-//! client, and only for one whose certificate its own listener verified. Tokens (`token`,
-//! `authorization`) are left as they are: the member resolves them.
+//! Every `keyward-` name a client sent is removed, whatever its case or suffix (`-bin`): only the
+//! proxy speaks for a client, and only for one whose certificate its own listener verified. Tokens
+//! (`token`, `authorization`) are left as they are: the member resolves them. The rules of every name:
+//! `frontend/metadata.rs`. This rewrites headers only; `forward.rs` drops the request's trailers,
+//! which the member would otherwise merge into the metadata.
 
 use base64::Engine as _;
 use http::{HeaderMap, HeaderValue};
@@ -11,8 +13,7 @@ use rustls_pki_types::CertificateDer;
 
 use super::config::Mode;
 use super::error::ProxyError;
-use crate::frontend::connection::FORWARDED_ADDR;
-use crate::frontend::forwarded::FORWARDED_CERT;
+use crate::frontend::metadata::{is_keyward_name, FORWARDED_ADDR, FORWARDED_CERT};
 
 /// One client connection: whose identity the proxy passes on, and the client's address (which the
 /// member counts failed logins under and records in its audit log).
@@ -28,14 +29,23 @@ impl ClientConnection {
         ClientConnection { identity, addr }
     }
 
-    /// Rewrites a request's metadata for the member: the identity (`ClientIdentity::apply`), and the
-    /// client's address in place of whatever address the client sent.
+    /// Rewrites a request's metadata for the member: every `keyward-` name the client sent removed,
+    /// then the identity (`ClientIdentity::apply`) and the client's real address set.
     pub fn apply(&self, headers: &mut HeaderMap) -> Result<(), ProxyError> {
-        headers.remove(FORWARDED_ADDR);
+        remove_keyward_names(headers);
         if let Some(addr) = &self.addr {
             headers.insert(FORWARDED_ADDR, addr.clone());
         }
         self.identity.apply(headers)
+    }
+}
+
+/// Removes every header only keyward processes may set (HTTP names are lowercase, so this covers any
+/// case a client wrote them in).
+fn remove_keyward_names(headers: &mut HeaderMap) {
+    let sent: Vec<http::HeaderName> = headers.keys().filter(|name| is_keyward_name(name.as_str())).cloned().collect();
+    for name in sent {
+        headers.remove(name);
     }
 }
 
@@ -131,6 +141,24 @@ mod tests {
         headers.insert(FORWARDED_ADDR, HeaderValue::from_static("192.0.2.1:1"));
         unknown.apply(&mut headers).unwrap();
         assert!(headers.get(FORWARDED_ADDR).is_none(), "a Unix socket client has no address to pass on");
+    }
+
+    #[test]
+    fn every_keyward_name_a_client_sent_is_removed() {
+        let connection = ClientConnection::new(ClientIdentity::Proxy, None);
+        let mut headers = HeaderMap::new();
+        for name in ["keyward-forwarded-client-cert-bin", "keyward-cluster-id", "keyward-member-id", "keyward-anything"]
+        {
+            headers.append(name, HeaderValue::from_static("x"));
+        }
+        headers.append(
+            http::HeaderName::from_bytes(b"Keyward-Forwarded-Client-Addr").unwrap(),
+            HeaderValue::from_static("x"),
+        );
+        forged(&mut headers);
+        connection.apply(&mut headers).unwrap();
+        let left: Vec<&str> = headers.keys().map(|n| n.as_str()).collect();
+        assert_eq!(left, ["token"]);
     }
 
     #[test]

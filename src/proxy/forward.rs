@@ -5,8 +5,10 @@
 //! messages never decoded — so every RPC of KV, Watch, Lease, Auth, Cluster and Maintenance, unary or
 //! streaming (Watch, LeaseKeepAlive, Snapshot), is forwarded the same way, with no message size limit
 //! of the proxy's own. Headers travel as the client sent them (tokens, `grpc-timeout`, compression),
-//! except `keyward-forwarded-client-cert`, which `client_identity.rs` decides. Trailers (the gRPC
-//! status) come back from the member as it sent them.
+//! except the `keyward-` names, which `client_identity.rs` decides. The request's trailers never
+//! pass: the member would merge them into the metadata over the headers decided here (gRPC clients
+//! send none; `frontend/request_trailers.rs`). Response trailers (the gRPC status) come back from the
+//! member as it sent them.
 //!
 //! Cancellation: when the client resets its stream or goes away, hyper drops this call, and with it
 //! the member's stream, which is reset. Deadline: `grpc-timeout` reaches the member, which enforces
@@ -21,6 +23,7 @@ use super::body::{boxed, Body, BoxError};
 use super::client_identity::ClientConnection;
 use super::error::ProxyError;
 use super::upstream::Upstreams;
+use crate::frontend::request_trailers::WithoutTrailers;
 
 /// The gRPC services forwarded (etcd's `etcdserverpb` client API).
 const SERVICES: [&str; 6] = ["KV", "Watch", "Lease", "Auth", "Cluster", "Maintenance"];
@@ -35,7 +38,7 @@ pub fn is_forwarded(path: &str) -> bool {
 /// Forwards one call to a member; a failure of the proxy's own becomes a gRPC status response.
 pub async fn forward<B>(request: Request<B>, client: &ClientConnection, upstreams: &Upstreams) -> Response<Body>
 where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
 {
     match try_forward(request, client, upstreams).await {
@@ -53,7 +56,7 @@ async fn try_forward<B>(
     upstreams: &Upstreams,
 ) -> Result<Response<Body>, ProxyError>
 where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
 {
     if !is_forwarded(request.uri().path()) {
@@ -64,7 +67,7 @@ where
     // HTTP/2 carries the authority in the URI; the member's is set by `upstream.rs`.
     parts.headers.remove(http::header::HOST);
     let deadline = grpc_timeout(&parts.headers);
-    let upstream = Request::from_parts(parts, boxed(body));
+    let upstream = Request::from_parts(parts, boxed(WithoutTrailers::new(body)));
     let response = match deadline {
         Some(deadline) => {
             tokio::time::timeout(deadline, upstreams.send(upstream)).await.map_err(|_| ProxyError::Deadline)??

@@ -5,7 +5,8 @@
 //! request's extensions. The proxy puts the connection's `ClientConnection` in those extensions, so a
 //! call the gateway makes is forwarded exactly as a gRPC call on the same connection would be: the
 //! client's verified certificate forwarded, or (sidecar) the proxy's own identity, and a client-sent
-//! `keyward-forwarded-client-cert` never reaches the member (the gateway passes no HTTP header on).
+//! `keyward-forwarded-client-cert` never reaches the member (the gateway passes no HTTP header on but
+//! the token from `Authorization`, and `forward.rs` drops request trailers).
 
 use std::convert::Infallible;
 use std::sync::Arc;

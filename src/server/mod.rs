@@ -109,7 +109,7 @@ async fn serve_bound(
     });
     let mut servers = Vec::new();
     for (socket, is_tls) in bound {
-        let routes = routes();
+        let routes = without_request_trailers(routes());
         let mut stop = stop_rx.clone();
         let stopped = async move {
             let _ = stop.wait_for(|stopped| *stopped).await;
@@ -158,6 +158,16 @@ async fn serve_bound(
         _ = grace => tracing::info!("closing client connections still open after {SHUTDOWN_GRACE:?}"),
     }
     Ok(())
+}
+
+/// `routes` with every request's trailers dropped before any service sees the request: metadata (who
+/// is calling, from which address, which cluster) is the request's headers only
+/// (`frontend/metadata.rs`). The one place this is done for every listener: client (gRPC, HTTP, the
+/// gateway), metrics and peer. The gateway's in-process calls come from tonic's client, which sends
+/// no request trailers, with metadata of the gateway's own (`gateway/calls.rs`).
+fn without_request_trailers(routes: Routes) -> Routes {
+    let layer = axum::middleware::map_request(crate::frontend::request_trailers::drop_request_trailers);
+    Routes::from(routes.into_axum_router().layer(layer))
 }
 
 /// How long open client connections get to finish after a shutdown signal.
