@@ -66,7 +66,7 @@ fn from_cluster<T>(message: T, cluster_id: u64) -> tonic::Request<T> {
 fn forged_put(key: &str) -> InternalRaftRequest {
     InternalRaftRequest {
         header: Some(RequestHeader { member_internal: true, ..Default::default() }),
-        put: Some(PutRequest { key: key.as_bytes().to_vec(), value: b"forged".to_vec(), ..Default::default() }),
+        put: Some(Box::new(PutRequest { key: key.as_bytes().to_vec(), value: b"forged".to_vec(), ..Default::default() })),
         ..Default::default()
     }
 }
@@ -132,7 +132,7 @@ async fn key_exists(cluster: &Cluster, i: usize, key: &str) -> bool {
 /// more apart, which is why `deploy/` gives peers a CA of their own).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_users_client_certificate_is_no_member_under_a_shared_ca() {
-    let mut cluster = blocking(|| Cluster::start(Options::new(3).peer_tls_shared_ca().client_tls()));
+    let cluster = blocking(|| Cluster::start(Options::new(3).peer_tls_shared_ca().client_tls()));
     blocking(|| {
         let m1 = &cluster.members[0];
         m1.ctl(&["user", "add", "root", "--no-password"]);
