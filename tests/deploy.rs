@@ -181,8 +181,9 @@ fn deploy_gives_peers_certificates_of_their_own_ca() {
     let out = Command::new("bash").arg(repo().join("certs/gen.sh")).arg(dir.path()).output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     let verify = |ca: &str, cert: &str| {
-        let out = Command::new("openssl").arg("verify").arg("-CAfile").arg(dir.path().join(ca)).arg(dir.path().join(cert));
-        out.output().unwrap().status.success()
+        let mut verify = Command::new("openssl");
+        verify.arg("verify").arg("-CAfile").arg(dir.path().join(ca)).arg(dir.path().join(cert));
+        verify.output().unwrap().status.success()
     };
     for peer in ["peer1.pem", "peer2.pem", "peer3.pem"] {
         assert!(verify("peer-ca.pem", peer) && !verify("ca.pem", peer), "{peer} is of the peer CA only");
