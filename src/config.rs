@@ -843,8 +843,15 @@ mod tests {
         let both = parse(&["--peer-cert-allowed-cn", "a", "--peer-cert-allowed-hostname", "h"]).unwrap_err();
         assert!(both.contains("mutually exclusive"), "{both}");
         assert!(parse(&["--peer-cert-allowed-hostname", "h"]).unwrap_err().contains("need --peer-cert-file"));
-        let initial = parse(&["--name", "b", "--initial-cluster", "a=http://127.0.0.1:1,b=http://127.0.0.1:2,b=http://127.0.0.1:3",
-            "--initial-advertise-peer-urls", "http://127.0.0.1:2,http://127.0.0.1:3"]).unwrap();
+        let initial = parse(&[
+            "--name",
+            "b",
+            "--initial-cluster",
+            "a=http://127.0.0.1:1,b=http://127.0.0.1:2,b=http://127.0.0.1:3",
+            "--initial-advertise-peer-urls",
+            "http://127.0.0.1:2,http://127.0.0.1:3",
+        ])
+        .unwrap();
         assert_eq!(initial.peer_admission.initial_peers, ["http://127.0.0.1:1"], "the other members' URLs only");
     }
 

@@ -193,7 +193,10 @@ fn deploy_gives_peers_certificates_of_their_own_ca() {
             .output()
             .unwrap();
         let ext = String::from_utf8_lossy(&ext.stdout).into_owned();
-        assert!(ext.contains("TLS Web Server Authentication") && ext.contains("TLS Web Client Authentication"), "{ext}");
+        assert!(
+            ext.contains("TLS Web Server Authentication") && ext.contains("TLS Web Client Authentication"),
+            "{ext}"
+        );
         assert!(ext.contains("IP Address:127.0.0.1") && ext.contains("*.keyward-peer.default.svc"), "{ext}");
     }
     for other in ["proxy.pem", "root.pem", "alice.pem", "member1.pem"] {

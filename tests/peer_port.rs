@@ -66,7 +66,11 @@ fn from_cluster<T>(message: T, cluster_id: u64) -> tonic::Request<T> {
 fn forged_put(key: &str) -> InternalRaftRequest {
     InternalRaftRequest {
         header: Some(RequestHeader { member_internal: true, ..Default::default() }),
-        put: Some(Box::new(PutRequest { key: key.as_bytes().to_vec(), value: b"forged".to_vec(), ..Default::default() })),
+        put: Some(Box::new(PutRequest {
+            key: key.as_bytes().to_vec(),
+            value: b"forged".to_vec(),
+            ..Default::default()
+        })),
         ..Default::default()
     }
 }

@@ -117,7 +117,8 @@ impl CertNames {
 /// One DNS SAN `pattern` against `host`: label by label, case-insensitively; `*` only as a whole
 /// leftmost label (stricter than Go: not directly above a top-level label, so `*.test` names nothing).
 fn host_matches(pattern: &str, host: &str) -> bool {
-    let (pattern_labels, host_labels): (Vec<&str>, Vec<&str>) = (pattern.split('.').collect(), host.split('.').collect());
+    let (pattern_labels, host_labels): (Vec<&str>, Vec<&str>) =
+        (pattern.split('.').collect(), host.split('.').collect());
     if pattern_labels.len() != host_labels.len() || pattern_labels.iter().any(|l| l.is_empty()) {
         return false;
     }
@@ -334,9 +335,9 @@ mod tests {
             assert!(names.names_host(named), "{named} is named");
         }
         for other in [
-            "peer.example",              // the CN is no host name
-            "example.test",              // the wildcard needs its label
-            "a.b.peers.example.test",    // and stands for one label only
+            "peer.example",           // the CN is no host name
+            "example.test",           // the wildcard needs its label
+            "a.b.peers.example.test", // and stands for one label only
             "peers.example.test",
             "member1.example.test.evil", // no suffix match
             "10.0.0.2",
