@@ -199,7 +199,7 @@ async fn a_users_client_certificate_is_no_member_under_a_shared_ca() {
 
 /// A separate peer CA (as `deploy/` sets peers up): the proxy's certificate (a server and client
 /// certificate of the client CA, naming 127.0.0.1 like the members) is refused at the peer port,
-/// its `member_internal` put is not applied. Twin: a member added with `etcdctl member add` and a
+/// its `member_internal` put is not applied. Twin: a learner added with `etcdctl member add` and a
 /// peer-CA certificate joins (before it has the membership it admits the leader by
 /// `--initial-cluster`) and serves what the cluster holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -219,10 +219,12 @@ async fn the_proxys_certificate_is_no_member_with_a_peer_ca() {
 
     // Twin: a new member with its peer-CA certificate joins and catches up.
     blocking(|| cluster.members[0].ctl(&["put", "/before/join", "v"]));
-    let joined = blocking(|| cluster.add_member(leader, "m4", false));
+    let joined = blocking(|| cluster.add_member(leader, "m4", true));
     let deadline = Instant::now() + SETTLE_TIMEOUT;
     loop {
-        let out = blocking(|| cluster.members[joined].etcdctl(&["get", "/before/join", "--print-value-only"]));
+        let out = blocking(|| {
+            cluster.members[joined].etcdctl(&["get", "/before/join", "--print-value-only", "--consistency=s"])
+        });
         if out.success() && out.stdout.trim() == "v" {
             break;
         }
