@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A local keyward cluster on 127.0.0.1 with the dev PKI (certs/gen.sh): N members with client and peer
-# TLS and client-certificate auth, plus a grpc-proxy in front of them.
+# TLS and client-certificate auth, plus a grpc-proxy in front of them. Peers trust only the peer CA
+# (peer-ca.pem), so no client's or the proxy's certificate is ever taken for a member.
 #
 #   deploy/local-cluster.sh [start] [--members N] [--base-port P] [--dir DIR] [--bin KEYWARD] [--no-proxy] [--detach]
 #   deploy/local-cluster.sh stop [--dir DIR]
@@ -110,8 +111,8 @@ for i in $(seq 1 "$members"); do
         --initial-cluster-token keyward-local-cluster \
         --cert-file "$pki/member$i.pem" --key-file "$pki/member$i-key.pem" \
         --trusted-ca-file "$pki/ca.pem" --client-cert-auth --trusted-proxy-cn keyward-proxy \
-        --peer-cert-file "$pki/member$i.pem" --peer-key-file "$pki/member$i-key.pem" \
-        --peer-trusted-ca-file "$pki/ca.pem" --peer-client-cert-auth \
+        --peer-cert-file "$pki/peer$i.pem" --peer-key-file "$pki/peer$i-key.pem" \
+        --peer-trusted-ca-file "$pki/peer-ca.pem" --peer-client-cert-auth \
         > "$dir/member$i.log" 2>&1 &
     started $! "member$i"
 done

@@ -189,12 +189,25 @@ pub struct ServeArgs {
     /// Path to the peer server TLS trusted CA file.
     #[arg(long, env = "ETCD_PEER_TRUSTED_CA_FILE")]
     pub peer_trusted_ca_file: Option<PathBuf>,
-    /// Require and verify peer client certificates.
+    /// Require and verify peer client certificates. (An https:// peer URL always does: keyward admits
+    /// a peer only by a server certificate of --peer-trusted-ca-file that names another member's peer
+    /// URL host, or what --peer-cert-allowed-cn / --peer-cert-allowed-hostname list.)
     #[arg(long, env = "ETCD_PEER_CLIENT_CERT_AUTH", num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub peer_client_cert_auth: bool,
-    /// Allowed Common Name of peer certificates (comma-separated); others are refused at the handshake.
+    /// Allowed Common Names of peer certificates (comma-separated): instead of the member-host rule,
+    /// only server certificates with one of these CNs may call the peer port.
     #[arg(long, env = "ETCD_PEER_CERT_ALLOWED_CN", value_delimiter = ',')]
     pub peer_cert_allowed_cn: Vec<String>,
+    /// Allowed host names of peer certificates (comma-separated; DNS or IP SANs as Go's VerifyHostname
+    /// matches them, not the CN): instead of the member-host rule, only server certificates naming one
+    /// of these may call the peer port. Exclusive with --peer-cert-allowed-cn, as in etcd.
+    #[arg(long, env = "ETCD_PEER_CERT_ALLOWED_HOSTNAME", value_delimiter = ',')]
+    pub peer_cert_allowed_hostname: Vec<String>,
+    /// Accept an http:// --listen-peer-urls on a non-loopback address (keyward). Plain-text peer
+    /// traffic proves no one's identity: anyone who reaches the port can act as a member. Use only on
+    /// a network only the members reach.
+    #[arg(long, env = "KEYWARD_PEER_ALLOW_PLAINTEXT", num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub peer_allow_plaintext: bool,
     /// Path to a CRL (PEM) of revoked peer certificates, refused at the handshake.
     #[arg(long, env = "ETCD_PEER_CRL_FILE")]
     pub peer_crl_file: Option<PathBuf>,
@@ -271,6 +284,8 @@ pub struct Config {
     pub client_tls: Option<crate::frontend::tls::settings::TlsSettings>,
     /// Peer TLS: the peer listener's settings, and the certificate this member presents to its peers.
     pub peer_tls: Option<crate::frontend::tls::settings::TlsSettings>,
+    /// Who is a member on the peer port (`cluster/admission.rs`).
+    pub peer_admission: crate::cluster::admission::PeerAdmission,
     pub log_filter: &'static str,
     /// `--logger`, `--log-outputs`.
     pub log: crate::logging::LogSettings,
@@ -415,6 +430,13 @@ impl ServeArgs {
             // Fail at startup, not at the first connection, when a file is missing or malformed.
             tls.server_config().map_err(invalid)?;
         }
+        if !self.peer_cert_allowed_cn.is_empty() && !self.peer_cert_allowed_hostname.is_empty() {
+            return Err(invalid(format!(
+                "--peer-cert-allowed-cn and --peer-cert-allowed-hostname are mutually exclusive (cn={:?}, hostname={:?})",
+                self.peer_cert_allowed_cn.join(","),
+                self.peer_cert_allowed_hostname.join(",")
+            )));
+        }
         let peer_tls = match (&self.peer_cert_file, &self.peer_key_file) {
             (Some(cert), Some(key)) => {
                 let tls = crate::frontend::tls::settings::TlsSettings {
@@ -423,7 +445,9 @@ impl ServeArgs {
                     trusted_ca_file: self.peer_trusted_ca_file.clone(),
                     client_cert_auth: self.peer_client_cert_auth,
                     crl_file: self.peer_crl_file.clone(),
-                    allowed_cns: self.peer_cert_allowed_cn.clone(),
+                    // The peer allow-lists are part of the member rule every peer request is held
+                    // to (`cluster/admission.rs`), not of the handshake.
+                    allowed_cns: Vec::new(),
                     allowed_hostnames: Vec::new(),
                     trusted_proxy_cns: Vec::new(),
                     identity_source: IdentitySource::CommonName,
@@ -435,7 +459,8 @@ impl ServeArgs {
                 if self.peer_client_cert_auth
                     || self.peer_trusted_ca_file.is_some()
                     || self.peer_crl_file.is_some()
-                    || !self.peer_cert_allowed_cn.is_empty() =>
+                    || !self.peer_cert_allowed_cn.is_empty()
+                    || !self.peer_cert_allowed_hostname.is_empty() =>
             {
                 return Err(invalid("peer TLS flags need --peer-cert-file and --peer-key-file"))
             }
@@ -458,6 +483,17 @@ impl ServeArgs {
             return Err(invalid(
                 "https:// peer URLs need --peer-cert-file, --peer-key-file and --peer-trusted-ca-file",
             ));
+        }
+        if let Some(listener) =
+            listen_peer.iter().find(|l| !l.tls && !l.addr.ip().is_loopback() && !self.peer_allow_plaintext)
+        {
+            return Err(invalid(format!(
+                "--listen-peer-urls {}: plain-text peer traffic beyond loopback proves no one's identity, so \
+                 anyone who reaches the port could act as a member; use an https:// peer URL with \
+                 --peer-cert-file, --peer-key-file and --peer-trusted-ca-file, or pass --peer-allow-plaintext \
+                 if only the members can reach this address",
+                listener.url
+            )));
         }
         let cluster_state = match self.initial_cluster_state.as_str() {
             "new" => ClusterState::New,
@@ -524,6 +560,11 @@ impl ServeArgs {
                 self.initial_advertise_peer_urls.join(",")
             )));
         }
+        let peer_admission = crate::cluster::admission::PeerAdmission {
+            allowed_cns: self.peer_cert_allowed_cn.clone(),
+            allowed_hostnames: self.peer_cert_allowed_hostname.clone(),
+            initial_peers: members.iter().filter(|(n, _)| n != &self.name).flat_map(|(_, urls)| urls.clone()).collect(),
+        };
         let auth_token =
             crate::auth::token_config::parse(&self.auth_token).map_err(|e| invalid(format!("--auth-token: {e}")))?;
         if !(4..=31).contains(&self.bcrypt_cost) {
@@ -587,6 +628,7 @@ impl ServeArgs {
             },
             client_tls,
             peer_tls,
+            peer_admission,
             log_filter,
             log,
             listen_metrics,
@@ -778,6 +820,40 @@ mod tests {
         assert!(parse(&["--no-such-flag"]).is_err());
         assert!(parse(&["--client-cert-identity", "uri-san"]).unwrap_err().contains("needs --client-cert-auth"));
         assert!(parse(&["--client-cert-identity", "subject"]).unwrap_err().contains("want cn, uri-san or dns-san"));
+    }
+
+    #[test]
+    fn plain_text_peer_urls_beyond_loopback_need_their_flag() {
+        let peer = |url: &str, extra: &[&str]| {
+            let mut args = vec!["--listen-peer-urls", url];
+            args.extend_from_slice(extra);
+            parse(&args)
+        };
+        for url in ["http://0.0.0.0:2380", "http://10.0.0.1:2380", "http://[::]:2380"] {
+            let refused = peer(url, &[]).unwrap_err();
+            assert!(refused.contains(url) && refused.contains("--peer-allow-plaintext"), "{refused}");
+            assert!(peer(url, &["--peer-allow-plaintext"]).is_ok(), "{url} with the flag");
+        }
+        for url in ["http://127.0.0.1:2380", "http://localhost:2380", "http://[::1]:2380", "http://127.0.0.2:2380"] {
+            assert!(peer(url, &[]).is_ok(), "{url} is loopback");
+        }
+    }
+
+    #[test]
+    fn peer_allow_lists_are_exclusive_and_need_peer_tls() {
+        let both = parse(&["--peer-cert-allowed-cn", "a", "--peer-cert-allowed-hostname", "h"]).unwrap_err();
+        assert!(both.contains("mutually exclusive"), "{both}");
+        assert!(parse(&["--peer-cert-allowed-hostname", "h"]).unwrap_err().contains("need --peer-cert-file"));
+        let initial = parse(&[
+            "--name",
+            "b",
+            "--initial-cluster",
+            "a=http://127.0.0.1:1,b=http://127.0.0.1:2,b=http://127.0.0.1:3",
+            "--initial-advertise-peer-urls",
+            "http://127.0.0.1:2,http://127.0.0.1:3",
+        ])
+        .unwrap();
+        assert_eq!(initial.peer_admission.initial_peers, ["http://127.0.0.1:1"], "the other members' URLs only");
     }
 
     fn go_style(argv: &[&str]) -> Vec<String> {

@@ -48,15 +48,13 @@ pub mod storage;
 pub async fn serve(config: config::Config) -> anyhow::Result<()> {
     // Bound before raft starts: peers must reach this member for it to join an election.
     let peer_listeners = server::bind_peer(&config.listen_peer).await?;
-    for listener in config.listen_peer.iter().filter(|l| !l.addr.ip().is_loopback()) {
-        // Whoever reaches a peer port takes part in raft, as with etcd: only mTLS keeps others out.
-        if !listener.tls || config.peer_tls.as_ref().is_none_or(|t| !t.client_cert_auth) {
-            tracing::warn!(
-                url = %listener.url,
-                "peer traffic is not authenticated: anyone who reaches this port can act as a member; use \
-                 https:// peer URLs with --peer-client-cert-auth"
-            );
-        }
+    for listener in config.listen_peer.iter().filter(|l| !l.tls && !l.addr.ip().is_loopback()) {
+        // Allowed by --peer-allow-plaintext (`config.rs` refuses it otherwise): say what it costs.
+        tracing::warn!(
+            url = %listener.url,
+            "plain-text peer traffic beyond loopback (--peer-allow-plaintext): anyone who reaches this port can \
+             act as a member; use https:// peer URLs with peer certificates"
+        );
     }
     if config.client_tls.as_ref().is_some_and(|tls| tls.client_cert_auth) {
         for listener in config.listen_client.iter().filter(|l| !l.tls) {
@@ -71,12 +69,12 @@ pub async fn serve(config: config::Config) -> anyhow::Result<()> {
     let node = node::Node::start(&config).await?;
     let (peer_stop_tx, peer_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let peer_server = {
-        let (node, tls) = (node.clone(), config.peer_tls.clone());
+        let (node, tls, admission) = (node.clone(), config.peer_tls.clone(), config.peer_admission.clone());
         tokio::spawn(async move {
             let stopped = async move {
                 let _ = peer_stop_rx.await;
             };
-            server::serve_peer(node, peer_listeners, tls.as_ref(), stopped).await
+            server::serve_peer(node, peer_listeners, tls.as_ref(), admission, stopped).await
         })
     };
     announce(&config, &node);

@@ -263,6 +263,17 @@ pub static TLS_HANDSHAKE_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+/// Peer requests refused because their caller is not a member (`server/peer_guard.rs`), by reason.
+pub static PEER_REQUESTS_REFUSED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new("keyward_peer_requests_refused_total", "Peer requests refused: the caller is not a member."),
+            &["reason"],
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
 pub static PASSWORD_CHECKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
@@ -476,7 +487,7 @@ pub fn render(node: &NodeGauges) -> String {
         u8::from(node.apply_waiting_for_space),
     );
     let mut buf = Vec::new();
-    for family in [&HEALTH_CHECKS, &AUTH_DENIALS, &TLS_HANDSHAKE_FAILURES] {
+    for family in [&HEALTH_CHECKS, &AUTH_DENIALS, &TLS_HANDSHAKE_FAILURES, &PEER_REQUESTS_REFUSED] {
         LazyLock::force(family);
     }
     for histogram in [&WAL_FSYNC_SECONDS, &BACKEND_COMMIT_SECONDS, &DEFRAG_SECONDS, &BACKEND_SNAPSHOT_SECONDS] {

@@ -129,6 +129,82 @@ fn kubernetes_manifests_validate_against_the_schemas() {
 }
 
 // ---------------------------------------------------------------------------
+// peer certificates of their own kind
+// ---------------------------------------------------------------------------
+
+/// Every peer CA and peer certificate setting in `text` (a flag, an `ETCD_*` variable, a YAML key):
+/// what is wrong with each, empty when each trusts the peer CA and presents a peer certificate.
+fn peer_setting_problems(text: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut seen = 0;
+    for line in text.lines().map(str::trim).filter(|l| !l.starts_with('#')) {
+        let lower = line.to_ascii_lowercase().replace('_', "-");
+        let value = line.split(['=', ' ']).skip(1).collect::<Vec<_>>().join(" ");
+        if lower.contains("peer-trusted-ca-file") {
+            seen += 1;
+            if !(value.contains("peer-ca.pem") || value.contains("/peer-tls/")) {
+                problems.push(format!("peers trust another CA than the peer CA: {line}"));
+            }
+        } else if lower.contains("peer-cert-file") || lower.contains("peer-key-file") {
+            seen += 1;
+            if !(value.contains("/peer") || value.contains("/peer-tls/")) {
+                problems.push(format!("a member presents another certificate than its peer certificate: {line}"));
+            }
+        }
+    }
+    if seen == 0 {
+        problems.push("no peer TLS setting found".into());
+    }
+    problems
+}
+
+/// The deploy files give peers certificates of their own CA (`certs/gen.sh`'s `peer-ca.pem`, the
+/// Kubernetes Secret `keyward-peer-tls`): a client's or the proxy's certificate, signed by the client
+/// CA, can never be a member. And the dev PKI is what they expect: peer certificates chain to the peer
+/// CA only, are server and client certificates, and no client or proxy certificate chains to it.
+/// Twin: a file whose peers trust the client CA is caught.
+#[test]
+fn deploy_gives_peers_certificates_of_their_own_ca() {
+    for file in ["local-cluster.sh", "docker-compose.yml", "kubernetes/statefulset.yaml", "systemd/keyward.env.example"]
+    {
+        let text = std::fs::read_to_string(deploy(file)).unwrap();
+        assert_eq!(peer_setting_problems(&text), Vec::<String>::new(), "deploy/{file}");
+        if file.starts_with("kubernetes") {
+            assert!(text.contains("secretName: keyward-peer-tls"), "the peer Secret is mounted");
+        }
+    }
+    let compose = std::fs::read_to_string(deploy("docker-compose.yml")).unwrap();
+    let shared = compose.replace("tls/peer-ca.pem", "tls/ca.pem").replace("tls/peer1", "tls/member1");
+    assert_eq!(peer_setting_problems(&shared).len(), 3, "the twin (one CA for all) is caught");
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new("bash").arg(repo().join("certs/gen.sh")).arg(dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let verify = |ca: &str, cert: &str| {
+        let mut verify = Command::new("openssl");
+        verify.arg("verify").arg("-CAfile").arg(dir.path().join(ca)).arg(dir.path().join(cert));
+        verify.output().unwrap().status.success()
+    };
+    for peer in ["peer1.pem", "peer2.pem", "peer3.pem"] {
+        assert!(verify("peer-ca.pem", peer) && !verify("ca.pem", peer), "{peer} is of the peer CA only");
+        let ext = Command::new("openssl")
+            .args(["x509", "-noout", "-ext", "extendedKeyUsage,subjectAltName", "-in"])
+            .arg(dir.path().join(peer))
+            .output()
+            .unwrap();
+        let ext = String::from_utf8_lossy(&ext.stdout).into_owned();
+        assert!(
+            ext.contains("TLS Web Server Authentication") && ext.contains("TLS Web Client Authentication"),
+            "{ext}"
+        );
+        assert!(ext.contains("IP Address:127.0.0.1") && ext.contains("*.keyward-peer.default.svc"), "{ext}");
+    }
+    for other in ["proxy.pem", "root.pem", "alice.pem", "member1.pem"] {
+        assert!(verify("ca.pem", other) && !verify("peer-ca.pem", other), "{other} is no peer certificate");
+    }
+}
+
+// ---------------------------------------------------------------------------
 // deploy/local-cluster.sh
 // ---------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 //! A member among its peers: ids, the peer transport, and membership.
 //!
 //! - `ids.rs`: member and cluster ids derived from the same flags on every member.
+//! - `admission.rs`: who is a member on the peer port (the rule `server/peer_guard.rs` applies).
 //! - `peers.rs`: dialing peers (one gRPC channel per peer, mTLS with the `--peer-*` flags).
 //! - `network.rs`: openraft's transport over those channels.
 //! - `bootstrap.rs`: `--initial-cluster-state new` (every initial member initializes raft with the same
@@ -10,6 +11,7 @@
 //! The peer protocol's serving side is `server/peer.rs`; a follower's forwarding of client requests
 //! to the leader is in `node.rs`. This module must not import the member (`node`, `server`).
 
+pub mod admission;
 pub mod bootstrap;
 pub mod ids;
 pub mod membership;

@@ -83,9 +83,10 @@ impl IdentitySource {
     }
 }
 
-/// What the leaf certificate names: its CNs, its DNS and IP SANs (for the hostname allow-list), and
-/// its URI and DNS SANs (for `--client-cert-identity`).
-#[derive(Clone, Debug)]
+/// What the leaf certificate names: its CNs, its DNS and IP SANs (for the hostname allow-list and
+/// the peer port's member check), its URI and DNS SANs (for `--client-cert-identity`), and whether it
+/// is a server certificate (the peer port takes only those).
+#[derive(Clone, Debug, Default)]
 pub struct CertNames {
     /// Every subject Common Name in order; `None` for one that cannot be read as text, which still
     /// counts (two CNs are two CNs even when one is unreadable).
@@ -93,13 +94,46 @@ pub struct CertNames {
     pub san_hosts: Vec<String>,
     pub uri_sans: Vec<String>,
     pub dns_sans: Vec<String>,
+    pub ip_sans: Vec<std::net::IpAddr>,
+    /// Its extended key usage lists serverAuth (a member's peer certificate also serves its peer port).
+    pub server_auth: bool,
+}
+
+impl CertNames {
+    /// Whether the certificate names `host` as Go's `VerifyHostname` (and so etcd's
+    /// `--peer-cert-allowed-hostname`) decides: an IP address against the IP SANs; a host name,
+    /// case-insensitively and without a trailing dot, against the DNS SANs, where a leftmost `*`
+    /// label stands for exactly one label. The Common Name is never a host name.
+    pub fn names_host(&self, host: &str) -> bool {
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+            return self.ip_sans.contains(&ip);
+        }
+        let host = host.trim_end_matches('.');
+        !host.is_empty() && self.dns_sans.iter().any(|pattern| host_matches(pattern.trim_end_matches('.'), host))
+    }
+}
+
+/// One DNS SAN `pattern` against `host`: label by label, case-insensitively; `*` only as a whole
+/// leftmost label (stricter than Go: not directly above a top-level label, so `*.test` names nothing).
+fn host_matches(pattern: &str, host: &str) -> bool {
+    let (pattern_labels, host_labels): (Vec<&str>, Vec<&str>) =
+        (pattern.split('.').collect(), host.split('.').collect());
+    if pattern_labels.len() != host_labels.len() || pattern_labels.iter().any(|l| l.is_empty()) {
+        return false;
+    }
+    pattern_labels.iter().zip(&host_labels).enumerate().all(|(i, (p, h))| {
+        (i == 0 && *p == "*" && pattern_labels.len() > 2 && !h.is_empty()) || p.eq_ignore_ascii_case(h)
+    })
 }
 
 /// Parses the names out of a (verified) leaf certificate; `None` if it does not parse.
 pub fn cert_names(leaf: &CertificateDer<'_>) -> Option<CertNames> {
     let (_, cert) = X509Certificate::from_der(leaf.as_ref()).ok()?;
     let common_names = cert.subject().iter_common_name().map(common_name_text).collect();
-    let mut names = CertNames { common_names, san_hosts: Vec::new(), uri_sans: Vec::new(), dns_sans: Vec::new() };
+    // An extended key usage extension that does not parse grants nothing.
+    let server_auth = matches!(cert.extended_key_usage(), Ok(Some(eku)) if eku.value.server_auth);
+    let mut names = CertNames { common_names, server_auth, ..CertNames::default() };
     // A SAN extension that does not parse names nothing (and so no SAN identity).
     let general_names = cert.subject_alternative_name().ok().flatten().map(|san| &san.value.general_names);
     for name in general_names.into_iter().flatten() {
@@ -108,7 +142,12 @@ pub fn cert_names(leaf: &CertificateDer<'_>) -> Option<CertNames> {
                 names.san_hosts.push(dns.to_string());
                 names.dns_sans.push(dns.to_string());
             }
-            GeneralName::IPAddress(bytes) => names.san_hosts.extend(ip_string(bytes)),
+            GeneralName::IPAddress(bytes) => {
+                if let Some(ip) = ip_address(bytes) {
+                    names.san_hosts.push(ip.to_string());
+                    names.ip_sans.push(ip);
+                }
+            }
             GeneralName::URI(uri) => names.uri_sans.push(uri.to_string()),
             _ => {}
         }
@@ -141,10 +180,10 @@ fn common_name_text(attr: &AttributeTypeAndValue<'_>) -> Option<String> {
     }
 }
 
-fn ip_string(bytes: &[u8]) -> Option<String> {
+fn ip_address(bytes: &[u8]) -> Option<std::net::IpAddr> {
     match bytes.len() {
-        4 => Some(std::net::Ipv4Addr::from(<[u8; 4]>::try_from(bytes).ok()?).to_string()),
-        16 => Some(std::net::Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?).to_string()),
+        4 => Some(std::net::Ipv4Addr::from(<[u8; 4]>::try_from(bytes).ok()?).into()),
+        16 => Some(std::net::Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?).into()),
         _ => None,
     }
 }
@@ -278,6 +317,53 @@ mod tests {
         assert_eq!("dns-san".parse(), Ok(IdentitySource::DnsSan));
         assert!("CN".parse::<IdentitySource>().is_err());
         assert_eq!(IdentitySource::default(), IdentitySource::CommonName);
+    }
+
+    fn names_of(der: &[u8]) -> CertNames {
+        cert_names(&CertificateDer::from(der)).expect("rcgen's certificate parses")
+    }
+
+    #[test]
+    fn a_certificate_names_hosts_as_go_verify_hostname_does() {
+        let ip = |s: &str| rcgen::SanType::IpAddress(s.parse().unwrap());
+        let der = cert_with_sans(
+            "peer.example",
+            vec![dns("member1.Example.test"), dns("*.peers.example.test"), ip("10.0.0.1"), ip("::1")],
+        );
+        let names = names_of(&der);
+        for named in ["member1.example.test", "MEMBER1.example.test.", "m2.peers.example.test", "10.0.0.1", "[::1]"] {
+            assert!(names.names_host(named), "{named} is named");
+        }
+        for other in [
+            "peer.example",           // the CN is no host name
+            "example.test",           // the wildcard needs its label
+            "a.b.peers.example.test", // and stands for one label only
+            "peers.example.test",
+            "member1.example.test.evil", // no suffix match
+            "10.0.0.2",
+            "::2",
+            "",
+        ] {
+            assert!(!names.names_host(other), "{other:?} is not named");
+        }
+        // A DNS SAN that spells an address does not name the address, nor a wildcard a top-level one.
+        assert!(!names_of(&cert_with_sans("x", vec![dns("10.0.0.3")])).names_host("10.0.0.3"));
+        assert!(!names_of(&cert_with_sans("x", vec![dns("*.test")])).names_host("example.test"));
+    }
+
+    #[test]
+    fn server_auth_comes_from_the_extended_key_usage() {
+        let with = |ekus: Vec<rcgen::ExtendedKeyUsagePurpose>| {
+            let mut params = CertificateParams::default();
+            params.extended_key_usages = ekus;
+            let key = KeyPair::generate().expect("key pair");
+            names_of(params.self_signed(&key).expect("self-sign").der()).server_auth
+        };
+        use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+        assert!(with(vec![ServerAuth, ClientAuth]));
+        assert!(with(vec![ServerAuth]));
+        assert!(!with(vec![ClientAuth]));
+        assert!(!with(vec![]), "no extended key usage at all is no server certificate here");
     }
 
     #[test]

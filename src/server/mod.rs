@@ -1,6 +1,6 @@
 //! The member's listeners: one per `--listen-client-urls` entry, serving etcd's gRPC services, the
 //! HTTP endpoints and the HTTP/JSON gateway (`crate::gateway`) on the same port; one per
-//! `--listen-peer-urls` entry, serving the peer protocol (`peer.rs`).
+//! `--listen-peer-urls` entry, serving the peer protocol (`peer.rs`) to members only (`peer_guard.rs`).
 
 pub mod auth;
 pub mod cluster;
@@ -10,6 +10,7 @@ pub mod kv;
 pub mod lease;
 pub mod maintenance;
 pub mod peer;
+pub mod peer_guard;
 pub mod requester;
 pub(crate) mod stream_credential;
 pub mod watch;
@@ -20,6 +21,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
+use tonic::service::interceptor::InterceptedService;
 use tonic::service::Routes;
 use tonic::transport::Server;
 
@@ -65,19 +67,22 @@ pub async fn bind_peer(listeners: &[Listener]) -> anyhow::Result<Vec<(TcpListene
     bind(listeners, "peer").await
 }
 
-/// Serves the peer protocol on listeners from `bind_peer` until `shutdown`.
+/// Serves the peer protocol on listeners from `bind_peer` until `shutdown`, every request behind the
+/// guard that admits members only (`admission`: the `--peer-cert-allowed-*` flags and `--initial-cluster`).
 pub async fn serve_peer(
     node: Arc<Node>,
     bound: Vec<(TcpListener, bool)>,
     tls: Option<&TlsSettings>,
+    admission: crate::cluster::admission::PeerAdmission,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let guard = peer_guard::PeerGuard::new(node.clone(), admission);
     let make = move || {
         let limit = node.peers.max_message_bytes();
         let peer = PeerServer::new(peer::PeerService::new(node.clone()))
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit);
-        Routes::new(peer)
+        Routes::new(InterceptedService::new(peer, guard.clone()))
     };
     serve_bound(bound, tls, None, make, shutdown).await
 }

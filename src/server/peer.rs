@@ -4,8 +4,10 @@
 //! (`node/leader.rs`). Every request must come from this cluster: its `keyward-cluster-id` must be
 //! this member's cluster id (a member started with another `--initial-cluster-token` or other peer
 //! URLs has another one), except the membership query a joining member makes before it knows its
-//! cluster. Who may connect at all is decided at the TLS handshake (`--peer-client-cert-auth`,
-//! `--peer-trusted-ca-file`, `--peer-cert-allowed-cn`, `--peer-crl-file`).
+//! cluster. Only members get here: the TLS handshake verifies the caller's certificate
+//! (`--peer-trusted-ca-file`, `--peer-crl-file`), and `peer_guard.rs` admits each request only from a
+//! member (`cluster/admission.rs`) before any method below runs, so what a request carries (a
+//! proposal's `member_internal` header, the user a follower vouches for) is a member's word.
 
 use std::sync::Arc;
 

@@ -23,7 +23,7 @@ use tokio_rustls::TlsAcceptor;
 use tonic::transport::server::Connected;
 
 use super::settings::{NotAllowed, TlsSettings};
-use crate::frontend::certificate::{cert_names, NoIdentity, PeerIdentity};
+use crate::frontend::certificate::{cert_names, CertNames, NoIdentity, PeerIdentity};
 use crate::log_limit::LogLimit;
 
 /// How long a client may take to complete the TLS handshake.
@@ -37,6 +37,7 @@ const ACCEPTED_BACKLOG: usize = 128;
 pub struct TlsConnection {
     stream: TlsStream<TcpStream>,
     identity: PeerIdentity,
+    certificate: Option<Arc<CertNames>>,
 }
 
 /// What tonic attaches to every request on a TLS connection (`frontend::connection` reads it).
@@ -44,6 +45,9 @@ pub struct TlsConnection {
 pub struct TlsConnectInfo {
     pub identity: PeerIdentity,
     pub remote_addr: Option<std::net::SocketAddr>,
+    /// The names of the client's verified leaf certificate, if it presented one (the peer port
+    /// decides by them whether the caller is a member: `cluster/admission.rs`).
+    pub certificate: Option<Arc<CertNames>>,
 }
 
 impl TlsConnection {
@@ -67,7 +71,11 @@ impl Connected for TlsConnection {
     type ConnectInfo = TlsConnectInfo;
 
     fn connect_info(&self) -> TlsConnectInfo {
-        TlsConnectInfo { identity: self.identity.clone(), remote_addr: self.remote_addr() }
+        TlsConnectInfo {
+            identity: self.identity.clone(),
+            remote_addr: self.remote_addr(),
+            certificate: self.certificate.clone(),
+        }
     }
 }
 
@@ -167,14 +175,14 @@ async fn handshake(acceptor: TlsAcceptor, socket: TcpStream, settings: &TlsSetti
         .map_err(|_| Refused::Deadline)?
         .map_err(Refused::Handshake)?;
     let Some(leaf) = stream.get_ref().1.peer_certificates().and_then(|certs| certs.first()) else {
-        return Ok(TlsConnection { stream, identity: PeerIdentity::None(NoIdentity::NoClientCert) });
+        return Ok(TlsConnection { stream, identity: PeerIdentity::None(NoIdentity::NoClientCert), certificate: None });
     };
     // rustls verified the chain (and the CRL) already; only the allow-lists remain. A verified
     // certificate that cannot be read is refused: the allow-lists must never be skipped.
     let names = cert_names(leaf).ok_or(Refused::Unreadable)?;
     settings.allows(&names)?;
     let identity = settings.identity_source.identify(&names);
-    Ok(TlsConnection { stream, identity })
+    Ok(TlsConnection { stream, identity, certificate: Some(Arc::new(names)) })
 }
 
 /// Rebuilds the server configuration when any of its files changes; a broken new file keeps the old

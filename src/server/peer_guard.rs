@@ -1,0 +1,82 @@
+//! The gate in front of the peer protocol: every request to `keywardpb.Peer`, whatever its method
+//! (a new RPC included), passes this interceptor before `peer.rs` sees it, and runs only if its
+//! caller is a member by `cluster/admission.rs`'s rule, decided per request against the membership
+//! this member has now (members come and go while connections stay open).
+//!
+//! So nothing a peer request carries (`member_internal` in a forwarded proposal's header, the user
+//! name and auth revision a follower vouches for, the cluster id `Membership` answers with) is ever
+//! read from anyone but a member.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tonic::service::Interceptor;
+use tonic::transport::server::TcpConnectInfo;
+use tonic::{Request, Status};
+
+use crate::cluster::admission::{Caller, PeerAdmission};
+use crate::frontend::tls::listener::TlsConnectInfo;
+use crate::log_limit::LogLimit;
+use crate::node::Node;
+
+#[derive(Clone)]
+pub struct PeerGuard {
+    node: Arc<Node>,
+    rule: Arc<PeerAdmission>,
+}
+
+impl PeerGuard {
+    pub fn new(node: Arc<Node>, rule: PeerAdmission) -> Self {
+        PeerGuard { node, rule: Arc::new(rule) }
+    }
+
+    /// Whether any peer URL of a member other than this one satisfies `matches`: of the current
+    /// membership, or of `--initial-cluster` while the membership is unknown (a joining member).
+    fn any_other_member(&self, matches: &mut dyn FnMut(&str) -> bool) -> bool {
+        let metrics = self.node.raft.metrics();
+        let metrics = metrics.borrow();
+        let membership = metrics.membership_config.membership();
+        if membership.nodes().next().is_none() {
+            return self.rule.initial_peers.iter().any(|url| matches(url));
+        }
+        let found = membership
+            .nodes()
+            .filter(|(id, _)| **id != self.node.member_id)
+            .flat_map(|(_, node)| &node.peer_urls)
+            .any(|url| matches(url));
+        found
+    }
+}
+
+impl Interceptor for PeerGuard {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        let extensions = request.extensions();
+        let tls = extensions.get::<TlsConnectInfo>();
+        let caller = match tls {
+            Some(info) => Caller::Tls(info.certificate.as_deref()),
+            None => Caller::PlainText,
+        };
+        let refusal = match self.rule.admit(caller, |matches| self.any_other_member(matches)) {
+            Ok(()) => return Ok(request),
+            Err(refusal) => refusal,
+        };
+        crate::metrics::PEER_REQUESTS_REFUSED.with_label_values(&[refusal.label()]).inc();
+        // Anyone who reaches the port can cause these: at most 10 lines per reason per 10 s.
+        static LIMIT: LogLimit = LogLimit::new(10, Duration::from_secs(10));
+        if let Some(suppressed) = LIMIT.admit(refusal.label()) {
+            let remote = match tls {
+                Some(info) => info.remote_addr,
+                None => extensions.get::<TcpConnectInfo>().and_then(TcpConnectInfo::remote_addr),
+            };
+            let common_name = tls.and_then(|info| info.identity.common_name()).unwrap_or_default();
+            tracing::warn!(
+                remote = ?remote,
+                common_name,
+                reason = %refusal,
+                suppressed_before = suppressed,
+                "peer request refused: the caller is not a member of this cluster"
+            );
+        }
+        Err(Status::permission_denied(format!("peer request refused: {refusal}")))
+    }
+}
