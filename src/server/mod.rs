@@ -12,6 +12,7 @@ pub mod maintenance;
 pub mod peer;
 pub mod requester;
 pub mod watch;
+pub mod watch_outbox;
 pub mod watch_wire;
 
 use crate::frontend::connection_limits::{Admission, ConnectionLimits};
