@@ -107,7 +107,7 @@ impl WatchHub {
         let id = hub.next_id;
         hub.next_id += 1;
         hub.watchers.insert(id, Entry { range, wake: wake.clone(), synced: None });
-        Registration { hub: self.clone(), id, wake }
+        Registration { hub: self.clone(), id, wake, since: hub.revision }
     }
 
     /// Synced watchers, for tests and metrics.
@@ -194,6 +194,9 @@ pub struct Registration {
     hub: Arc<WatchHub>,
     id: WatcherId,
     wake: Arc<Notify>,
+    /// The hub's revision when the watcher registered: only batches taken after it are its to catch
+    /// up from in memory. Older ones may have been compacted since, which only the store tells.
+    since: i64,
 }
 
 impl Registration {
@@ -235,9 +238,13 @@ impl Registration {
         }
     }
 
-    /// Up to `max` batches of the backlog, in order, from the first that ends at or after `revision`.
+    /// Up to `max` batches of the backlog, in order, from the first that ends at or after `revision`,
+    /// among those taken since the watcher registered.
     pub fn backlog_from(&self, revision: i64, max: usize) -> Vec<Arc<Committed>> {
-        self.hub.lock().backlog.from(revision, max)
+        let mut batches = self.hub.lock().backlog.from(revision, max);
+        let before = batches.partition_point(|b| b.previous_revision < self.since);
+        batches.drain(..before);
+        batches
     }
 
     /// Resolves when the hub has something for this watcher (or unsynced it).
