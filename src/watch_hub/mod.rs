@@ -260,3 +260,101 @@ impl Drop for Registration {
         hub.watchers.remove(&self.id);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::proto::mvccpb::{Event, KeyValue};
+
+    fn batch(revision: i64, keys: &[&str]) -> Arc<Committed> {
+        let mut batch = Committed { revision, previous_revision: revision - 1, ..Default::default() };
+        for key in keys {
+            let kv = KeyValue { key: key.as_bytes().to_vec(), mod_revision: revision, ..Default::default() };
+            batch.effects.events.push(Event { kv: Some(kv), ..Default::default() });
+        }
+        Arc::new(batch)
+    }
+
+    /// Whether the hub woke this watcher since the last look (a stored wake-up resolves at once).
+    async fn woken(watcher: &Registration) -> bool {
+        tokio::time::timeout(Duration::from_millis(20), watcher.notified()).await.is_ok()
+    }
+
+    fn touched(watcher: &Registration) -> Vec<i64> {
+        match watcher.take() {
+            Pending::Batches { batches, .. } => batches.iter().map(|b| b.revision).collect(),
+            Pending::Unsynced => panic!("unsynced"),
+        }
+    }
+
+    /// A commit wakes the synced watchers whose range holds one of its keys, and no other: not those
+    /// of other keys, not an unsynced one, not one that starts after it.
+    #[tokio::test]
+    async fn a_commit_wakes_only_the_watchers_whose_range_it_touches() {
+        let (_sender, live) = broadcast::channel(16);
+        let hub = WatchHub::start(live, 10);
+        let single = hub.register(KeyRange::new(b"a/1", b""));
+        let prefix = hub.register(KeyRange::new(b"a/", b"a0"));
+        let from_key = hub.register(KeyRange::new(b"b", b"\0"));
+        let elsewhere = hub.register(KeyRange::new(b"c/", b"c0"));
+        let unsynced = hub.register(KeyRange::new(b"a/", b"a0"));
+        let later = hub.register(KeyRange::new(b"a/", b"a0"));
+        let idle: Vec<_> = (0..1000).map(|i| hub.register(KeyRange::new(format!("idle/{i}").as_bytes(), b""))).collect();
+        for watcher in [&single, &prefix, &from_key, &elsewhere].into_iter().chain(&idle) {
+            assert!(watcher.try_sync(11));
+        }
+        assert!(!unsynced.try_sync(10), "behind the hub: must catch up first");
+        assert!(later.try_sync(13));
+        assert_eq!(hub.synced(), 1005);
+
+        hub.lock().commit(batch(11, &["a/1"]));
+        assert!(woken(&single).await && woken(&prefix).await);
+        for other in [&from_key, &elsewhere, &unsynced, &later].into_iter().chain(&idle[..10]) {
+            assert!(!woken(other).await);
+        }
+        assert_eq!(touched(&single), [11]);
+        assert_eq!(touched(&prefix), [11]);
+        assert_eq!(touched(&elsewhere), Vec::<i64>::new());
+
+        // A txn of two keys: each watcher once; a from-key watcher of "b" holds "c/x" too.
+        hub.lock().commit(batch(12, &["a/2", "c/x", "a/3"]));
+        assert!(!woken(&single).await);
+        assert!(woken(&prefix).await && woken(&from_key).await && woken(&elsewhere).await);
+        assert_eq!(touched(&prefix), [12]);
+        assert_eq!(touched(&from_key), [12]);
+
+        // A key no one watches wakes no one; a batch before a watcher's first revision is not its own.
+        hub.lock().commit(batch(13, &["z"]));
+        hub.lock().commit(batch(14, &["a/9"]));
+        assert!(woken(&later).await);
+        assert_eq!(touched(&later), [14]);
+        assert!(idle.iter().all(|w| matches!(w.take(), Pending::Batches { batches, through: 14 } if batches.is_empty())));
+
+        // Dropped watchers leave the index.
+        drop(idle);
+        assert_eq!(hub.synced(), 5);
+    }
+
+    /// A synced watcher that does not take what touched it leaves the index after `TOUCHED_LIMIT`
+    /// batches (it catches up on its own later); a snapshot install unsyncs every watcher.
+    #[tokio::test]
+    async fn a_watcher_that_does_not_keep_up_is_unsynced() {
+        let (_sender, live) = broadcast::channel(16);
+        let hub = WatchHub::start(live, 0);
+        let slow = hub.register(KeyRange::new(b"k", b""));
+        let other = hub.register(KeyRange::new(b"o", b""));
+        assert!(slow.try_sync(1) && other.try_sync(1));
+        for revision in 1..=TOUCHED_LIMIT as i64 + 1 {
+            hub.lock().commit(batch(revision, &["k"]));
+        }
+        assert!(matches!(slow.take(), Pending::Unsynced));
+        assert_eq!(hub.synced(), 1);
+        let mut install = Committed { revision: 5000, previous_revision: 4000, ..Default::default() };
+        install.installed = Some(Default::default());
+        hub.lock().commit(Arc::new(install));
+        assert!(matches!(other.take(), Pending::Unsynced));
+        assert_eq!(hub.synced(), 0);
+    }
+}
