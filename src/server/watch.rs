@@ -334,7 +334,8 @@ impl Watcher {
                     Live::Stop(end) => return end,
                 }
                 if tick {
-                    let resp = WatchResponse { header: node.header(self.next - 1), watch_id: self.id, ..Default::default() };
+                    let resp =
+                        WatchResponse { header: node.header(self.next - 1), watch_id: self.id, ..Default::default() };
                     if out.send(Ok(resp.into())).await.is_err() {
                         return End::Closed;
                     }
@@ -661,7 +662,8 @@ async fn send_reply(reply: WatchReply, out: &Out, stopped: &mut oneshot::Receive
 
 /// What an event weighs in a response, roughly: its keys and values.
 fn event_bytes(event: &Event) -> usize {
-    let kv_bytes = |kv: &Option<crate::proto::mvccpb::KeyValue>| kv.as_ref().map_or(0, |kv| kv.key.len() + kv.value.len());
+    let kv_bytes =
+        |kv: &Option<crate::proto::mvccpb::KeyValue>| kv.as_ref().map_or(0, |kv| kv.key.len() + kv.value.len());
     kv_bytes(&event.kv) + kv_bytes(&event.prev_kv)
 }
 
@@ -813,11 +815,7 @@ mod tests {
     }
 
     /// Starts a watcher of `w/` from revision `next` whose stream holds `capacity` responses unread.
-    fn watch_from(
-        node: &Arc<Node>,
-        next: i64,
-        capacity: usize,
-    ) -> (Replies, oneshot::Sender<()>) {
+    fn watch_from(node: &Arc<Node>, next: i64, capacity: usize) -> (Replies, oneshot::Sender<()>) {
         let watcher = Watcher {
             id: next,
             range: KeyRange::new(b"w/", b"w0"),
@@ -845,10 +843,7 @@ mod tests {
 
     /// Reads responses until one reaches `revision`: each event's key and revision, and the number of
     /// responses they came in.
-    async fn delivered_until(
-        responses: &mut Replies,
-        revision: i64,
-    ) -> (Vec<(String, i64)>, usize) {
+    async fn delivered_until(responses: &mut Replies, revision: i64) -> (Vec<(String, i64)>, usize) {
         let (mut delivered, mut count) = (Vec::new(), 0);
         while delivered.last().is_none_or(|&(_, last)| last < revision) {
             let response = next_response(responses).await;

@@ -54,7 +54,8 @@ impl Backlog {
 /// What a batch holds in memory while kept, roughly: its events, and the two encodings watchers may
 /// make of them (`encoded_events.rs`).
 fn held_bytes(batch: &Committed) -> usize {
-    let kv_bytes = |kv: &Option<crate::proto::mvccpb::KeyValue>| kv.as_ref().map_or(0, |kv| kv.key.len() + kv.value.len());
+    let kv_bytes =
+        |kv: &Option<crate::proto::mvccpb::KeyValue>| kv.as_ref().map_or(0, |kv| kv.key.len() + kv.value.len());
     let events: usize = batch.effects.events.iter().map(|e| 64 + kv_bytes(&e.kv) + kv_bytes(&e.prev_kv)).sum();
     256 + 3 * events
 }
@@ -65,7 +66,8 @@ mod tests {
     use crate::proto::mvccpb::{Event, KeyValue};
 
     fn batch(revision: i64, value_len: usize) -> Arc<Committed> {
-        let kv = KeyValue { key: b"k".to_vec(), value: vec![b'.'; value_len], mod_revision: revision, ..Default::default() };
+        let kv =
+            KeyValue { key: b"k".to_vec(), value: vec![b'.'; value_len], mod_revision: revision, ..Default::default() };
         let mut batch = Committed { revision, previous_revision: revision - 1, ..Default::default() };
         batch.effects.events.push(Event { kv: Some(kv), ..Default::default() });
         Arc::new(batch)

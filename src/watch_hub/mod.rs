@@ -28,8 +28,9 @@ use self::index::{WatchIndex, WatcherId};
 use crate::keyrange::KeyRange;
 use crate::raft::state_machine::Committed;
 
-/// Batches a synced watcher may have pending before it leaves the index to catch up on its own.
-pub const TOUCHED_LIMIT: usize = backlog::BACKLOG_BATCHES;
+/// Batches a synced watcher may have pending before it leaves the index to catch up on its own
+/// (8 bytes each: 30,000 watchers of a busy prefix that nobody reads hold 30 MiB of them at most).
+pub const TOUCHED_LIMIT: usize = 128;
 
 pub struct WatchHub {
     state: Mutex<Hub>,
@@ -90,7 +91,10 @@ impl WatchHub {
                 match received {
                     Ok(batch) => hub.lock().commit(batch),
                     Err(broadcast::error::RecvError::Lagged(missed)) => {
-                        tracing::warn!(missed, "watch hub fell behind the commit broadcast; watchers replay from the store");
+                        tracing::warn!(
+                            missed,
+                            "watch hub fell behind the commit broadcast; watchers replay from the store"
+                        );
                         hub.lock().lost();
                     }
                     Err(broadcast::error::RecvError::Closed) => return,
@@ -301,7 +305,8 @@ mod tests {
         let elsewhere = hub.register(KeyRange::new(b"c/", b"c0"));
         let unsynced = hub.register(KeyRange::new(b"a/", b"a0"));
         let later = hub.register(KeyRange::new(b"a/", b"a0"));
-        let idle: Vec<_> = (0..1000).map(|i| hub.register(KeyRange::new(format!("idle/{i}").as_bytes(), b""))).collect();
+        let idle: Vec<_> =
+            (0..1000).map(|i| hub.register(KeyRange::new(format!("idle/{i}").as_bytes(), b""))).collect();
         for watcher in [&single, &prefix, &from_key, &elsewhere].into_iter().chain(&idle) {
             assert!(watcher.try_sync(11));
         }
@@ -330,7 +335,9 @@ mod tests {
         hub.lock().commit(batch(14, &["a/9"]));
         assert!(woken(&later).await);
         assert_eq!(touched(&later), [14]);
-        assert!(idle.iter().all(|w| matches!(w.take(), Pending::Batches { batches, through: 14 } if batches.is_empty())));
+        assert!(idle
+            .iter()
+            .all(|w| matches!(w.take(), Pending::Batches { batches, through: 14 } if batches.is_empty())));
 
         // Dropped watchers leave the index.
         drop(idle);
