@@ -37,7 +37,6 @@ pub async fn open(args: &BenchArgs, conns: &[Arc<Conn>]) -> anyhow::Result<IdleW
         return Ok(idle);
     }
     let streams = args.idle_watch_streams.min(args.idle_watchers);
-    let mut opened = Vec::new();
     for s in 0..streams {
         let conn = &conns[s % conns.len()];
         let watchers: Vec<usize> = (s..args.idle_watchers).step_by(streams).collect();
@@ -55,9 +54,8 @@ pub async fn open(args: &BenchArgs, conns: &[Arc<Conn>]) -> anyhow::Result<IdleW
             .await
             .map_err(|status| anyhow!("idle watch stream {s}: {}", describe(&status)))?
             .into_inner();
-        opened.push((s, watchers.len(), tx, inbound));
-    }
-    for (s, count, tx, mut inbound) in opened {
+        // One stream at a time: its watchers are all created before the next stream opens.
+        let (count, mut inbound) = (watchers.len(), inbound);
         let mut created = 0;
         while created < count {
             match inbound.next().await {
