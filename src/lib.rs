@@ -41,6 +41,7 @@ pub mod signals;
 pub mod snapshot_cli;
 pub mod space;
 pub mod storage;
+pub mod watch_hub;
 
 /// Runs a member until SIGINT or SIGTERM, or until its raft core stops: a stopped core never
 /// resumes (a storage failure), so the process then exits with an error, for systemd or Kubernetes to

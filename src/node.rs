@@ -95,6 +95,8 @@ pub struct Node {
     applied_requests: Arc<AtomicU64>,
     /// The store's revision after the latest applied batch, and what that batch changed.
     pub committed: tokio::sync::broadcast::Sender<Arc<Committed>>,
+    /// The watchers' side of that broadcast (`watch_hub/`): the one subscriber that keeps up.
+    pub watch_hub: Arc<crate::watch_hub::WatchHub>,
     pub space: Arc<Space>,
     /// A NOSPACE alarm proposal is on its way: concurrent writes at the quota propose only one.
     raising_nospace: std::sync::atomic::AtomicBool,
@@ -108,7 +110,8 @@ pub struct Node {
 const LEASE_EXPIRY_TICK: Duration = Duration::from_millis(250);
 /// How often remaining lease TTLs are checkpointed through raft (etcd's default interval).
 const LEASE_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(300);
-/// Committed batches kept for subscribers that fall behind before they must re-read from LMDB.
+/// Committed batches the broadcast holds for a subscriber that falls behind (the watch hub, which
+/// keeps its own backlog bounded in bytes; behind by more, its watchers replay from LMDB).
 const COMMITTED_BACKLOG: usize = 1024;
 /// How often a missing disk-full ballast is put back (once no NOSPACE alarm is active).
 const BALLAST_CHECK_INTERVAL: Duration = Duration::from_secs(10);
@@ -168,6 +171,8 @@ impl Node {
             auth_revision.load(Ordering::Acquire),
             auth_enabled.load(Ordering::Acquire),
         ));
+        // Subscribed before anything is applied: the hub sees every batch from the store's revision on.
+        let watch_hub = crate::watch_hub::WatchHub::start(committed.subscribe(), revision.load(Ordering::Acquire));
         let applied_requests = Arc::new(AtomicU64::new(0));
         let snapshot_due = Arc::new(tokio::sync::Notify::new());
         {
@@ -339,6 +344,7 @@ impl Node {
             revision,
             applied_requests,
             committed,
+            watch_hub,
             space,
             raising_nospace: Default::default(),
             _data_dir: data_dir,

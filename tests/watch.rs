@@ -1383,3 +1383,123 @@ async fn watch_fanout_1000_watchers() {
         e.1
     );
 }
+
+// ---------------------------------------------------------------------------
+// etcd-client: memory of streams that are never read
+// ---------------------------------------------------------------------------
+
+/// Each value written by `never_read_streams_hold_bounded_memory`: 400 KB.
+const LARGE_VALUE: usize = 400_000;
+/// Revisions of `LARGE_VALUE` written while the two streams are not read: 120 MB of values, 240 MB of
+/// events with their previous values per stream.
+const LARGE_REVISIONS: usize = 300;
+/// How much the member's anonymous memory may grow meanwhile: the shared backlog of recent batches
+/// (16 MiB, counted at three times their events' size), two streams' queues (4 MiB each, plus one
+/// response in hand) and the HTTP/2 buffers, with room for the allocator's slack. Before the bound,
+/// the member held every batch for the lagging streams: 262 MiB here, 641 MiB in the finding.
+const NEVER_READ_BOUND: u64 = 96 << 20;
+
+/// Reads a never-read stream back: (key, revision, tag of the value, tag of the previous value) of
+/// each event before `sentinel`'s.
+async fn read_back_with_prev(s: &mut WatchStream, sentinel: &str, what: &str) -> Vec<(String, i64, String, String)> {
+    let mut seen = Vec::new();
+    loop {
+        let r = match tokio::time::timeout(Duration::from_secs(120), s.message()).await {
+            Err(_) => panic!("{what}: sentinel not seen within 120 s ({} events so far)", seen.len()),
+            Ok(Err(e)) => panic!("{what}: stream error after {} events: {e}", seen.len()),
+            Ok(Ok(None)) => panic!("{what}: stream ended after {} events", seen.len()),
+            Ok(Ok(Some(r))) => r,
+        };
+        assert!(!r.canceled(), "{what}: canceled after {} events: {:?}", seen.len(), rec(&r));
+        for e in r.events() {
+            let kv = e.kv().unwrap();
+            if kv.key() == sentinel.as_bytes() {
+                return seen;
+            }
+            let prev = e.prev_kv().map_or(String::new(), |p| tag_of(&text(p.value())));
+            seen.push((text(kv.key()), kv.mod_revision(), tag_of(&text(kv.value())), prev));
+        }
+    }
+}
+
+/// Two watch streams with `prev_kv` that their client never reads while 300 values of 400 KB are
+/// written under their prefix: the member's anonymous memory stays within `NEVER_READ_BOUND` (a
+/// stream's queue is bounded in bytes; a watcher that cannot send stops following the live commits and
+/// catches up from the store later, as etcd's unsynced watchers do). Once read, each stream delivers
+/// every revision once, in order, with its previous value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn never_read_streams_hold_bounded_memory() {
+    let server = Server::start(candidate());
+    let label = server.kind.label();
+    let pid = server.pid().expect("server pid");
+    let mut c = connect(&server).await;
+    const KEYS: usize = 4;
+    let value = |tag: &str| {
+        let mut v = tag.as_bytes().to_vec();
+        v.resize(LARGE_VALUE, b'.');
+        v
+    };
+    for k in 0..KEYS {
+        c.put(format!("nr/{k}"), value(&format!("init{k}")), None).await.expect("initial put");
+    }
+    let wc = c.watch_client().max_decoding_message_size(1 << 30);
+    let opts = || Some(WatchOptions::new().with_prefix().with_prev_key());
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let mut s = wc.clone().watch("nr/", opts()).await.expect("watch");
+        let created = recv(&mut s, "created").await;
+        assert!(created.created());
+        streams.push((s, created.header().unwrap().revision()));
+    }
+
+    let before = rss_detail(pid);
+    let peak = Arc::new(AtomicU64::new(before.1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (peak, stop) = (peak.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                peak.fetch_max(rss_detail(pid).1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    // (key, revision, tag, previous tag) of every write, in order.
+    let mut written = Vec::new();
+    let mut last: Vec<String> = (0..KEYS).map(|k| format!("init{k}")).collect();
+    for i in 0..LARGE_REVISIONS {
+        let (key, tag) = (format!("nr/{}", i % KEYS), format!("v{i}"));
+        let r = c.put(key.clone(), value(&tag), None).await.expect("put").header().unwrap().revision();
+        let prev = std::mem::replace(&mut last[i % KEYS], tag.clone());
+        written.push((key, r, tag, prev));
+    }
+    c.put("nr/~sentinel", "end", None).await.expect("sentinel");
+    // Give the member time to move what it holds for the streams before the last sample.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    sampler.await.unwrap();
+    let grown = peak.load(Ordering::Relaxed).saturating_sub(before.1);
+    let (vm_rss, _) = rss_detail(pid);
+    eprintln!(
+        "{label}: {LARGE_REVISIONS} puts of {LARGE_VALUE} B, two never-read prev_kv streams: anonymous memory \
+         {} MiB before, peak growth {} MiB (bound {} MiB); VmRSS {} MiB after",
+        before.1 >> 20,
+        grown >> 20,
+        NEVER_READ_BOUND >> 20,
+        vm_rss >> 20
+    );
+
+    for (i, (mut s, start)) in streams.into_iter().enumerate() {
+        let what = format!("{label}: never-read stream {i}");
+        let seen = read_back_with_prev(&mut s, "nr/~sentinel", &what).await;
+        let want: Vec<_> = written.iter().filter(|w| w.1 > start).cloned().collect();
+        assert_eq!(seen.len(), want.len(), "{what}: events delivered");
+        assert!(seen == want, "{what}: every revision once, in order, with its previous value");
+    }
+    assert!(
+        grown <= NEVER_READ_BOUND,
+        "{label}: anonymous memory grew by {} MiB while two prev_kv streams were not read (bound {} MiB)",
+        grown >> 20,
+        NEVER_READ_BOUND >> 20
+    );
+}

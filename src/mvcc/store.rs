@@ -227,10 +227,24 @@ impl ReadView<'_> {
         range: &KeyRange,
         max_revisions: usize,
     ) -> Result<(Vec<Event>, i64), EtcdError> {
+        self.changes_since_within(from, range, max_revisions, usize::MAX)
+    }
+
+    /// `changes_since`, stopping also at the first revision boundary past `max_bytes` of keys and
+    /// values in range (at least one revision is read): a watcher replaying large values holds a
+    /// bounded amount of them at a time.
+    pub fn changes_since_within(
+        &self,
+        from: i64,
+        range: &KeyRange,
+        max_revisions: usize,
+        max_bytes: usize,
+    ) -> Result<(Vec<Event>, i64), EtcdError> {
         let start = Revision::new(from.max(0), 0).to_bytes();
         let bounds = (Bound::Included(&start[..]), Bound::Unbounded);
         let mut events = Vec::new();
         let mut revisions = 0;
+        let mut read_bytes = 0;
         let mut last_main = None;
         for entry in self.store.revs.range(self.txn, &bounds)? {
             let (at, bytes) = entry?;
@@ -239,7 +253,7 @@ impl ReadView<'_> {
                 break;
             }
             if last_main != Some(at.main) {
-                if max_revisions != 0 && revisions == max_revisions {
+                if (max_revisions != 0 && revisions == max_revisions) || read_bytes >= max_bytes {
                     return Ok((events, at.main));
                 }
                 last_main = Some(at.main);
@@ -250,6 +264,7 @@ impl ReadView<'_> {
                 continue;
             }
             let kind = if tag == TAG_PUT { EventType::Put } else { EventType::Delete };
+            read_bytes += kv.key.len() + kv.value.len();
             events.push(Event { r#type: kind as i32, kv: Some(kv), prev_kv: None });
         }
         Ok((events, self.rev + 1))

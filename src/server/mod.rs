@@ -14,6 +14,7 @@ pub mod peer_guard;
 pub mod requester;
 pub(crate) mod stream_credential;
 pub mod watch;
+pub mod watch_outbox;
 pub mod watch_wire;
 
 use crate::frontend::connection_limits::{Admission, ConnectionLimits};

@@ -2,10 +2,12 @@
 //!
 //! Each watcher is a task that owns `next`, the first revision it has not delivered yet, which makes
 //! delivery exactly-once and in order:
-//! 1. it subscribes to the node's commit broadcast first (so nothing committed afterwards is missed),
-//! 2. replays history from LMDB while `next` is behind the committed revision, a bounded batch at a time,
-//! 3. then follows the broadcast; if it falls behind (the broadcast overflows because the client reads
-//!    slowly), it goes back to step 2 instead of buffering without bound.
+//! 1. it registers with the member's watch hub (`watch_hub/`), unsynced,
+//! 2. catches up while `next` is behind the hub: from the hub's backlog of recent batches, else from
+//!    LMDB, a bounded batch at a time,
+//! 3. then joins the hub's synced watchers, which the hub wakes only for the batches that touch their
+//!    range; if it cannot keep up (its client does not read, and the stream's queue, bounded in bytes,
+//!    `watch_outbox.rs`, stays full), the hub drops it back to step 2 instead of holding events for it.
 //!
 //! A watcher whose `next` has been compacted away is canceled with `compact_revision` set, never
 //! silently skipped forward.
@@ -19,13 +21,14 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use prost::Message;
-use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
 use tonic::server::{Grpc, NamedService, StreamingService};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::stream_credential::StreamCredential;
+use super::watch_outbox::{outbox, Outbox, STREAM_BYTES, STREAM_RESPONSES};
 use super::watch_wire::{WatchCodec, WatchReply};
 use crate::auth::check::{Authorizer, Requester};
 use crate::auth::permissions::Access;
@@ -38,19 +41,19 @@ use crate::proto::etcdserverpb::{ResponseHeader, WatchCreateRequest, WatchReques
 use crate::proto::mvccpb::event::EventType;
 use crate::proto::mvccpb::Event;
 use crate::raft::state_machine::Committed;
+use crate::watch_hub::{Pending, Registration};
 
-/// Responses queued per stream before watchers wait for the client to read.
-const STREAM_BUFFER: usize = 256;
 /// Revisions replayed from LMDB per response (etcd's `watchBatchMaxRevs`).
 const REPLAY_BATCH_REVISIONS: usize = 1000;
+/// Bytes of keys and values a catch-up puts in one response (or reads from LMDB at once) before it
+/// closes it: 1,000 revisions of large values would otherwise make one response of gigabytes.
+const CATCH_UP_BYTES: usize = 1 << 20;
 /// How often a watcher that asked for progress notifications gets one when idle (etcd's default).
 const PROGRESS_NOTIFY_INTERVAL: Duration = Duration::from_secs(600);
 /// etcd's id for responses that belong to no watcher (progress responses to a progress request).
 const INVALID_WATCH_ID: i64 = -1;
 
-type Out = mpsc::Sender<Result<WatchReply, Status>>;
-/// A watcher's subscription to the node's commit broadcast.
-type Commits = broadcast::Receiver<Arc<Committed>>;
+type Out = Outbox;
 
 pub struct WatchService {
     node: Arc<Node>,
@@ -63,14 +66,14 @@ impl WatchService {
 
     /// etcd's `Watch`, served by `WatchServer` below.
     pub async fn watch(&self, request: Request<Streaming<WatchRequest>>) -> Result<Response<ReplyStream>, Status> {
-        let (out, rx) = mpsc::channel(STREAM_BUFFER);
+        let (out, replies) = outbox(STREAM_RESPONSES, STREAM_BYTES);
         // The stream's identity comes from its metadata; a bad token refuses each create, as in etcd.
         // etcd puts Go's status text of the refusal in the cancel reason.
         let who = StreamCredential::of(&self.node, &request)
             .map_err(|s| format!("rpc error: code = {:?} desc = {}", s.code(), s.message()));
         let stream = WatchStream { node: self.node.clone(), who, out, watchers: HashMap::new(), next_id: 0 };
         tokio::spawn(stream.run(request.into_inner()));
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(replies)))
     }
 }
 
@@ -237,9 +240,8 @@ impl WatchStream {
             auth_changes: self.node.auth_changes(),
         };
         let (stop, stopped) = oneshot::channel();
-        // Subscribe before the task starts: commits from here on reach it through the broadcast.
-        let live = self.node.committed.subscribe();
-        let task = tokio::spawn(spec.run(self.node.clone(), live, self.out.clone(), stopped));
+        let hub = self.node.watch_hub.register(spec.range.clone());
+        let task = tokio::spawn(spec.run(self.node.clone(), hub, self.out.clone(), stopped));
         self.watchers.insert(id, Running { stop, task });
         true
     }
@@ -290,8 +292,9 @@ enum End {
 }
 
 impl Watcher {
-    async fn run(mut self, node: Arc<Node>, mut live: Commits, out: Out, mut stopped: oneshot::Receiver<()>) {
-        let end = self.deliver(&node, &mut live, &out, &mut stopped).await;
+    async fn run(mut self, node: Arc<Node>, hub: Registration, out: Out, mut stopped: oneshot::Receiver<()>) {
+        let end = self.deliver(&node, &hub, &out, &mut stopped).await;
+        drop(hub);
         let canceled = WatchResponse {
             header: node.header(node.revision()),
             watch_id: self.id,
@@ -313,38 +316,57 @@ impl Watcher {
     async fn deliver(
         &mut self,
         node: &Arc<Node>,
-        live: &mut Commits,
+        hub: &Registration,
         out: &Out,
         stopped: &mut oneshot::Receiver<()>,
     ) -> End {
         let mut progress = tokio::time::interval(PROGRESS_NOTIFY_INTERVAL);
         progress.tick().await;
+        let mut synced = false;
         loop {
             if let Err(e) = self.still_permitted(node).await {
                 return End::Denied(e.go_status_text());
             }
-            // A synced watcher (no more than a few batches behind) takes a batch already broadcast
-            // first: the store's revision moves before its broadcast is received, and replaying it
-            // instead would merge its revisions into one response. A watcher further behind is
-            // unsynced, as etcd's: it catches up from the store, which also tells it of a compaction.
-            if live.len() <= SYNCED_LAG {
-                match live.try_recv() {
-                    Ok(batch) => match self.take_live(node, &batch, out, stopped).await {
-                        Live::Delivered => continue,
-                        Live::Missed => {} // replayed below
-                        Live::Stop(end) => return end,
-                    },
-                    Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Lagged(_)) => {}
-                    Err(broadcast::error::TryRecvError::Closed) => return End::Closed,
-                }
-            } else {
-                match self.catch_up(node, live, out, stopped).await {
-                    Live::Delivered => continue,
-                    Live::Missed => {} // replayed below
+            if synced {
+                // Woken only when a batch touches this watcher's range (or the hub unsynced it).
+                let tick = tokio::select! {
+                    _ = hub.notified() => false,
+                    _ = progress.tick(), if self.progress_notify => true,
+                    // An auth change: the top of the loop checks the credential and permission again
+                    // (a wake-up of the hub meanwhile keeps its permit).
+                    Ok(()) = self.auth_changes.changed() => continue,
+                    _ = &mut *stopped => return End::Closed,
+                };
+                // What is pending goes first: a progress response says all before it was delivered.
+                match self.take_pending(node, hub, out, stopped).await {
+                    Live::Delivered => {}
+                    Live::Missed => {
+                        hub.unsync();
+                        synced = false;
+                        continue;
+                    }
                     Live::Stop(end) => return end,
                 }
+                if tick {
+                    let resp =
+                        WatchResponse { header: node.header(self.next - 1), watch_id: self.id, ..Default::default() };
+                    if out.send(Ok(resp.into())).await.is_err() {
+                        return End::Closed;
+                    }
+                }
+                continue;
             }
-            // Behind the store and the broadcast's backlog: replay from LMDB.
+            // Unsynced: nothing left before the hub's revision, it joins; else it catches up from the
+            // hub's backlog (in memory, shared by every watcher), or from the store.
+            if hub.try_sync(self.next) {
+                synced = true;
+                continue;
+            }
+            match self.catch_up(node, hub, out, stopped).await {
+                Live::Delivered => continue,
+                Live::Missed => {} // replayed below
+                Live::Stop(end) => return end,
+            }
             if self.next <= node.revision() {
                 let (range, from, prev_kv) = (self.range.clone(), self.next, self.prev_kv);
                 let replay = node
@@ -353,7 +375,8 @@ impl Watcher {
                         if from < view.compact_rev {
                             return Ok(Err(view.compact_rev));
                         }
-                        let (mut events, next) = view.changes_since(from, &range, REPLAY_BATCH_REVISIONS)?;
+                        let (mut events, next) =
+                            view.changes_since_within(from, &range, REPLAY_BATCH_REVISIONS, CATCH_UP_BYTES)?;
                         if prev_kv {
                             attach_prev_kvs(&view, &mut events)?;
                         }
@@ -378,27 +401,42 @@ impl Watcher {
                 }
                 continue;
             }
+            // The hub has yet to take a batch the store already holds (try_sync refuses only a `next`
+            // at or below the hub's revision, which the store is never behind): wait a moment.
             tokio::select! {
-                batch = live.recv() => match batch {
-                    // Missed: the top of the loop replays it.
-                    Ok(batch) => if let Live::Stop(end) = self.take_live(node, &batch, out, stopped).await {
-                        return end;
-                    },
-                    // Fell behind the broadcast: the top of the loop replays what was missed from LMDB.
-                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(broadcast::error::RecvError::Closed) => return End::Closed,
-                },
-                // The top of the loop checks the permission again.
-                Ok(()) = self.auth_changes.changed() => {}
-                _ = progress.tick(), if self.progress_notify => {
-                    let resp = WatchResponse { header: node.header(self.next - 1), watch_id: self.id, ..Default::default() };
-                    if out.send(Ok(resp.into())).await.is_err() {
-                        return End::Closed;
-                    }
-                }
+                _ = tokio::time::sleep(Duration::from_millis(1)) => {}
                 _ = &mut *stopped => return End::Closed,
             }
         }
+    }
+
+    /// Delivers the batches that touched this synced watcher since it last looked: each revision on
+    /// its own, as etcd sends a synced watcher's, or merged when more than `SYNCED_LAG` are pending
+    /// (it fell behind: as etcd's unsynced watchers get them). `Missed` when the hub unsynced it.
+    async fn take_pending(
+        &mut self,
+        node: &Node,
+        hub: &Registration,
+        out: &Out,
+        stopped: &mut oneshot::Receiver<()>,
+    ) -> Live {
+        let Pending::Batches { batches, through } = hub.take() else { return Live::Missed };
+        if batches.len() > SYNCED_LAG {
+            if let Live::Stop(end) = self.send_merged(node, batches, true, out, stopped).await {
+                return Live::Stop(end);
+            }
+        } else {
+            for batch in batches {
+                // Synced: the batches between held nothing for it.
+                self.next = self.next.max(batch.previous_revision + 1);
+                match self.take_live(node, &batch, out, stopped).await {
+                    Live::Delivered => {}
+                    missed_or_stop => return missed_or_stop,
+                }
+            }
+        }
+        self.next = self.next.max(through + 1);
+        Live::Delivered
     }
 
     /// Delivers a broadcast batch's events, one response per revision, unless it does not follow on
@@ -433,53 +471,91 @@ impl Watcher {
         Live::Delivered
     }
 
-    /// Catches up a watcher that fell behind (more than `SYNCED_LAG` batches) from the batches the
-    /// broadcast still holds: they are in memory and shared by every watcher, so catching up costs no
-    /// read of the store per watcher. As a replay from the store does (and etcd does for an unsynced
-    /// watcher), the events of up to `REPLAY_BATCH_REVISIONS` revisions share one response. `Missed`
-    /// when the backlog no longer holds what comes next (the broadcast overflowed, or a snapshot
-    /// install broke the run): what was taken until then is delivered, the rest is replayed.
+    /// Catches up an unsynced watcher from the batches the hub's backlog still holds: they are in
+    /// memory and shared by every watcher, so catching up costs no read of the store per watcher. As a
+    /// replay from the store does (and etcd does for an unsynced watcher), the events of up to
+    /// `REPLAY_BATCH_REVISIONS` revisions (and about `CATCH_UP_BYTES`) share one response. `Missed`
+    /// when the backlog no longer holds what comes next (it dropped it, or a snapshot install broke
+    /// the run): what was taken until then is delivered, the rest is replayed.
     async fn catch_up(
         &mut self,
         node: &Node,
-        live: &mut Commits,
+        hub: &Registration,
+        out: &Out,
+        stopped: &mut oneshot::Receiver<()>,
+    ) -> Live {
+        let batches = hub.backlog_from(self.next, REPLAY_BATCH_REVISIONS);
+        if batches.is_empty() {
+            return Live::Missed;
+        }
+        self.send_merged(node, batches, false, out, stopped).await
+    }
+
+    /// Sends the events of `batches` (in order) with many revisions per response. `synced`: the hub
+    /// picked them for this watcher, and those between held nothing for it; otherwise each must
+    /// follow on from the one before (`Missed` at the first that does not).
+    async fn send_merged(
+        &mut self,
+        node: &Node,
+        batches: Vec<Arc<Committed>>,
+        synced: bool,
         out: &Out,
         stopped: &mut oneshot::Receiver<()>,
     ) -> Live {
         let mut taken = Vec::new();
-        let mut revisions = 0;
-        let mut upto = None;
-        let missed = loop {
-            if revisions >= REPLAY_BATCH_REVISIONS {
-                break false;
+        let (mut revisions, mut bytes, mut upto) = (0, 0, None);
+        let mut missed = false;
+        for batch in batches {
+            if batch.revision < self.next {
+                continue; // delivered already (by a replay)
             }
-            match live.try_recv() {
-                Ok(batch) if batch.revision < self.next => {} // delivered already (by a replay)
-                Ok(batch) if !self.follows_on(&batch) => break true,
-                Ok(batch) => {
-                    self.take(&batch, &mut taken);
-                    revisions += (batch.revision + 1 - self.next) as usize;
-                    self.next = batch.revision + 1;
-                    upto = Some(batch.revision);
+            if synced {
+                self.next = self.next.max(batch.previous_revision + 1);
+            }
+            if !self.follows_on(&batch) {
+                missed = true;
+                break;
+            }
+            if revisions >= REPLAY_BATCH_REVISIONS || bytes >= CATCH_UP_BYTES {
+                if let Some(end) = self.flush(node, &mut taken, upto.take(), out, stopped).await {
+                    return Live::Stop(end);
                 }
-                Err(broadcast::error::TryRecvError::Empty) => break false,
-                Err(broadcast::error::TryRecvError::Lagged(_)) => break true,
-                Err(broadcast::error::TryRecvError::Closed) => return Live::Stop(End::Closed),
+                (revisions, bytes) = (0, 0);
             }
-        };
-        if let Some(revision) = upto {
-            if let Err(e) = self.still_permitted(node).await {
-                return Live::Stop(End::Denied(e.go_status_text()));
-            }
-            if !self.send_taken(node, taken, revision, out, stopped).await {
-                return Live::Stop(End::Closed);
-            }
+            let before = taken.len();
+            self.take(&batch, &mut taken);
+            bytes += taken[before..].iter().map(|(batch, i)| event_bytes(&batch.effects.events[*i])).sum::<usize>();
+            revisions += (batch.revision + 1 - self.next) as usize;
+            self.next = batch.revision + 1;
+            upto = Some(batch.revision);
+        }
+        if let Some(end) = self.flush(node, &mut taken, upto, out, stopped).await {
+            return Live::Stop(end);
         }
         if missed {
             Live::Missed
         } else {
             Live::Delivered
         }
+    }
+
+    /// Sends what `send_merged` took, in one response at `upto`, after checking permission.
+    async fn flush(
+        &mut self,
+        node: &Node,
+        taken: &mut Vec<Taken>,
+        upto: Option<i64>,
+        out: &Out,
+        stopped: &mut oneshot::Receiver<()>,
+    ) -> Option<End> {
+        let revision = upto?;
+        if let Err(e) = self.still_permitted(node).await {
+            return Some(End::Denied(e.go_status_text()));
+        }
+        if !self.send_taken(node, std::mem::take(taken), revision, out, stopped).await {
+            return Some(End::Closed);
+        }
+        None
     }
 
     /// Whether `batch` follows on from what this watcher delivered. A snapshot install carries no
@@ -601,6 +677,13 @@ async fn send_reply(reply: WatchReply, out: &Out, stopped: &mut oneshot::Receive
     }
 }
 
+/// What an event weighs in a response, roughly: its keys and values.
+fn event_bytes(event: &Event) -> usize {
+    let kv_bytes =
+        |kv: &Option<crate::proto::mvccpb::KeyValue>| kv.as_ref().map_or(0, |kv| kv.key.len() + kv.value.len());
+    kv_bytes(&event.kv) + kv_bytes(&event.prev_kv)
+}
+
 /// Looks up each event's previous version (the key at the revision before the event).
 fn attach_prev_kvs(view: &crate::mvcc::ReadView, events: &mut [Event]) -> Result<(), EtcdError> {
     for event in events {
@@ -614,10 +697,10 @@ fn attach_prev_kvs(view: &crate::mvcc::ReadView, events: &mut [Event]) -> Result
     Ok(())
 }
 
-/// Broadcast batches a watcher may have pending and still be synced (`Watcher::deliver`): it then
-/// sends each revision on its own, as etcd sends a synced watcher's. Further behind, it catches up
-/// with many revisions per response, as etcd's unsynced watchers do: under load (a thousand
-/// watchers of busy keys) that is what keeps up, fewer responses for the same events.
+/// Batches a synced watcher may have pending and still send each revision on its own, as etcd sends
+/// a synced watcher's (`Watcher::take_pending`). Further behind, it sends many revisions per
+/// response, as etcd's unsynced watchers get them: under load (a thousand watchers of busy keys)
+/// that is what keeps up, fewer responses for the same events.
 const SYNCED_LAG: usize = 2;
 
 /// What became of a broadcast batch (`Watcher::take_live`).
@@ -700,6 +783,7 @@ fn split(mut whole: WatchResponse, limit: usize) -> Vec<WatchResponse> {
 mod tests {
     use super::*;
     use crate::proto::mvccpb::KeyValue;
+    use crate::server::watch_outbox::Replies;
 
     fn put_event(key: &[u8]) -> Event {
         Event { kv: Some(KeyValue { key: key.to_vec(), ..Default::default() }), ..Default::default() }
@@ -748,11 +832,7 @@ mod tests {
     }
 
     /// Starts a watcher of `w/` from revision `next` whose stream holds `capacity` responses unread.
-    fn watch_from(
-        node: &Arc<Node>,
-        next: i64,
-        capacity: usize,
-    ) -> (mpsc::Receiver<Result<WatchReply, Status>>, oneshot::Sender<()>) {
+    fn watch_from(node: &Arc<Node>, next: i64, capacity: usize) -> (Replies, oneshot::Sender<()>) {
         let watcher = Watcher {
             id: next,
             range: KeyRange::new(b"w/", b"w0"),
@@ -766,24 +846,22 @@ mod tests {
             auth_checked: (node.auth_revision(), node.auth_enabled()),
             auth_changes: node.auth_changes(),
         };
-        let (out, responses) = mpsc::channel(capacity);
+        let (out, responses) = outbox(capacity, STREAM_BYTES);
         let (stop, stopped) = oneshot::channel();
-        tokio::spawn(watcher.run(node.clone(), node.committed.subscribe(), out, stopped));
+        let hub = node.watch_hub.register(watcher.range.clone());
+        tokio::spawn(watcher.run(node.clone(), hub, out, stopped));
         (responses, stop)
     }
 
     /// The next response; a deadline only so that a missing response fails the test instead of hanging it.
-    async fn next_response(responses: &mut mpsc::Receiver<Result<WatchReply, Status>>) -> WatchResponse {
+    async fn next_response(responses: &mut Replies) -> WatchResponse {
         let response = tokio::time::timeout(Duration::from_secs(60), responses.recv()).await;
         response.expect("a response").expect("the watcher is running").expect("not an error").into_response()
     }
 
     /// Reads responses until one reaches `revision`: each event's key and revision, and the number of
     /// responses they came in.
-    async fn delivered_until(
-        responses: &mut mpsc::Receiver<Result<WatchReply, Status>>,
-        revision: i64,
-    ) -> (Vec<(String, i64)>, usize) {
+    async fn delivered_until(responses: &mut Replies, revision: i64) -> (Vec<(String, i64)>, usize) {
         let (mut delivered, mut count) = (Vec::new(), 0);
         while delivered.last().is_none_or(|&(_, last)| last < revision) {
             let response = next_response(responses).await;

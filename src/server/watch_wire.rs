@@ -34,7 +34,7 @@ const HEADER: u32 = 1;
 const WATCH_ID: u32 = 2;
 
 impl WatchReply {
-    fn encoded_len(&self) -> usize {
+    pub fn encoded_len(&self) -> usize {
         match self {
             WatchReply::Response(response) => response.encoded_len(),
             WatchReply::Events { header, watch_id, events } => {

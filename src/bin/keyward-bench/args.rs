@@ -58,6 +58,13 @@ pub struct BenchArgs {
     /// Connection timeout.
     #[arg(long, global = true, value_parser = parse_duration, default_value = "5s")]
     pub dial_timeout: Duration,
+    /// Watchers opened before the load and kept open, idle: one per key `idle-watch/NNNNNN`, which
+    /// no workload writes (what many idle watchers cost other clients' requests).
+    #[arg(long, global = true, default_value_t = 0)]
+    pub idle_watchers: usize,
+    /// Streams the --idle-watchers are spread over (round-robin over the connections).
+    #[arg(long, global = true, default_value_t = 30)]
+    pub idle_watch_streams: usize,
     /// Output format.
     #[arg(short = 'w', long = "write-out", global = true, value_enum, default_value = "simple")]
     pub write_out: OutputFormat,
@@ -190,6 +197,9 @@ pub fn validate(args: &BenchArgs) -> Result<(), String> {
     }
     if args.total == Some(0) {
         return Err("--total must be at least 1".into());
+    }
+    if args.idle_watchers > 0 && args.idle_watch_streams == 0 {
+        return Err("--idle-watch-streams must be at least 1".into());
     }
     if args.endpoints.iter().all(|e| e.is_empty()) {
         return Err("--endpoints is empty".into());

@@ -9,13 +9,14 @@
 //! the errors by message are printed as text or, with `-w json`, as one JSON object.
 //!
 //! Workloads: `put`, `range` (`--consistency l|s`), `txn-put`, `watch` (events per second delivered
-//! to N watchers), `authenticate`; plus two helpers for `benches/compare.sh`: `setup-auth` (users,
+//! to N watchers), `authenticate`; any of them with `--idle-watchers` open and idle meanwhile; plus two helpers for `benches/compare.sh`: `setup-auth` (users,
 //! roles, many grants, auth enable) and `bcrypt` (local bcrypt throughput, no server); and
 //! `ceiling-server`, a Put-only server on keyward's front end with nothing behind it (`ceiling.rs`).
 
 mod args;
 mod ceiling;
 mod conn;
+mod idle_watchers;
 mod report;
 mod setup;
 mod workloads;

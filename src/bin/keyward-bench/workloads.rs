@@ -103,9 +103,14 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Summary> {
     };
     // Authenticate measures the RPC itself: no per-connection token.
     let conns = connect_all(args, !matches!(args.workload, Workload::Authenticate)).await?;
+    let idle = crate::idle_watchers::open(args, &conns).await?;
     let (recorder, elapsed) = drive(args, &name, &conns, make).await;
+    drop(idle);
     let mut summary = Summary::new(&name, args, "requests");
     summary.record(recorder, elapsed);
+    if args.idle_watchers > 0 {
+        summary.extra.push(("idle watchers", args.idle_watchers as f64));
+    }
     let reauths: u64 = conns.iter().filter_map(|c| c.auth.as_ref()).map(|a| a.reauths.load(Ordering::Relaxed)).sum();
     if conns.iter().any(|c| c.auth.is_some()) {
         summary.extra.push(("reauthentications", reauths as f64));

@@ -1,0 +1,367 @@
+//! The watch hub: one per member, between the commit broadcast and the watchers.
+//!
+//! One task takes each committed batch from the node's broadcast, keeps it in the backlog
+//! (`backlog.rs`) and, for each of its keys, finds the synced watchers whose range holds the key in
+//! the index (`index.rs`), as etcd's `watchableStore.notify` does with its synced `watcherGroup`.
+//! Only those are told (their `touched` revisions, a wake-up): a commit costs O(log n) per key plus
+//! the watchers it touches, not a wake-up of every watcher.
+//!
+//! A watcher is *synced* while the hub tells it of every batch in its range: it has delivered
+//! everything up to the hub's revision but the batches in its `touched`. It is *unsynced* (not in the
+//! index) until it has caught up on its own, from the backlog or the store, to the hub's revision;
+//! then it joins (`Registration::try_sync`). A synced watcher leaves the index when it cannot keep up
+//! (`TOUCHED_LIMIT` batches pending: its client does not read), when a batch it needs left the
+//! backlog, on a snapshot install, or when the hub itself lost batches: it then catches up from the
+//! store later, as etcd's unsynced watchers do. What a slow watcher costs the member is thus bounded
+//! by the backlog and its stream's queue, not by what is written meanwhile.
+
+pub mod backlog;
+pub mod index;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::sync::{broadcast, Notify};
+
+use self::backlog::Backlog;
+use self::index::{WatchIndex, WatcherId};
+use crate::keyrange::KeyRange;
+use crate::raft::state_machine::Committed;
+
+/// Batches a synced watcher may have pending before it leaves the index to catch up on its own
+/// (8 bytes each: 30,000 watchers of a busy prefix that nobody reads hold 30 MiB of them at most).
+pub const TOUCHED_LIMIT: usize = 128;
+
+pub struct WatchHub {
+    state: Mutex<Hub>,
+}
+
+struct Hub {
+    /// The revision of the last batch taken from the broadcast.
+    revision: i64,
+    backlog: Backlog,
+    /// The synced watchers, by range.
+    index: WatchIndex,
+    watchers: HashMap<WatcherId, Entry>,
+    next_id: WatcherId,
+    /// Scratch for the watchers a batch touches.
+    found: Vec<WatcherId>,
+}
+
+struct Entry {
+    range: KeyRange,
+    wake: Arc<Notify>,
+    /// `Some` while synced.
+    synced: Option<Synced>,
+}
+
+struct Synced {
+    /// The watcher's first undelivered revision when it joined: batches before it are not its own.
+    from: i64,
+    /// Revisions of the batches that touched it since it last took them.
+    touched: Vec<i64>,
+}
+
+/// What a watcher has to deliver (`Registration::take`).
+pub enum Pending {
+    /// Not synced: it catches up on its own.
+    Unsynced,
+    /// The batches that touched it, in order; it has seen everything else up to `through`.
+    Batches { batches: Vec<Arc<Committed>>, through: i64 },
+}
+
+impl WatchHub {
+    /// Starts the hub's task on `live`, a subscription made when the store was at `revision`.
+    pub fn start(mut live: broadcast::Receiver<Arc<Committed>>, revision: i64) -> Arc<WatchHub> {
+        let hub = Arc::new(WatchHub {
+            state: Mutex::new(Hub {
+                revision,
+                backlog: Backlog::default(),
+                index: WatchIndex::default(),
+                watchers: HashMap::new(),
+                next_id: 0,
+                found: Vec::new(),
+            }),
+        });
+        let weak = Arc::downgrade(&hub);
+        tokio::spawn(async move {
+            loop {
+                let received = live.recv().await;
+                let Some(hub) = weak.upgrade() else { return };
+                match received {
+                    Ok(batch) => hub.lock().commit(batch),
+                    Err(broadcast::error::RecvError::Lagged(missed)) => {
+                        tracing::warn!(
+                            missed,
+                            "watch hub fell behind the commit broadcast; watchers replay from the store"
+                        );
+                        hub.lock().lost();
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+        hub
+    }
+
+    /// A watcher of `range`, unsynced until it catches up.
+    pub fn register(self: &Arc<Self>, range: KeyRange) -> Registration {
+        let wake = Arc::new(Notify::new());
+        let mut hub = self.lock();
+        let id = hub.next_id;
+        hub.next_id += 1;
+        hub.watchers.insert(id, Entry { range, wake: wake.clone(), synced: None });
+        Registration { hub: self.clone(), id, wake, since: hub.revision }
+    }
+
+    /// Synced watchers, for tests and metrics.
+    pub fn synced(&self) -> usize {
+        self.lock().watchers.values().filter(|e| e.synced.is_some()).count()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Hub> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Hub {
+    fn commit(&mut self, batch: Arc<Committed>) {
+        if batch.installed.is_none() {
+            if batch.revision <= self.revision || batch.effects.events.is_empty() {
+                return; // before the subscription's start, or nothing for watchers
+            }
+            if batch.previous_revision != self.revision {
+                self.lost(); // a gap: what was in it is in the store only
+            } else {
+                self.notify(&batch);
+            }
+        } else {
+            // The whole state was replaced: every watcher replays from the installed store.
+            self.unsync_all();
+        }
+        self.revision = batch.revision;
+        self.backlog.push(batch);
+    }
+
+    /// Tells each synced watcher whose range holds a key of `batch`.
+    fn notify(&mut self, batch: &Committed) {
+        let mut found = std::mem::take(&mut self.found);
+        found.clear();
+        for event in &batch.effects.events {
+            if let Some(kv) = &event.kv {
+                self.index.touching(&kv.key, &mut |id| found.push(id));
+            }
+        }
+        found.sort_unstable();
+        found.dedup();
+        for &id in &found {
+            let Some(entry) = self.watchers.get_mut(&id) else { continue };
+            let Some(synced) = &mut entry.synced else { continue };
+            if batch.revision < synced.from {
+                continue;
+            }
+            synced.touched.push(batch.revision);
+            entry.wake.notify_one();
+            if synced.touched.len() > TOUCHED_LIMIT {
+                self.unsync(id);
+            }
+        }
+        self.found = found;
+    }
+
+    /// The hub missed batches: nobody can be told of them.
+    fn lost(&mut self) {
+        self.unsync_all();
+        self.backlog.clear();
+    }
+
+    fn unsync(&mut self, id: WatcherId) {
+        let Some(entry) = self.watchers.get_mut(&id) else { return };
+        if entry.synced.take().is_some() {
+            self.index.remove(id, &entry.range);
+            entry.wake.notify_one();
+        }
+    }
+
+    fn unsync_all(&mut self) {
+        for entry in self.watchers.values_mut() {
+            if entry.synced.take().is_some() {
+                entry.wake.notify_one();
+            }
+        }
+        self.index.clear();
+    }
+}
+
+/// A watcher's place in the hub; dropping it removes the watcher.
+pub struct Registration {
+    hub: Arc<WatchHub>,
+    id: WatcherId,
+    wake: Arc<Notify>,
+    /// The hub's revision when the watcher registered: only batches taken after it are its to catch
+    /// up from in memory. Older ones may have been compacted since, which only the store tells.
+    since: i64,
+}
+
+impl Registration {
+    /// Joins the synced watchers if `next`, the watcher's first undelivered revision, is past the
+    /// hub's revision (nothing the hub has taken is left for it); false when it must catch up first.
+    pub fn try_sync(&self, next: i64) -> bool {
+        let mut hub = self.hub.lock();
+        if next <= hub.revision {
+            return false;
+        }
+        let Hub { index, watchers, .. } = &mut *hub;
+        let Some(entry) = watchers.get_mut(&self.id) else { return false };
+        if entry.synced.is_none() {
+            index.insert(self.id, &entry.range);
+            entry.synced = Some(Synced { from: next, touched: Vec::new() });
+        }
+        true
+    }
+
+    /// Leaves the synced watchers (to catch up on its own).
+    pub fn unsync(&self) {
+        self.hub.lock().unsync(self.id);
+    }
+
+    /// What touched this watcher since the last call; `Unsynced` when it is not synced, or when a
+    /// batch it needs is no longer in the backlog (it then is unsynced).
+    pub fn take(&self) -> Pending {
+        let mut hub = self.hub.lock();
+        let through = hub.revision;
+        let Some(Entry { synced: Some(synced), .. }) = hub.watchers.get_mut(&self.id) else { return Pending::Unsynced };
+        let touched = std::mem::take(&mut synced.touched);
+        let batches: Option<Vec<_>> = touched.iter().map(|&revision| hub.backlog.at(revision)).collect();
+        match batches {
+            Some(batches) => Pending::Batches { batches, through },
+            None => {
+                hub.unsync(self.id);
+                Pending::Unsynced
+            }
+        }
+    }
+
+    /// Up to `max` batches of the backlog, in order, from the first that ends at or after `revision`,
+    /// among those taken since the watcher registered.
+    pub fn backlog_from(&self, revision: i64, max: usize) -> Vec<Arc<Committed>> {
+        let mut batches = self.hub.lock().backlog.from(revision, max);
+        let before = batches.partition_point(|b| b.previous_revision < self.since);
+        batches.drain(..before);
+        batches
+    }
+
+    /// Resolves when the hub has something for this watcher (or unsynced it).
+    pub async fn notified(&self) {
+        self.wake.notified().await
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut hub = self.hub.lock();
+        hub.unsync(self.id);
+        hub.watchers.remove(&self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::proto::mvccpb::{Event, KeyValue};
+
+    fn batch(revision: i64, keys: &[&str]) -> Arc<Committed> {
+        let mut batch = Committed { revision, previous_revision: revision - 1, ..Default::default() };
+        for key in keys {
+            let kv = KeyValue { key: key.as_bytes().to_vec(), mod_revision: revision, ..Default::default() };
+            batch.effects.events.push(Event { kv: Some(kv), ..Default::default() });
+        }
+        Arc::new(batch)
+    }
+
+    /// Whether the hub woke this watcher since the last look (a stored wake-up resolves at once).
+    async fn woken(watcher: &Registration) -> bool {
+        tokio::time::timeout(Duration::from_millis(20), watcher.notified()).await.is_ok()
+    }
+
+    fn touched(watcher: &Registration) -> Vec<i64> {
+        match watcher.take() {
+            Pending::Batches { batches, .. } => batches.iter().map(|b| b.revision).collect(),
+            Pending::Unsynced => panic!("unsynced"),
+        }
+    }
+
+    /// A commit wakes the synced watchers whose range holds one of its keys, and no other: not those
+    /// of other keys, not an unsynced one, not one that starts after it.
+    #[tokio::test]
+    async fn a_commit_wakes_only_the_watchers_whose_range_it_touches() {
+        let (_sender, live) = broadcast::channel(16);
+        let hub = WatchHub::start(live, 10);
+        let single = hub.register(KeyRange::new(b"a/1", b""));
+        let prefix = hub.register(KeyRange::new(b"a/", b"a0"));
+        let from_key = hub.register(KeyRange::new(b"b", b"\0"));
+        let elsewhere = hub.register(KeyRange::new(b"c/", b"c0"));
+        let unsynced = hub.register(KeyRange::new(b"a/", b"a0"));
+        let later = hub.register(KeyRange::new(b"a/", b"a0"));
+        let idle: Vec<_> =
+            (0..1000).map(|i| hub.register(KeyRange::new(format!("idle/{i}").as_bytes(), b""))).collect();
+        for watcher in [&single, &prefix, &from_key, &elsewhere].into_iter().chain(&idle) {
+            assert!(watcher.try_sync(11));
+        }
+        assert!(!unsynced.try_sync(10), "behind the hub: must catch up first");
+        assert!(later.try_sync(13));
+        assert_eq!(hub.synced(), 1005);
+
+        hub.lock().commit(batch(11, &["a/1"]));
+        assert!(woken(&single).await && woken(&prefix).await);
+        for other in [&from_key, &elsewhere, &unsynced, &later].into_iter().chain(&idle[..10]) {
+            assert!(!woken(other).await);
+        }
+        assert_eq!(touched(&single), [11]);
+        assert_eq!(touched(&prefix), [11]);
+        assert_eq!(touched(&elsewhere), Vec::<i64>::new());
+
+        // A txn of two keys: each watcher once; a from-key watcher of "b" holds "c/x" too.
+        hub.lock().commit(batch(12, &["a/2", "c/x", "a/3"]));
+        assert!(!woken(&single).await);
+        assert!(woken(&prefix).await && woken(&from_key).await && woken(&elsewhere).await);
+        assert_eq!(touched(&prefix), [12]);
+        assert_eq!(touched(&from_key), [12]);
+
+        // A key no one watches wakes no one; a batch before a watcher's first revision is not its own.
+        hub.lock().commit(batch(13, &["z"]));
+        hub.lock().commit(batch(14, &["a/9"]));
+        assert!(woken(&later).await);
+        assert_eq!(touched(&later), [14]);
+        assert!(idle
+            .iter()
+            .all(|w| matches!(w.take(), Pending::Batches { batches, through: 14 } if batches.is_empty())));
+
+        // Dropped watchers leave the index.
+        drop(idle);
+        assert_eq!(hub.synced(), 5);
+    }
+
+    /// A synced watcher that does not take what touched it leaves the index after `TOUCHED_LIMIT`
+    /// batches (it catches up on its own later); a snapshot install unsyncs every watcher.
+    #[tokio::test]
+    async fn a_watcher_that_does_not_keep_up_is_unsynced() {
+        let (_sender, live) = broadcast::channel(16);
+        let hub = WatchHub::start(live, 0);
+        let slow = hub.register(KeyRange::new(b"k", b""));
+        let other = hub.register(KeyRange::new(b"o", b""));
+        assert!(slow.try_sync(1) && other.try_sync(1));
+        for revision in 1..=TOUCHED_LIMIT as i64 + 1 {
+            hub.lock().commit(batch(revision, &["k"]));
+        }
+        assert!(matches!(slow.take(), Pending::Unsynced));
+        assert_eq!(hub.synced(), 1);
+        let mut install = Committed { revision: 5000, previous_revision: 4000, ..Default::default() };
+        install.installed = Some(Default::default());
+        hub.lock().commit(Arc::new(install));
+        assert!(matches!(other.take(), Pending::Unsynced));
+        assert_eq!(hub.synced(), 0);
+    }
+}
