@@ -284,8 +284,10 @@ pub struct Config {
     pub client_tls: Option<crate::frontend::tls::settings::TlsSettings>,
     /// Peer TLS: the peer listener's settings, and the certificate this member presents to its peers.
     pub peer_tls: Option<crate::frontend::tls::settings::TlsSettings>,
-    /// Who is a member on the peer port (`cluster/admission.rs`).
-    pub peer_admission: crate::cluster::admission::PeerAdmission,
+    /// `--peer-cert-allowed-cn` and `--peer-cert-allowed-hostname` (at most one of them is set): part
+    /// of the rule of who is a member on the peer port (`cluster/admission.rs`), not of the handshake.
+    pub peer_cert_allowed_cn: Vec<String>,
+    pub peer_cert_allowed_hostname: Vec<String>,
     pub log_filter: &'static str,
     /// `--logger`, `--log-outputs`.
     pub log: crate::logging::LogSettings,
@@ -560,11 +562,6 @@ impl ServeArgs {
                 self.initial_advertise_peer_urls.join(",")
             )));
         }
-        let peer_admission = crate::cluster::admission::PeerAdmission {
-            allowed_cns: self.peer_cert_allowed_cn.clone(),
-            allowed_hostnames: self.peer_cert_allowed_hostname.clone(),
-            initial_peers: members.iter().filter(|(n, _)| n != &self.name).flat_map(|(_, urls)| urls.clone()).collect(),
-        };
         let auth_token =
             crate::auth::token_config::parse(&self.auth_token).map_err(|e| invalid(format!("--auth-token: {e}")))?;
         if !(4..=31).contains(&self.bcrypt_cost) {
@@ -628,7 +625,8 @@ impl ServeArgs {
             },
             client_tls,
             peer_tls,
-            peer_admission,
+            peer_cert_allowed_cn: self.peer_cert_allowed_cn.clone(),
+            peer_cert_allowed_hostname: self.peer_cert_allowed_hostname.clone(),
             log_filter,
             log,
             listen_metrics,
@@ -844,16 +842,6 @@ mod tests {
         let both = parse(&["--peer-cert-allowed-cn", "a", "--peer-cert-allowed-hostname", "h"]).unwrap_err();
         assert!(both.contains("mutually exclusive"), "{both}");
         assert!(parse(&["--peer-cert-allowed-hostname", "h"]).unwrap_err().contains("need --peer-cert-file"));
-        let initial = parse(&[
-            "--name",
-            "b",
-            "--initial-cluster",
-            "a=http://127.0.0.1:1,b=http://127.0.0.1:2,b=http://127.0.0.1:3",
-            "--initial-advertise-peer-urls",
-            "http://127.0.0.1:2,http://127.0.0.1:3",
-        ])
-        .unwrap();
-        assert_eq!(initial.peer_admission.initial_peers, ["http://127.0.0.1:1"], "the other members' URLs only");
     }
 
     fn go_style(argv: &[&str]) -> Vec<String> {

@@ -70,7 +70,8 @@ pub async fn serve(config: config::Config) -> anyhow::Result<()> {
     let node = node::Node::start(&config).await?;
     let (peer_stop_tx, peer_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let peer_server = {
-        let (node, tls, admission) = (node.clone(), config.peer_tls.clone(), config.peer_admission.clone());
+        let (node, tls, admission) =
+            (node.clone(), config.peer_tls.clone(), cluster::admission::PeerAdmission::of(&config));
         tokio::spawn(async move {
             let stopped = async move {
                 let _ = peer_stop_rx.await;

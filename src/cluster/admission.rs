@@ -65,6 +65,29 @@ impl Refusal {
 }
 
 impl PeerAdmission {
+    /// The rule the member's flags set.
+    pub fn of(config: &crate::config::Config) -> PeerAdmission {
+        PeerAdmission::new(
+            config.peer_cert_allowed_cn.clone(),
+            config.peer_cert_allowed_hostname.clone(),
+            &config.name,
+            &config.initial_cluster,
+        )
+    }
+
+    /// The rule for member `name` of `initial_cluster` (name, peer URLs): its own URLs name no
+    /// *other* member.
+    pub fn new(
+        allowed_cns: Vec<String>,
+        allowed_hostnames: Vec<String>,
+        name: &str,
+        initial_cluster: &[(String, Vec<String>)],
+    ) -> PeerAdmission {
+        let initial_peers =
+            initial_cluster.iter().filter(|(member, _)| member != name).flat_map(|(_, urls)| urls.clone()).collect();
+        PeerAdmission { allowed_cns, allowed_hostnames, initial_peers }
+    }
+
     /// Admits `caller` or says why not. `other_members` answers whether any peer URL of a member
     /// other than this one (or of `initial_peers` before the membership is known, which the caller
     /// of this function decides) satisfies its predicate.
@@ -187,6 +210,16 @@ mod tests {
         let rule = PeerAdmission::default();
         assert_eq!(rule.admit(Caller::PlainText, others(MEMBERS)), Ok(()));
         assert_eq!(rule.admit(Caller::PlainText, others(&[])), Err(Refusal::NoOtherMember));
+    }
+
+    #[test]
+    fn the_initial_peers_are_the_other_members_urls() {
+        let cluster = [
+            ("a".to_string(), vec!["http://127.0.0.1:1".to_string()]),
+            ("b".to_string(), vec!["http://127.0.0.1:2".to_string(), "http://127.0.0.1:3".to_string()]),
+        ];
+        let rule = PeerAdmission::new(Vec::new(), Vec::new(), "b", &cluster);
+        assert_eq!(rule.initial_peers, ["http://127.0.0.1:1"]);
     }
 
     #[test]

@@ -235,6 +235,11 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// A gRPC status as the bench reports it: its code and message.
+pub fn describe(status: &Status) -> String {
+    format!("{:?}: {}", status.code(), status.message())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,8 +11,8 @@ use tokio_stream::StreamExt;
 use tonic::Request;
 
 use crate::args::BenchArgs;
+use crate::conn::describe;
 use crate::conn::Conn;
-use crate::workloads::describe;
 use keyward::proto::etcdserverpb::watch_client::WatchClient;
 use keyward::proto::etcdserverpb::{watch_request, WatchCreateRequest, WatchRequest};
 

@@ -12,8 +12,9 @@ use tonic::Status;
 
 use crate::args::{BenchArgs, NewUser};
 use crate::conn::connect_all;
+use crate::conn::describe;
 use crate::report::{Recorder, Summary};
-use crate::workloads::{describe, prefix_range, Budget};
+use crate::workloads::{prefix_range, Budget};
 use keyward::proto::authpb::{permission, Permission};
 use keyward::proto::etcdserverpb::auth_client::AuthClient;
 use keyward::proto::etcdserverpb::{

@@ -13,7 +13,7 @@ use tonic::transport::Channel;
 use tonic::{Request, Status};
 
 use crate::args::{BenchArgs, Consistency, Workload};
-use crate::conn::{connect_all, Conn};
+use crate::conn::{connect_all, describe, Conn};
 use crate::report::{spawn_progress, Counters, Percentiles, Recorder, Summary};
 use keyward::proto::etcdserverpb::auth_client::AuthClient;
 use keyward::proto::etcdserverpb::kv_client::KvClient;
@@ -222,10 +222,6 @@ async fn exec(conn: &Conn, clients: &mut Clients, op: &Op) -> Result<(), Status>
             other => return other,
         }
     }
-}
-
-pub fn describe(status: &Status) -> String {
-    format!("{:?}: {}", status.code(), status.message())
 }
 
 /// Runs `--clients` tasks over the connections (client i on connection i mod conns) until the budget
