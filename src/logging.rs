@@ -268,20 +268,22 @@ mod tests {
         assert!(!parse("zap", &["stdout"]).unwrap().writes_to_stderr());
     }
 
+    /// A log writer the test reads back.
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
     #[test]
     fn a_text_event_is_one_line_even_with_a_line_break_in_an_unquoted_field() {
-        use std::sync::Mutex;
-        #[derive(Clone, Default)]
-        struct Buffer(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Buffer {
-            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(bytes);
-                Ok(bytes.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
         let buffer = Buffer::default();
         let sink = buffer.clone();
         let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(OneLine(move || sink.clone())).finish();
@@ -299,18 +301,6 @@ mod tests {
 
     #[test]
     fn zap_lines_are_json_with_etcds_keys_in_etcds_order() {
-        use std::sync::Mutex;
-        #[derive(Clone, Default)]
-        struct Buffer(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Buffer {
-            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(bytes);
-                Ok(bytes.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
         let buffer = Buffer::default();
         let sink = buffer.clone();
         let subscriber = tracing_subscriber::fmt().event_format(ZapJson).with_writer(move || sink.clone()).finish();

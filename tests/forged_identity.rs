@@ -195,20 +195,15 @@ fn recording_member(rt: &tokio::runtime::Runtime) -> (SocketAddr, std::sync::mps
     (addr, seen_rx)
 }
 
-/// The proxy itself passes no request trailers and no client-sent `keyward-` header on, over
-/// HTTP/2, HTTP/1.1 (chunked trailer section, mixed case) and its gateway, whatever the member would
-/// make of them: observed at a stand-in member that records everything it receives.
-#[test]
-fn the_proxy_forwards_no_request_trailers_and_no_client_keyward_names() {
-    let pki = Pki::new();
-    let rt = runtime();
-    let (member, arrived) = recording_member(&rt);
+/// A forwarding proxy (`--client-cert-auth`) in front of `member_url`, with `upstream` flags for its
+/// connection to the member, listening on a free loopback port once it accepts connections.
+fn forwarding_proxy(pki: &Pki, member_url: &str, upstream: &[String]) -> (Process, SocketAddr) {
     let port = common::free_port();
-    let args: Vec<String> = [
+    let mut args: Vec<String> = [
         "grpc-proxy",
         "start",
         "--endpoints",
-        &format!("http://{member}"),
+        member_url,
         "--listen-addr",
         &format!("127.0.0.1:{port}"),
         "--cert-file",
@@ -221,13 +216,24 @@ fn the_proxy_forwards_no_request_trailers_and_no_client_keyward_names() {
     ]
     .map(String::from)
     .to_vec();
+    args.extend_from_slice(upstream);
     let mut proxy = Process::spawn(temp_dir("proxy"), &args);
-    let proxy_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     proxy.wait_until("proxy", || {
-        std::net::TcpStream::connect_timeout(&proxy_addr, Duration::from_millis(200))
-            .map(drop)
-            .map_err(|e| e.to_string())
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).map(drop).map_err(|e| e.to_string())
     });
+    (proxy, addr)
+}
+
+/// The proxy itself passes no request trailers and no client-sent `keyward-` header on, over
+/// HTTP/2, HTTP/1.1 (chunked trailer section, mixed case) and its gateway, whatever the member would
+/// make of them: observed at a stand-in member that records everything it receives.
+#[test]
+fn the_proxy_forwards_no_request_trailers_and_no_client_keyward_names() {
+    let pki = Pki::new();
+    let rt = runtime();
+    let (member, arrived) = recording_member(&rt);
+    let (_proxy, proxy_addr) = forwarding_proxy(&pki, &format!("http://{member}"), &[]);
     let root_cert = forwarded(&pki.root);
     let alice_cert = forwarded(&pki.alice);
     let forged = |prefix: &str| -> Vec<(String, String)> {
@@ -581,38 +587,10 @@ impl Setup {
             assert!(out.success(), "etcdctl {step:?}: {}", out.stderr);
         }
 
-        let proxy_port = common::free_port();
         let proxy_cert = pki.client("proxy", Some("proxy"));
-        let proxy_args: Vec<String> = [
-            "grpc-proxy",
-            "start",
-            "--endpoints",
-            &member_url,
-            "--listen-addr",
-            &format!("127.0.0.1:{proxy_port}"),
-            "--cacert",
-            &pki.ca_str(),
-            "--cert",
-            proxy_cert.cert_str(),
-            "--key",
-            proxy_cert.key_str(),
-            "--cert-file",
-            pki.server.cert_str(),
-            "--key-file",
-            pki.server.key_str(),
-            "--client-cert-auth",
-            "--trusted-ca-file",
-            &pki.ca_str(),
-        ]
-        .map(String::from)
-        .to_vec();
-        let mut proxy = Process::spawn(temp_dir("proxy"), &proxy_args);
-        let proxy_addr: SocketAddr = format!("127.0.0.1:{proxy_port}").parse().unwrap();
-        proxy.wait_until("proxy", || {
-            std::net::TcpStream::connect_timeout(&proxy_addr, Duration::from_millis(200))
-                .map(drop)
-                .map_err(|e| e.to_string())
-        });
+        let upstream = ["--cacert", &pki.ca_str(), "--cert", proxy_cert.cert_str(), "--key", proxy_cert.key_str()]
+            .map(String::from);
+        let (proxy, proxy_addr) = forwarding_proxy(&pki, &member_url, &upstream);
         let mut setup = Setup {
             alice,
             proxy_cert,
