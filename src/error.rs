@@ -127,7 +127,7 @@ pub enum EtcdError {
     #[error("etcdserver: internal error")]
     Internal,
     /// The member's storage is full (the disk, or LMDB's map). Never a request's apply result: the
-    /// state machine aborts the batch and applies it again once there is room (`space.rs`).
+    /// state machine aborts the batch and applies it again once there is room (`space/mod.rs`).
     #[error("etcdserver: mvcc: database space exceeded")]
     StorageFull {
         /// LMDB's map is full (not the disk).

@@ -5,40 +5,28 @@
 //! writes through raft, serves reads) → `raft` (openraft log and state machine on LMDB) → `apply` (one
 //! committed entry → effects) → `mvcc` (the revisioned store). `proxy` is `keyward grpc-proxy`:
 //! it shares `frontend` and has no store.
-#![deny(unsafe_code)] // the one exception is opening LMDB, in storage.rs
+#![deny(unsafe_code)] // the one exception is opening LMDB, in storage/mod.rs
 
-pub mod alarm;
-pub mod answers;
 pub mod apply;
-pub mod audit;
 pub mod auth;
-pub mod backup_args;
-pub mod ballast;
+pub mod backup;
+pub mod cli;
 pub mod cluster;
-pub mod compactor;
 pub mod config;
-pub mod data_dir;
-pub mod encoded_events;
 pub mod error;
 pub mod frontend;
 pub mod gateway;
 pub mod keyrange;
 pub mod lease;
-pub mod log_limit;
-pub mod log_text;
 pub mod logging;
 pub mod metrics;
-pub mod migrate;
 pub mod mvcc;
 pub mod node;
-pub mod private_file;
 pub mod proto;
 pub mod proxy;
 pub mod raft;
-pub mod restore;
 pub mod server;
 pub mod signals;
-pub mod snapshot_cli;
 pub mod space;
 pub mod storage;
 pub mod watch_hub;
@@ -50,7 +38,7 @@ pub async fn serve(config: config::Config) -> anyhow::Result<()> {
     // Bound before raft starts: peers must reach this member for it to join an election.
     let peer_listeners = server::bind_peer(&config.listen_peer).await?;
     for listener in config.listen_peer.iter().filter(|l| !l.tls && !l.addr.ip().is_loopback()) {
-        // Allowed by --peer-allow-plaintext (`config.rs` refuses it otherwise): say what it costs.
+        // Allowed by --peer-allow-plaintext (`config/mod.rs` refuses it otherwise): say what it costs.
         tracing::warn!(
             url = %listener.url,
             "plain-text peer traffic beyond loopback (--peer-allow-plaintext): anyone who reaches this port can \
@@ -81,7 +69,7 @@ pub async fn serve(config: config::Config) -> anyhow::Result<()> {
     };
     announce(&config, &node);
     if let Some(policy) = config.auto_compaction {
-        tokio::spawn(compactor::run(node.clone(), policy));
+        tokio::spawn(node::compactor::run(node.clone(), policy));
     }
     let (metrics_stop_tx, metrics_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let metrics_server = {

@@ -40,11 +40,11 @@ fn main() -> ExitCode {
         }
         Command::Snapshot(command) => {
             let _ = keyward::logging::init("warn", &keyward::logging::LogSettings::default());
-            report("keyward snapshot", keyward::snapshot_cli::run(command))
+            report("keyward snapshot", keyward::backup::snapshot::run(command))
         }
         Command::Migrate(args) => {
             let _ = keyward::logging::init("warn", &keyward::logging::LogSettings::default());
-            report("keyward migrate", keyward::migrate::run(*args))
+            report("keyward migrate", keyward::backup::migrate::run(*args))
         }
     }
 }

@@ -1,4 +1,4 @@
-//! One test per permission rule keyward enforces (in `src/apply.rs` for writes, in the read path for
+//! One test per permission rule keyward enforces (in `src/apply/mod.rs` for writes, in the read path for
 //! reads, watches, leases and auth reads), each with its twin: the same request succeeding once the
 //! permission is present. Every test starts its own keyward with auth enabled (`--bcrypt-cost 4`) and
 //! drives it with the `etcd-client` crate, or with keyward's own generated gRPC clients where a test

@@ -1,4 +1,4 @@
-//! Bounded fuzzing of the flag parser (`config.rs`): proptest in place of `cargo fuzz`, so that every
+//! Bounded fuzzing of the flag parser (`config/mod.rs`): proptest in place of `cargo fuzz`, so that every
 //! `cargo test` run (CI included) fuzzes it for a bounded time.
 //!
 //! * [`arbitrary_arguments_and_environments`]: argument vectors mixing every real flag name (in the

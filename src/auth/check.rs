@@ -13,8 +13,8 @@ use super::permissions::{Access, PermissionSet};
 use super::store::{is_root, AuthStore};
 use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
-use crate::log_limit::LogLimit;
-use crate::log_text::Quoted;
+use crate::logging::limit::LogLimit;
+use crate::logging::text::Quoted;
 use crate::proto::etcdserverpb::request_op::Request;
 use crate::proto::etcdserverpb::{DeleteRangeRequest, PutRequest, RequestHeader, TxnRequest};
 
@@ -239,8 +239,8 @@ impl<'t> Authorizer<'t> {
             }
             Some(KeyRange::From(start)) => (Some(start.escape_ascii().to_string()), Some("\\x00".to_string())),
         };
-        log.record(&crate::audit::Decision {
-            time: crate::audit::now(),
+        log.record(&crate::auth::audit::Decision {
+            time: crate::auth::audit::now(),
             member: log.member(),
             client: client.as_deref(),
             source: origin.credential.as_str(),
@@ -431,7 +431,7 @@ fn denied(who: &Requester, op: &'static str, range: Option<&KeyRange>, reason: &
     }
 }
 
-/// The refused keys as the log shows them: each quoted (`log_text.rs`), so a key holding a newline
+/// The refused keys as the log shows them: each quoted (`logging/text.rs`), so a key holding a newline
 /// cannot forge a line.
 fn describe_range(range: &KeyRange) -> String {
     match range {

@@ -9,6 +9,7 @@
 //! - `verified.rs`: passwords bcrypt accepted, as keyed hashes, so logging in again is cheap.
 //! - `simple.rs`, `jwt.rs`, `tokens.rs`, `token_config.rs`: `--auth-token` and the token providers.
 
+pub mod audit;
 pub mod cache;
 pub mod check;
 pub mod jwt;

@@ -34,7 +34,7 @@ pub struct AuthStore {
     meta: Db,
     pub cache: PermissionCache,
     /// Where the checks record their decisions (`--audit-log`), once the member has opened it.
-    pub audit: std::sync::OnceLock<std::sync::Arc<crate::audit::AuditLog>>,
+    pub audit: std::sync::OnceLock<std::sync::Arc<crate::auth::audit::AuditLog>>,
 }
 
 fn corrupt() -> EtcdError {

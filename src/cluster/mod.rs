@@ -9,7 +9,7 @@
 //! - `membership.rs`: etcd's membership view and changes on top of openraft's membership.
 //!
 //! The peer protocol's serving side is `server/peer.rs`; a follower's forwarding of client requests
-//! to the leader is in `node.rs`. This module must not import the member (`node`, `server`).
+//! to the leader is in `node/mod.rs`. This module must not import the member (`node`, `server`).
 
 pub mod admission;
 pub mod bootstrap;

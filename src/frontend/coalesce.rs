@@ -7,7 +7,7 @@
 //! yield): the responses they finish join the same write.
 //!
 //! A member's connections give way only while answers are on their way to other handlers
-//! (`answers.rs`). A response finished alone goes out at once: a task that wakes itself is queued as
+//! (`frontend/answers.rs`). A response finished alone goes out at once: a task that wakes itself is queued as
 //! work another worker may steal, and tokio wakes a parked worker for it, which with one client cost a
 //! futex or eventfd wake-up for nothing on every response. The proxy cannot tell when its upstream's
 //! responses are about to finish together, so its connections give way before every write.
@@ -19,7 +19,7 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
 
-use crate::answers::Answers;
+use crate::frontend::answers::Answers;
 
 /// A connection whose writes wait for one turn of the scheduler first.
 pub struct Coalesced<T> {

@@ -34,7 +34,7 @@ use tonic::transport::server::Connected;
 use super::answered::AnswerScan;
 use super::coalesce::Coalesced;
 use super::tls::listener::TlsConnection;
-use crate::answers::Answers;
+use crate::frontend::answers::Answers;
 
 /// How long a new connection may take to send its first byte.
 pub const FIRST_BYTES_DEADLINE: Duration = Duration::from_secs(10);

@@ -26,6 +26,7 @@
 //! It must not depend on the member (`node`, `raft`, `server`): a proxy has none of them.
 
 pub mod answered;
+pub mod answers;
 pub mod certificate;
 #[cfg(test)]
 mod certificate_fuzz;

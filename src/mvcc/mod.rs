@@ -2,6 +2,7 @@
 //! (range, put, delete, txn, compact) on top of it.
 
 pub mod counts;
+pub mod encoded_events;
 pub mod hash;
 pub mod import;
 pub mod kv;

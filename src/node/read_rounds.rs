@@ -12,8 +12,8 @@ use futures::future::{BoxFuture, FutureExt};
 use openraft::error::RaftError;
 use tokio::sync::oneshot;
 
-use crate::answers::{Handed, ANSWERS};
 use crate::error::EtcdError;
+use crate::frontend::answers::{Handed, ANSWERS};
 use crate::raft::Raft;
 
 /// One round: the read index a quorum confirmed.
@@ -33,7 +33,7 @@ struct Inner {
 #[derive(Default)]
 struct Pending {
     /// Reads waiting for the next round.
-    /// Each read's index is counted as an answer on its way (`answers.rs`) until the read takes it.
+    /// Each read's index is counted as an answer on its way (`frontend/answers.rs`) until the read takes it.
     waiting: Vec<oneshot::Sender<(Result<u64, EtcdError>, Handed)>>,
     /// A task runs rounds until no read waits.
     running: bool,

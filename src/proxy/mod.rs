@@ -1,6 +1,6 @@
 //! `keyward grpc-proxy start`: a gRPC proxy in front of the members that keeps the client's
 //! certificate identity (etcd's grpc-proxy loses it), or, without `--client-cert-auth`, a sidecar that
-//! presents the workload's certificate for a local application (see `config.rs` for the rule).
+//! presents the workload's certificate for a local application (see `config/mod.rs` for the rule).
 //!
 //! The path of a call: `listen.rs` accepts (TLS with client-certificate verification, plain TCP, or
 //! a Unix socket) → `client_identity.rs` decides once per connection what the member is told about

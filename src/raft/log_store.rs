@@ -10,7 +10,7 @@
 //! as etcd's `HardState.Commit` travels with the next WAL write. On restart openraft re-applies the
 //! log up to it before the member serves.
 //!
-//! A write that finds the disk full gets the ballast back and is tried once more (`space.rs`); if the
+//! A write that finds the disk full gets the ballast back and is tried once more (`space/mod.rs`); if the
 //! disk is still full the write fails, which stops the raft core.
 
 use std::fmt::Debug;

@@ -18,9 +18,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::relay::Relay;
 use super::{BatchResults, NodeId, Raft, RaftBatch};
-use crate::answers::{Handed, ANSWERS};
 use crate::apply::Applied;
 use crate::error::EtcdError;
+use crate::frontend::answers::{Handed, ANSWERS};
 use crate::proto::etcdserverpb::{InternalRaftBatch, InternalRaftRequest};
 
 /// Entries proposed but not yet applied. Two lets the next entry's log append overlap the previous
@@ -33,7 +33,7 @@ const MAX_REQUESTS_PER_ENTRY: usize = 1024;
 /// Requests waiting for a place in an entry. Callers wait here when the member is saturated.
 const QUEUE_DEPTH: usize = 4096;
 
-/// The outcome, counted as an answer on its way (`answers.rs`) until the proposer's caller takes it.
+/// The outcome, counted as an answer on its way (`frontend/answers.rs`) until the proposer's caller takes it.
 type Outcome = (Result<Proposed, EtcdError>, Handed);
 type Reply = oneshot::Sender<Outcome>;
 

@@ -31,7 +31,7 @@ impl SnapDir {
     /// Opens the snap dir (creating it owner-only): removes what a crash left half-written and
     /// converts a `current.snap` from before version 1 of the format.
     pub fn open(dir: &Path) -> Result<SnapDir, BoxError> {
-        crate::data_dir::create_private_dir(dir)?;
+        crate::storage::data_dir::create_private_dir(dir)?;
         let snap_dir = SnapDir { dir: dir.to_path_buf(), publishing: Mutex::new(()) };
         for entry in std::fs::read_dir(dir)? {
             let path = entry?.path();
@@ -69,8 +69,12 @@ impl SnapDir {
     pub fn temp(&self, purpose: &str) -> std::io::Result<(TempFile, File)> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let path = self.dir.join(format!("{purpose}-{}{TEMP_SUFFIX}", NEXT.fetch_add(1, Ordering::Relaxed)));
-        let file =
-            OpenOptions::new().read(true).write(true).create_new(true).mode(crate::data_dir::FILE_MODE).open(&path)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(crate::storage::data_dir::FILE_MODE)
+            .open(&path)?;
         Ok((TempFile { path, renamed: false }, file))
     }
 
@@ -91,7 +95,7 @@ impl SnapDir {
         temp.persist(&self.current_path())?;
         // The rename is durable only once the directory is: until then a power loss can bring back
         // the previous snapshot after the log behind the new one was purged.
-        crate::data_dir::sync_dir(&self.dir)
+        crate::storage::data_dir::sync_dir(&self.dir)
     }
 
     /// Converts a `current.snap` written before version 1 into version 1, atomically.

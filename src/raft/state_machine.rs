@@ -7,7 +7,7 @@
 //! observer (`Committed::installed`).
 //!
 //! A batch that finds storage full (the disk, or LMDB's map) is aborted and applied again, unchanged,
-//! until it fits (`space.rs`): what an entry does never depends on one member's disk.
+//! until it fits (`space/mod.rs`): what an entry does never depends on one member's disk.
 
 use std::fs::File;
 use std::path::Path;
@@ -22,7 +22,6 @@ use super::snap_dir::{SnapDir, TempFile};
 use super::snapshot_data::SnapshotData;
 use super::snapshot_file::{self, Meta};
 use super::{any_error, blocking, BatchResults, Entry, LogId, StorageError, StoredMembership, TypeConfig};
-use crate::alarm::AlarmStore;
 use crate::apply::{Effects, Stores};
 use crate::auth::store::AuthStore;
 use crate::auth::tokens::Tokens;
@@ -30,6 +29,7 @@ use crate::error::EtcdError;
 use crate::lease::store::{LeaseRecord, LeaseStore};
 use crate::mvcc::KvStore;
 use crate::proto::etcdserverpb::{AlarmMember, AlarmType};
+use crate::space::alarm::AlarmStore;
 use crate::space::{Full, Space};
 use crate::storage::mapping::{self, Mapping, ReadTxn};
 use crate::storage::table::LongKeys;
@@ -94,7 +94,7 @@ pub struct Committed {
     /// derived again from the new one.
     pub installed: Option<Installed>,
     /// `effects.events` encoded for watchers, once, by the first that sends them.
-    pub encoded: crate::encoded_events::EncodedEvents,
+    pub encoded: crate::mvcc::encoded_events::EncodedEvents,
 }
 
 /// What a snapshot install tells the observer beyond the revision and the auth state.
@@ -267,7 +267,7 @@ struct Carried {
     tokens: Arc<OnceLock<Arc<Tokens>>>,
     snaps: Arc<SnapDir>,
     observer: Arc<OnceLock<Observer>>,
-    audit: Option<Arc<crate::audit::AuditLog>>,
+    audit: Option<Arc<crate::auth::audit::AuditLog>>,
     /// How the environment is written: `None` chooses by its file system (`Writes::for_dir`).
     writes: Option<Writes>,
 }
@@ -295,7 +295,7 @@ impl State {
         ];
         let existing = std::fs::metadata(kv_dir.join("data.mdb")).map_or(0, |m| m.len());
         let ceiling = crate::space::map_size(carried.space.quota(), existing);
-        crate::data_dir::create_private_dir(kv_dir)?;
+        crate::storage::data_dir::create_private_dir(kv_dir)?;
         let wanted = carried.writes.unwrap_or_else(|| Writes::for_dir(kv_dir));
         let (writes, map_size) = mapping::plan(kv_dir, wanted, existing, ceiling as u64)?;
         let (env, dbs) = storage::open_with(kv_dir, names, storage::Durability::Deferred, writes, map_size as usize)?;
@@ -928,7 +928,6 @@ mod space_tests {
     use openraft::{CommittedLeaderId, EntryPayload};
 
     use super::*;
-    use crate::ballast::Ballast;
     use crate::proto::etcdserverpb::alarm_request::AlarmAction;
     use crate::proto::etcdserverpb::request_op::Request;
     use crate::proto::etcdserverpb::{
@@ -936,6 +935,7 @@ mod space_tests {
         PutRequest, RangeRequest, RequestOp, TxnRequest,
     };
     use crate::raft::{Applied, RaftBatch};
+    use crate::space::ballast::Ballast;
     use crate::space::Quota;
 
     fn open(dir: &Path, space: Space) -> Arc<State> {

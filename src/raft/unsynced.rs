@@ -60,7 +60,7 @@ pub fn previous(member_dir: &Path, running_boot: Option<&str>) -> io::Result<Pre
 pub fn mark(member_dir: &Path, running_boot: Option<&str>) -> io::Result<()> {
     let path = marker(member_dir);
     let temp = member_dir.join(format!("{MARKER}.tmp"));
-    let mut file = crate::data_dir::create_private_file(&temp)?;
+    let mut file = crate::storage::data_dir::create_private_file(&temp)?;
     file.write_all(running_boot.unwrap_or("unknown").as_bytes())?;
     file.sync_all()?;
     fs::rename(&temp, &path)?;

@@ -36,7 +36,7 @@ async fn health(State(node): State<Arc<Node>>, uri: axum::http::Uri) -> impl Int
         uri.query().unwrap_or("").split('&').filter_map(|pair| pair.strip_prefix("exclude=")).collect();
     let alarmed = node.state().active_alarms().iter().find_map(|alarm| {
         let name = AlarmType::try_from(alarm.alarm).map_or("UNKNOWN", |t| t.as_str_name());
-        (!excluded.contains(&name)).then(|| crate::alarm::go_text(alarm))
+        (!excluded.contains(&name)).then(|| crate::space::alarm::go_text(alarm))
     });
     let healthy = match alarmed {
         Some(alarm) => {

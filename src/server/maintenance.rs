@@ -73,7 +73,7 @@ impl MaintenanceService {
 #[tonic::async_trait]
 impl Maintenance for MaintenanceService {
     /// etcd's Alarm: GET lists the active alarms (a linearizable read of the replicated alarm table,
-    /// `AlarmType::None` = all), ACTIVATE and DEACTIVATE go through raft (`apply.rs`). Responses carry
+    /// `AlarmType::None` = all), ACTIVATE and DEACTIVATE go through raft (`apply/mod.rs`). Responses carry
     /// no header, as etcd's. GET is open to every client, as in etcd (Status shows the same alarms).
     /// With auth enabled, raising and clearing are root's: etcd 3.4 lets any client, even an
     /// unauthenticated one, raise NOSPACE (the cluster turns read-only) or clear it. keyward raises
@@ -121,7 +121,7 @@ impl Maintenance for MaintenanceService {
         if leader.is_none() {
             errors.push(EtcdError::NoLeader.to_string());
         }
-        errors.extend(self.node.state().active_alarms().iter().map(crate::alarm::go_text));
+        errors.extend(self.node.state().active_alarms().iter().map(crate::space::alarm::go_text));
         let mut resp = StatusResponse {
             version: ETCD_API_VERSION.to_string(),
             db_size,
@@ -248,7 +248,7 @@ fn copy_env(state: &State) -> Result<(File, u64), EtcdError> {
         .read(true)
         .write(true)
         .create_new(true)
-        .mode(crate::data_dir::FILE_MODE)
+        .mode(crate::storage::data_dir::FILE_MODE)
         .open(&path)
         .map_err(io_error)?;
     remove_temp(&path);

@@ -129,8 +129,10 @@ async fn serve_bound(
         }
         let server = builder.add_routes(routes);
         // Every connection of a client listener is admitted (or closed) and watched for silence.
-        let admission =
-            limits.map(Admission::new).unwrap_or_else(Admission::unbounded).giving_way_while(&crate::answers::ANSWERS);
+        let admission = limits
+            .map(Admission::new)
+            .unwrap_or_else(Admission::unbounded)
+            .giving_way_while(&crate::frontend::answers::ANSWERS);
         servers.push(match (is_tls, tls) {
             (true, Some(tls)) => {
                 let accepted =

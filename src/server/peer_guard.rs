@@ -16,7 +16,7 @@ use tonic::{Request, Status};
 
 use crate::cluster::admission::{Caller, PeerAdmission};
 use crate::frontend::tls::listener::TlsConnectInfo;
-use crate::log_limit::LogLimit;
+use crate::logging::limit::LogLimit;
 use crate::node::Node;
 
 #[derive(Clone)]

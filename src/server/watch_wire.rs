@@ -1,5 +1,5 @@
 //! The Watch service's wire: its responses encoded by keyward, so that the events of a batch, shared
-//! by every watcher, are encoded once (`encoded_events.rs`) rather than once per watcher.
+//! by every watcher, are encoded once (`mvcc/encoded_events.rs`) rather than once per watcher.
 //!
 //! A `WatchReply` is either a whole `WatchResponse` (created, canceled, progress, fragments, replays
 //! from the store), or a response's header and watch id with its events already encoded, each as an
@@ -21,7 +21,7 @@ use crate::proto::etcdserverpb::{ResponseHeader, WatchRequest, WatchResponse};
 pub enum WatchReply {
     Response(WatchResponse),
     /// A response of events only: each of `events` is one encoded element of `WatchResponse.events`
-    /// (`encoded_events.rs`).
+    /// (`mvcc/encoded_events.rs`).
     Events {
         header: Option<ResponseHeader>,
         watch_id: i64,
@@ -118,7 +118,7 @@ impl Encoder for ReplyEncoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::encoded_events::EncodedEvents;
+    use crate::mvcc::encoded_events::EncodedEvents;
     use crate::proto::mvccpb::{Event, KeyValue};
 
     fn event(key: &[u8], revision: i64) -> Event {

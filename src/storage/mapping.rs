@@ -10,7 +10,7 @@
 //! again at every replay. So here the map is exactly as large as the blocks reserved for the file
 //! (`fallocate`): LMDB cannot touch a page without an allocated block. A transaction that needs more
 //! gets `MDB_MAP_FULL`, an error. The writer aborts it, reserves more (`ENOSPC` there takes the
-//! ordinary disk-full path, `space.rs`), remaps, and runs the transaction again.
+//! ordinary disk-full path, `space/mod.rs`), remaps, and runs the transaction again.
 //!
 //! This holds only where writing an allocated block cannot fail for want of space: ext4 and tmpfs.
 //! On copy-on-write file systems (btrfs, ZFS, XFS with shared extents) a reserved block may still

@@ -52,7 +52,7 @@ impl Backlog {
 }
 
 /// What a batch holds in memory while kept, roughly: its events, and the two encodings watchers may
-/// make of them (`encoded_events.rs`).
+/// make of them (`mvcc/encoded_events.rs`).
 fn held_bytes(batch: &Committed) -> usize {
     let kv_bytes =
         |kv: &Option<crate::proto::mvccpb::KeyValue>| kv.as_ref().map_or(0, |kv| kv.key.len() + kv.value.len());

@@ -24,7 +24,7 @@ use tonic::transport::server::Connected;
 
 use super::settings::{NotAllowed, TlsSettings};
 use crate::frontend::certificate::{cert_names, CertNames, NoIdentity, PeerIdentity};
-use crate::log_limit::LogLimit;
+use crate::logging::limit::LogLimit;
 
 /// How long a client may take to complete the TLS handshake.
 pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);

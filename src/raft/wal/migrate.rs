@@ -37,7 +37,7 @@ pub async fn open_member(member_dir: &Path, space: Arc<Space>) -> std::io::Resul
         let temp = member_dir.join(TEMP_DIR);
         let entries = copy(&legacy, &temp).await?;
         std::fs::rename(&temp, &wal)?;
-        crate::data_dir::sync_dir(member_dir)?;
+        crate::storage::data_dir::sync_dir(member_dir)?;
         tracing::info!(from = %legacy.display(), to = %wal.display(), entries, "raft log migrated from LMDB");
     }
     if legacy.exists() && wal.exists() {
@@ -50,7 +50,7 @@ pub async fn open_member(member_dir: &Path, space: Arc<Space>) -> std::io::Resul
             )));
         }
         std::fs::rename(&legacy, &aside)?;
-        crate::data_dir::sync_dir(member_dir)?;
+        crate::storage::data_dir::sync_dir(member_dir)?;
     }
     Wal::open_with(&wal, space)
 }

@@ -25,7 +25,7 @@
 //! reads of older entries; `log_cache.rs` serves the newest without touching the disk.
 //!
 //! A write that finds the disk full zeros what it may have written, gets the ballast back and is tried
-//! once more (`space.rs`); if the disk is still full the write fails, which stops the raft core.
+//! once more (`space/mod.rs`); if the disk is still full the write fails, which stops the raft core.
 
 pub mod migrate;
 pub mod recover;
@@ -131,7 +131,7 @@ impl Wal {
     }
 
     pub(crate) fn open_sized(dir: &Path, space: Arc<Space>, segment_bytes: u64) -> std::io::Result<Self> {
-        crate::data_dir::create_private_dir(dir)?;
+        crate::storage::data_dir::create_private_dir(dir)?;
         let found = recover::scan(dir, segment_bytes)?;
         let active = found.segments.last().cloned().ok_or_else(|| std::io::Error::other("no segment"))?;
         let mut index = Index {
@@ -323,7 +323,7 @@ impl Wal {
             let syncing = std::time::Instant::now();
             segment.file.sync_data()?;
             crate::metrics::WAL_FSYNC_SECONDS.observe(syncing.elapsed().as_secs_f64());
-            crate::data_dir::sync_dir(&self.inner.dir)?;
+            crate::storage::data_dir::sync_dir(&self.inner.dir)?;
             Ok(segment)
         });
         match created {

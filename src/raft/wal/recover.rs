@@ -37,7 +37,7 @@ pub fn scan(dir: &Path, segment_bytes: u64) -> std::io::Result<Recovered> {
     seqs.sort_unstable();
     if seqs.is_empty() {
         let first = Segment::create(dir, 0, segment_bytes.min(segment::ALLOCATION_STEP))?;
-        crate::data_dir::sync_dir(dir)?;
+        crate::storage::data_dir::sync_dir(dir)?;
         let entries = BTreeMap::new();
         return Ok(Recovered { segments: vec![first], end: 0, entries, state: State::default(), state_seq: 0 });
     }

@@ -3,7 +3,7 @@
 //! - **Quota** (etcd's `quotaKVServer`/`quotaLeaseServer`): a put, a txn with a put, or a lease grant
 //!   whose cost would take the kv database's size in use to the quota is refused at the API layer with
 //!   "database space exceeded", and the member raises a NOSPACE alarm through raft. While the alarm is
-//!   active, apply refuses those requests on every member (`apply.rs`); reads, deletes, compaction and
+//!   active, apply refuses those requests on every member (`apply/mod.rs`); reads, deletes, compaction and
 //!   defragment still work, and `etcdctl alarm disarm` clears it.
 //! - **Size in use** is LMDB's pages in use (every table's branch, leaf and overflow pages), not the
 //!   file size. Unlike bbolt, LMDB reuses freed pages in place: once deletes and a compaction free
@@ -11,18 +11,21 @@
 //!   which uses bbolt's file size, raises the alarm again at once).
 //! - **Storage full** (the disk: ENOSPC/EDQUOT, or LMDB's map: MapFull) while applying a batch never
 //!   changes what the batch does: the batch is aborted and applied again, unchanged. The first time,
-//!   the ballast (`ballast.rs`) is deleted to make room; the member then raises NOSPACE. If there is
+//!   the ballast (`space/ballast.rs`) is deleted to make room; the member then raises NOSPACE. If there is
 //!   still no room, apply waits and retries with backoff, `/health` reports unhealthy, and the member
 //!   never exits on its own for this.
+
+pub mod alarm;
+pub mod ballast;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use heed::{MdbError, RoTxn};
 
-use crate::ballast::Ballast;
 use crate::proto::etcdserverpb::request_op::Request;
 use crate::proto::etcdserverpb::{InternalRaftRequest, PutRequest, RequestOp};
+use crate::space::ballast::Ballast;
 use crate::storage::{Db, LmdbEnv, MAP_SIZE};
 
 /// etcd's `DefaultQuotaBytes`: the quota when the flag is 0.
@@ -135,7 +138,7 @@ pub fn full_kind_at(err: &heed::Error, dir: &Path) -> Option<Full> {
         _ => false,
     };
     full_kind(err).or_else(|| {
-        let out_of_space = || crate::ballast::free_bytes(dir).is_ok_and(|free| free < SHORT_WRITE_FREE_BYTES);
+        let out_of_space = || crate::space::ballast::free_bytes(dir).is_ok_and(|free| free < SHORT_WRITE_FREE_BYTES);
         (is_eio && out_of_space()).then_some(Full::Disk)
     })
 }
@@ -313,7 +316,7 @@ mod tests {
         // A short write shows as EIO: a full disk only if the file system is out of space.
         let eio = heed::Error::Mdb(MdbError::Other(rustix::io::Errno::IO.raw_os_error()));
         let roomy = tempfile::tempdir().unwrap();
-        if crate::ballast::free_bytes(roomy.path()).unwrap() > SHORT_WRITE_FREE_BYTES {
+        if crate::space::ballast::free_bytes(roomy.path()).unwrap() > SHORT_WRITE_FREE_BYTES {
             assert_eq!(full_kind_at(&eio, roomy.path()), None, "EIO with free space is a genuine failure");
         }
         assert_eq!(full_kind_at(&enospc, roomy.path()), Some(Full::Disk));

@@ -9,6 +9,10 @@
 //!
 //! Log files are created 0600 (they name keys and users).
 
+pub mod limit;
+pub mod private_file;
+pub mod text;
+
 use std::fmt::Write as _;
 use std::fs::File;
 use std::io::IsTerminal;
@@ -120,7 +124,7 @@ pub fn init(level: &str, settings: &LogSettings) -> Result<(), String> {
 }
 
 fn open_log_file(path: &std::path::Path) -> Result<File, String> {
-    crate::private_file::open_append(path).map_err(|e| format!("--log-outputs {}: {e}", path.display()))
+    crate::logging::private_file::open_append(path).map_err(|e| format!("--log-outputs {}: {e}", path.display()))
 }
 
 /// The text logger's writer: each event arrives as one buffer (tracing-subscriber formats an event,
@@ -148,7 +152,7 @@ impl<W: std::io::Write> std::io::Write for OneLineWriter<W> {
             None => (event, &b""[..]),
         };
         let text = String::from_utf8_lossy(body);
-        let mut line = crate::log_text::escape_line_breaks(&text).into_owned().into_bytes();
+        let mut line = crate::logging::text::escape_line_breaks(&text).into_owned().into_bytes();
         line.extend_from_slice(end);
         self.0.write_all(&line)?;
         Ok(event.len())
@@ -316,7 +320,7 @@ mod tests {
         assert_eq!(line["path"], "/d \"x\"");
         assert_eq!(line["count"], 3);
         assert_eq!(line["ok"], true);
-        assert!(line["caller"].as_str().unwrap().starts_with("logging.rs:"), "{text}");
+        assert!(line["caller"].as_str().unwrap().starts_with("logging/mod.rs:"), "{text}");
         assert!(line["ts"].as_str().unwrap().ends_with('Z'), "{text}");
     }
 }

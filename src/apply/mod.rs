@@ -12,7 +12,7 @@
 //!
 //! Steps 1–3 never write, so a refused entry changes nothing.
 //!
-//! While a NOSPACE alarm is active (replicated state, `alarm.rs`), step 3 refuses puts, txns with a
+//! While a NOSPACE alarm is active (replicated state, `space/alarm.rs`), step 3 refuses puts, txns with a
 //! put and lease grants with "database space exceeded" (etcd's `applierV3Capped`), identically on
 //! every member; deletes, compaction and everything else still apply.
 
@@ -21,7 +21,6 @@ use std::collections::HashSet;
 use heed::{RoTxn, RwTxn};
 use serde::{Deserialize, Serialize};
 
-use crate::alarm::AlarmStore;
 use crate::auth::cache::Affected;
 use crate::auth::check::{Authorizer, Requester};
 use crate::auth::permissions::Access;
@@ -43,6 +42,7 @@ use crate::proto::etcdserverpb::{
 };
 use crate::proto::mvccpb::event::EventType;
 use crate::proto::mvccpb::Event;
+use crate::space::alarm::AlarmStore;
 
 /// The replicated tables an entry can change, and the member-local token table that Authenticate
 /// entries fill.
@@ -247,14 +247,14 @@ fn apply_alarm(stores: &Stores, txn: &mut RwTxn, req: &AlarmRequest) -> Result<(
         Ok(AlarmAction::Activate) => {
             let (member, new) = stores.alarms.activate(txn, req.member_id, req.alarm)?;
             if new {
-                tracing::warn!(alarm = %crate::alarm::go_text(&member), "alarm raised");
+                tracing::warn!(alarm = %crate::space::alarm::go_text(&member), "alarm raised");
             }
             changed = new;
             resp.alarms.push(member);
         }
         Ok(AlarmAction::Deactivate) => {
             if let Some(member) = stores.alarms.deactivate(txn, req.member_id, req.alarm)? {
-                tracing::warn!(alarm = %crate::alarm::go_text(&member), "alarm disarmed");
+                tracing::warn!(alarm = %crate::space::alarm::go_text(&member), "alarm disarmed");
                 changed = true;
                 resp.alarms.push(member);
             }

@@ -11,7 +11,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use crate::data_dir;
+use crate::storage::data_dir;
 
 /// Default size: a few thousand typical batches, and small next to any real disk.
 pub const DEFAULT_BALLAST_BYTES: u64 = 64 << 20;

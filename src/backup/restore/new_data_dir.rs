@@ -18,7 +18,7 @@ use anyhow::{anyhow, Context as _};
 use openraft::CommittedLeaderId;
 
 use super::member_flags;
-use crate::backup_args::MemberFlags;
+use crate::cli::backup::MemberFlags;
 use crate::cluster::bootstrap::NewCluster;
 use crate::raft::state_machine::{State, StateMachine};
 use crate::raft::wal::{segment, Wal};
@@ -62,7 +62,7 @@ impl NewDataDir {
         if temp.exists() {
             std::fs::remove_dir_all(&temp).with_context(|| format!("cannot remove stale {}", temp.display()))?;
         }
-        crate::data_dir::create_private_dir(&temp.join("member"))
+        crate::storage::data_dir::create_private_dir(&temp.join("member"))
             .with_context(|| format!("cannot create {}", temp.display()))?;
         Ok(NewDataDir { target, temp, cluster, state: None, done: false })
     }
@@ -112,13 +112,13 @@ impl NewDataDir {
         // Every file's directory entry is durable before the data dir appears under its name.
         let member = self.temp.join("member");
         for dir in ["kv", "wal", "snap"].map(|d| member.join(d)).iter().chain([&member, &self.temp]) {
-            crate::data_dir::sync_dir(dir).with_context(|| format!("cannot sync {}", dir.display()))?;
+            crate::storage::data_dir::sync_dir(dir).with_context(|| format!("cannot sync {}", dir.display()))?;
         }
         std::fs::rename(&self.temp, &self.target)
             .with_context(|| format!("cannot rename {} to {}", self.temp.display(), self.target.display()))?;
         self.done = true;
         if let Some(parent) = self.target.parent().filter(|p| !p.as_os_str().is_empty()) {
-            crate::data_dir::sync_dir(parent)?;
+            crate::storage::data_dir::sync_dir(parent)?;
         }
         Ok(Restored {
             data_dir: self.target.clone(),

@@ -11,9 +11,9 @@ use std::io::Read;
 
 use anyhow::{anyhow, bail, Context as _};
 
-use crate::backup_args::RestoreArgs;
-use crate::restore::snapshot_file::SnapshotFile;
-use crate::restore::NewDataDir;
+use crate::backup::restore::snapshot_file::SnapshotFile;
+use crate::backup::restore::NewDataDir;
+use crate::cli::backup::RestoreArgs;
 
 /// bbolt's magic, where an etcd backup has it: such a file is for `keyward migrate`.
 const BOLT_MAGIC: [u8; 4] = 0xED0C_DAEDu32.to_le_bytes();
@@ -32,10 +32,10 @@ pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
     checked.check_lmdb(&args.file)?;
     let mut dir = NewDataDir::create(&args.member)?;
     let kv = dir.kv_dir();
-    crate::data_dir::create_private_dir(&kv).with_context(|| format!("cannot create {}", kv.display()))?;
+    crate::storage::data_dir::create_private_dir(&kv).with_context(|| format!("cannot create {}", kv.display()))?;
     let target = kv.join("data.mdb");
-    let mut out =
-        crate::data_dir::create_private_file(&target).with_context(|| format!("cannot create {}", target.display()))?;
+    let mut out = crate::storage::data_dir::create_private_file(&target)
+        .with_context(|| format!("cannot create {}", target.display()))?;
     let mut source = File::open(&args.file).with_context(|| format!("cannot open snapshot {}", args.file.display()))?;
     let copied = std::io::copy(&mut (&mut source).take(checked.db_len), &mut out)
         .with_context(|| format!("cannot copy snapshot {} to {}", args.file.display(), target.display()))?;

@@ -11,9 +11,9 @@ use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Context as _};
 
-use crate::backup_args::StatusArgs;
+use crate::backup::restore::snapshot_file::SnapshotFile;
+use crate::cli::backup::StatusArgs;
 use crate::raft::state_machine::StateMachine;
-use crate::restore::snapshot_file::SnapshotFile;
 
 #[derive(Debug, PartialEq, Eq)]
 pub struct Status {
@@ -37,18 +37,18 @@ pub fn status(path: &std::path::Path) -> anyhow::Result<Status> {
     if checked.has_digest {
         SnapshotFile::check(path, false)?;
     }
-    if let Ok(bolt) = crate::migrate::bolt::Bolt::open(path, checked.db_len) {
+    if let Ok(bolt) = crate::backup::migrate::bolt::Bolt::open(path, checked.db_len) {
         // An etcd backup (before `keyward migrate`): etcdctl's numbers for it.
         let (hash, revision, total_keys, total_size) =
-            crate::migrate::etcd::status(&bolt).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+            crate::backup::migrate::etcd::status(&bolt).map_err(|e| anyhow!("{}: {e}", path.display()))?;
         return Ok(Status { hash, revision, total_keys, total_size });
     }
     checked.check_lmdb(path)?;
     let temp = tempdir_near()?;
     let kv = temp.join("kv");
-    crate::data_dir::create_private_dir(&kv)?;
+    crate::storage::data_dir::create_private_dir(&kv)?;
     let result = (|| {
-        let mut out = crate::data_dir::create_private_file(&kv.join("data.mdb"))?;
+        let mut out = crate::storage::data_dir::create_private_file(&kv.join("data.mdb"))?;
         let mut source = File::open(path).with_context(|| format!("cannot open snapshot {}", path.display()))?;
         std::io::copy(&mut (&mut source).take(checked.db_len), &mut out)?;
         drop(out);
@@ -76,7 +76,7 @@ fn tempdir_near() -> anyhow::Result<PathBuf> {
         std::process::id(),
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
     ));
-    crate::data_dir::create_private_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    crate::storage::data_dir::create_private_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     Ok(dir)
 }
 

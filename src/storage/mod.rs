@@ -10,6 +10,7 @@ use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvFlags, EnvOpenOptions, WithoutTls};
 
 pub mod compacted;
+pub mod data_dir;
 pub mod mapping;
 pub mod table;
 
@@ -56,7 +57,7 @@ pub fn open_with<const N: usize>(
     writes: Writes,
     map_size: usize,
 ) -> heed::Result<(LmdbEnv, [Db; N])> {
-    crate::data_dir::create_private_dir(dir)?;
+    crate::storage::data_dir::create_private_dir(dir)?;
     let mut options = EnvOpenOptions::new().read_txn_without_tls();
     options.map_size(map_size).max_dbs(N as u32).max_readers(1024);
     let mut flags = EnvFlags::empty();

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::backup_args::SaveArgs;
+use crate::cli::backup::SaveArgs;
 use anyhow::{anyhow, bail, Context as _};
 use sha2::{Digest, Sha256};
 use tonic::metadata::AsciiMetadataValue;
@@ -81,7 +81,7 @@ async fn save(args: &SaveArgs) -> anyhow::Result<u64> {
     let part = part_path(&args.file);
     let result = async {
         let mut out = std::io::BufWriter::new(
-            crate::data_dir::create_private_file(&part).with_context(|| format!("cannot create {}", part.display()))?,
+            crate::storage::data_dir::create_private_file(&part).with_context(|| format!("cannot create {}", part.display()))?,
         );
         let write = |e| anyhow!("cannot write {}: {e}", part.display());
         // The last chunk is the digest of the ones before: each chunk is hashed once the next arrives.
@@ -110,7 +110,7 @@ async fn save(args: &SaveArgs) -> anyhow::Result<u64> {
             std::fs::rename(&part, &args.file)
                 .with_context(|| format!("cannot rename {} to {}", part.display(), args.file.display()))?;
             if let Some(dir) = args.file.parent().filter(|p| !p.as_os_str().is_empty()) {
-                crate::data_dir::sync_dir(dir).with_context(|| format!("cannot sync {}", dir.display()))?;
+                crate::storage::data_dir::sync_dir(dir).with_context(|| format!("cannot sync {}", dir.display()))?;
             }
             Ok(size)
         }

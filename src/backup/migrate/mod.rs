@@ -10,9 +10,9 @@ pub mod etcd;
 
 use anyhow::anyhow;
 
-use crate::backup_args::MigrateArgs;
-use crate::restore::snapshot_file::SnapshotFile;
-use crate::restore::NewDataDir;
+use crate::backup::restore::snapshot_file::SnapshotFile;
+use crate::backup::restore::NewDataDir;
+use crate::cli::backup::MigrateArgs;
 
 /// Runs `keyward migrate`; the error names the file or flag.
 pub fn run(args: MigrateArgs) -> anyhow::Result<()> {

@@ -110,9 +110,9 @@ impl AuditLog {
     }
 }
 
-/// Owner-only whatever the umask (`private_file.rs`): the log names keys, users and clients.
+/// Owner-only whatever the umask (`logging/private_file.rs`): the log names keys, users and clients.
 fn open_append(path: &Path) -> Result<File, String> {
-    crate::private_file::open_append(path).map_err(|e| format!("--audit-log {}: {e}", path.display()))
+    crate::logging::private_file::open_append(path).map_err(|e| format!("--audit-log {}: {e}", path.display()))
 }
 
 fn failed(why: &str) {

@@ -3,7 +3,7 @@
 //! and a fake log line stays one field of one line.
 //!
 //! Every log field whose value a client chose goes through `Quoted` (`%Quoted::str(name)`,
-//! `%Quoted::bytes(key)`). As a second guard the text logger (`logging.rs`) escapes any line break
+//! `%Quoted::bytes(key)`). As a second guard the text logger (`logging/mod.rs`) escapes any line break
 //! left inside an event, so that a field someone forgot to quote still cannot start a new line.
 
 use std::fmt::{self, Write as _};

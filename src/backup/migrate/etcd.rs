@@ -86,7 +86,7 @@ pub fn import(bolt: &Bolt, state: &State) -> anyhow::Result<Imported> {
             state.leases.attach(&mut txn, lease, &key)?;
         } else {
             // etcd logs the same at start and serves the key with its lease id.
-            tracing::warn!(key = %crate::log_text::Quoted::bytes(&key), lease = format!("{lease:x}"), "key's lease does not exist");
+            tracing::warn!(key = %crate::logging::text::Quoted::bytes(&key), lease = format!("{lease:x}"), "key's lease does not exist");
         }
     }
     import_auth(bolt, bucket("auth")?, bucket("authUsers")?, bucket("authRoles")?, state, &mut txn, &mut imported)?;

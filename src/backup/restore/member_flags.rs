@@ -5,7 +5,7 @@
 //! with: each member restored with the same `--initial-cluster` and token agrees on every id without
 //! talking, and `keyward serve` started with those flags finds the same ids stored.
 
-use crate::backup_args::MemberFlags;
+use crate::cli::backup::MemberFlags;
 use crate::cluster::bootstrap::{new_cluster_of, NewCluster};
 
 /// The restored cluster: every member's id and peer URLs, this member's id and the cluster id.

@@ -31,9 +31,9 @@ pub enum Command {
     /// Backups: save a member's, restore one into a new data dir, show one's status (etcdctl's and
     /// etcdutl's `snapshot`).
     #[command(subcommand)]
-    Snapshot(crate::backup_args::SnapshotCommand),
+    Snapshot(crate::cli::backup::SnapshotCommand),
     /// A new data dir from an etcd 3.4/3.5 snapshot: keys with their revisions, leases, users, roles.
-    Migrate(Box<crate::backup_args::MigrateArgs>),
+    Migrate(Box<crate::cli::backup::MigrateArgs>),
 }
 
 #[derive(Subcommand, Debug)]
@@ -116,7 +116,7 @@ pub struct ServeArgs {
     pub quota_backend_bytes: i64,
     /// Size of the disk-full ballast kept in the data dir: deleted when a write finds the disk full, so
     /// the member can finish that write and raise a NOSPACE alarm instead of stopping (0 = none).
-    #[arg(long, env = "KEYWARD_BALLAST_BYTES", default_value_t = crate::ballast::DEFAULT_BALLAST_BYTES)]
+    #[arg(long, env = "KEYWARD_BALLAST_BYTES", default_value_t = crate::space::ballast::DEFAULT_BALLAST_BYTES)]
     pub ballast_bytes: u64,
     /// Specify auth token type and its options, e.g. "simple" or
     /// "jwt,pub-key=PATH,priv-key=PATH,sign-method=RS256,ttl=5m".
@@ -279,7 +279,7 @@ pub struct Config {
     pub bcrypt_cost: u32,
     pub login_throttle: crate::auth::throttle::Limits,
     /// `--audit-log*`.
-    pub audit: Option<crate::audit::AuditConfig>,
+    pub audit: Option<crate::auth::audit::AuditConfig>,
     /// TLS for `https://` client listeners.
     pub client_tls: Option<crate::frontend::tls::settings::TlsSettings>,
     /// Peer TLS: the peer listener's settings, and the certificate this member presents to its peers.
@@ -613,7 +613,7 @@ impl ServeArgs {
             auth_token,
             auth_token_ttl: std::time::Duration::from_secs(self.auth_token_ttl),
             bcrypt_cost: self.bcrypt_cost,
-            audit: self.audit_log.clone().map(|path| crate::audit::AuditConfig {
+            audit: self.audit_log.clone().map(|path| crate::auth::audit::AuditConfig {
                 path,
                 max_size: self.audit_log_max_size,
                 max_backups: self.audit_log_max_backups,

@@ -1,7 +1,7 @@
 //! The flags of keyward's one-shot backup commands — `keyward snapshot save|restore|status` (etcdctl's
 //! and etcdutl's) and `keyward migrate` — as plain clap structs. They import nothing of keyward, so
-//! `config.rs` names them in its `Command` while the commands themselves (`snapshot_cli/`,
-//! `migrate/`, `restore/`) use the member's storage and bootstrap, which import `config`.
+//! `config/mod.rs` names them in its `Command` while the commands themselves (`backup/snapshot/`,
+//! `backup/migrate/`, `backup/restore/`) use the member's storage and bootstrap, which import `config`.
 
 use std::path::PathBuf;
 

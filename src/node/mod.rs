@@ -9,7 +9,7 @@
 //!
 //! Before proposing a put, a txn with a put or a lease grant, the node checks the space quota
 //! (etcd's `quotaKVServer`): over it, the request gets "database space exceeded" and the member raises
-//! a NOSPACE alarm through raft (`space.rs`). The node owns the data dir lock for as long as it lives.
+//! a NOSPACE alarm through raft (`space/mod.rs`). The node owns the data dir lock for as long as it lives.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,6 +43,7 @@ use crate::raft::state_machine::{Committed, KvEnv, State, StateMachine};
 use crate::raft::{NodeId, Raft};
 use crate::space::Space;
 
+pub mod compactor;
 mod leader;
 pub mod login_throttle;
 mod read_rounds;
@@ -79,8 +80,8 @@ pub struct Node {
     pub login_throttle: Arc<crate::auth::throttle::LoginThrottle>,
     /// Passwords Authenticate verified (`auth/verified.rs`).
     pub verified_passwords: crate::auth::verified::VerifiedPasswords,
-    /// `--audit-log`: every auth decision as a JSON line (`audit.rs`).
-    pub audit: Option<Arc<crate::audit::AuditLog>>,
+    /// `--audit-log`: every auth decision as a JSON line (`auth/audit.rs`).
+    pub audit: Option<Arc<crate::auth::audit::AuditLog>>,
     pub tokens: Arc<Tokens>,
     /// Whether auth is enabled, and the auth revision, as of the latest applied batch.
     auth_enabled: Arc<std::sync::atomic::AtomicBool>,
@@ -101,7 +102,7 @@ pub struct Node {
     /// A NOSPACE alarm proposal is on its way: concurrent writes at the quota propose only one.
     raising_nospace: std::sync::atomic::AtomicBool,
     /// This process's hold on the data dir (released when the node is dropped).
-    _data_dir: crate::data_dir::DataDirLock,
+    _data_dir: crate::storage::data_dir::DataDirLock,
     /// Where raft runs (`raft/thread.rs`); dropped last, after the handles above.
     _raft_thread: crate::raft::thread::RaftThread,
 }
@@ -123,12 +124,12 @@ impl Node {
     /// next (`lib.rs`), and it catches up in the background.
     pub async fn start(config: &Config) -> anyhow::Result<Arc<Node>> {
         // Before any LMDB environment is opened: a second process on this data dir stops here.
-        let data_dir = crate::data_dir::lock(&config.data_dir)?;
+        let data_dir = crate::storage::data_dir::lock(&config.data_dir)?;
         let member_dir = config.data_dir.join("member");
-        crate::data_dir::create_private_dir(&member_dir)?;
+        crate::storage::data_dir::create_private_dir(&member_dir)?;
         let space = Arc::new(Space::new(
             config.quota,
-            crate::ballast::Ballast::new(member_dir.join("ballast"), config.ballast_bytes),
+            crate::space::ballast::Ballast::new(member_dir.join("ballast"), config.ballast_bytes),
         ));
         match config.quota {
             crate::space::Quota::Bytes(bytes) if bytes > crate::space::MAX_RECOMMENDED_QUOTA_BYTES => {
@@ -295,7 +296,8 @@ impl Node {
         let audit = match &config.audit {
             Some(audit) => {
                 let log = Arc::new(
-                    crate::audit::AuditLog::open(audit.clone(), config.name.clone()).map_err(anyhow::Error::msg)?,
+                    crate::auth::audit::AuditLog::open(audit.clone(), config.name.clone())
+                        .map_err(anyhow::Error::msg)?,
                 );
                 let _ = state.auth.audit.set(log.clone());
                 Some(log)
@@ -605,8 +607,8 @@ impl Node {
     pub fn audit_login<T>(&self, user: &str, origin: Origin, outcome: &Result<T, EtcdError>) {
         let Some(log) = &self.audit else { return };
         let client = origin.client.map(|a| a.to_string());
-        log.record(&crate::audit::Decision {
-            time: crate::audit::now(),
+        log.record(&crate::auth::audit::Decision {
+            time: crate::auth::audit::now(),
             member: log.member(),
             client: client.as_deref(),
             source: origin.credential.as_str(),

@@ -3,14 +3,14 @@
 //! bytes, then its SHA-256).
 //!
 //! - `save.rs`: streams the Snapshot RPC into a file (etcdctl's client flags);
-//! - `restore.rs`: a new data dir from a backup (`restore/` builds it, shared with `keyward migrate`);
+//! - `restore.rs`: a new data dir from a backup (`backup/restore/` builds it, shared with `keyward migrate`);
 //! - `status.rs`: hash, revision, total keys and size, in etcdctl's formats.
 
 pub mod restore;
 pub mod save;
 pub mod status;
 
-use crate::backup_args::SnapshotCommand;
+use crate::cli::backup::SnapshotCommand;
 
 /// Runs a snapshot command; the error (naming the file or flag) is the caller's to print once.
 pub fn run(command: SnapshotCommand) -> anyhow::Result<()> {

@@ -1,0 +1,3 @@
+//! The command line: every clap definition keyward parses.
+
+pub mod backup;
