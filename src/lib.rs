@@ -5,31 +5,58 @@
 //! writes through raft, serves reads) → `raft` (openraft log and state machine on LMDB) → `apply` (one
 //! committed entry → effects) → `mvcc` (the revisioned store). `proxy` is `keyward grpc-proxy`:
 //! it shares `frontend` and has no store.
-#![deny(unsafe_code)] // the one exception is opening LMDB, in storage/mod.rs
+#![deny(unsafe_code)] // the one exception is opening LMDB (storage/), each with a SAFETY comment
+#![warn(unreachable_pub)] // modules are private; `pub` only for what lib.rs re-exports below
 
-pub mod apply;
-pub mod auth;
-pub mod backup;
-pub mod cli;
-pub mod cluster;
-pub mod config;
-pub mod error;
-pub mod frontend;
-pub mod gateway;
-pub mod keyrange;
-pub mod lease;
-pub mod logging;
-pub mod metrics;
-pub mod mvcc;
-pub mod node;
+mod apply;
+mod auth;
+mod backup;
+mod cli;
+mod cluster;
+mod config;
+mod error;
+mod frontend;
+mod gateway;
+mod keyrange;
+mod lease;
+mod logging;
+mod metrics;
+mod mvcc;
+mod node;
+mod proxy;
+mod raft;
+mod server;
+mod signals;
+mod space;
+mod storage;
+mod watch_hub;
+
+// The public surface: what keyward's binaries and integration tests use; every module is private.
+// The wire types, generated from `proto/`.
 pub mod proto;
-pub mod proxy;
-pub mod raft;
-pub mod server;
-pub mod signals;
-pub mod space;
-pub mod storage;
-pub mod watch_hub;
+
+// `src/main.rs`: the command line and the commands it runs.
+pub use backup::migrate::run as migrate;
+pub use backup::snapshot::run as snapshot;
+pub use config::{etcd_style_args, Cli, Command, Config, GrpcProxyCommand};
+pub use logging::{init as init_logging, LogSettings};
+pub use proxy::run as grpc_proxy;
+
+// `keyward-bench`: the TLS connector, the client-port admission its ceiling server measures, and
+// the duration syntax of etcd's flags.
+pub use auth::token_config::parse_go_duration;
+pub use frontend::connection_limits::{admitted_tcp, Admission};
+pub use frontend::tls::client::TlsConnector;
+
+// Integration tests that reach below the wire: the token settings the flag fuzzer compares
+// (`tests/fuzz_config.rs`), the peer client (`tests/peer_port.rs`), the state machine whose snapshot
+// memory is measured (`tests/snapshot_memory.rs`) and the raft log read back after a power loss
+// (`tests/durability.rs`).
+pub use auth::token_config::{JwtOptions, SignMethod, TokenConfig, DEFAULT_JWT_TTL};
+pub use frontend::tls::client::{client_config, lazy_channel};
+pub use raft::state_machine::StateMachine;
+pub use raft::wal::Wal;
+pub use raft::{Entry, LogId, RaftBatch};
 
 /// Runs a member until SIGINT or SIGTERM, or until its raft core stops: a stopped core never
 /// resumes (a storage failure), so the process then exits with an error, for systemd or Kubernetes to

@@ -3,10 +3,10 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use keyward::config::{Cli, Command, GrpcProxyCommand};
+use keyward::{Cli, Command, GrpcProxyCommand};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse_from(keyward::config::etcd_style_args(std::env::args_os()));
+    let cli = Cli::parse_from(keyward::etcd_style_args(std::env::args_os()));
     match cli.command {
         Command::Serve(args) => {
             let config = match args.into_config() {
@@ -16,7 +16,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            if let Err(e) = keyward::logging::init(config.log_filter, &config.log) {
+            if let Err(e) = keyward::init_logging(config.log_filter, &config.log) {
                 eprintln!("keyward: {e}");
                 return ExitCode::from(2);
             }
@@ -31,20 +31,20 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let log = keyward::logging::LogSettings::default();
-            if let Err(e) = keyward::logging::init(config.log_filter, &log) {
+            let log = keyward::LogSettings::default();
+            if let Err(e) = keyward::init_logging(config.log_filter, &log) {
                 eprintln!("keyward grpc-proxy: {e}");
                 return ExitCode::from(2);
             }
-            run(keyward::proxy::run(config), log.writes_to_stderr())
+            run(keyward::grpc_proxy(config), log.writes_to_stderr())
         }
         Command::Snapshot(command) => {
-            let _ = keyward::logging::init("warn", &keyward::logging::LogSettings::default());
-            report("keyward snapshot", keyward::backup::snapshot::run(command))
+            let _ = keyward::init_logging("warn", &keyward::LogSettings::default());
+            report("keyward snapshot", keyward::snapshot(command))
         }
         Command::Migrate(args) => {
-            let _ = keyward::logging::init("warn", &keyward::logging::LogSettings::default());
-            report("keyward migrate", keyward::backup::migrate::run(*args))
+            let _ = keyward::init_logging("warn", &keyward::LogSettings::default());
+            report("keyward migrate", keyward::migrate(*args))
         }
     }
 }

@@ -9,7 +9,7 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
-pub static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::new);
+pub(crate) static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::new);
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(metric: T) -> T {
     // Registration fails only for a duplicate name, which the statics below rule out.
@@ -30,7 +30,7 @@ fn disk_buckets() -> Vec<f64> {
 }
 
 /// keyward's raft log commit (one LMDB transaction, fsynced) of an append batch: etcd's WAL fsync.
-pub static WAL_FSYNC_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
+pub(crate) static WAL_FSYNC_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     histogram(
         "etcd_disk_wal_fsync_duration_seconds",
         "The latency distributions of fsync called by WAL.",
@@ -39,7 +39,7 @@ pub static WAL_FSYNC_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
 });
 
 /// The commit of one applied batch's kv transaction: etcd's backend commit.
-pub static BACKEND_COMMIT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
+pub(crate) static BACKEND_COMMIT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     histogram(
         "etcd_disk_backend_commit_duration_seconds",
         "The latency distributions of commit called by backend.",
@@ -47,7 +47,7 @@ pub static BACKEND_COMMIT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     )
 });
 
-pub static DEFRAG_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
+pub(crate) static DEFRAG_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     histogram(
         "etcd_disk_backend_defrag_duration_seconds",
         "The latency distribution of backend defragmentation.",
@@ -55,7 +55,7 @@ pub static DEFRAG_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     )
 });
 
-pub static LEADER_CHANGES: LazyLock<IntCounter> = LazyLock::new(|| {
+pub(crate) static LEADER_CHANGES: LazyLock<IntCounter> = LazyLock::new(|| {
     register(
         IntCounter::new("etcd_server_leader_changes_seen_total", "The number of leader changes seen.")
             .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
@@ -63,7 +63,7 @@ pub static LEADER_CHANGES: LazyLock<IntCounter> = LazyLock::new(|| {
 });
 
 /// Client requests proposed and not yet applied (or failed).
-pub static PROPOSALS_PENDING: LazyLock<IntGauge> = LazyLock::new(|| {
+pub(crate) static PROPOSALS_PENDING: LazyLock<IntGauge> = LazyLock::new(|| {
     register(
         IntGauge::new("etcd_server_proposals_pending", "The current number of pending proposals to commit.")
             .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
@@ -73,7 +73,7 @@ pub static PROPOSALS_PENDING: LazyLock<IntGauge> = LazyLock::new(|| {
 const GRPC_LABELS: [&str; 3] = ["grpc_type", "grpc_service", "grpc_method"];
 
 /// go-grpc-prometheus' server metrics, bumped by `server/grpc_metrics.rs`.
-pub static GRPC_STARTED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+pub(crate) static GRPC_STARTED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
             Opts::new("grpc_server_started_total", "Total number of RPCs started on the server."),
@@ -83,7 +83,7 @@ pub static GRPC_STARTED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
-pub static GRPC_HANDLED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+pub(crate) static GRPC_HANDLED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
             Opts::new(
@@ -96,7 +96,7 @@ pub static GRPC_HANDLED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
-pub static GRPC_MSG_RECEIVED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+pub(crate) static GRPC_MSG_RECEIVED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
             Opts::new("grpc_server_msg_received_total", "Total number of RPC stream messages received on the server."),
@@ -106,7 +106,7 @@ pub static GRPC_MSG_RECEIVED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
-pub static GRPC_MSG_SENT: LazyLock<IntCounterVec> = LazyLock::new(|| {
+pub(crate) static GRPC_MSG_SENT: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
             Opts::new("grpc_server_msg_sent_total", "Total number of gRPC stream messages sent by the server."),
@@ -116,7 +116,7 @@ pub static GRPC_MSG_SENT: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
-pub static GRPC_HANDLING_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
+pub(crate) static GRPC_HANDLING_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
     register(
         HistogramVec::new(
             HistogramOpts::new(
@@ -131,7 +131,7 @@ pub static GRPC_HANDLING_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
 });
 
 /// etcd's `client_requests_total`: calls by type (unary, stream) and the client's `client-api-version`.
-pub static CLIENT_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+pub(crate) static CLIENT_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
             Opts::new("etcd_server_client_requests_total", "The total number of client requests per client version."),
@@ -142,7 +142,7 @@ pub static CLIENT_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 });
 
 /// gRPC bytes (HTTP/2 DATA: messages with their 5-byte prefix) received from and sent to clients.
-pub static GRPC_RECEIVED_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
+pub(crate) static GRPC_RECEIVED_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
     register(
         IntCounter::new(
             "etcd_network_client_grpc_received_bytes_total",
@@ -152,7 +152,7 @@ pub static GRPC_RECEIVED_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
     )
 });
 
-pub static GRPC_SENT_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
+pub(crate) static GRPC_SENT_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
     register(
         IntCounter::new("etcd_network_client_grpc_sent_bytes_total", "The total number of bytes sent to grpc clients.")
             .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
@@ -160,14 +160,14 @@ pub static GRPC_SENT_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
 });
 
 /// `/health` answers, under etcd's names (`HEALTH_CHECKS` counts the same by label).
-pub static HEALTH_SUCCESS: LazyLock<IntCounter> = LazyLock::new(|| {
+pub(crate) static HEALTH_SUCCESS: LazyLock<IntCounter> = LazyLock::new(|| {
     register(
         IntCounter::new("etcd_server_health_success", "The total number of successful health checks")
             .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
     )
 });
 
-pub static HEALTH_FAILURES: LazyLock<IntCounter> = LazyLock::new(|| {
+pub(crate) static HEALTH_FAILURES: LazyLock<IntCounter> = LazyLock::new(|| {
     register(
         IntCounter::new("etcd_server_health_failures", "The total number of failed health checks")
             .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
@@ -175,7 +175,7 @@ pub static HEALTH_FAILURES: LazyLock<IntCounter> = LazyLock::new(|| {
 });
 
 /// The Snapshot RPC's copy of the database: etcd's backend snapshot.
-pub static BACKEND_SNAPSHOT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
+pub(crate) static BACKEND_SNAPSHOT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     histogram(
         "etcd_disk_backend_snapshot_duration_seconds",
         "The latency distribution of backend snapshots.",
@@ -189,27 +189,27 @@ fn counter(name: &str, help: &str) -> IntCounter {
 
 /// etcd's mvcc operation counters, each under its name and its `etcd_debugging_` twin (etcd 3.4 keeps
 /// both); bumped by `mvcc/counts.rs`.
-pub static MVCC_RANGES: LazyLock<[IntCounter; 2]> = LazyLock::new(|| {
+pub(crate) static MVCC_RANGES: LazyLock<[IntCounter; 2]> = LazyLock::new(|| {
     let help = "Total number of ranges seen by this member.";
     [counter("etcd_mvcc_range_total", help), counter("etcd_debugging_mvcc_range_total", help)]
 });
 
-pub static MVCC_PUTS: LazyLock<[IntCounter; 2]> = LazyLock::new(|| {
+pub(crate) static MVCC_PUTS: LazyLock<[IntCounter; 2]> = LazyLock::new(|| {
     let help = "Total number of puts seen by this member.";
     [counter("etcd_mvcc_put_total", help), counter("etcd_debugging_mvcc_put_total", help)]
 });
 
-pub static MVCC_DELETES: LazyLock<[IntCounter; 2]> = LazyLock::new(|| {
+pub(crate) static MVCC_DELETES: LazyLock<[IntCounter; 2]> = LazyLock::new(|| {
     let help = "Total number of deletes seen by this member.";
     [counter("etcd_mvcc_delete_total", help), counter("etcd_debugging_mvcc_delete_total", help)]
 });
 
-pub static MVCC_TXNS: LazyLock<[IntCounter; 2]> = LazyLock::new(|| {
+pub(crate) static MVCC_TXNS: LazyLock<[IntCounter; 2]> = LazyLock::new(|| {
     let help = "Total number of txns seen by this member.";
     [counter("etcd_mvcc_txn_total", help), counter("etcd_debugging_mvcc_txn_total", help)]
 });
 
-pub static MVCC_PUT_BYTES: LazyLock<IntGauge> = LazyLock::new(|| {
+pub(crate) static MVCC_PUT_BYTES: LazyLock<IntGauge> = LazyLock::new(|| {
     register(
         IntGauge::new(
             "etcd_debugging_mvcc_total_put_size_in_bytes",
@@ -222,7 +222,7 @@ pub static MVCC_PUT_BYTES: LazyLock<IntGauge> = LazyLock::new(|| {
 /// At a member's start: `process_*` (CPU, memory, file descriptors, start time, from `/proc`, as Go's
 /// client reports them), and the series of keyward's counters whose label values are known, at zero,
 /// so that a dashboard sees a rate of 0 rather than no series.
-pub fn initialize() {
+pub(crate) fn initialize() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         #[cfg(target_os = "linux")]
@@ -236,14 +236,14 @@ pub fn initialize() {
     });
 }
 
-pub static HEALTH_CHECKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+pub(crate) static HEALTH_CHECKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(Opts::new("etcd_server_health_checks_total", "/health checks by result."), &["result"])
             .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
     )
 });
 
-pub static AUTH_DENIALS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+pub(crate) static AUTH_DENIALS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
             Opts::new("keyward_auth_denials_total", "Requests refused by an auth check, by operation and reason."),
@@ -253,7 +253,7 @@ pub static AUTH_DENIALS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
-pub static TLS_HANDSHAKE_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+pub(crate) static TLS_HANDSHAKE_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
             Opts::new("keyward_tls_handshake_failures_total", "Client TLS connections refused, by reason."),
@@ -264,7 +264,7 @@ pub static TLS_HANDSHAKE_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
 });
 
 /// Peer requests refused because their caller is not a member (`server/peer_guard.rs`), by reason.
-pub static PEER_REQUESTS_REFUSED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+pub(crate) static PEER_REQUESTS_REFUSED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
             Opts::new("keyward_peer_requests_refused_total", "Peer requests refused: the caller is not a member."),
@@ -274,7 +274,7 @@ pub static PEER_REQUESTS_REFUSED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
-pub static PASSWORD_CHECKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+pub(crate) static PASSWORD_CHECKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
             Opts::new(
@@ -287,7 +287,7 @@ pub static PASSWORD_CHECKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
-pub static LOGINS_THROTTLED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+pub(crate) static LOGINS_THROTTLED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
             Opts::new(
@@ -301,7 +301,7 @@ pub static LOGINS_THROTTLED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
-pub static GATEWAY_BASIC_LOGINS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+pub(crate) static GATEWAY_BASIC_LOGINS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
             Opts::new(
@@ -315,7 +315,7 @@ pub static GATEWAY_BASIC_LOGINS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
-pub static CLIENT_CONNECTIONS_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| {
+pub(crate) static CLIENT_CONNECTIONS_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| {
     register(
         IntCounter::new(
             "keyward_client_connections_refused_total",
@@ -325,7 +325,7 @@ pub static CLIENT_CONNECTIONS_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| {
     )
 });
 
-pub static CLIENT_CONNECTIONS_EVICTED: LazyLock<IntCounter> = LazyLock::new(|| {
+pub(crate) static CLIENT_CONNECTIONS_EVICTED: LazyLock<IntCounter> = LazyLock::new(|| {
     register(
         IntCounter::new(
             "keyward_client_connections_evicted_total",
@@ -336,7 +336,7 @@ pub static CLIENT_CONNECTIONS_EVICTED: LazyLock<IntCounter> = LazyLock::new(|| {
     )
 });
 
-pub static CLIENT_CONNECTIONS_IDLE_CLOSED: LazyLock<IntCounter> = LazyLock::new(|| {
+pub(crate) static CLIENT_CONNECTIONS_IDLE_CLOSED: LazyLock<IntCounter> = LazyLock::new(|| {
     register(
         IntCounter::new(
             "keyward_client_connections_idle_closed_total",
@@ -347,14 +347,14 @@ pub static CLIENT_CONNECTIONS_IDLE_CLOSED: LazyLock<IntCounter> = LazyLock::new(
     )
 });
 
-pub static AUDIT_WRITE_FAILURES: LazyLock<IntCounter> = LazyLock::new(|| {
+pub(crate) static AUDIT_WRITE_FAILURES: LazyLock<IntCounter> = LazyLock::new(|| {
     register(
         IntCounter::new("keyward_audit_write_failures_total", "Audit log lines that could not be written.")
             .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
     )
 });
 
-pub static PROPOSALS_FAILED: LazyLock<IntCounter> = LazyLock::new(|| {
+pub(crate) static PROPOSALS_FAILED: LazyLock<IntCounter> = LazyLock::new(|| {
     register(
         IntCounter::new("etcd_server_proposals_failed_total", "Proposals that failed.")
             .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
@@ -363,7 +363,7 @@ pub static PROPOSALS_FAILED: LazyLock<IntCounter> = LazyLock::new(|| {
 
 /// A member's state at scrape time, as etcd's gauges report it.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct NodeGauges {
+pub(crate) struct NodeGauges {
     pub member_id: u64,
     /// The etcd version keyward answers as (`etcd_server_version`), filled by `server/http.rs`.
     pub server_version: &'static str,
@@ -390,7 +390,7 @@ fn gauge(out: &mut String, name: &str, help: &str, labels: &str, value: impl std
 }
 
 /// The node's gauges, then everything registered.
-pub fn render(node: &NodeGauges) -> String {
+pub(crate) fn render(node: &NodeGauges) -> String {
     let mut out = String::new();
     let g = &mut out;
     gauge(

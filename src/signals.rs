@@ -1,7 +1,7 @@
 //! How a member or a proxy is told to stop: SIGINT (a terminal) or SIGTERM (systemd, Kubernetes).
 
 /// Resolves at the first SIGINT or SIGTERM.
-pub async fn shutdown() {
+pub(crate) async fn shutdown() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let terminated = async {
         match term.as_mut() {

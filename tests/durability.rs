@@ -845,6 +845,6 @@ fn last_purged_in(wal_dir: &Path) -> u64 {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), copy.path().join(entry.file_name())).unwrap();
     }
-    let wal = keyward::raft::wal::Wal::open(copy.path()).expect("the raft log opens");
+    let wal = keyward::Wal::open(copy.path()).expect("the raft log opens");
     wal.state().last_purged.map_or(0, |id| id.index)
 }

@@ -24,8 +24,8 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use clap::Parser;
-use keyward::auth::token_config::{JwtOptions, SignMethod, TokenConfig};
-use keyward::config::{etcd_style_args, Cli, Command, Config};
+use keyward::{etcd_style_args, Cli, Command, Config};
+use keyward::{JwtOptions, SignMethod, TokenConfig};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, FileFailurePersistence, TestCaseError, TestRunner};
 
@@ -613,7 +613,7 @@ fn compare(spec: &Spec, config: &Config) -> Result<(), TestCaseError> {
             public_key: public_key.as_ref().map(PathBuf::from),
             private_key: private_key.as_ref().map(PathBuf::from),
             sign_method: *method,
-            ttl: ttl_secs.map_or(keyward::auth::token_config::DEFAULT_JWT_TTL, Duration::from_secs),
+            ttl: ttl_secs.map_or(keyward::DEFAULT_JWT_TTL, Duration::from_secs),
         }),
     };
     prop_assert_eq!(&config.auth_token, &token);

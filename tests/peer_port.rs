@@ -38,7 +38,7 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 fn peer_client(peer_url: &str, ca: &Path, cert: Option<&Cert>) -> PeerClient<Channel> {
     let tls = match peer_url.starts_with("https://") {
         true => Some(
-            keyward::frontend::tls::client::client_config(
+            keyward::client_config(
                 ca,
                 cert.map(|c| (c.cert.as_path(), c.key.as_path())),
                 ("--cacert", "--cert", "--key"),
@@ -47,8 +47,8 @@ fn peer_client(peer_url: &str, ca: &Path, cert: Option<&Cert>) -> PeerClient<Cha
         ),
         false => None,
     };
-    let channel = keyward::frontend::tls::client::lazy_channel(peer_url, tls.as_ref(), Duration::from_secs(5))
-        .expect("a channel to the peer port");
+    let channel =
+        keyward::lazy_channel(peer_url, tls.as_ref(), Duration::from_secs(5)).expect("a channel to the peer port");
     PeerClient::new(channel)
 }
 

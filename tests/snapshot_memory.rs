@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use keyward::proto::etcdserverpb::{InternalRaftBatch, InternalRaftRequest, PutRequest};
-use keyward::raft::state_machine::StateMachine;
-use keyward::raft::{Entry, LogId, RaftBatch};
+use keyward::StateMachine;
+use keyward::{Entry, LogId, RaftBatch};
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{CommittedLeaderId, EntryPayload};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -46,7 +46,7 @@ use crate::space::alarm::AlarmStore;
 
 /// The replicated tables an entry can change, and the member-local token table that Authenticate
 /// entries fill.
-pub struct Stores<'a> {
+pub(crate) struct Stores<'a> {
     pub kv: &'a KvStore,
     pub leases: &'a LeaseStore,
     pub auth: &'a AuthStore,
@@ -123,7 +123,7 @@ impl Applied {
 /// transaction then holds no change from this entry. `EtcdError::Internal` means storage failed and the
 /// whole batch must abort; `EtcdError::StorageFull` means the batch must abort and be applied again
 /// once there is room.
-pub fn apply(
+pub(crate) fn apply(
     stores: &Stores,
     txn: &mut RwTxn,
     req: &InternalRaftRequest,

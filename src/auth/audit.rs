@@ -121,7 +121,7 @@ fn failed(why: &str) {
 }
 
 /// Now, as RFC 3339 UTC with microseconds.
-pub fn now() -> String {
+pub(crate) fn now() -> String {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     let (secs, micros) = (now.as_secs() as i64, now.subsec_micros());
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));

@@ -20,7 +20,7 @@ use crate::proto::etcdserverpb::{DeleteRangeRequest, PutRequest, RequestHeader, 
 
 /// Who a request runs as.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Requester {
+pub(crate) enum Requester {
     /// The member itself (lease expiry, checkpoints): never subject to permissions.
     Member,
     /// A client: the user it authenticated as (empty when none), the auth revision its identity
@@ -30,14 +30,14 @@ pub enum Requester {
 
 /// Where a client request came from and how it identified itself: for the audit log.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Origin {
+pub(crate) struct Origin {
     pub client: Option<SocketAddr>,
     pub credential: Credential,
 }
 
 /// How a client identified itself.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Credential {
+pub(crate) enum Credential {
     #[default]
     Unknown,
     None,
@@ -48,7 +48,7 @@ pub enum Credential {
 }
 
 impl Credential {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Credential::Unknown => "unknown",
             Credential::None => "none",
@@ -72,11 +72,11 @@ impl Credential {
 }
 
 impl Requester {
-    pub fn client(username: String, revision: u64) -> Requester {
+    pub(crate) fn client(username: String, revision: u64) -> Requester {
         Requester::Client { username, revision, origin: Origin::default() }
     }
 
-    pub fn from_header(header: Option<&RequestHeader>) -> Requester {
+    pub(crate) fn from_header(header: Option<&RequestHeader>) -> Requester {
         match header {
             Some(h) if h.member_internal => Requester::Member,
             Some(h) => Requester::Client {
@@ -91,22 +91,15 @@ impl Requester {
         }
     }
 
-    pub fn anonymous() -> Requester {
+    pub(crate) fn anonymous() -> Requester {
         Requester::client(String::new(), 0)
     }
 
     /// The same requester, recorded as coming from `origin`.
-    pub fn with_origin(self, origin: Origin) -> Requester {
+    pub(crate) fn with_origin(self, origin: Origin) -> Requester {
         match self {
             Requester::Client { username, revision, .. } => Requester::Client { username, revision, origin },
             member => member,
-        }
-    }
-
-    pub fn origin(&self) -> Origin {
-        match self {
-            Requester::Client { origin, .. } => *origin,
-            Requester::Member => Origin::default(),
         }
     }
 
@@ -118,7 +111,7 @@ impl Requester {
     }
 }
 
-pub struct Authorizer<'t> {
+pub(crate) struct Authorizer<'t> {
     store: &'t AuthStore,
     txn: &'t RoTxn<'t>,
     enabled: bool,
@@ -130,7 +123,7 @@ pub struct Authorizer<'t> {
 }
 
 impl<'t> Authorizer<'t> {
-    pub fn new(store: &'t AuthStore, txn: &'t RoTxn<'t>) -> Result<Self, EtcdError> {
+    pub(crate) fn new(store: &'t AuthStore, txn: &'t RoTxn<'t>) -> Result<Self, EtcdError> {
         Ok(Authorizer {
             store,
             txn,
@@ -142,16 +135,16 @@ impl<'t> Authorizer<'t> {
     }
 
     /// The same authorizer, deciding for the entry at raft index `index` (apply).
-    pub fn at_index(mut self, index: u64) -> Self {
+    pub(crate) fn at_index(mut self, index: u64) -> Self {
         self.index = Some(index);
         self
     }
 
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.enabled
     }
 
-    pub fn revision(&self) -> u64 {
+    pub(crate) fn revision(&self) -> u64 {
         self.revision
     }
 
@@ -200,7 +193,13 @@ impl<'t> Authorizer<'t> {
     }
 
     /// May `who` read or write every key in `range`?
-    pub fn check(&self, who: &Requester, op: &'static str, access: Access, range: &KeyRange) -> Result<(), EtcdError> {
+    pub(crate) fn check(
+        &self,
+        who: &Requester,
+        op: &'static str,
+        access: Access,
+        range: &KeyRange,
+    ) -> Result<(), EtcdError> {
         if !self.enabled || *who == Requester::Member {
             return Ok(());
         }
@@ -256,7 +255,12 @@ impl<'t> Authorizer<'t> {
     }
 
     /// A delete needs write on its range; with `prev_kv` also read (it returns the deleted values).
-    pub fn check_delete(&self, who: &Requester, op: &'static str, del: &DeleteRangeRequest) -> Result<(), EtcdError> {
+    pub(crate) fn check_delete(
+        &self,
+        who: &Requester,
+        op: &'static str,
+        del: &DeleteRangeRequest,
+    ) -> Result<(), EtcdError> {
         let range = KeyRange::new(&del.key, &del.range_end);
         self.check(who, op, Access::Write, &range)?;
         if del.prev_kv {
@@ -268,7 +272,7 @@ impl<'t> Authorizer<'t> {
     /// A txn needs read on every compare and range, the delete rules on every delete and `check_put`
     /// on every put, on both branches and recursively through nested txns (CVE-2026-33343): one denied
     /// op denies the whole txn. The put rule is the caller's, since it reads lease attachments.
-    pub fn check_txn(
+    pub(crate) fn check_txn(
         &self,
         who: &Requester,
         t: &TxnRequest,
@@ -296,7 +300,7 @@ impl<'t> Authorizer<'t> {
 
     /// Requires an authenticated, existing user when auth is on (APIs without key ranges: leases,
     /// membership, alarms).
-    pub fn check_user(&self, who: &Requester, op: &'static str) -> Result<(), EtcdError> {
+    pub(crate) fn check_user(&self, who: &Requester, op: &'static str) -> Result<(), EtcdError> {
         if !self.enabled || *who == Requester::Member {
             return Ok(());
         }
@@ -315,7 +319,7 @@ impl<'t> Authorizer<'t> {
     /// Requires the root role when auth is on (etcd's `IsAdminPermitted`, which has no revision
     /// check: there, a token issued before its user's password changed kept admin rights). Here a
     /// void token is refused as it is for keys.
-    pub fn check_admin(&self, who: &Requester, op: &'static str) -> Result<(), EtcdError> {
+    pub(crate) fn check_admin(&self, who: &Requester, op: &'static str) -> Result<(), EtcdError> {
         if !self.enabled || *who == Requester::Member {
             return Ok(());
         }
@@ -342,7 +346,7 @@ impl<'t> Authorizer<'t> {
     /// its user exists, with the credentials the token was issued for, and auth was not disabled
     /// since. For a stream opened with a token, which ends once it does not ("revision of auth store
     /// is old", as etcd answers a token older than the auth state).
-    pub fn token_stands(&self, who: &Requester, op: &'static str) -> Result<(), EtcdError> {
+    pub(crate) fn token_stands(&self, who: &Requester, op: &'static str) -> Result<(), EtcdError> {
         let Requester::Client { username, revision, .. } = who else { return Ok(()) };
         // No user has an empty name (and LMDB has no empty keys).
         if !username.is_empty() && self.store.token_valid(self.txn, username, *revision)? {
@@ -355,7 +359,7 @@ impl<'t> Authorizer<'t> {
 
     /// Whether `who` may have `access` to all of `range`, decided quietly: for a filter (which leases a
     /// listing shows), where a refusal is not a refused request. A void identity is still an error.
-    pub fn permits(&self, who: &Requester, access: Access, range: &KeyRange) -> Result<bool, EtcdError> {
+    pub(crate) fn permits(&self, who: &Requester, access: Access, range: &KeyRange) -> Result<bool, EtcdError> {
         if !self.enabled || *who == Requester::Member {
             return Ok(true);
         }
@@ -368,7 +372,7 @@ impl<'t> Authorizer<'t> {
 
     /// Whether `who` is root (or the member), by an identity that still stands; with auth off, everyone
     /// may do what root may.
-    pub fn is_root(&self, who: &Requester) -> Result<bool, EtcdError> {
+    pub(crate) fn is_root(&self, who: &Requester) -> Result<bool, EtcdError> {
         if !self.enabled || *who == Requester::Member {
             return Ok(true);
         }
@@ -377,7 +381,7 @@ impl<'t> Authorizer<'t> {
 
     /// Refuses `op` to `who` with "permission denied" for a reason decided outside this authorizer (a
     /// lease that is not theirs: `lease/holders.rs`), logged and audited as every refusal is.
-    pub fn refuse(&self, who: &Requester, op: &'static str) -> EtcdError {
+    pub(crate) fn refuse(&self, who: &Requester, op: &'static str) -> EtcdError {
         denied(who, op, None, &EtcdError::PermissionDenied);
         self.audit(who, op, None, &Err(EtcdError::PermissionDenied));
         EtcdError::PermissionDenied
@@ -385,7 +389,7 @@ impl<'t> Authorizer<'t> {
 
     /// Whether `who` is the named user, by an identity that still stands (users may read their own
     /// record). A void token of that user is refused, not passed on to the root check.
-    pub fn is_user(&self, who: &Requester, name: &str) -> Result<bool, EtcdError> {
+    pub(crate) fn is_user(&self, who: &Requester, name: &str) -> Result<bool, EtcdError> {
         match who {
             Requester::Client { username, .. } if self.enabled && username == name => {
                 Ok(self.authenticated(who)?.is_some())
@@ -396,7 +400,7 @@ impl<'t> Authorizer<'t> {
 
     /// Whether `who` holds the named role, by an identity that still stands (users may read their own
     /// roles).
-    pub fn has_role(&self, who: &Requester, role: &str) -> Result<bool, EtcdError> {
+    pub(crate) fn has_role(&self, who: &Requester, role: &str) -> Result<bool, EtcdError> {
         let Requester::Client { username, revision, .. } = who else { return Ok(false) };
         if !self.enabled || username.is_empty() || *revision == 0 {
             return Ok(false);

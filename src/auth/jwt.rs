@@ -39,11 +39,11 @@ use super::token_config::{JwtOptions, SignMethod};
 use crate::error::EtcdError;
 
 /// How many verified tokens are remembered.
-pub const DEFAULT_CACHE_CAPACITY: usize = 10_000;
+pub(crate) const DEFAULT_CACHE_CAPACITY: usize = 10_000;
 
 /// Longer tokens are refused before any parsing. A token with a 4096-bit RSA signature is about
 /// 800 bytes plus the user name.
-pub const MAX_TOKEN_LEN: usize = 8 * 1024;
+pub(crate) const MAX_TOKEN_LEN: usize = 8 * 1024;
 
 /// Key files larger than this are refused (a PEM key is a few KiB at most).
 const MAX_KEY_FILE_LEN: u64 = 1024 * 1024;

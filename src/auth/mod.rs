@@ -9,15 +9,15 @@
 //! - `verified.rs`: passwords bcrypt accepted, as keyed hashes, so logging in again is cheap.
 //! - `simple.rs`, `jwt.rs`, `tokens.rs`, `token_config.rs`: `--auth-token` and the token providers.
 
-pub mod audit;
-pub mod cache;
-pub mod check;
-pub mod jwt;
-pub mod password;
-pub mod permissions;
-pub mod simple;
-pub mod store;
-pub mod throttle;
-pub mod token_config;
-pub mod tokens;
-pub mod verified;
+pub(crate) mod audit;
+pub(crate) mod cache;
+pub(crate) mod check;
+pub(crate) mod jwt;
+pub(crate) mod password;
+pub(crate) mod permissions;
+pub(crate) mod simple;
+pub(crate) mod store;
+pub(crate) mod throttle;
+pub(crate) mod token_config;
+pub(crate) mod tokens;
+pub(crate) mod verified;

@@ -18,8 +18,6 @@ use tokio::sync::oneshot;
 
 use crate::error::EtcdError;
 
-pub const DEFAULT_COST: u32 = 10;
-
 /// The nice value of bcrypt threads: the lowest priority that still gets idle cores.
 const BCRYPT_NICE: i32 = 19;
 
@@ -102,10 +100,10 @@ async fn run_on<T: Send + 'static>(
 }
 
 /// bcrypt reads at most this many bytes of a password and ignores the rest.
-pub const MAX_PASSWORD_BYTES: usize = 72;
+pub(crate) const MAX_PASSWORD_BYTES: usize = 72;
 
 /// The bcrypt hash of `password`; a password longer than bcrypt reads is refused, never cut.
-pub async fn hash(password: String, cost: u32) -> Result<String, EtcdError> {
+pub(crate) async fn hash(password: String, cost: u32) -> Result<String, EtcdError> {
     if password.len() > MAX_PASSWORD_BYTES {
         return Err(EtcdError::PasswordTooLong);
     }
@@ -118,7 +116,7 @@ pub async fn hash(password: String, cost: u32) -> Result<String, EtcdError> {
 /// Whether `password` matches `hash`; a malformed hash never matches, and neither does a password
 /// longer than bcrypt reads (its first 72 bytes alone must not log in). An error when the check
 /// could not run (the queue is full).
-pub async fn verify(password: String, hash: Vec<u8>) -> Result<bool, EtcdError> {
+pub(crate) async fn verify(password: String, hash: Vec<u8>) -> Result<bool, EtcdError> {
     if password.len() > MAX_PASSWORD_BYTES {
         return Ok(false);
     }
@@ -133,7 +131,7 @@ pub async fn verify(password: String, hash: Vec<u8>) -> Result<bool, EtcdError> 
 
 /// The cost of checking a password for a user that does not exist: one bcrypt at `cost`, against a
 /// hash of a random password made once. Never matches.
-pub async fn verify_nobody(password: String, cost: u32) -> Result<(), EtcdError> {
+pub(crate) async fn verify_nobody(password: String, cost: u32) -> Result<(), EtcdError> {
     static NOBODY: OnceLock<(u32, String)> = OnceLock::new();
     let hash = match NOBODY.get() {
         Some((made_at, hash)) if *made_at == cost => hash.clone(),

@@ -20,8 +20,8 @@ use crate::proto::authpb::{Permission, Role, User, UserAddOptions};
 use crate::storage::table::{LongKeys, Table};
 use crate::storage::Db;
 
-pub const ROOT_USER: &str = "root";
-pub const ROOT_ROLE: &str = "root";
+pub(crate) const ROOT_USER: &str = "root";
+pub(crate) const ROOT_ROLE: &str = "root";
 
 const ENABLED: &[u8] = b"enabled";
 const REVISION: &[u8] = b"revision";
@@ -331,6 +331,6 @@ impl AuthStore {
 }
 
 /// Whether the user holds the root role (which may do everything).
-pub fn is_root(user: &User) -> bool {
+pub(crate) fn is_root(user: &User) -> bool {
     user.roles.iter().any(|r| r == ROOT_ROLE)
 }

@@ -62,7 +62,7 @@ impl Default for Limits {
 
 /// Where a login attempt comes from, as it is counted.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Source {
+pub(crate) enum Source {
     /// The client's address (`None`: unknown, e.g. a Unix socket).
     Address(Option<IpAddr>),
     /// The identity of a client certificate the client proved.
@@ -131,7 +131,7 @@ struct Table {
     live: usize,
 }
 
-pub struct LoginThrottle {
+pub(crate) struct LoginThrottle {
     limits: Limits,
     table: Mutex<Table>,
 }
@@ -146,11 +146,11 @@ enum Turn {
 }
 
 impl LoginThrottle {
-    pub fn new(limits: Limits) -> LoginThrottle {
+    pub(crate) fn new(limits: Limits) -> LoginThrottle {
         LoginThrottle { limits, table: Mutex::new(Table { entries: HashMap::new(), next_ticket: 0, live: 0 }) }
     }
 
-    pub fn limits(&self) -> Limits {
+    pub(crate) fn limits(&self) -> Limits {
         self.limits
     }
 
@@ -158,7 +158,7 @@ impl LoginThrottle {
     /// checked, and the returned guard must be told the outcome. "Too many requests" when its wait
     /// would be longer than `max_delay`, at once if that is foreseeable. Dropping the future while it
     /// waits gives its place back.
-    pub async fn attempt(self: &Arc<Self>, user: &str, source: &Source) -> Result<Attempt, EtcdError> {
+    pub(crate) async fn attempt(self: &Arc<Self>, user: &str, source: &Source) -> Result<Attempt, EtcdError> {
         let admitted = Instant::now();
         let mut attempt = self.admit(user, source, admitted)?;
         let deadline = admitted + self.limits.max_delay;
@@ -321,7 +321,7 @@ enum State {
 }
 
 /// An admitted login attempt; see the module docs for what dropping it means.
-pub struct Attempt {
+pub(crate) struct Attempt {
     throttle: Arc<LoginThrottle>,
     ticket: u64,
     keys: [(Key, u32); 2],
@@ -331,22 +331,22 @@ pub struct Attempt {
 
 impl Attempt {
     /// Whether it had to wait for its turn.
-    pub fn waited(&self) -> bool {
+    pub(crate) fn waited(&self) -> bool {
         self.waited
     }
 
     /// The password was right: its (user, source) key starts afresh.
-    pub fn succeeded(mut self) {
+    pub(crate) fn succeeded(mut self) {
         self.settle(Outcome::Succeeded);
     }
 
     /// Wrong password, unknown user, a user without password.
-    pub fn failed(mut self) {
+    pub(crate) fn failed(mut self) {
         self.settle(Outcome::Failed);
     }
 
     /// No password was found wrong (the check could not run, or what followed a right one failed).
-    pub fn withdrawn(mut self) {
+    pub(crate) fn withdrawn(mut self) {
         self.settle(Outcome::Withdrawn);
     }
 

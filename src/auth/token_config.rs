@@ -136,7 +136,7 @@ impl FromStr for TokenConfig {
 }
 
 /// Parses an `--auth-token` value (see the module documentation).
-pub fn parse(s: &str) -> Result<TokenConfig, String> {
+pub(crate) fn parse(s: &str) -> Result<TokenConfig, String> {
     let mut parts = s.split(',');
     let token_type = parts.next().unwrap_or_default();
 

@@ -24,7 +24,7 @@ const CAPACITY: usize = 4096;
 
 type Digest = [u8; 32];
 
-pub struct VerifiedPasswords {
+pub(crate) struct VerifiedPasswords {
     key: [u8; 32],
     /// Digest → when it was last used (a logical clock, for eviction).
     entries: Mutex<Entries>,
@@ -44,7 +44,7 @@ impl Default for VerifiedPasswords {
 
 impl VerifiedPasswords {
     /// Whether `password` was verified for `user` while its stored hash was `stored_hash`.
-    pub fn contains(&self, user: &str, stored_hash: &[u8], password: &str) -> bool {
+    pub(crate) fn contains(&self, user: &str, stored_hash: &[u8], password: &str) -> bool {
         let digest = self.digest(user, stored_hash, password);
         let mut entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         entries.clock += 1;
@@ -59,7 +59,7 @@ impl VerifiedPasswords {
     }
 
     /// Records that bcrypt accepted `password` for `user` with `stored_hash`.
-    pub fn insert(&self, user: &str, stored_hash: &[u8], password: &str) {
+    pub(crate) fn insert(&self, user: &str, stored_hash: &[u8], password: &str) {
         let digest = self.digest(user, stored_hash, password);
         let mut entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         entries.clock += 1;
@@ -73,12 +73,9 @@ impl VerifiedPasswords {
         entries.used.insert(digest, now);
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner).used.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     fn digest(&self, user: &str, stored_hash: &[u8], password: &str) -> Digest {

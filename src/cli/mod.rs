@@ -1,3 +1,3 @@
 //! The command line: every clap definition keyward parses.
 
-pub mod backup;
+pub(crate) mod backup;

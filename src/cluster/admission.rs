@@ -16,7 +16,7 @@
 
 /// The peer flags the rule reads.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PeerAdmission {
+pub(crate) struct PeerAdmission {
     /// `--peer-cert-allowed-cn`.
     pub allowed_cns: Vec<String>,
     /// `--peer-cert-allowed-hostname`.
@@ -27,7 +27,7 @@ pub struct PeerAdmission {
 
 /// How a peer request arrived.
 #[derive(Clone, Copy, Debug)]
-pub enum Caller<'a> {
+pub(crate) enum Caller<'a> {
     PlainText,
     /// A TLS connection, with the names of the client certificate it verified (if any).
     Tls(Option<&'a crate::frontend::certificate::CertNames>),
@@ -35,7 +35,7 @@ pub enum Caller<'a> {
 
 /// Why a peer request was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     #[error("no client certificate")]
     NoCertificate,
     #[error("the certificate is not a server certificate (no serverAuth extended key usage): a client certificate is no member's")]
@@ -52,7 +52,7 @@ pub enum Refusal {
 
 impl Refusal {
     /// A short label for metrics and rate-limited logs.
-    pub fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             Refusal::NoCertificate => "no_certificate",
             Refusal::NotServerCertificate => "not_server_certificate",
@@ -66,7 +66,7 @@ impl Refusal {
 
 impl PeerAdmission {
     /// The rule the member's flags set.
-    pub fn of(config: &crate::config::Config) -> PeerAdmission {
+    pub(crate) fn of(config: &crate::config::Config) -> PeerAdmission {
         PeerAdmission::new(
             config.peer_cert_allowed_cn.clone(),
             config.peer_cert_allowed_hostname.clone(),
@@ -77,7 +77,7 @@ impl PeerAdmission {
 
     /// The rule for member `name` of `initial_cluster` (name, peer URLs): its own URLs name no
     /// *other* member.
-    pub fn new(
+    pub(crate) fn new(
         allowed_cns: Vec<String>,
         allowed_hostnames: Vec<String>,
         name: &str,
@@ -91,7 +91,7 @@ impl PeerAdmission {
     /// Admits `caller` or says why not. `other_members` answers whether any peer URL of a member
     /// other than this one (or of `initial_peers` before the membership is known, which the caller
     /// of this function decides) satisfies its predicate.
-    pub fn admit(
+    pub(crate) fn admit(
         &self,
         caller: Caller<'_>,
         other_members: impl FnOnce(&mut dyn FnMut(&str) -> bool) -> bool,
@@ -130,7 +130,7 @@ impl PeerAdmission {
 }
 
 /// The host of a `scheme://host:port[/...]` peer URL (an IPv6 host keeps its brackets).
-pub fn url_host(url: &str) -> Option<&str> {
+pub(crate) fn url_host(url: &str) -> Option<&str> {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
     let authority = rest.split('/').next().unwrap_or(rest);
     let host = match authority.rsplit_once(':') {

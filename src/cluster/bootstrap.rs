@@ -23,20 +23,24 @@ use crate::raft::NodeId;
 const JOIN_DEADLINE: Duration = Duration::from_secs(30);
 
 /// A new cluster's initial membership, and this member's id and the cluster id.
-pub struct NewCluster {
+pub(crate) struct NewCluster {
     pub member_id: NodeId,
     pub cluster_id: u64,
     pub members: BTreeMap<NodeId, MemberNode>,
 }
 
-pub fn new_cluster(config: &Config) -> NewCluster {
+pub(crate) fn new_cluster(config: &Config) -> NewCluster {
     new_cluster_of(&config.initial_cluster, &config.peer_urls, &config.cluster_token)
 }
 
 /// `new_cluster` from the three flags it reads: `--initial-cluster` (name and peer URLs of each
 /// member), this member's `--initial-advertise-peer-urls` and `--initial-cluster-token`. `keyward
 /// snapshot restore` and `keyward migrate` derive a restored member's ids with it.
-pub fn new_cluster_of(initial_cluster: &[(String, Vec<String>)], peer_urls: &[String], token: &str) -> NewCluster {
+pub(crate) fn new_cluster_of(
+    initial_cluster: &[(String, Vec<String>)],
+    peer_urls: &[String],
+    token: &str,
+) -> NewCluster {
     let members: BTreeMap<NodeId, MemberNode> = initial_cluster
         .iter()
         .map(|(_, urls)| (ids::member_id(urls, token), MemberNode::unstarted(urls.clone())))
@@ -47,7 +51,7 @@ pub fn new_cluster_of(initial_cluster: &[(String, Vec<String>)], peer_urls: &[St
 
 /// Joins a running cluster (`--initial-cluster-state existing`): `(member_id, cluster_id)` as the
 /// running members know them.
-pub async fn join(peers: &Peers, config: &Config) -> anyhow::Result<(NodeId, u64)> {
+pub(crate) async fn join(peers: &Peers, config: &Config) -> anyhow::Result<(NodeId, u64)> {
     let others: Vec<&String> =
         config.initial_cluster.iter().filter(|(name, _)| *name != config.name).flat_map(|(_, urls)| urls).collect();
     if others.is_empty() {

@@ -17,14 +17,14 @@ fn stable_id<'a>(parts: impl IntoIterator<Item = &'a str>) -> u64 {
 }
 
 /// A member's id: its peer URLs (in any order) and the cluster token.
-pub fn member_id(peer_urls: &[String], token: &str) -> u64 {
+pub(crate) fn member_id(peer_urls: &[String], token: &str) -> u64 {
     let mut urls: Vec<&str> = peer_urls.iter().map(String::as_str).collect();
     urls.sort_unstable();
     stable_id(urls.into_iter().chain([token]))
 }
 
 /// The cluster's id: its initial members' ids (in any order) and the cluster token.
-pub fn cluster_id(member_ids: &[u64], token: &str) -> u64 {
+pub(crate) fn cluster_id(member_ids: &[u64], token: &str) -> u64 {
     let mut ids = member_ids.to_vec();
     ids.sort_unstable();
     let hex: Vec<String> = ids.iter().map(|id| format!("{id:x}")).collect();
@@ -34,7 +34,7 @@ pub fn cluster_id(member_ids: &[u64], token: &str) -> u64 {
 /// A member added at runtime (MemberAdd): its peer URLs, the token and the time in seconds, as etcd's
 /// `NewMember` — adding the same URLs again a second later gives a new id (and within the same second,
 /// etcd's "member ID already exist").
-pub fn added_member_id(peer_urls: &[String], token: &str, unix_seconds: u64) -> u64 {
+pub(crate) fn added_member_id(peer_urls: &[String], token: &str, unix_seconds: u64) -> u64 {
     let mut urls: Vec<&str> = peer_urls.iter().map(String::as_str).collect();
     urls.sort_unstable();
     let now = unix_seconds.to_string();

@@ -29,12 +29,12 @@ const MAX_LEARNERS: usize = 1;
 const LEARNER_READY_PERCENT: u64 = 90;
 
 /// The membership this member has (committed or not yet: as etcd, what it last applied or appended).
-pub fn current(raft: &Raft) -> Membership {
+pub(crate) fn current(raft: &Raft) -> Membership {
     raft.metrics().borrow().membership_config.membership().clone()
 }
 
 /// Every member as etcd's `Member`, voters and learners, in id order.
-pub fn members(membership: &Membership) -> Vec<Member> {
+pub(crate) fn members(membership: &Membership) -> Vec<Member> {
     let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
     membership
         .nodes()
@@ -105,27 +105,27 @@ fn ready_to_remove_voter(membership: &Membership, id: NodeId) -> bool {
 /// etcd answers once its ConfChange is applied: from then on the new voter counts in the quorum, and
 /// the change completes (openraft's joint consensus) once it has started and caught up. Waiting for
 /// that here would keep `etcdctl member add` waiting for a member that is only started after it.
-pub async fn add(raft: &Raft, id: NodeId, peer_urls: Vec<String>, learner: bool) -> Result<NodeId, EtcdError> {
+pub(crate) async fn add(raft: &Raft, id: NodeId, peer_urls: Vec<String>, learner: bool) -> Result<NodeId, EtcdError> {
     after_previous_change(|| add_once(raft, id, peer_urls.clone(), learner)).await
 }
 
 /// Removes member `id`, voter or learner.
-pub async fn remove(raft: &Raft, id: NodeId) -> Result<(), EtcdError> {
+pub(crate) async fn remove(raft: &Raft, id: NodeId) -> Result<(), EtcdError> {
     after_previous_change(|| remove_once(raft, id)).await
 }
 
 /// Changes member `id`'s peer URLs, keeping what it published.
-pub async fn update(raft: &Raft, id: NodeId, peer_urls: Vec<String>) -> Result<(), EtcdError> {
+pub(crate) async fn update(raft: &Raft, id: NodeId, peer_urls: Vec<String>) -> Result<(), EtcdError> {
     after_previous_change(|| update_once(raft, id, peer_urls.clone())).await
 }
 
 /// Records the name and client URLs member `id` publishes once it has started.
-pub async fn publish(raft: &Raft, id: NodeId, name: String, client_urls: Vec<String>) -> Result<(), EtcdError> {
+pub(crate) async fn publish(raft: &Raft, id: NodeId, name: String, client_urls: Vec<String>) -> Result<(), EtcdError> {
     after_previous_change(|| publish_once(raft, id, name.clone(), client_urls.clone())).await
 }
 
 /// Makes learner `id` a voter, once it is in sync with this leader's log.
-pub async fn promote(raft: &Raft, id: NodeId) -> Result<(), EtcdError> {
+pub(crate) async fn promote(raft: &Raft, id: NodeId) -> Result<(), EtcdError> {
     after_previous_change(|| promote_once(raft, id)).await
 }
 

@@ -11,9 +11,9 @@
 //! The peer protocol's serving side is `server/peer.rs`; a follower's forwarding of client requests
 //! to the leader is in `node/mod.rs`. This module must not import the member (`node`, `server`).
 
-pub mod admission;
-pub mod bootstrap;
-pub mod ids;
-pub mod membership;
-pub mod network;
-pub mod peers;
+pub(crate) mod admission;
+pub(crate) mod bootstrap;
+pub(crate) mod ids;
+pub(crate) mod membership;
+pub(crate) mod network;
+pub(crate) mod peers;

@@ -24,18 +24,18 @@ use crate::raft::member::MemberNode;
 use crate::raft::{NodeId, TypeConfig};
 
 #[derive(Clone)]
-pub struct PeerNetwork {
+pub(crate) struct PeerNetwork {
     peers: Arc<Peers>,
 }
 
 impl PeerNetwork {
-    pub fn new(peers: Arc<Peers>) -> Self {
+    pub(crate) fn new(peers: Arc<Peers>) -> Self {
         PeerNetwork { peers }
     }
 }
 
 /// The connection to one peer, as openraft uses it.
-pub struct PeerConnection {
+pub(crate) struct PeerConnection {
     peers: Arc<Peers>,
     target: NodeId,
     url: Option<String>,

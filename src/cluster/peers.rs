@@ -18,7 +18,7 @@ use crate::proto::keywardpb::peer_client::PeerClient;
 
 /// Metadata naming the sender's cluster (a member refuses requests of another cluster), and the
 /// sending member; their trust rules: `frontend/metadata.rs`.
-pub use crate::frontend::metadata::{CLUSTER_ID as CLUSTER_ID_HEADER, MEMBER_ID as MEMBER_ID_HEADER};
+pub(crate) use crate::frontend::metadata::{CLUSTER_ID as CLUSTER_ID_HEADER, MEMBER_ID as MEMBER_ID_HEADER};
 
 /// How long dialing a peer may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -30,18 +30,18 @@ const MIN_PEER_MESSAGE_BYTES: usize = 64 << 20;
 /// The largest peer message for a member taking requests of up to `max_request_bytes`: an
 /// AppendEntries must carry at least one whole entry (up to `max_request_bytes` of requests, or one
 /// larger request) with room to spare. `max_append_entries` keeps openraft's batches within it.
-pub fn max_peer_message_bytes(max_request_bytes: usize) -> usize {
+pub(crate) fn max_peer_message_bytes(max_request_bytes: usize) -> usize {
     MIN_PEER_MESSAGE_BYTES.max(max_request_bytes.saturating_mul(2).saturating_add(8 << 20))
 }
 
 /// How many entries one AppendEntries may carry so that it stays within `max_peer_message_bytes`
 /// (openraft's default is 300, which at 1.5 MiB entries would be 450 MiB).
-pub fn max_append_entries(max_request_bytes: usize) -> u64 {
+pub(crate) fn max_append_entries(max_request_bytes: usize) -> u64 {
     let half = max_peer_message_bytes(max_request_bytes) / 2;
     (half / max_request_bytes.max(1)).clamp(1, 300) as u64
 }
 
-pub struct Peers {
+pub(crate) struct Peers {
     tls: Option<Arc<ClientConfig>>,
     max_message_bytes: usize,
     member_id: AtomicU64,
@@ -56,7 +56,7 @@ pub struct Peers {
 }
 
 impl Peers {
-    pub fn new(tls: Option<Arc<ClientConfig>>, max_message_bytes: usize) -> Self {
+    pub(crate) fn new(tls: Option<Arc<ClientConfig>>, max_message_bytes: usize) -> Self {
         Peers {
             tls,
             max_message_bytes,
@@ -69,18 +69,18 @@ impl Peers {
     }
 
     /// Sets who this member is, once known (at bootstrap or after joining).
-    pub fn identify(&self, member_id: u64, cluster_id: u64) {
+    pub(crate) fn identify(&self, member_id: u64, cluster_id: u64) {
         self.member_id.store(member_id, Ordering::Release);
         self.cluster_id.store(cluster_id, Ordering::Release);
     }
 
     /// The largest message a peer may send or receive.
-    pub fn max_message_bytes(&self) -> usize {
+    pub(crate) fn max_message_bytes(&self) -> usize {
         self.max_message_bytes
     }
 
     /// A client for the peer at `url`; connects on first use.
-    pub fn client(&self, url: &str) -> Result<PeerClient<Channel>, tonic::Status> {
+    pub(crate) fn client(&self, url: &str) -> Result<PeerClient<Channel>, tonic::Status> {
         let mut channels = self.channels.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let channel = match channels.get(url) {
             Some(channel) => channel.clone(),
@@ -99,7 +99,7 @@ impl Peers {
     }
 
     /// A request carrying this member's identity, failing after `timeout`.
-    pub fn request<T>(&self, message: T, timeout: Option<Duration>) -> tonic::Request<T> {
+    pub(crate) fn request<T>(&self, message: T, timeout: Option<Duration>) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         let metadata = request.metadata_mut();
         let cluster = format!("{:x}", self.cluster_id.load(Ordering::Acquire));
@@ -115,7 +115,7 @@ impl Peers {
     }
 
     /// Logs that the peer at `url` could not be reached (once per interval), with the reason.
-    pub fn report_unreachable(&self, peer: u64, url: &str, reason: &str) {
+    pub(crate) fn report_unreachable(&self, peer: u64, url: &str, reason: &str) {
         let mut since = self.unreachable_since.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let now = Instant::now();
         match since.get(url) {
@@ -128,7 +128,7 @@ impl Peers {
     }
 
     /// Notes that the peer at `url` answered; logs it if it had been reported unreachable.
-    pub fn report_reachable(&self, peer: u64, url: &str) {
+    pub(crate) fn report_reachable(&self, peer: u64, url: &str) {
         let mut since = self.unreachable_since.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if since.remove(url).is_some() {
             tracing::info!(peer = format!("{peer:x}"), url, "peer became active");

@@ -13,7 +13,7 @@ pub enum AutoCompaction {
 }
 
 /// etcd's revision compactor runs every 5 minutes.
-pub const REVISION_INTERVAL: Duration = Duration::from_secs(5 * 60);
+pub(crate) const REVISION_INTERVAL: Duration = Duration::from_secs(5 * 60);
 
 impl AutoCompaction {
     /// From etcd's flags; `Ok(None)` when the retention is 0 (off).

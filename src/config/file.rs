@@ -18,7 +18,7 @@ use yaml_rust2::{Yaml, YamlLoader};
 
 /// What `load` made of a file: the flags, and the warning to log once logging is up.
 #[derive(Debug, Default)]
-pub struct FileArgs {
+pub(crate) struct FileArgs {
     pub args: Vec<String>,
     pub warnings: Vec<String>,
 }
@@ -79,7 +79,7 @@ const DEBUG_KEY: &str = "debug";
 
 /// Reads `path` and returns the flags it stands for. `known_flag` says whether `keyward serve` has a
 /// long flag of that name. The error names the file.
-pub fn load(path: &Path, known_flag: impl Fn(&str) -> bool) -> Result<FileArgs, String> {
+pub(crate) fn load(path: &Path, known_flag: impl Fn(&str) -> bool) -> Result<FileArgs, String> {
     let shown = path.display();
     let size = std::fs::metadata(path).map_err(|e| format!("--config-file {shown}: {e}"))?.len();
     if size > MAX_FILE_BYTES {
@@ -90,7 +90,7 @@ pub fn load(path: &Path, known_flag: impl Fn(&str) -> bool) -> Result<FileArgs, 
 }
 
 /// `load` for the text of a file.
-pub fn parse(text: &str, known_flag: impl Fn(&str) -> bool) -> Result<FileArgs, String> {
+pub(crate) fn parse(text: &str, known_flag: impl Fn(&str) -> bool) -> Result<FileArgs, String> {
     let docs = YamlLoader::load_from_str(text).map_err(|e| format!("not valid YAML: {e}"))?;
     let root = match docs.as_slice() {
         [] => return Ok(FileArgs::default()),

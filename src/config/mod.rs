@@ -10,8 +10,8 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::frontend::certificate::IdentitySource;
 
-pub mod auto_compaction;
-pub mod file;
+pub(crate) mod auto_compaction;
+pub(crate) mod file;
 
 #[derive(Parser, Debug)]
 #[command(name = "keyward", version, about = "An etcd-v3-compatible key-value store with authentication done right")]
@@ -246,7 +246,7 @@ pub struct ServeArgs {
 /// gRPC overhead allowed on top of `--max-request-bytes` (etcd's `grpcOverheadBytes`), so an oversized
 /// request reaches the handler and gets etcd's "request is too large" rather than a transport error.
 /// Watch responses are split into fragments at the same limit (`server/watch.rs`), as etcd does.
-pub const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
+pub(crate) const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
 /// A validated member configuration.
 #[derive(Debug, Clone)]
@@ -887,7 +887,7 @@ mod tests {
 
 /// `ETCD_*` variables in `environment` that no flag of `keyward serve` reads (etcd warns about those
 /// too): a typo, or an etcd setting keyward does not have, would otherwise be ignored silently.
-pub fn unknown_etcd_variables(environment: impl Iterator<Item = String>) -> Vec<String> {
+pub(crate) fn unknown_etcd_variables(environment: impl Iterator<Item = String>) -> Vec<String> {
     let known: std::collections::BTreeSet<String> = serve_arguments()
         .iter()
         .filter_map(|arg| arg.get_env())

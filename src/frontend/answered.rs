@@ -13,7 +13,7 @@
 
 /// Scans what the server writes on one connection until a request is answered.
 #[derive(Debug, Default)]
-pub struct AnswerScan {
+pub(crate) struct AnswerScan {
     state: State,
 }
 
@@ -39,12 +39,12 @@ const HEADERS: u8 = 0x1;
 const END_STREAM: u8 = 0x1;
 
 impl AnswerScan {
-    pub fn answered(&self) -> bool {
+    pub(crate) fn answered(&self) -> bool {
         matches!(self.state, State::Answered)
     }
 
     /// Takes the next bytes the server wrote; true once a request has been answered.
-    pub fn wrote(&mut self, mut bytes: &[u8]) -> bool {
+    pub(crate) fn wrote(&mut self, mut bytes: &[u8]) -> bool {
         while !bytes.is_empty() {
             match &mut self.state {
                 State::Answered => return true,

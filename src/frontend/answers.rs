@@ -17,7 +17,7 @@ pub struct Answers {
 
 /// The member's answers: what the proposer and the read rounds hand over, and what every client
 /// connection's writer looks at.
-pub static ANSWERS: Answers = Answers::new();
+pub(crate) static ANSWERS: Answers = Answers::new();
 
 impl Answers {
     pub const fn new() -> Answers {

@@ -128,7 +128,7 @@ fn host_matches(pattern: &str, host: &str) -> bool {
 }
 
 /// Parses the names out of a (verified) leaf certificate; `None` if it does not parse.
-pub fn cert_names(leaf: &CertificateDer<'_>) -> Option<CertNames> {
+pub(crate) fn cert_names(leaf: &CertificateDer<'_>) -> Option<CertNames> {
     let (_, cert) = X509Certificate::from_der(leaf.as_ref()).ok()?;
     let common_names = cert.subject().iter_common_name().map(common_name_text).collect();
     // An extended key usage extension that does not parse grants nothing.

@@ -10,17 +10,13 @@ use tonic::transport::server::TcpConnectInfo;
 use super::certificate::PeerIdentity;
 use super::tls::listener::TlsConnectInfo;
 
-/// Metadata a trusted proxy sets to the address of the client it forwards for (`ip:port`); its trust
-/// rule: `metadata.rs`.
-pub use super::metadata::FORWARDED_ADDR;
-
 /// The identity the connection's client certificate established (`None`: not a TLS connection).
-pub fn peer_identity(extensions: &Extensions) -> Option<&PeerIdentity> {
+pub(crate) fn peer_identity(extensions: &Extensions) -> Option<&PeerIdentity> {
     extensions.get::<TlsConnectInfo>().map(|info| &info.identity)
 }
 
 /// The client's address, if the listener knows it.
-pub fn client_addr(extensions: &Extensions) -> Option<SocketAddr> {
+pub(crate) fn client_addr(extensions: &Extensions) -> Option<SocketAddr> {
     match extensions.get::<TlsConnectInfo>() {
         Some(info) => info.remote_addr,
         None => extensions.get::<TcpConnectInfo>().and_then(TcpConnectInfo::remote_addr),

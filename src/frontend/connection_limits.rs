@@ -37,7 +37,7 @@ use super::tls::listener::TlsConnection;
 use crate::frontend::answers::Answers;
 
 /// How long a new connection may take to send its first byte.
-pub const FIRST_BYTES_DEADLINE: Duration = Duration::from_secs(10);
+pub(crate) const FIRST_BYTES_DEADLINE: Duration = Duration::from_secs(10);
 
 /// The limits of every client listener (from the flags).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -23,9 +23,6 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 use super::certificate::{cert_names, CertNames};
 use super::tls::settings::TlsSettings;
 
-/// The metadata key a trusted proxy sets (its trust rule: `metadata.rs`).
-pub use super::metadata::FORWARDED_CERT;
-
 /// How often the CA and CRL files are checked for changes (as the listener checks its own).
 const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
 /// Certificates remembered as passed; past this many the memory starts over (a trusted proxy
@@ -33,7 +30,7 @@ const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
 const PASSED_CAPACITY: usize = 4096;
 
 /// Checks forwarded certificates against the member's current CA and CRL files.
-pub struct ForwardedVerifier {
+pub(crate) struct ForwardedVerifier {
     settings: TlsSettings,
     current: Mutex<Loaded>,
 }
@@ -57,7 +54,7 @@ struct Passed {
 
 impl ForwardedVerifier {
     /// `None` when the settings verify no client certificates (no `--trusted-ca-file`).
-    pub fn new(settings: &TlsSettings) -> Result<Option<ForwardedVerifier>, String> {
+    pub(crate) fn new(settings: &TlsSettings) -> Result<Option<ForwardedVerifier>, String> {
         let Some(verifier) = settings.client_verifier()? else { return Ok(None) };
         let loaded = Loaded {
             stamp: stamp(settings),
@@ -70,7 +67,7 @@ impl ForwardedVerifier {
     }
 
     /// Decodes and verifies a forwarded certificate; its names if every check passes, else why not.
-    pub fn verify(&self, base64_der: &[u8]) -> Result<CertNames, String> {
+    pub(crate) fn verify(&self, base64_der: &[u8]) -> Result<CertNames, String> {
         let now = UnixTime::now();
         let (verifier, generation) = {
             let current = self.current();

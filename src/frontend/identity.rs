@@ -24,7 +24,7 @@ use crate::error::EtcdError;
 
 /// Who a request comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Identity {
+pub(crate) enum Identity {
     /// A token from Authenticate (a password): the user, at the auth revision it was issued at.
     Token { username: String, revision: u64 },
     /// The connection's own verified client certificate (with `--client-cert-auth`).
@@ -37,7 +37,7 @@ pub enum Identity {
 
 /// Why a request has no identity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Anonymous {
+pub(crate) enum Anonymous {
     /// `--client-cert-auth` is off: a certificate's CN names no user (as in etcd).
     CertAuthOff,
     /// The connection's certificate (or its absence) names no user.
@@ -48,7 +48,7 @@ pub enum Anonymous {
 
 impl Anonymous {
     /// A verified client certificate was presented (directly or forwarded) but names no user.
-    pub fn is_nameless_certificate(&self) -> bool {
+    pub(crate) fn is_nameless_certificate(&self) -> bool {
         match self {
             Anonymous::CertAuthOff => false,
             Anonymous::Connection(why) | Anonymous::Forwarded(why) => {
@@ -64,7 +64,7 @@ impl Identity {
     /// credentials changed since). A verified certificate that names nobody is, as in etcd 3.4, the
     /// user "" at the current revision: refused with "permission denied" (etcd looks that user up
     /// and finds none), where a request with no credentials at all gets "user name is empty".
-    pub fn requester(&self, current_auth_revision: u64) -> Requester {
+    pub(crate) fn requester(&self, current_auth_revision: u64) -> Requester {
         match self {
             Identity::Token { username, revision } => Requester::client(username.clone(), *revision),
             Identity::Certificate { common_name } | Identity::Forwarded { common_name, .. } => {
@@ -80,7 +80,7 @@ impl Identity {
 
 /// What a token stands for: the user and the auth revision it was issued at. The member resolves
 /// its own tokens; a front end without a token store would pass tokens through instead.
-pub trait TokenResolver {
+pub(crate) trait TokenResolver {
     fn resolve(&self, token: &str) -> Result<(String, u64), EtcdError>;
 }
 
@@ -92,7 +92,7 @@ impl TokenResolver for Tokens {
 
 /// The rules a listener's flags set: `--client-cert-auth`, `--trusted-proxy-cn` and the verifier a
 /// forwarded certificate is checked with (`--trusted-ca-file`, `--client-crl-file`, allow-lists).
-pub struct IdentityRules {
+pub(crate) struct IdentityRules {
     client_cert_auth: bool,
     trusted_proxy_cns: Vec<String>,
     forwarded: Option<ForwardedVerifier>,
@@ -103,7 +103,7 @@ pub struct IdentityRules {
 
 impl IdentityRules {
     /// The rules for the client TLS settings (`None`: no TLS, so no certificate ever names a user).
-    pub fn new(tls: Option<&TlsSettings>) -> Result<IdentityRules, String> {
+    pub(crate) fn new(tls: Option<&TlsSettings>) -> Result<IdentityRules, String> {
         let Some(tls) = tls else {
             return Ok(IdentityRules {
                 client_cert_auth: false,
@@ -122,14 +122,14 @@ impl IdentityRules {
     }
 
     /// Whether the connection's verified certificate is a `--trusted-proxy-cn` one.
-    pub fn is_trusted_proxy(&self, peer: Option<&PeerIdentity>) -> bool {
+    pub(crate) fn is_trusted_proxy(&self, peer: Option<&PeerIdentity>) -> bool {
         matches!(peer, Some(PeerIdentity::Cert { common_name }) if self.trusted_proxy_cns.contains(common_name))
     }
 
     /// The client's address: the connection's, or on a connection from a trusted proxy the address
     /// it forwarded for its client (`FORWARDED_ADDR`). From anyone else that metadata is ignored: a
     /// client must not choose the address its failed logins are counted under.
-    pub fn client_addr(
+    pub(crate) fn client_addr(
         &self,
         metadata: &MetadataMap,
         peer: Option<&PeerIdentity>,
@@ -151,7 +151,7 @@ impl IdentityRules {
     /// Refused, never downgraded to anonymous: a token that does not resolve (etcd's "invalid auth
     /// token"); forwarded-certificate metadata from a peer that is not a trusted proxy, or a
     /// forwarded certificate that fails verification — even when a token is sent too.
-    pub fn identify(
+    pub(crate) fn identify(
         &self,
         metadata: &MetadataMap,
         peer: Option<&PeerIdentity>,

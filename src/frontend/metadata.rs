@@ -26,28 +26,28 @@
 //! tonic), `client-api-version` (a metrics label, `server/grpc_metrics.rs`), `content-type`.
 
 /// The client certificate a trusted proxy forwards: the leaf, DER, standard base64.
-pub const FORWARDED_CERT: &str = "keyward-forwarded-client-cert";
+pub(crate) const FORWARDED_CERT: &str = "keyward-forwarded-client-cert";
 
 /// The address (`ip:port`) of the client a trusted proxy forwards for.
-pub const FORWARDED_ADDR: &str = "keyward-forwarded-client-addr";
+pub(crate) const FORWARDED_ADDR: &str = "keyward-forwarded-client-addr";
 
 /// A token from Authenticate, as etcd 3.4 clients send it.
-pub const TOKEN: &str = "token";
+pub(crate) const TOKEN: &str = "token";
 
 /// A token from Authenticate, as newer etcd clients send it.
-pub const AUTHORIZATION: &str = "authorization";
+pub(crate) const AUTHORIZATION: &str = "authorization";
 
 /// The sending member's cluster id (hex), on every peer request.
-pub const CLUSTER_ID: &str = "keyward-cluster-id";
+pub(crate) const CLUSTER_ID: &str = "keyward-cluster-id";
 
 /// The sending member's id (hex), on every peer request.
-pub const MEMBER_ID: &str = "keyward-member-id";
+pub(crate) const MEMBER_ID: &str = "keyward-member-id";
 
 /// The prefix of every name only keyward processes set.
-pub const KEYWARD_PREFIX: &str = "keyward-";
+pub(crate) const KEYWARD_PREFIX: &str = "keyward-";
 
 /// Whether a (lowercase, as HTTP carries it) header name is one only keyward processes set.
-pub fn is_keyward_name(name: &str) -> bool {
+pub(crate) fn is_keyward_name(name: &str) -> bool {
     name.starts_with(KEYWARD_PREFIX)
 }
 

@@ -25,16 +25,16 @@
 //!
 //! It must not depend on the member (`node`, `raft`, `server`): a proxy has none of them.
 
-pub mod answered;
-pub mod answers;
-pub mod certificate;
+pub(crate) mod answered;
+pub(crate) mod answers;
+pub(crate) mod certificate;
 #[cfg(test)]
 mod certificate_fuzz;
-pub mod coalesce;
-pub mod connection;
-pub mod connection_limits;
-pub mod forwarded;
-pub mod identity;
-pub mod metadata;
-pub mod request_trailers;
-pub mod tls;
+pub(crate) mod coalesce;
+pub(crate) mod connection;
+pub(crate) mod connection_limits;
+pub(crate) mod forwarded;
+pub(crate) mod identity;
+pub(crate) mod metadata;
+pub(crate) mod request_trailers;
+pub(crate) mod tls;

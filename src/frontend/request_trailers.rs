@@ -16,12 +16,12 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
 /// `B` with any trailers frame left out; data frames and errors pass unchanged.
-pub struct WithoutTrailers<B> {
+pub(crate) struct WithoutTrailers<B> {
     inner: B,
 }
 
 impl<B> WithoutTrailers<B> {
-    pub fn new(inner: B) -> WithoutTrailers<B> {
+    pub(crate) fn new(inner: B) -> WithoutTrailers<B> {
         WithoutTrailers { inner }
     }
 }
@@ -61,7 +61,7 @@ where
 
 /// A request with its body's trailers left out (the member's listeners apply this to every request;
 /// `axum::middleware::map_request`).
-pub async fn drop_request_trailers(request: axum::extract::Request) -> axum::extract::Request {
+pub(crate) async fn drop_request_trailers(request: axum::extract::Request) -> axum::extract::Request {
     request.map(|body| axum::body::Body::new(WithoutTrailers::new(body)))
 }
 

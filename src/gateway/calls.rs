@@ -17,7 +17,7 @@ use crate::proto::etcdserverpb::{AuthStatusRequest, AuthUserGetRequest, Authenti
 
 /// The gateway of one listener: the gRPC services it calls and the credentials it verified.
 #[derive(Clone)]
-pub struct Gateway {
+pub(super) struct Gateway {
     shared: Arc<Shared>,
 }
 
@@ -28,7 +28,7 @@ struct Shared {
 }
 
 /// The call's token, from the request's credentials.
-pub enum Token {
+pub(super) enum Token {
     /// Nothing to send: no credentials, or Basic credentials while auth is disabled.
     None,
     /// The client's own `Authorization: <token>`.
@@ -38,7 +38,7 @@ pub enum Token {
 }
 
 impl Token {
-    pub fn value(&self) -> Option<&str> {
+    pub(super) fn value(&self) -> Option<&str> {
         match self {
             Token::None => None,
             Token::Presented(token) => Some(token),
@@ -49,21 +49,21 @@ impl Token {
 
 impl Gateway {
     /// A gateway calling `grpc`; request bodies over `body_limit` bytes are refused as too large.
-    pub fn new(grpc: Routes, body_limit: usize) -> Gateway {
+    pub(super) fn new(grpc: Routes, body_limit: usize) -> Gateway {
         Gateway { shared: Arc::new(Shared { grpc, logins: Logins::new(), body_limit }) }
     }
 
-    pub fn grpc(&self) -> Routes {
+    pub(super) fn grpc(&self) -> Routes {
         self.shared.grpc.clone()
     }
 
-    pub fn body_limit(&self) -> usize {
+    pub(super) fn body_limit(&self) -> usize {
         self.shared.body_limit
     }
 
     /// The token a call with these credentials carries. Basic credentials that fail to verify are
     /// refused with 401 and Authenticate's error.
-    pub async fn token(&self, credentials: &Credentials, extensions: &Extensions) -> Result<Token, Failure> {
+    pub(super) async fn token(&self, credentials: &Credentials, extensions: &Extensions) -> Result<Token, Failure> {
         match credentials {
             Credentials::None => Ok(Token::None),
             Credentials::Token(token) => Ok(Token::Presented(token.clone())),
@@ -105,7 +105,11 @@ impl Gateway {
     /// A token good for opening a stream. A stream's identity is fixed when it opens, so a cached
     /// login is checked first: its token must still stand (it may have expired, or its user's password
     /// changed); otherwise the credentials are verified again.
-    pub async fn stream_token(&self, credentials: &Credentials, extensions: &Extensions) -> Result<Token, Failure> {
+    pub(super) async fn stream_token(
+        &self,
+        credentials: &Credentials,
+        extensions: &Extensions,
+    ) -> Result<Token, Failure> {
         let Credentials::Basic(basic) = credentials else { return self.token(credentials, extensions).await };
         let Some((login, source)) = self.login(basic, extensions).await? else { return Ok(Token::None) };
         if source == Source::Verified || self.still_current(basic, &login, extensions).await? {
@@ -126,7 +130,7 @@ impl Gateway {
     }
 
     /// Forgets a login whose token the member refused as stale; true if it was one.
-    pub async fn forget_if_stale(&self, credentials: &Credentials, token: &Token, status: &Status) -> bool {
+    pub(super) async fn forget_if_stale(&self, credentials: &Credentials, token: &Token, status: &Status) -> bool {
         match (credentials, token) {
             (Credentials::Basic(basic), Token::Login(login)) if stale(status) => {
                 self.shared.logins.forget(basic, login).await;
@@ -141,7 +145,11 @@ impl Gateway {
 /// attached them (the client certificate's identity), and the token, if any, as the `token`
 /// metadata etcd's clients send. Nothing else from the HTTP request is carried over.
 /// A token that cannot be sent as metadata is an invalid token, never a request without one.
-pub fn call_request<M>(message: M, extensions: &Extensions, token: Option<&str>) -> Result<tonic::Request<M>, Status> {
+pub(super) fn call_request<M>(
+    message: M,
+    extensions: &Extensions,
+    token: Option<&str>,
+) -> Result<tonic::Request<M>, Status> {
     let mut metadata = tonic::metadata::MetadataMap::new();
     if let Some(token) = token {
         let value = MetadataValue::try_from(token).map_err(|_| Status::from(EtcdError::InvalidAuthToken))?;
@@ -166,6 +174,6 @@ fn is(status: &Status, error: EtcdError) -> bool {
     status.code() == error.code() && status.message() == error.to_string()
 }
 
-pub fn auth(grpc: Routes) -> AuthClient<Routes> {
+pub(super) fn auth(grpc: Routes) -> AuthClient<Routes> {
     AuthClient::new(grpc).max_decoding_message_size(usize::MAX)
 }

@@ -9,7 +9,7 @@ use crate::error::EtcdError;
 
 /// The credentials a request presents in its header, parsed once at the edge.
 #[derive(Clone, PartialEq, Eq)]
-pub enum Credentials {
+pub(crate) enum Credentials {
     /// No `Authorization` header: the connection's certificate identity, if any, applies.
     None,
     /// `Authorization: <token>`, a token from Authenticate, as etcd's gateway takes it.
@@ -20,7 +20,7 @@ pub enum Credentials {
 
 /// A user name and password from `Authorization: Basic`.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Basic {
+pub(crate) struct Basic {
     pub user: String,
     pub password: String,
 }
@@ -40,7 +40,7 @@ impl Credentials {
     /// Reads the `Authorization` header. More than one, a Basic value that is not base64 of UTF-8
     /// `user:password`, or a token that is not visible ASCII is refused, never read as "no
     /// credentials": the request would otherwise run with less (or another) identity than meant.
-    pub fn from_headers(headers: &HeaderMap) -> Result<Credentials, EtcdError> {
+    pub(crate) fn from_headers(headers: &HeaderMap) -> Result<Credentials, EtcdError> {
         let mut values = headers.get_all(AUTHORIZATION).iter();
         let Some(value) = values.next() else { return Ok(Credentials::None) };
         if values.next().is_some() {

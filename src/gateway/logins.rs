@@ -24,7 +24,7 @@ const MAX_LOGINS: usize = 4096;
 
 /// A token Authenticate issued for verified credentials.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Login {
+pub(crate) struct Login {
     pub token: String,
 }
 
@@ -36,7 +36,7 @@ impl std::fmt::Debug for Login {
 
 /// Where a login came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Source {
+pub(crate) enum Source {
     Cached,
     /// Authenticate ran for this request.
     Verified,
@@ -47,7 +47,7 @@ type Digest = [u8; 32];
 /// Authenticate instead of each running bcrypt.
 type Slot = Arc<tokio::sync::Mutex<Option<Login>>>;
 
-pub struct Logins {
+pub(crate) struct Logins {
     key: [u8; 32],
     slots: Mutex<HashMap<Digest, Slot>>,
 }
@@ -59,14 +59,14 @@ impl Default for Logins {
 }
 
 impl Logins {
-    pub fn new() -> Logins {
+    pub(crate) fn new() -> Logins {
         Logins { key: rand::random(), slots: Mutex::new(HashMap::new()) }
     }
 
     /// The login for `basic`: the cached one, or the one `authenticate` returns (called only when none
     /// is cached). `Ok(None)` from `authenticate` means auth is not enabled: nothing to log in to, and
     /// nothing is cached.
-    pub async fn login<F, Fut>(&self, basic: &Basic, authenticate: F) -> Result<Option<(Login, Source)>, Status>
+    pub(crate) async fn login<F, Fut>(&self, basic: &Basic, authenticate: F) -> Result<Option<(Login, Source)>, Status>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Option<Login>, Status>>,
@@ -90,7 +90,7 @@ impl Logins {
     }
 
     /// Forgets `stale` (a token the member refused) unless another request already replaced it.
-    pub async fn forget(&self, basic: &Basic, stale: &Login) {
+    pub(crate) async fn forget(&self, basic: &Basic, stale: &Login) {
         let digest = self.digest(basic);
         let Some(slot) = self.lock_slots().get(&digest).cloned() else { return };
         let mut cached = slot.lock().await;
@@ -100,12 +100,9 @@ impl Logins {
     }
 
     /// How many credentials are cached (for tests and metrics).
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.lock_slots().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     fn digest(&self, basic: &Basic) -> Digest {
@@ -229,7 +226,7 @@ mod tests {
         let logins = Logins::new();
         let alice = basic("alice", "right");
         assert_eq!(logins.login(&alice, || async { Ok(None) }).await.unwrap(), None);
-        assert!(logins.is_empty());
+        assert_eq!(logins.len(), 0);
     }
 
     #[test]

@@ -21,12 +21,12 @@
 //! It must not depend on the member (`node`, `raft`, `server`).
 
 mod calls;
-pub mod credentials;
-pub mod logins;
+pub(crate) mod credentials;
+pub(crate) mod logins;
 mod reply;
 mod request_body;
 mod routes;
 mod streams;
 mod unary;
 
-pub use routes::router;
+pub(crate) use routes::router;

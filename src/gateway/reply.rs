@@ -22,25 +22,25 @@ const CHALLENGE: HeaderValue = HeaderValue::from_static("Basic realm=\"keyward\"
 
 /// A refused request: etcd's status, and the HTTP status it is answered with.
 #[derive(Debug)]
-pub struct Failure {
+pub(super) struct Failure {
     pub status: Status,
     pub http: StatusCode,
 }
 
 impl Failure {
     /// A failure with grpc-gateway's HTTP status for its code.
-    pub fn new(status: Status) -> Failure {
+    pub(super) fn new(status: Status) -> Failure {
         let http = http_status(status.code());
         Failure { status, http }
     }
 
     /// Credentials from the `Authorization` header that did not verify: 401, whatever etcd's code.
-    pub fn unauthorized(status: Status) -> Failure {
+    pub(super) fn unauthorized(status: Status) -> Failure {
         Failure { status, http: StatusCode::UNAUTHORIZED }
     }
 
     /// A request body that is not the JSON of the request message (grpc-gateway: InvalidArgument).
-    pub fn bad_body(why: impl std::fmt::Display) -> Failure {
+    pub(super) fn bad_body(why: impl std::fmt::Display) -> Failure {
         Failure::new(Status::invalid_argument(why.to_string()))
     }
 }
@@ -78,18 +78,18 @@ impl IntoResponse for Failure {
 }
 
 /// A unary answer.
-pub fn message<M: Serialize>(message: &M) -> Response {
+pub(super) fn message<M: Serialize>(message: &M) -> Response {
     (StatusCode::OK, [(CONTENT_TYPE, JSON)], to_json(message)).into_response()
 }
 
 /// A streamed answer: `status`, and the chunks as they come.
-pub fn stream(status: StatusCode, chunks: impl futures::Stream<Item = Bytes> + Send + 'static) -> Response {
+pub(super) fn stream(status: StatusCode, chunks: impl futures::Stream<Item = Bytes> + Send + 'static) -> Response {
     let body = axum::body::Body::from_stream(futures::StreamExt::map(chunks, Ok::<_, std::convert::Infallible>));
     (status, [(CONTENT_TYPE, JSON)], body).into_response()
 }
 
 /// One message of a stream: `{"result": ...}` and a newline.
-pub fn stream_result<M: Serialize>(message: &M) -> Bytes {
+pub(super) fn stream_result<M: Serialize>(message: &M) -> Bytes {
     #[derive(Serialize)]
     struct Chunk<'a, M> {
         result: &'a M,
@@ -100,7 +100,7 @@ pub fn stream_result<M: Serialize>(message: &M) -> Bytes {
 }
 
 /// The last chunk of a stream that failed.
-pub fn stream_error(status: &Status) -> Bytes {
+pub(super) fn stream_error(status: &Status) -> Bytes {
     #[derive(Serialize)]
     struct StreamError<'a> {
         #[serde(skip_serializing_if = "is_zero")]
@@ -140,7 +140,7 @@ fn to_json<T: Serialize>(value: &T) -> Vec<u8> {
 }
 
 /// grpc-gateway v1's `HTTPStatusFromCode`.
-pub fn http_status(code: Code) -> StatusCode {
+pub(super) fn http_status(code: Code) -> StatusCode {
     match code {
         Code::Ok => StatusCode::OK,
         Code::Cancelled => StatusCode::REQUEST_TIMEOUT,

@@ -12,7 +12,7 @@ use super::reply::Failure;
 use crate::error::EtcdError;
 
 /// The body as one message; an empty body is the default message (grpc-gateway reads it as EOF).
-pub async fn one<M: DeserializeOwned + Default>(body: Body, limit: usize) -> Result<M, Failure> {
+pub(super) async fn one<M: DeserializeOwned + Default>(body: Body, limit: usize) -> Result<M, Failure> {
     let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| too_large_or(e.to_string()))?;
     if bytes.trim_ascii().is_empty() {
         return Ok(M::default());
@@ -32,7 +32,7 @@ fn too_large_or(why: String) -> Failure {
 /// The body as a stream of messages, each yielded once its JSON value is complete. A value that is
 /// not valid JSON of `M`, a truncated value at the end, or one larger than `limit` ends the stream
 /// with the error.
-pub fn many<M: DeserializeOwned + Send + 'static>(
+pub(super) fn many<M: DeserializeOwned + Send + 'static>(
     body: Body,
     limit: usize,
 ) -> impl Stream<Item = Result<M, Status>> + Send + 'static {

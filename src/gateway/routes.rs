@@ -24,7 +24,7 @@ const BODY_SLACK: usize = 64 * 1024;
 
 /// The gateway's routes for a listener whose gRPC services are `grpc`, for requests of at most
 /// `max_request_bytes` (the member's `--max-request-bytes`). Merge them into the listener's router.
-pub fn router(grpc: Routes, max_request_bytes: usize) -> Router {
+pub(crate) fn router(grpc: Routes, max_request_bytes: usize) -> Router {
     let body_limit = max_request_bytes.saturating_mul(BODY_FACTOR).saturating_add(BODY_SLACK);
     let gateway = Gateway::new(grpc, body_limit);
     Router::new()

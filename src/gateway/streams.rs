@@ -26,7 +26,7 @@ use super::request_body;
 const REQUESTS_IN_FLIGHT: usize = 16;
 
 /// `POST` handler for a bidirectional stream `call`.
-pub fn bidirectional<Req, Resp, F, Fut>(call: F) -> MethodRouter<Gateway>
+pub(super) fn bidirectional<Req, Resp, F, Fut>(call: F) -> MethodRouter<Gateway>
 where
     Req: DeserializeOwned + Send + 'static,
     Resp: Serialize + Send + 'static,
@@ -40,7 +40,7 @@ where
 }
 
 /// `POST` handler for a server stream `call` (one request, many answers).
-pub fn server_stream<Req, Resp, F, Fut>(call: F) -> MethodRouter<Gateway>
+pub(super) fn server_stream<Req, Resp, F, Fut>(call: F) -> MethodRouter<Gateway>
 where
     Req: DeserializeOwned + Default + Send + 'static,
     Resp: Serialize + Send + 'static,

@@ -16,7 +16,7 @@ use super::reply::{self, Failure};
 use super::request_body;
 
 /// `POST` handler calling the unary method `call` (etcd's gateway registers its paths for POST).
-pub fn unary<Req, Resp, F, Fut>(call: F) -> MethodRouter<Gateway>
+pub(super) fn unary<Req, Resp, F, Fut>(call: F) -> MethodRouter<Gateway>
 where
     Req: DeserializeOwned + Default + Clone + Send + 'static,
     Resp: Serialize + Send + 'static,

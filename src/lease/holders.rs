@@ -20,7 +20,7 @@ use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
 
 /// Whether `who` may use lease `id` (whose record is `record`).
-pub fn may_use(
+pub(crate) fn may_use(
     authz: &Authorizer,
     leases: &LeaseStore,
     txn: &RoTxn,
@@ -51,7 +51,7 @@ pub fn may_use(
 
 /// The owner a lease granted by `who` records: the user, with auth on (whose identity the grant's
 /// check established); nobody with auth off, when any name could be claimed.
-pub fn owner_of_grant(authz: &Authorizer, who: &Requester) -> Option<String> {
+pub(crate) fn owner_of_grant(authz: &Authorizer, who: &Requester) -> Option<String> {
     match who {
         Requester::Client { username, .. } if authz.enabled() && !username.is_empty() => Some(username.clone()),
         _ => None,

@@ -19,7 +19,7 @@ struct Clock {
 }
 
 #[derive(Default)]
-pub struct Lessor {
+pub(crate) struct Lessor {
     leases: Mutex<HashMap<i64, Clock>>,
 }
 
@@ -33,7 +33,7 @@ impl Lessor {
     }
 
     /// Loads the leases found in the store at startup.
-    pub fn recover(&self, leases: impl IntoIterator<Item = (i64, LeaseRecord)>) {
+    pub(crate) fn recover(&self, leases: impl IntoIterator<Item = (i64, LeaseRecord)>) {
         let now = Instant::now();
         let mut map = self.lock();
         for (id, record) in leases {
@@ -42,18 +42,18 @@ impl Lessor {
         }
     }
 
-    pub fn granted(&self, id: i64, ttl: i64) {
+    pub(crate) fn granted(&self, id: i64, ttl: i64) {
         self.lock().insert(id, Clock { ttl, expiry: Instant::now() + secs(ttl), revoking_since: None });
     }
 
-    pub fn revoked(&self, id: i64) {
+    pub(crate) fn revoked(&self, id: i64) {
         self.lock().remove(&id);
     }
 
     /// This member has become leader: every lease expires a full TTL plus `extend` from now (etcd's
     /// `Promote`). Keep-alives went to the previous leader, whose clock this member never saw, so no
     /// lease may expire here before its holders had time to reach the new leader.
-    pub fn promote(&self, extend: Duration) {
+    pub(crate) fn promote(&self, extend: Duration) {
         let now = Instant::now();
         for clock in self.lock().values_mut() {
             clock.expiry = now + extend + secs(clock.ttl);
@@ -62,7 +62,7 @@ impl Lessor {
     }
 
     /// Restarts the lease's full TTL; `None` when the lease does not exist (or has expired).
-    pub fn renew(&self, id: i64) -> Option<i64> {
+    pub(crate) fn renew(&self, id: i64) -> Option<i64> {
         let mut map = self.lock();
         let clock = map.get_mut(&id)?;
         let now = Instant::now();
@@ -74,7 +74,7 @@ impl Lessor {
     }
 
     /// `(granted TTL, remaining seconds)`.
-    pub fn time_to_live(&self, id: i64) -> Option<(i64, i64)> {
+    pub(crate) fn time_to_live(&self, id: i64) -> Option<(i64, i64)> {
         let map = self.lock();
         let clock = map.get(&id)?;
         let left = clock.expiry.saturating_duration_since(Instant::now());
@@ -82,7 +82,7 @@ impl Lessor {
     }
 
     /// Leases past their expiry that have no revoke in flight; marks them as being revoked.
-    pub fn take_expired(&self) -> Vec<i64> {
+    pub(crate) fn take_expired(&self) -> Vec<i64> {
         let now = Instant::now();
         let mut out = Vec::new();
         for (&id, clock) in self.lock().iter_mut() {
@@ -97,7 +97,7 @@ impl Lessor {
     }
 
     /// Every live lease's remaining TTL, for a checkpoint entry.
-    pub fn remaining(&self) -> Vec<(i64, i64)> {
+    pub(crate) fn remaining(&self) -> Vec<(i64, i64)> {
         let now = Instant::now();
         let mut out: Vec<_> = self
             .lock()

@@ -6,11 +6,11 @@
 //! - `lessor.rs`: the clock — when each lease expires. Only the leader acts on it, by proposing a
 //!   revoke through raft, so expiry is ordered in the log like any other write.
 
-pub mod holders;
-pub mod lessor;
-pub mod store;
+pub(crate) mod holders;
+pub(crate) mod lessor;
+pub(crate) mod store;
 
 /// The largest TTL etcd accepts, in seconds.
-pub const MAX_LEASE_TTL: i64 = 9_000_000_000;
+pub(crate) const MAX_LEASE_TTL: i64 = 9_000_000_000;
 /// The smallest TTL a lease gets (etcd: 1.5 election timeouts, rounded up to whole seconds).
-pub const MIN_LEASE_TTL: i64 = 2;
+pub(crate) const MIN_LEASE_TTL: i64 = 2;

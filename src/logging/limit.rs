@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 /// Keys tracked at most; beyond, the table starts afresh (a key may then log again early).
 const MAX_KEYS: usize = 10_000;
 
-pub struct LogLimit {
+pub(crate) struct LogLimit {
     max: u32,
     window: Duration,
     keys: Mutex<BTreeMap<String, Window>>,
@@ -22,13 +22,13 @@ struct Window {
 }
 
 impl LogLimit {
-    pub const fn new(max: u32, window: Duration) -> LogLimit {
+    pub(crate) const fn new(max: u32, window: Duration) -> LogLimit {
         LogLimit { max, window, keys: Mutex::new(BTreeMap::new()) }
     }
 
     /// `Some(n)`: log this line, and mention the `n` suppressed since the last one logged for `key`.
     /// `None`: suppress it.
-    pub fn admit(&self, key: &str) -> Option<u64> {
+    pub(crate) fn admit(&self, key: &str) -> Option<u64> {
         let now = Instant::now();
         let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
         if keys.len() >= MAX_KEYS && !keys.contains_key(key) {

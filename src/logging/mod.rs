@@ -9,9 +9,9 @@
 //!
 //! Log files are created 0600 (they name keys and users).
 
-pub mod limit;
-pub mod private_file;
-pub mod text;
+pub(crate) mod limit;
+pub(crate) mod private_file;
+pub(crate) mod text;
 
 use std::fmt::Write as _;
 use std::fs::File;

@@ -12,11 +12,11 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 /// Owner read and write only.
-pub const MODE: u32 = 0o600;
+pub(crate) const MODE: u32 = 0o600;
 
 /// Opens `path` for appending, creating it 0600; an existing regular file readable or writable by
 /// anyone but its owner is narrowed to 0600.
-pub fn open_append(path: &Path) -> io::Result<File> {
+pub(crate) fn open_append(path: &Path) -> io::Result<File> {
     let file = OpenOptions::new().create(true).append(true).mode(MODE).open(path)?;
     narrow(&file, path);
     Ok(file)

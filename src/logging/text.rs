@@ -11,14 +11,14 @@ use std::fmt::{self, Write as _};
 /// Bytes shown between double quotes, with `"`, `\`, control and other non-printable characters
 /// escaped (`\n`, `\u{1b}`, `\u{2028}`) and bytes that are not UTF-8 as `\xNN`.
 #[derive(Clone, Copy)]
-pub struct Quoted<'a>(&'a [u8]);
+pub(crate) struct Quoted<'a>(&'a [u8]);
 
 impl<'a> Quoted<'a> {
-    pub fn bytes(bytes: &'a [u8]) -> Quoted<'a> {
+    pub(crate) fn bytes(bytes: &'a [u8]) -> Quoted<'a> {
         Quoted(bytes)
     }
 
-    pub fn str(text: &'a str) -> Quoted<'a> {
+    pub(crate) fn str(text: &'a str) -> Quoted<'a> {
         Quoted(text.as_bytes())
     }
 }
@@ -60,7 +60,7 @@ fn write_char_escaped(f: &mut fmt::Formatter<'_>, c: char) -> fmt::Result {
 /// `text` with every line break escaped (`\n`, `\r`, vertical tab, form feed, NEL, U+2028, U+2029):
 /// the text logger's last guard, applied to a whole formatted event. Other characters are kept (the
 /// terminal colours' escape sequences among them).
-pub fn escape_line_breaks(text: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn escape_line_breaks(text: &str) -> std::borrow::Cow<'_, str> {
     let breaks = |c: char| matches!(c, '\n' | '\r' | '\u{0b}' | '\u{0c}' | '\u{85}' | '\u{2028}' | '\u{2029}');
     if !text.contains(breaks) {
         return text.into();

@@ -17,7 +17,7 @@ use crate::proto::etcdserverpb::{PutRequest, TxnRequest, TxnResponse};
 
 /// What one request executed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Ops {
+pub(crate) struct Ops {
     pub ranges: u64,
     pub puts: u64,
     pub deletes: u64,
@@ -26,21 +26,21 @@ pub struct Ops {
 }
 
 impl Ops {
-    pub fn range() -> Ops {
+    pub(crate) fn range() -> Ops {
         Ops { ranges: 1, ..Ops::default() }
     }
 
-    pub fn put(put: &PutRequest) -> Ops {
+    pub(crate) fn put(put: &PutRequest) -> Ops {
         Ops { puts: 1, put_bytes: (put.key.len() + put.value.len()) as u64, ..Ops::default() }
     }
 
-    pub fn delete() -> Ops {
+    pub(crate) fn delete() -> Ops {
         Ops { deletes: 1, ..Ops::default() }
     }
 
     /// A Txn's compares on the path that ran, and the operations of the branches that ran, nested
     /// txns included.
-    pub fn txn(req: &TxnRequest, resp: &TxnResponse) -> (Ops, Ops) {
+    pub(crate) fn txn(req: &TxnRequest, resp: &TxnResponse) -> (Ops, Ops) {
         let mut compares = Ops { ranges: req.compare.len() as u64, ..Ops::default() };
         let mut executed = Ops::default();
         let branch = if resp.succeeded { &req.success } else { &req.failure };
@@ -61,7 +61,7 @@ impl Ops {
 
     /// Records a Txn as etcd's applier runs it: a write Txn's compares and operations are two mvcc
     /// transactions, a read-only Txn's one.
-    pub fn record_txn((compares, executed): (Ops, Ops), read_only: bool) {
+    pub(crate) fn record_txn((compares, executed): (Ops, Ops), read_only: bool) {
         if read_only {
             compares.plus(executed).record();
         } else {
@@ -80,7 +80,7 @@ impl Ops {
     }
 
     /// Adds this request's operations to the counters.
-    pub fn record(self) {
+    pub(crate) fn record(self) {
         if self.ranges + self.puts + self.deletes > 1 {
             metrics::MVCC_TXNS.iter().for_each(|c| c.inc());
         }

@@ -12,7 +12,7 @@ use crate::proto::mvccpb::Event;
 use bytes::Bytes;
 
 /// `WatchResponse.events`' field number.
-pub const EVENTS_FIELD: u32 = 11;
+pub(crate) const EVENTS_FIELD: u32 = 11;
 
 /// The two forms a watcher may send: with the previous key-value (`prev_kv` watchers), or without.
 #[derive(Debug, Default, Clone)]

@@ -12,15 +12,15 @@ use crate::proto::etcdserverpb::{
 use crate::proto::mvccpb::KeyValue;
 
 /// Answers whether a lease exists, for puts that attach one.
-pub trait Leases {
+pub(crate) trait Leases {
     fn exists(&self, id: i64) -> bool;
 }
 
-pub fn header(revision: i64) -> Option<ResponseHeader> {
+pub(crate) fn header(revision: i64) -> Option<ResponseHeader> {
     Some(ResponseHeader { revision, ..Default::default() })
 }
 
-pub fn range(view: &ReadView, req: &RangeRequest) -> Result<RangeResponse, EtcdError> {
+pub(crate) fn range(view: &ReadView, req: &RangeRequest) -> Result<RangeResponse, EtcdError> {
     let filtered = req.min_mod_revision != 0
         || req.max_mod_revision != 0
         || req.min_create_revision != 0
@@ -74,7 +74,7 @@ fn sort(kvs: &mut [KeyValue], target: i32, order: Option<SortOrder>) {
 }
 
 /// The checks a put must pass before anything in its entry is written (etcd's `checkPut`).
-pub fn check_put(view: &ReadView, req: &PutRequest, leases: &dyn Leases) -> Result<(), EtcdError> {
+pub(crate) fn check_put(view: &ReadView, req: &PutRequest, leases: &dyn Leases) -> Result<(), EtcdError> {
     if (req.ignore_value || req.ignore_lease)
         && view.range(&KeyRange::Single(req.key.clone()), 0, 1, false)?.kvs.is_empty()
     {
@@ -87,7 +87,7 @@ pub fn check_put(view: &ReadView, req: &PutRequest, leases: &dyn Leases) -> Resu
 }
 
 /// Writes one put; `check_put` must have passed.
-pub fn put(txn: &mut WriteTxn, req: &PutRequest) -> Result<PutResponse, EtcdError> {
+pub(crate) fn put(txn: &mut WriteTxn, req: &PutRequest) -> Result<PutResponse, EtcdError> {
     let prev = if req.ignore_value || req.ignore_lease || req.prev_kv {
         txn.view().range(&KeyRange::Single(req.key.clone()), 0, 1, false)?.kvs.pop()
     } else {
@@ -107,7 +107,7 @@ pub fn put(txn: &mut WriteTxn, req: &PutRequest) -> Result<PutResponse, EtcdErro
     Ok(PutResponse { header: header(rev), prev_kv: prev.filter(|_| req.prev_kv) })
 }
 
-pub fn delete_range(txn: &mut WriteTxn, req: &DeleteRangeRequest) -> Result<DeleteRangeResponse, EtcdError> {
+pub(crate) fn delete_range(txn: &mut WriteTxn, req: &DeleteRangeRequest) -> Result<DeleteRangeResponse, EtcdError> {
     let (deleted, rev) = txn.delete_range(&KeyRange::new(&req.key, &req.range_end))?;
     Ok(DeleteRangeResponse {
         header: header(rev),

@@ -1,16 +1,16 @@
 //! Multi-version concurrency control: revisions, the store on LMDB, and etcd's KV request semantics
 //! (range, put, delete, txn, compact) on top of it.
 
-pub mod counts;
-pub mod encoded_events;
-pub mod hash;
-pub mod import;
-pub mod kv;
-pub mod revision;
-pub mod store;
-pub mod txn;
+pub(crate) mod counts;
+pub(crate) mod encoded_events;
+pub(crate) mod hash;
+pub(crate) mod import;
+pub(crate) mod kv;
+pub(crate) mod revision;
+pub(crate) mod store;
+pub(crate) mod txn;
 
 #[cfg(test)]
 mod model_tests;
 
-pub use store::{KvStore, RangeResult, ReadView, WriteTxn};
+pub(crate) use store::{KvStore, ReadView, WriteTxn};

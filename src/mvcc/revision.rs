@@ -13,7 +13,7 @@ pub struct Revision {
     pub sub: i64,
 }
 
-pub const REVISION_LEN: usize = 16;
+pub(crate) const REVISION_LEN: usize = 16;
 
 impl Revision {
     pub fn new(main: i64, sub: i64) -> Self {
@@ -36,7 +36,7 @@ impl Revision {
 }
 
 /// `escape(key)` followed by the terminator: the prefix shared by every history entry of `key`.
-pub fn history_prefix(key: &[u8]) -> Vec<u8> {
+pub(crate) fn history_prefix(key: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(key.len() + 2 + REVISION_LEN);
     for &b in key {
         out.push(b);
@@ -49,18 +49,18 @@ pub fn history_prefix(key: &[u8]) -> Vec<u8> {
 }
 
 /// The escaped form of a range bound: sorts exactly where `key`'s first history entry would.
-pub fn history_bound(key: &[u8]) -> Vec<u8> {
+pub(crate) fn history_bound(key: &[u8]) -> Vec<u8> {
     history_prefix(key)
 }
 
-pub fn history_key(key: &[u8], rev: Revision) -> Vec<u8> {
+pub(crate) fn history_key(key: &[u8], rev: Revision) -> Vec<u8> {
     let mut out = history_prefix(key);
     out.extend_from_slice(&rev.to_bytes());
     out
 }
 
 /// Splits a history key into the user key and the revision.
-pub fn split_history_key(raw: &[u8]) -> Option<(Vec<u8>, Revision)> {
+pub(crate) fn split_history_key(raw: &[u8]) -> Option<(Vec<u8>, Revision)> {
     let (escaped, rev) = raw.split_at(raw.len().checked_sub(REVISION_LEN)?);
     let rev = Revision::from_bytes(rev)?;
     let escaped = escaped.strip_suffix(&[0, 0])?;

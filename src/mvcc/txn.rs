@@ -16,7 +16,7 @@ use crate::proto::etcdserverpb::{Compare, RequestOp, ResponseOp, TxnRequest, Txn
 use crate::proto::mvccpb::KeyValue;
 
 /// True when no operation on any branch writes: such a transaction is served like a read.
-pub fn is_read_only(req: &TxnRequest) -> bool {
+pub(crate) fn is_read_only(req: &TxnRequest) -> bool {
     req.success.iter().chain(&req.failure).all(|op| match &op.request {
         Some(Request::RequestRange(_)) | None => true,
         Some(Request::RequestTxn(inner)) => is_read_only(inner),
@@ -151,7 +151,7 @@ fn check(
 }
 
 /// Evaluates, checks and applies a transaction that may write.
-pub fn txn(wtxn: &mut WriteTxn, req: &TxnRequest, leases: &dyn Leases) -> Result<TxnResponse, EtcdError> {
+pub(crate) fn txn(wtxn: &mut WriteTxn, req: &TxnRequest, leases: &dyn Leases) -> Result<TxnResponse, EtcdError> {
     let mut taken = Vec::new();
     {
         let view = wtxn.view();
@@ -165,7 +165,7 @@ pub fn txn(wtxn: &mut WriteTxn, req: &TxnRequest, leases: &dyn Leases) -> Result
 }
 
 /// Evaluates a transaction without writes against a read view.
-pub fn txn_read_only(view: &ReadView, req: &TxnRequest) -> Result<TxnResponse, EtcdError> {
+pub(crate) fn txn_read_only(view: &ReadView, req: &TxnRequest) -> Result<TxnResponse, EtcdError> {
     let mut taken = Vec::new();
     path(view, req, &mut taken)?;
     struct NoLeases;
@@ -213,7 +213,7 @@ fn execute(wtxn: &mut WriteTxn, req: &TxnRequest, path: &mut std::slice::Iter<bo
 }
 
 /// Request-shape checks done before proposing (etcd's `checkTxnRequest` + `checkIntervals`).
-pub fn validate(req: &TxnRequest, max_ops: usize) -> Result<(), EtcdError> {
+pub(crate) fn validate(req: &TxnRequest, max_ops: usize) -> Result<(), EtcdError> {
     validate_shape(req, max_ops)?;
     overlaps(&req.success)?;
     overlaps(&req.failure)?;
@@ -241,7 +241,7 @@ fn validate_shape(req: &TxnRequest, max_ops: usize) -> Result<(), EtcdError> {
     Ok(())
 }
 
-pub fn validate_put(p: &crate::proto::etcdserverpb::PutRequest) -> Result<(), EtcdError> {
+pub(crate) fn validate_put(p: &crate::proto::etcdserverpb::PutRequest) -> Result<(), EtcdError> {
     if p.key.is_empty() {
         return Err(EtcdError::EmptyKey);
     }

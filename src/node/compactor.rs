@@ -14,13 +14,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::auth::check::Requester;
-pub use crate::config::auto_compaction::AutoCompaction;
+pub(crate) use crate::config::auto_compaction::AutoCompaction;
 use crate::error::EtcdError;
 use crate::node::Node;
 use crate::proto::etcdserverpb::{CompactionRequest, InternalRaftRequest};
 
 /// Runs the compactor for the life of the member.
-pub async fn run(node: Arc<Node>, policy: AutoCompaction) {
+pub(crate) async fn run(node: Arc<Node>, policy: AutoCompaction) {
     tracing::info!(?policy, "auto compaction enabled");
     let mut samples = Samples::default();
     let mut done = 0;

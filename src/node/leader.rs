@@ -121,7 +121,7 @@ impl Node {
     }
 
     /// Serves a follower's forwarded write: proposes it as it is (the follower built its header).
-    pub async fn propose_forwarded(
+    pub(crate) async fn propose_forwarded(
         &self,
         req: InternalRaftRequest,
     ) -> Result<(u64, Result<Applied, EtcdError>), EtcdError> {
@@ -135,7 +135,7 @@ impl Node {
     /// Waits until this member may serve a linearizable read: a read index confirmed by the leader
     /// with a quorum, and this member's applied state caught up with it. Concurrent reads share
     /// their rounds (`node/read_rounds.rs`), here and at the leader.
-    pub async fn read_index(&self) -> Result<(), EtcdError> {
+    pub(crate) async fn read_index(&self) -> Result<(), EtcdError> {
         let index = self.read_rounds.read_index().await?;
         self.wait_applied(index).await
     }
@@ -154,7 +154,7 @@ impl Node {
 
     /// The leader's read index for a linearizable read, here or on a follower (confirmed with a
     /// quorum; the reader waits for its own member's apply). Only a leader answers.
-    pub async fn leader_read_index(&self) -> Result<u64, EtcdError> {
+    pub(crate) async fn leader_read_index(&self) -> Result<u64, EtcdError> {
         self.leader_read_rounds.read_index().await
     }
 
@@ -167,7 +167,7 @@ impl Node {
     }
 
     /// Renews lease `id` on the leader's clock: its TTL, or 0 for an unknown or expired lease.
-    pub async fn lease_renew(&self, id: i64) -> Result<i64, EtcdError> {
+    pub(crate) async fn lease_renew(&self, id: i64) -> Result<i64, EtcdError> {
         self.on_leader(
             move || async move { Ok(self.lessor.renew(id).unwrap_or(0)) },
             |mut leader| {
@@ -179,7 +179,7 @@ impl Node {
     }
 
     /// `(granted TTL, remaining seconds)` of lease `id` on the leader's clock.
-    pub async fn lease_time_to_live(&self, id: i64) -> Result<Option<(i64, i64)>, EtcdError> {
+    pub(crate) async fn lease_time_to_live(&self, id: i64) -> Result<Option<(i64, i64)>, EtcdError> {
         self.on_leader(
             move || async move { Ok(self.lessor.time_to_live(id)) },
             |mut leader| {
@@ -195,7 +195,7 @@ impl Node {
     }
 
     /// Adds a member (MemberAdd) and returns its id; answers once this member's view includes it.
-    pub async fn member_add(&self, req: MemberAddRequest) -> Result<NodeId, EtcdError> {
+    pub(crate) async fn member_add(&self, req: MemberAddRequest) -> Result<NodeId, EtcdError> {
         let local = req.clone();
         let id = self
             .on_leader(
@@ -220,7 +220,7 @@ impl Node {
     }
 
     /// Removes a member; the leader tells it, so that it shuts down.
-    pub async fn member_remove(&self, req: MemberRemoveRequest) -> Result<(), EtcdError> {
+    pub(crate) async fn member_remove(&self, req: MemberRemoveRequest) -> Result<(), EtcdError> {
         let id = req.id;
         self.on_leader(
             move || {
@@ -247,7 +247,7 @@ impl Node {
         Ok(())
     }
 
-    pub async fn member_update(&self, req: MemberUpdateRequest) -> Result<(), EtcdError> {
+    pub(crate) async fn member_update(&self, req: MemberUpdateRequest) -> Result<(), EtcdError> {
         let local = req.clone();
         self.on_leader(
             move || async move { membership::update(&self.raft, local.id, local.peer_ur_ls).await }.boxed(),
@@ -259,7 +259,7 @@ impl Node {
         .await
     }
 
-    pub async fn member_promote(&self, req: MemberPromoteRequest) -> Result<(), EtcdError> {
+    pub(crate) async fn member_promote(&self, req: MemberPromoteRequest) -> Result<(), EtcdError> {
         let id = req.id;
         self.on_leader(
             move || async move { membership::promote(&self.raft, id).await }.boxed(),
@@ -272,7 +272,7 @@ impl Node {
     }
 
     /// Publishes this member's name and client URLs (on the leader, through raft).
-    pub async fn publish(&self) -> Result<(), EtcdError> {
+    pub(crate) async fn publish(&self) -> Result<(), EtcdError> {
         self.publish_member(PublishRequest {
             member_id: self.member_id,
             name: self.name.clone(),
@@ -282,7 +282,7 @@ impl Node {
     }
 
     /// Records a member's published attributes (on the leader; a follower forwards).
-    pub async fn publish_member(&self, req: PublishRequest) -> Result<(), EtcdError> {
+    pub(crate) async fn publish_member(&self, req: PublishRequest) -> Result<(), EtcdError> {
         let local = req.clone();
         self.on_leader(
             move || {

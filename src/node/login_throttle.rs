@@ -36,14 +36,14 @@ const CHECK_ALLOWANCE: Duration = Duration::from_secs(60);
 
 /// A login attempt whose turn has come: its password may be checked; then it must be told how that
 /// ended. Dropped without an outcome it counts as a failure (see `auth/throttle.rs`).
-pub enum LoginAttempt {
+pub(crate) enum LoginAttempt {
     /// This member leads: its own table.
     Here(Attempt),
     /// Held at the leader by an open `LoginAttempt` call.
     AtLeader(AtLeader),
 }
 
-pub struct AtLeader {
+pub(crate) struct AtLeader {
     outcome: tokio::sync::mpsc::Sender<LoginAttemptRequest>,
     replies: Streaming<LoginAttemptReply>,
     waited: bool,
@@ -51,22 +51,22 @@ pub struct AtLeader {
 
 impl LoginAttempt {
     /// Whether it had to wait for its turn.
-    pub fn waited(&self) -> bool {
+    pub(crate) fn waited(&self) -> bool {
         match self {
             LoginAttempt::Here(attempt) => attempt.waited(),
             LoginAttempt::AtLeader(remote) => remote.waited,
         }
     }
 
-    pub fn succeeded(self) {
+    pub(crate) fn succeeded(self) {
         self.end(LoginOutcome::Succeeded);
     }
 
-    pub fn failed(self) {
+    pub(crate) fn failed(self) {
         self.end(LoginOutcome::Failed);
     }
 
-    pub fn withdrawn(self) {
+    pub(crate) fn withdrawn(self) {
         self.end(LoginOutcome::Withdrawn);
     }
 
@@ -98,7 +98,7 @@ impl LoginAttempt {
 impl Node {
     /// Admits a login attempt of `user` from `source` in the cluster's throttle and waits for its
     /// turn: here if this member leads, else at the leader. "Too many requests" when refused.
-    pub async fn login_attempt(&self, user: &str, source: &Source) -> Result<LoginAttempt, EtcdError> {
+    pub(crate) async fn login_attempt(&self, user: &str, source: &Source) -> Result<LoginAttempt, EtcdError> {
         let throttle = self.login_throttle.clone();
         let timeout = throttle.limits().max_delay + CHECK_ALLOWANCE;
         let attempt = self
@@ -143,7 +143,7 @@ fn start_message(user: &str, source: &Source) -> LoginAttemptStart {
 }
 
 /// The attempt a follower's first message names; `None` if it names none.
-pub fn decode_start(start: LoginAttemptStart) -> Option<(String, Source)> {
+pub(crate) fn decode_start(start: LoginAttemptStart) -> Option<(String, Source)> {
     let source = match start.source? {
         login_attempt_start::Source::Address(bytes) => Source::Address(match bytes.len() {
             0 => None,
@@ -159,7 +159,7 @@ pub fn decode_start(start: LoginAttemptStart) -> Option<(String, Source)> {
 /// Serves a follower's `LoginAttempt` call on the leader: the attempt's turn, then its outcome.
 /// The follower's stream ending, or the call being dropped (the follower went away), drops the
 /// attempt.
-pub async fn serve_at_leader(
+pub(crate) async fn serve_at_leader(
     node: &Node,
     mut steps: Streaming<LoginAttemptRequest>,
 ) -> Result<impl futures::Stream<Item = Result<LoginAttemptReply, tonic::Status>> + Send + 'static, tonic::Status> {

@@ -43,13 +43,13 @@ use crate::raft::state_machine::{Committed, KvEnv, State, StateMachine};
 use crate::raft::{NodeId, Raft};
 use crate::space::Space;
 
-pub mod compactor;
+pub(crate) mod compactor;
 mod leader;
-pub mod login_throttle;
+pub(crate) mod login_throttle;
 mod read_rounds;
 mod transfer;
 
-pub struct Node {
+pub(crate) struct Node {
     pub raft: Raft,
     proposer: Proposer,
     /// Linearizable reads here share their read index rounds (`node/read_rounds.rs`)...
@@ -61,7 +61,6 @@ pub struct Node {
     pub member_id: u64,
     pub cluster_id: u64,
     pub name: String,
-    pub peer_urls: Vec<String>,
     pub client_urls: Vec<String>,
     pub cluster_token: String,
     /// Dials the other members: raft's transport, and forwarding to the leader (`node/leader.rs`).
@@ -94,8 +93,6 @@ pub struct Node {
     revision: Arc<std::sync::atomic::AtomicI64>,
     /// Requests applied since the process started (a blank or membership entry counts as one).
     applied_requests: Arc<AtomicU64>,
-    /// The store's revision after the latest applied batch, and what that batch changed.
-    pub committed: tokio::sync::broadcast::Sender<Arc<Committed>>,
     /// The watchers' side of that broadcast (`watch_hub/`): the one subscriber that keeps up.
     pub watch_hub: Arc<crate::watch_hub::WatchHub>,
     pub space: Arc<Space>,
@@ -122,7 +119,7 @@ impl Node {
     /// raft. A member that is its cluster's only voter is returned once it leads and has applied its
     /// log; otherwise at once — its peers reach it through the peer listener, which the caller starts
     /// next (`lib.rs`), and it catches up in the background.
-    pub async fn start(config: &Config) -> anyhow::Result<Arc<Node>> {
+    pub(crate) async fn start(config: &Config) -> anyhow::Result<Arc<Node>> {
         // Before any LMDB environment is opened: a second process on this data dir stops here.
         let data_dir = crate::storage::data_dir::lock(&config.data_dir)?;
         let member_dir = config.data_dir.join("member");
@@ -323,7 +320,6 @@ impl Node {
             member_id,
             cluster_id,
             name: config.name.clone(),
-            peer_urls: config.peer_urls.clone(),
             client_urls: config.advertise_client_urls.clone(),
             cluster_token: config.cluster_token.clone(),
             peers,
@@ -345,7 +341,6 @@ impl Node {
             lessor,
             revision,
             applied_requests,
-            committed,
             watch_hub,
             space,
             raising_nospace: Default::default(),
@@ -381,17 +376,17 @@ impl Node {
     }
 
     /// A fresh id for a request or a server-chosen lease (positive, as etcd's lease ids are).
-    pub fn next_id(&self) -> i64 {
+    pub(crate) fn next_id(&self) -> i64 {
         (self.next_request_id.fetch_add(1, Ordering::Relaxed) & (i64::MAX as u64)) as i64
     }
 
-    pub fn is_leader(&self) -> bool {
+    pub(crate) fn is_leader(&self) -> bool {
         self.leader() == Some(self.member_id)
     }
 
     /// The leader this member knows of; none once the raft core has stopped (openraft's metrics keep
     /// the last leader they saw).
-    pub fn leader(&self) -> Option<NodeId> {
+    pub(crate) fn leader(&self) -> Option<NodeId> {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
         metrics.running_state.as_ref().ok().and(metrics.current_leader)
@@ -399,7 +394,7 @@ impl Node {
 
     /// Resolves when the raft core stops, with the reason. A core that stops has met a storage failure
     /// (or was shut down): it never resumes, and the process must exit so that it is restarted.
-    pub async fn stopped(&self) -> Fatal<NodeId> {
+    pub(crate) async fn stopped(&self) -> Fatal<NodeId> {
         // The server metrics change only with the leader, the vote or the membership (the full
         // metrics change with every entry), and close when the core is gone; the core publishes why
         // it stopped in the full metrics before that.
@@ -417,23 +412,23 @@ impl Node {
     /// Resolves once this member has been removed from the cluster (MemberRemove), as the leader
     /// tells it (`server/peer.rs`): it gets no more entries and must stop, as etcd's member does
     /// ("permanently removed from the cluster").
-    pub async fn removed(&self) {
+    pub(crate) async fn removed(&self) {
         self.removed.notified().await
     }
 
     /// The leader says this member was removed.
-    pub fn mark_removed(&self) {
+    pub(crate) fn mark_removed(&self) {
         self.removed.notify_one();
     }
 
     /// Whether the member can serve writes: a leader, a running core and an apply that is not
     /// waiting for storage space.
-    pub fn serving(&self) -> bool {
+    pub(crate) fn serving(&self) -> bool {
         self.leader().is_some() && !self.space.stalled()
     }
 
     /// Raises a NOSPACE alarm for this member through raft, unless one is active or on its way.
-    pub async fn raise_nospace(&self) {
+    pub(crate) async fn raise_nospace(&self) {
         let mine = |a: &crate::proto::etcdserverpb::AlarmMember| {
             a.member_id == self.member_id && a.alarm == AlarmType::Nospace as i32
         };
@@ -453,7 +448,7 @@ impl Node {
     }
 
     /// Proposes the remaining TTL of every lease, so a restart resumes them where they were.
-    pub async fn checkpoint_leases(&self) -> Result<(), EtcdError> {
+    pub(crate) async fn checkpoint_leases(&self) -> Result<(), EtcdError> {
         let checkpoints: Vec<_> = self
             .lessor
             .remaining()
@@ -472,22 +467,22 @@ impl Node {
         .map(|_| ())
     }
 
-    pub fn auth_enabled(&self) -> bool {
+    pub(crate) fn auth_enabled(&self) -> bool {
         self.auth_enabled.load(Ordering::Acquire)
     }
 
-    pub fn auth_revision(&self) -> u64 {
+    pub(crate) fn auth_revision(&self) -> u64 {
         self.auth_revision.load(Ordering::Acquire)
     }
 
     /// Told of every applied change of the auth revision or of whether auth is enabled.
-    pub fn auth_changes(&self) -> tokio::sync::watch::Receiver<(u64, bool)> {
+    pub(crate) fn auth_changes(&self) -> tokio::sync::watch::Receiver<(u64, bool)> {
         self.auth_changes.subscribe()
     }
 
     /// Proposes one write through raft on behalf of `who` and returns what applying it produced. The
     /// entry's header carries the requester, so apply decides permissions at the entry's place in the log.
-    pub async fn propose(&self, req: InternalRaftRequest, who: &Requester) -> Result<Applied, EtcdError> {
+    pub(crate) async fn propose(&self, req: InternalRaftRequest, who: &Requester) -> Result<Applied, EtcdError> {
         let cost = crate::space::cost(&req);
         // Apply refuses it anyway while NOSPACE is active: refused here it takes no room in the raft
         // log either, which matters when the disk (not the quota) is what is full.
@@ -551,7 +546,7 @@ impl Node {
     /// Runs `read` on a consistent view of the applied state — the kv store and the auth state of the
     /// same transaction: linearizable (confirmed leadership and applied up to the read index) or
     /// serializable (whatever this member has applied).
-    pub async fn read<T: Send + 'static>(
+    pub(crate) async fn read<T: Send + 'static>(
         &self,
         linearizable: bool,
         read: impl FnOnce(&ReadView, &Authorizer) -> Result<T, EtcdError> + Send + 'static,
@@ -570,7 +565,7 @@ impl Node {
 
     /// `read_state` after confirming leadership and waiting until the read index is applied: one read
     /// transaction sees every table (auth, leases, kv) of the same applied state.
-    pub async fn read_state_linearizable<T: Send + 'static>(
+    pub(crate) async fn read_state_linearizable<T: Send + 'static>(
         &self,
         read: impl FnOnce(&State, &heed::RoTxn) -> Result<T, EtcdError> + Send + 'static,
     ) -> Result<T, EtcdError> {
@@ -581,7 +576,7 @@ impl Node {
     /// Requires an authenticated user when auth is on, against the current auth state: anonymous
     /// calls are refused even where etcd 3.4 answers them (MemberList, Status, Alarm GET, leases:
     /// CVE-2026-33413's class).
-    pub async fn require_user(&self, who: Requester, op: &'static str) -> Result<(), EtcdError> {
+    pub(crate) async fn require_user(&self, who: Requester, op: &'static str) -> Result<(), EtcdError> {
         if !self.auth_enabled() {
             return Ok(());
         }
@@ -590,12 +585,12 @@ impl Node {
 
     /// Requires the root role when auth is on, against the current auth state (etcd's
     /// `IsAdminPermitted`; no linearizability wait, as etcd).
-    pub async fn require_admin(&self, who: Requester, op: &'static str) -> Result<(), EtcdError> {
+    pub(crate) async fn require_admin(&self, who: Requester, op: &'static str) -> Result<(), EtcdError> {
         self.read_state(move |state, txn| Authorizer::new(&state.auth, txn)?.check_admin(&who, op)).await
     }
 
     /// Completes a response header with this member's identity and the raft term.
-    pub fn fill(&self, header: &mut Option<ResponseHeader>) {
+    pub(crate) fn fill(&self, header: &mut Option<ResponseHeader>) {
         let header = header.get_or_insert_with(Default::default);
         header.cluster_id = self.cluster_id;
         header.member_id = self.member_id;
@@ -604,7 +599,7 @@ impl Node {
 
     /// A response header at `revision`, completed with this member's identity and the raft term.
     /// Records a login's outcome in the audit log, if there is one.
-    pub fn audit_login<T>(&self, user: &str, origin: Origin, outcome: &Result<T, EtcdError>) {
+    pub(crate) fn audit_login<T>(&self, user: &str, origin: Origin, outcome: &Result<T, EtcdError>) {
         let Some(log) = &self.audit else { return };
         let client = origin.client.map(|a| a.to_string());
         log.record(&crate::auth::audit::Decision {
@@ -623,7 +618,7 @@ impl Node {
         });
     }
 
-    pub fn header(&self, revision: i64) -> Option<ResponseHeader> {
+    pub(crate) fn header(&self, revision: i64) -> Option<ResponseHeader> {
         let mut header = Some(ResponseHeader { revision, ..Default::default() });
         self.fill(&mut header);
         header
@@ -631,12 +626,12 @@ impl Node {
 
     /// The applied state on the current kv environment. Hold it only for a read: a defragment
     /// waits for every holder before it swaps the environment.
-    pub fn state(&self) -> Arc<State> {
+    pub(crate) fn state(&self) -> Arc<State> {
         self.kv.current()
     }
 
     /// Replaces the kv environment with a compacting copy (`raft/state_machine/defrag.rs`).
-    pub async fn defragment(&self) -> Result<crate::raft::state_machine::defrag::Defragmented, EtcdError> {
+    pub(crate) async fn defragment(&self) -> Result<crate::raft::state_machine::defrag::Defragmented, EtcdError> {
         let kv = self.kv.clone();
         match tokio::task::spawn_blocking(move || kv.defragment()).await {
             Ok(Ok(done)) => Ok(done),
@@ -649,7 +644,7 @@ impl Node {
     }
 
     /// This member's state for `/metrics` (the versions are the API layer's to fill).
-    pub fn gauges(&self) -> crate::metrics::NodeGauges {
+    pub(crate) fn gauges(&self) -> crate::metrics::NodeGauges {
         let metrics = self.raft.metrics().borrow().clone();
         // A stopped raft core keeps its last leader in openraft's metrics: it has none any more.
         let leader = self.leader();
@@ -671,12 +666,12 @@ impl Node {
     }
 
     /// The store's revision after the latest applied batch.
-    pub fn revision(&self) -> i64 {
+    pub(crate) fn revision(&self) -> i64 {
         self.revision.load(Ordering::Acquire)
     }
 
     /// Runs `read` in an LMDB read transaction on the applied state (no linearizability wait).
-    pub async fn read_state<T: Send + 'static>(
+    pub(crate) async fn read_state<T: Send + 'static>(
         &self,
         read: impl FnOnce(&State, &heed::RoTxn) -> Result<T, EtcdError> + Send + 'static,
     ) -> Result<T, EtcdError> {

@@ -17,11 +17,11 @@ use crate::frontend::answers::{Handed, ANSWERS};
 use crate::raft::Raft;
 
 /// One round: the read index a quorum confirmed.
-pub type Fetch = Box<dyn Fn() -> BoxFuture<'static, Result<u64, EtcdError>> + Send + Sync>;
+pub(super) type Fetch = Box<dyn Fn() -> BoxFuture<'static, Result<u64, EtcdError>> + Send + Sync>;
 
 /// Shares rounds of `fetch` among the reads that wait for them; cloning shares the rounds.
 #[derive(Clone)]
-pub struct ReadRounds {
+pub(super) struct ReadRounds {
     inner: Arc<Inner>,
 }
 
@@ -40,12 +40,12 @@ struct Pending {
 }
 
 impl ReadRounds {
-    pub fn new(fetch: Fetch) -> Self {
+    pub(super) fn new(fetch: Fetch) -> Self {
         Self { inner: Arc::new(Inner { fetch, pending: Mutex::new(Pending::default()) }) }
     }
 
     /// The read index of the first round that starts after this call.
-    pub async fn read_index(&self) -> Result<u64, EtcdError> {
+    pub(super) async fn read_index(&self) -> Result<u64, EtcdError> {
         let (answer, answered) = oneshot::channel();
         let start = {
             let mut pending = self.inner.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -83,7 +83,7 @@ impl ReadRounds {
 
 /// The rounds of a leader: openraft confirms leadership with a quorum and names the read index. A
 /// member that does not lead answers "no leader".
-pub fn confirmed_by_quorum(raft: Raft) -> Fetch {
+pub(super) fn confirmed_by_quorum(raft: Raft) -> Fetch {
     Box::new(move || {
         let raft = raft.clone();
         async move {

@@ -18,7 +18,7 @@ use crate::raft::NodeId;
 
 impl Node {
     /// Transfers leadership to voter `target`; this member must be the leader.
-    pub async fn move_leader(&self, target: NodeId) -> Result<(), EtcdError> {
+    pub(crate) async fn move_leader(&self, target: NodeId) -> Result<(), EtcdError> {
         if !self.is_leader() {
             return Err(EtcdError::NotLeader);
         }

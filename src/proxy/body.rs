@@ -5,13 +5,13 @@ use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A streamed body; neither side's frames are buffered.
-pub type Body = UnsyncBoxBody<Bytes, BoxError>;
+pub(crate) type Body = UnsyncBoxBody<Bytes, BoxError>;
 
 /// Any body as the proxy's `Body`.
-pub fn boxed<B>(body: B) -> Body
+pub(crate) fn boxed<B>(body: B) -> Body
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -20,6 +20,6 @@ where
 }
 
 /// A complete body of the proxy's own (`/health`).
-pub fn full(bytes: impl Into<Bytes>) -> Body {
+pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync()
 }

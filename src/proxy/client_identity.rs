@@ -18,20 +18,20 @@ use crate::frontend::metadata::{is_keyward_name, FORWARDED_ADDR, FORWARDED_CERT}
 /// One client connection: whose identity the proxy passes on, and the client's address (which the
 /// member counts failed logins under and records in its audit log).
 #[derive(Clone, Debug)]
-pub struct ClientConnection {
+pub(crate) struct ClientConnection {
     pub identity: ClientIdentity,
     addr: Option<HeaderValue>,
 }
 
 impl ClientConnection {
-    pub fn new(identity: ClientIdentity, addr: Option<std::net::SocketAddr>) -> ClientConnection {
+    pub(crate) fn new(identity: ClientIdentity, addr: Option<std::net::SocketAddr>) -> ClientConnection {
         let addr = addr.and_then(|a| HeaderValue::from_str(&a.to_string()).ok());
         ClientConnection { identity, addr }
     }
 
     /// Rewrites a request's metadata for the member: every `keyward-` name the client sent removed,
     /// then the identity (`ClientIdentity::apply`) and the client's real address set.
-    pub fn apply(&self, headers: &mut HeaderMap) -> Result<(), ProxyError> {
+    pub(crate) fn apply(&self, headers: &mut HeaderMap) -> Result<(), ProxyError> {
         remove_keyward_names(headers);
         if let Some(addr) = &self.addr {
             headers.insert(FORWARDED_ADDR, addr.clone());
@@ -51,7 +51,7 @@ fn remove_keyward_names(headers: &mut HeaderMap) {
 
 /// The identity the proxy passes on for one client connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ClientIdentity {
+pub(crate) enum ClientIdentity {
     /// Forwarding proxy: the client's verified leaf certificate, DER, standard base64.
     Forward(HeaderValue),
     /// Forwarding proxy, but the connection has no verified certificate (the listener requires one,
@@ -63,7 +63,7 @@ pub enum ClientIdentity {
 
 impl ClientIdentity {
     /// The identity for a connection whose listener verified `certificate` (or none).
-    pub fn of_connection(mode: Mode, certificate: Option<&CertificateDer<'_>>) -> ClientIdentity {
+    pub(crate) fn of_connection(mode: Mode, certificate: Option<&CertificateDer<'_>>) -> ClientIdentity {
         match (mode, certificate) {
             (Mode::OwnIdentity, _) => ClientIdentity::Proxy,
             (Mode::ForwardClientCertificates, Some(leaf)) => {
@@ -80,7 +80,7 @@ impl ClientIdentity {
 
     /// Rewrites a request's metadata for the member: removes whatever forwarded certificate the
     /// client sent, then sets this connection's, if it forwards one.
-    pub fn apply(&self, headers: &mut HeaderMap) -> Result<(), ProxyError> {
+    pub(crate) fn apply(&self, headers: &mut HeaderMap) -> Result<(), ProxyError> {
         headers.remove(FORWARDED_CERT);
         match self {
             ClientIdentity::Forward(certificate) => {

@@ -17,7 +17,7 @@ use rustls::ClientConfig;
 use crate::frontend::tls::client::client_config;
 
 /// How often the certificate files are compared with what was loaded.
-pub const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
+pub(crate) const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
 
 /// `--cert`, `--key`, `--cacert`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,7 +51,7 @@ impl ClientTlsFiles {
 }
 
 /// The current client configuration and its generation.
-pub struct ClientTls {
+pub(crate) struct ClientTls {
     files: ClientTlsFiles,
     current: RwLock<Loaded>,
 }
@@ -64,26 +64,26 @@ struct Loaded {
 
 impl ClientTls {
     /// Loads the files now (a missing or broken file fails startup).
-    pub fn load(files: ClientTlsFiles) -> Result<Arc<ClientTls>, String> {
+    pub(crate) fn load(files: ClientTlsFiles) -> Result<Arc<ClientTls>, String> {
         let contents = files.contents();
         let config = files.config()?;
         Ok(Arc::new(ClientTls { files, current: RwLock::new(Loaded { config, generation: 0, contents }) }))
     }
 
     /// The configuration new connections use, and its generation.
-    pub fn current(&self) -> (Arc<ClientConfig>, u64) {
+    pub(crate) fn current(&self) -> (Arc<ClientConfig>, u64) {
         let loaded = self.current.read().unwrap_or_else(|e| e.into_inner());
         (loaded.config.clone(), loaded.generation)
     }
 
     /// The generation new connections would get.
-    pub fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.current.read().unwrap_or_else(|e| e.into_inner()).generation
     }
 
     /// Re-reads the files; a change that loads becomes the next generation. A change that does not
     /// load (a half-written rotation) keeps the current one and is tried again next time.
-    pub fn reload_if_changed(&self) {
+    pub(crate) fn reload_if_changed(&self) {
         let contents = self.files.contents();
         if contents == self.current.read().unwrap_or_else(|e| e.into_inner()).contents {
             return;
@@ -106,7 +106,7 @@ impl ClientTls {
     }
 
     /// Checks the files every `RELOAD_INTERVAL` while the proxy runs.
-    pub fn spawn_reloader(self: &Arc<ClientTls>) {
+    pub(crate) fn spawn_reloader(self: &Arc<ClientTls>) {
         let tls = Arc::downgrade(self);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(RELOAD_INTERVAL);

@@ -29,14 +29,14 @@ use crate::frontend::request_trailers::WithoutTrailers;
 const SERVICES: [&str; 6] = ["KV", "Watch", "Lease", "Auth", "Cluster", "Maintenance"];
 
 /// Whether `path` is a call of a forwarded service (`/etcdserverpb.KV/Range`).
-pub fn is_forwarded(path: &str) -> bool {
+pub(crate) fn is_forwarded(path: &str) -> bool {
     path.strip_prefix("/etcdserverpb.")
         .and_then(|rest| rest.split_once('/'))
         .is_some_and(|(service, method)| SERVICES.contains(&service) && !method.is_empty())
 }
 
 /// Forwards one call to a member; a failure of the proxy's own becomes a gRPC status response.
-pub async fn forward<B>(request: Request<B>, client: &ClientConnection, upstreams: &Upstreams) -> Response<Body>
+pub(crate) async fn forward<B>(request: Request<B>, client: &ClientConnection, upstreams: &Upstreams) -> Response<Body>
 where
     B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,

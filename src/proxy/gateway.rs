@@ -25,7 +25,7 @@ use super::upstream::Upstreams;
 
 /// The gateway's routes for a proxy forwarding to `upstreams`; request bodies are limited as on a
 /// member with `--max-request-bytes` = `max_request_bytes`.
-pub fn router(upstreams: Arc<Upstreams>, max_request_bytes: usize) -> axum::Router {
+pub(crate) fn router(upstreams: Arc<Upstreams>, max_request_bytes: usize) -> axum::Router {
     let forwarding = axum::Router::new().fallback(move |request: Request| {
         let upstreams = upstreams.clone();
         async move {
@@ -42,7 +42,7 @@ pub fn router(upstreams: Arc<Upstreams>, max_request_bytes: usize) -> axum::Rout
 }
 
 /// Answers one HTTP request of a client connection through the gateway.
-pub async fn answer<B>(
+pub(crate) async fn answer<B>(
     router: &axum::Router,
     mut request: http::Request<B>,
     client: &Arc<ClientConnection>,

@@ -14,11 +14,11 @@ use http::{Request, Response, StatusCode};
 use super::body::{full, Body};
 use super::upstream::{error_chain, Member, Upstreams};
 
-pub const CHECK_INTERVAL: Duration = Duration::from_secs(2);
-pub const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const CHECK_INTERVAL: Duration = Duration::from_secs(2);
+pub(crate) const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Starts one checking task per member; they end when the proxy's `Upstreams` is dropped.
-pub fn spawn_checks(upstreams: &Arc<Upstreams>) {
+pub(crate) fn spawn_checks(upstreams: &Arc<Upstreams>) {
     for index in 0..upstreams.members().len() {
         let upstreams = Arc::downgrade(upstreams);
         tokio::spawn(async move {
@@ -51,7 +51,7 @@ async fn check(upstreams: &Upstreams, member: &Member) -> Result<(), String> {
 
 /// The proxy's `/health`: healthy while at least one member passed its last check (etcd's
 /// grpc-proxy answers the same JSON).
-pub fn proxy_health(upstreams: &Upstreams) -> Response<Body> {
+pub(crate) fn proxy_health(upstreams: &Upstreams) -> Response<Body> {
     let (status, body) = if upstreams.any_healthy() {
         (StatusCode::OK, r#"{"health":"true"}"#)
     } else {

@@ -28,11 +28,11 @@ use crate::frontend::tls::listener::TlsConnection;
 use crate::frontend::tls::settings::TlsSettings;
 
 /// A byte stream hyper can serve.
-pub trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+pub(crate) trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
 /// One accepted client connection.
-pub struct Accepted {
+pub(crate) struct Accepted {
     pub io: Box<dyn Io>,
     /// The client's leaf certificate, verified at the handshake.
     pub certificate: Option<CertificateDer<'static>>,
@@ -42,7 +42,7 @@ pub struct Accepted {
     pub remote_addr: Option<std::net::SocketAddr>,
 }
 
-pub enum Listener {
+pub(crate) enum Listener {
     Tls(mpsc::Receiver<io::Result<TlsConnection>>),
     Tcp(TcpListener),
     /// The socket file is removed when the listener is dropped.
@@ -50,7 +50,7 @@ pub enum Listener {
 }
 
 impl Listener {
-    pub async fn bind(addr: &ListenAddr, tls: Option<&TlsSettings>) -> Result<Listener, String> {
+    pub(crate) async fn bind(addr: &ListenAddr, tls: Option<&TlsSettings>) -> Result<Listener, String> {
         match (addr, tls) {
             (ListenAddr::Tcp(addr), tls) => {
                 let socket = TcpListener::bind(addr).await.map_err(|e| format!("listen on {addr}: {e}"))?;
@@ -68,7 +68,7 @@ impl Listener {
         }
     }
 
-    pub fn local_addr(&self) -> Option<SocketAddr> {
+    pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
         match self {
             Listener::Tcp(socket) => socket.local_addr().ok(),
             Listener::Tls(_) | Listener::Unix(..) => None,
@@ -76,7 +76,7 @@ impl Listener {
     }
 
     /// The next client connection; `None` once the TLS accept loop has stopped.
-    pub async fn accept(&mut self) -> Option<Accepted> {
+    pub(crate) async fn accept(&mut self) -> Option<Accepted> {
         loop {
             let accepted = match self {
                 Listener::Tls(connections) => connections.recv().await?.map(|conn| {

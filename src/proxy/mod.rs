@@ -11,18 +11,18 @@
 //!
 //! A proxy has no store: it must not depend on the member (`node`, `raft`, `server`).
 
-pub mod body;
-pub mod client_identity;
-pub mod client_tls;
-pub mod config;
-pub mod endpoint;
-pub mod error;
-pub mod forward;
-pub mod gateway;
-pub mod health;
-pub mod listen;
-pub mod service;
-pub mod upstream;
+pub(crate) mod body;
+pub(crate) mod client_identity;
+pub(crate) mod client_tls;
+pub(crate) mod config;
+pub(crate) mod endpoint;
+pub(crate) mod error;
+pub(crate) mod forward;
+pub(crate) mod gateway;
+pub(crate) mod health;
+pub(crate) mod listen;
+pub(crate) mod service;
+pub(crate) mod upstream;
 
 use std::convert::Infallible;
 use std::sync::Arc;

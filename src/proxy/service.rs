@@ -15,7 +15,7 @@ use super::gateway;
 use super::health::proxy_health;
 use super::upstream::Upstreams;
 
-pub async fn answer(
+pub(crate) async fn answer(
     request: Request<Incoming>,
     client: &Arc<ClientConnection>,
     upstreams: &Upstreams,

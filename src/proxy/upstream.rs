@@ -28,16 +28,16 @@ use super::error::ProxyError;
 
 /// How long a connection to a member may take (TCP, TLS and HTTP/2 handshakes), as etcd's
 /// grpc-proxy dials with a 5 s timeout.
-pub const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 
-pub struct Upstreams {
+pub(crate) struct Upstreams {
     members: Vec<Member>,
     preferred: AtomicUsize,
     tls: Option<Arc<ClientTls>>,
 }
 
 /// One member endpoint and the proxy's connection to it.
-pub struct Member {
+pub(crate) struct Member {
     pub endpoint: Endpoint,
     scheme: Scheme,
     authority: Authority,
@@ -56,19 +56,19 @@ struct Connection {
 }
 
 impl Upstreams {
-    pub fn new(endpoints: Vec<Endpoint>, tls: Option<Arc<ClientTls>>) -> Result<Arc<Upstreams>, String> {
+    pub(crate) fn new(endpoints: Vec<Endpoint>, tls: Option<Arc<ClientTls>>) -> Result<Arc<Upstreams>, String> {
         let members = endpoints.into_iter().map(Member::new).collect::<Result<Vec<_>, _>>()?;
         Ok(Arc::new(Upstreams { members, preferred: AtomicUsize::new(0), tls }))
     }
 
-    pub fn members(&self) -> &[Member] {
+    pub(crate) fn members(&self) -> &[Member] {
         &self.members
     }
 
     /// Sends `request` (its URI: path and query only) to a member and returns the member's response
     /// head; the response body streams from the member as the caller reads it. Dropping the future
     /// or the body resets the member's stream (cancellation reaches the member).
-    pub async fn send(&self, mut request: Request<Body>) -> Result<Response<Incoming>, ProxyError> {
+    pub(crate) async fn send(&self, mut request: Request<Body>) -> Result<Response<Incoming>, ProxyError> {
         let mut unreachable = Vec::new();
         for index in self.order() {
             let member = &self.members[index];
@@ -119,12 +119,12 @@ impl Upstreams {
     }
 
     /// A connection to `member` for a health check (opened if needed).
-    pub async fn sender_for_check(&self, member: &Member) -> Result<SendRequest<Body>, String> {
+    pub(crate) async fn sender_for_check(&self, member: &Member) -> Result<SendRequest<Body>, String> {
         member.connection(self.tls.as_deref()).await
     }
 
     /// Whether any member passed its last check.
-    pub fn any_healthy(&self) -> bool {
+    pub(crate) fn any_healthy(&self) -> bool {
         self.members.iter().any(Member::is_healthy)
     }
 }
@@ -147,17 +147,17 @@ impl Member {
         })
     }
 
-    pub fn is_healthy(&self) -> bool {
+    pub(crate) fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
     }
 
-    pub fn mark_up(&self) {
+    pub(crate) fn mark_up(&self) {
         if !self.healthy.swap(true, Ordering::Relaxed) {
             tracing::info!(member = %self.endpoint.url, "member is healthy again");
         }
     }
 
-    pub fn mark_down(&self, why: &str) {
+    pub(crate) fn mark_down(&self, why: &str) {
         if self.healthy.swap(false, Ordering::Relaxed) {
             tracing::warn!(member = %self.endpoint.url, reason = %why, "member marked down; requests go to the others first");
         }
@@ -250,7 +250,7 @@ async fn drive<F: std::future::Future<Output = hyper::Result<()>>>(connection: F
 }
 
 /// An error with its causes, for logs and for the status a client sees.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(cause) = source {

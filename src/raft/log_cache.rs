@@ -11,17 +11,17 @@ use std::ops::{Bound, RangeBounds};
 use super::Entry;
 
 /// Entries kept: enough to cover what is appended but not yet applied (a few group-committed entries).
-pub const CAPACITY: usize = 64;
+pub(crate) const CAPACITY: usize = 64;
 
 /// Consecutive entries, oldest first.
 #[derive(Default)]
-pub struct LogCache {
+pub(crate) struct LogCache {
     entries: VecDeque<Entry>,
 }
 
 impl LogCache {
     /// Records appended entries; a gap in the indices (which openraft never makes) restarts the window.
-    pub fn append(&mut self, appended: impl IntoIterator<Item = Entry>) {
+    pub(crate) fn append(&mut self, appended: impl IntoIterator<Item = Entry>) {
         for entry in appended {
             if self.entries.back().is_some_and(|last| last.log_id.index + 1 != entry.log_id.index) {
                 self.entries.clear();
@@ -34,21 +34,21 @@ impl LogCache {
     }
 
     /// Forgets entries from `index` on (the log was truncated there).
-    pub fn truncate(&mut self, index: u64) {
+    pub(crate) fn truncate(&mut self, index: u64) {
         while self.entries.back().is_some_and(|last| last.log_id.index >= index) {
             self.entries.pop_back();
         }
     }
 
     /// Forgets entries up to and including `index` (the log was purged there).
-    pub fn purge(&mut self, index: u64) {
+    pub(crate) fn purge(&mut self, index: u64) {
         while self.entries.front().is_some_and(|first| first.log_id.index <= index) {
             self.entries.pop_front();
         }
     }
 
     /// The entries in `range` if the window holds all of them, else `None` (read the log instead).
-    pub fn get(&self, range: &impl RangeBounds<u64>) -> Option<Vec<Entry>> {
+    pub(crate) fn get(&self, range: &impl RangeBounds<u64>) -> Option<Vec<Entry>> {
         let first = self.entries.front()?.log_id.index;
         let last = self.entries.back()?.log_id.index;
         let start = match range.start_bound() {

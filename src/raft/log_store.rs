@@ -34,7 +34,7 @@ const IDENTITY: &[u8] = b"identity";
 const COMMITTED: &[u8] = b"committed";
 
 #[derive(Clone)]
-pub struct LogStore {
+pub(crate) struct LogStore {
     inner: Arc<Inner>,
 }
 
@@ -59,12 +59,12 @@ fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, postcard::Error> {
 
 impl LogStore {
     /// Opens the log without a disk-full ballast.
-    pub fn open(dir: &Path) -> Result<Self, heed::Error> {
+    pub(crate) fn open(dir: &Path) -> Result<Self, heed::Error> {
         LogStore::open_with(dir, Arc::new(Space::without_ballast()))
     }
 
     /// Opens the log; a write that finds the disk full uses `space`'s ballast.
-    pub fn open_with(dir: &Path, space: Arc<Space>) -> Result<Self, heed::Error> {
+    pub(crate) fn open_with(dir: &Path, space: Arc<Space>) -> Result<Self, heed::Error> {
         let (env, [log, meta]) = storage::open(dir, ["log", "meta"], storage::Durability::Full)?;
         let inner = Inner { env, log, meta, recent: Default::default(), committed: Default::default(), space };
         Ok(LogStore { inner: Arc::new(inner) })
@@ -91,12 +91,13 @@ impl LogStore {
 
     /// This member's `(member_id, cluster_id)` if it has bootstrapped or joined before: chosen once and
     /// kept, so that a later change of flags cannot change the raft node id under existing raft state.
-    pub fn identity(&self) -> Result<Option<(u64, u64)>, StorageError> {
+    pub(crate) fn identity(&self) -> Result<Option<(u64, u64)>, StorageError> {
         self.read_meta(IDENTITY)
     }
 
     /// Records this member's `(member_id, cluster_id)` at bootstrap or when it joins.
-    pub fn set_identity(&self, ids: (u64, u64)) -> Result<(), StorageError> {
+    #[cfg(test)]
+    pub(crate) fn set_identity(&self, ids: (u64, u64)) -> Result<(), StorageError> {
         self.write_meta(IDENTITY, &ids)
     }
 

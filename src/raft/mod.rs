@@ -8,18 +8,18 @@
 // move the allocation to every call site.
 #![allow(clippy::result_large_err)]
 
-pub mod log_cache;
-pub mod log_store;
-pub mod member;
-pub mod proposer;
-pub mod relay;
-pub mod snap_dir;
-pub mod snapshot_data;
-pub mod snapshot_file;
-pub mod state_machine;
-pub mod thread;
-pub mod unsynced;
-pub mod wal;
+pub(crate) mod log_cache;
+pub(crate) mod log_store;
+pub(crate) mod member;
+pub(crate) mod proposer;
+pub(crate) mod relay;
+pub(crate) mod snap_dir;
+pub(crate) mod snapshot_data;
+pub(crate) mod snapshot_file;
+pub(crate) mod state_machine;
+pub(crate) mod thread;
+pub(crate) mod unsynced;
+pub(crate) mod wal;
 
 use std::sync::Arc;
 
@@ -29,7 +29,7 @@ use crate::apply::Applied;
 use crate::error::EtcdError;
 use crate::proto::etcdserverpb::InternalRaftBatch;
 
-pub type NodeId = u64;
+pub(crate) type NodeId = u64;
 
 openraft::declare_raft_types!(
     pub TypeConfig:
@@ -40,12 +40,12 @@ openraft::declare_raft_types!(
         SnapshotData = snapshot_data::SnapshotData,
 );
 
-pub type Raft = openraft::Raft<TypeConfig>;
+pub(crate) type Raft = openraft::Raft<TypeConfig>;
 pub type Entry = openraft::Entry<TypeConfig>;
 pub type LogId = openraft::LogId<NodeId>;
-pub type StorageError = openraft::StorageError<NodeId>;
-pub type StoredMembership = openraft::StoredMembership<NodeId, member::MemberNode>;
-pub type Membership = openraft::Membership<NodeId, member::MemberNode>;
+pub(crate) type StorageError = openraft::StorageError<NodeId>;
+pub(crate) type StoredMembership = openraft::StoredMembership<NodeId, member::MemberNode>;
+pub(crate) type Membership = openraft::Membership<NodeId, member::MemberNode>;
 
 /// The requests of one raft entry, each with the identity of who asked (`header.username`,
 /// `header.auth_revision`). Shared, not copied: openraft clones an entry for the log's cache of recent
@@ -61,11 +61,11 @@ impl RaftBatch {
 
 /// What applying one entry produced: one result per request of its batch, in order (none for blank and
 /// membership entries).
-pub type BatchResults = Vec<ApplyResult>;
+pub(crate) type BatchResults = Vec<ApplyResult>;
 
 /// What applying one request produced: a response for the proposer, or the etcd error the apply phase
 /// decided (permission denied, compacted, ...). Storage failures are not here: they stop the node.
-pub type ApplyResult = Result<Applied, EtcdError>;
+pub(crate) type ApplyResult = Result<Applied, EtcdError>;
 
 impl Serialize for RaftBatch {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {

@@ -40,7 +40,7 @@ type Reply = oneshot::Sender<Outcome>;
 /// A committed and applied proposal: the log index of its entry, and what applying it produced (an
 /// apply result, even a refusal such as permission denied, is not a failed proposal).
 #[derive(Debug)]
-pub struct Proposed {
+pub(crate) struct Proposed {
     pub index: u64,
     pub result: Result<Applied, EtcdError>,
 }
@@ -51,7 +51,7 @@ struct Proposal {
 }
 
 /// The write path's entrance to raft; see the module documentation.
-pub struct Proposer {
+pub(crate) struct Proposer {
     queue: mpsc::Sender<Proposal>,
 }
 
@@ -59,7 +59,7 @@ impl Proposer {
     /// Starts the batching task on `runtime` (the raft thread's, where the core it feeds runs). An
     /// entry holds at most `max_entry_bytes` of encoded requests, unless a single request is larger
     /// by itself. Called on the runtime of the callers of `propose`: the answers are relayed to it.
-    pub fn start(runtime: &tokio::runtime::Handle, raft: Raft, max_entry_bytes: usize) -> std::io::Result<Self> {
+    pub(crate) fn start(runtime: &tokio::runtime::Handle, raft: Raft, max_entry_bytes: usize) -> std::io::Result<Self> {
         let (queue, pending) = mpsc::channel(QUEUE_DEPTH);
         let relay = Relay::start()?;
         runtime.spawn(batch_and_propose(raft, pending, relay, max_entry_bytes));
@@ -68,7 +68,7 @@ impl Proposer {
 
     /// Proposes `req` (its header already set) and returns what applying it produced; an error when it
     /// was not committed and applied.
-    pub async fn propose(&self, req: InternalRaftRequest) -> Result<Proposed, EtcdError> {
+    pub(crate) async fn propose(&self, req: InternalRaftRequest) -> Result<Proposed, EtcdError> {
         // A place in the queue first, then the proposal: `send` would hold the request in its future
         // as well (see `Node::propose`'s size test).
         let Ok(place) = self.queue.reserve().await else {

@@ -25,7 +25,7 @@ use tokio::sync::oneshot;
 type Answer<T> = (oneshot::Sender<T>, T);
 
 /// The raft thread's side of the relay. Dropping it stops the relay's task.
-pub struct Relay<T> {
+pub(crate) struct Relay<T> {
     shared: Arc<Shared<T>>,
 }
 
@@ -45,7 +45,7 @@ struct Queue<T> {
 
 impl<T: Send + 'static> Relay<T> {
     /// Starts the relay's task on the current runtime, which must be the one the receivers wait on.
-    pub fn start() -> io::Result<Relay<T>> {
+    pub(crate) fn start() -> io::Result<Relay<T>> {
         let (bell, door) = Bell::pair()?;
         bell.set_nonblocking(true)?;
         door.set_nonblocking(true)?;
@@ -60,7 +60,7 @@ impl<T: Send + 'static> Relay<T> {
     }
 
     /// Sends each value to its oneshot from the relay's task.
-    pub fn send(&self, answers: impl IntoIterator<Item = Answer<T>>) {
+    pub(crate) fn send(&self, answers: impl IntoIterator<Item = Answer<T>>) {
         let mut queue = self.shared.lock();
         if queue.closed {
             drop(queue);

@@ -20,7 +20,7 @@ const TEMP_SUFFIX: &str = ".tmp";
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-pub struct SnapDir {
+pub(crate) struct SnapDir {
     dir: PathBuf,
     /// Held while `current.snap` is replaced, so a snapshot built from an older state can never
     /// replace a newer one that was installed meanwhile (openraft builds while it installs).
@@ -30,7 +30,7 @@ pub struct SnapDir {
 impl SnapDir {
     /// Opens the snap dir (creating it owner-only): removes what a crash left half-written and
     /// converts a `current.snap` from before version 1 of the format.
-    pub fn open(dir: &Path) -> Result<SnapDir, BoxError> {
+    pub(crate) fn open(dir: &Path) -> Result<SnapDir, BoxError> {
         crate::storage::data_dir::create_private_dir(dir)?;
         let snap_dir = SnapDir { dir: dir.to_path_buf(), publishing: Mutex::new(()) };
         for entry in std::fs::read_dir(dir)? {
@@ -44,17 +44,17 @@ impl SnapDir {
         Ok(snap_dir)
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.dir
     }
 
     /// Where the current snapshot is (it may not exist).
-    pub fn current_path(&self) -> PathBuf {
+    pub(crate) fn current_path(&self) -> PathBuf {
         self.dir.join(CURRENT)
     }
 
     /// The current snapshot's metadata and its file (at its start), if there is one.
-    pub fn current(&self) -> Result<Option<(Meta, File)>, BoxError> {
+    pub(crate) fn current(&self) -> Result<Option<(Meta, File)>, BoxError> {
         let mut file = match File::open(self.current_path()) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -66,7 +66,7 @@ impl SnapDir {
     }
 
     /// A new owner-only temp file in the snap dir, open for reading and writing.
-    pub fn temp(&self, purpose: &str) -> std::io::Result<(TempFile, File)> {
+    pub(crate) fn temp(&self, purpose: &str) -> std::io::Result<(TempFile, File)> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let path = self.dir.join(format!("{purpose}-{}{TEMP_SUFFIX}", NEXT.fetch_add(1, Ordering::Relaxed)));
         let file = OpenOptions::new()
@@ -80,7 +80,7 @@ impl SnapDir {
 
     /// Makes a complete, synced snapshot file `temp` (of `meta`) the current one, unless the current
     /// one is newer (then `temp` is removed). Returns whether it became current.
-    pub fn publish(&self, temp: TempFile, meta: &Meta) -> Result<bool, BoxError> {
+    pub(crate) fn publish(&self, temp: TempFile, meta: &Meta) -> Result<bool, BoxError> {
         let _publishing = self.publishing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some((current, _)) = self.current()? {
             if current.last_log_id > meta.last_log_id {

@@ -34,11 +34,11 @@ use crate::raft::member::MemberNode;
 use crate::storage::Db;
 
 /// openraft's description of a snapshot: the last log id and membership it includes, and its id.
-pub type Meta = SnapshotMeta<u64, MemberNode>;
+pub(crate) type Meta = SnapshotMeta<u64, MemberNode>;
 
 /// The first bytes of a version 1 file. A file from before version 1 starts with postcard's
 /// encoding of an `Option` (0 or 1), so the two can never be confused.
-pub const MAGIC: &[u8; 16] = b"keyward-snap-v1\n";
+pub(crate) const MAGIC: &[u8; 16] = b"keyward-snap-v1\n";
 /// Buffer for file reads and writes: large enough for few system calls, small against any store.
 const IO_BUFFER: usize = 1 << 20;
 /// Scratch space postcard may use while decoding the metadata of a legacy file (its strings: the
@@ -50,7 +50,7 @@ const MAX_VARINT_LEN: u32 = 10;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Writes a snapshot of `tables` as of `txn`, described by `meta`, to `file` and syncs it.
-pub fn write(file: File, meta: &Meta, tables: &[Db], txn: &RoTxn<WithoutTls>) -> Result<(), BoxError> {
+pub(crate) fn write(file: File, meta: &Meta, tables: &[Db], txn: &RoTxn<WithoutTls>) -> Result<(), BoxError> {
     let mut out = Checksummed::new(BufWriter::with_capacity(IO_BUFFER, file));
     write_header(&mut out, meta)?;
     write_varint(&mut out, tables.len() as u64)?;
@@ -66,7 +66,7 @@ pub fn write(file: File, meta: &Meta, tables: &[Db], txn: &RoTxn<WithoutTls>) ->
 }
 
 /// Reads a snapshot file from its start: the metadata first, then the records (`load`).
-pub struct Reader {
+pub(crate) struct Reader {
     input: Checksummed<BufReader<File>>,
     /// Bytes left before the checksum; no length in the file may claim more.
     left: u64,
@@ -74,7 +74,7 @@ pub struct Reader {
 
 impl Reader {
     /// Opens a version 1 snapshot file and reads its metadata.
-    pub fn open(mut file: File) -> io::Result<(Meta, Reader)> {
+    pub(crate) fn open(mut file: File) -> io::Result<(Meta, Reader)> {
         let len = file.seek(SeekFrom::End(0))?;
         file.seek(SeekFrom::Start(0))?;
         let body_and_header = len.checked_sub(4).ok_or_else(|| corrupt("shorter than its checksum"))?;
@@ -142,7 +142,7 @@ impl Reader {
 
 /// Replaces the contents of `tables` with the snapshot's records, in `txn`; fails, leaving `txn` to be
 /// aborted, if the file is malformed or its checksum does not match. Memory: one record at a time.
-pub fn load(mut reader: Reader, tables: &[Db], txn: &mut RwTxn) -> Result<(), BoxError> {
+pub(crate) fn load(mut reader: Reader, tables: &[Db], txn: &mut RwTxn) -> Result<(), BoxError> {
     let count = reader.count()?;
     if count != tables.len() as u64 {
         return Err(corrupt(&format!("{count} tables where this version has {}", tables.len())).into());
@@ -164,7 +164,7 @@ pub fn load(mut reader: Reader, tables: &[Db], txn: &mut RwTxn) -> Result<(), Bo
 }
 
 /// Whether `file` starts like a version 1 snapshot.
-pub fn is_current_version(file: &mut File) -> io::Result<bool> {
+pub(crate) fn is_current_version(file: &mut File) -> io::Result<bool> {
     let mut magic = [0u8; MAGIC.len()];
     file.seek(SeekFrom::Start(0))?;
     let read = file.read(&mut magic)?;
@@ -174,7 +174,7 @@ pub fn is_current_version(file: &mut File) -> io::Result<bool> {
 
 /// Converts a snapshot written before version 1 (postcard of `{meta, data}`) into version 1 in `out`
 /// (synced), streaming: the old `data` is version 1's body as it is.
-pub fn upgrade_legacy(legacy: File, out: File) -> Result<Meta, BoxError> {
+pub(crate) fn upgrade_legacy(legacy: File, out: File) -> Result<Meta, BoxError> {
     let input = BufReader::with_capacity(IO_BUFFER, legacy);
     let mut scratch = vec![0u8; LEGACY_META_SCRATCH];
     let (meta, (mut input, _)): (Meta, _) =

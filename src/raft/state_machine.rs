@@ -37,7 +37,7 @@ use crate::storage::{self, Db, LmdbEnv, Writes};
 
 #[cfg(test)]
 mod apply_fuzz;
-pub mod defrag;
+pub(crate) mod defrag;
 #[cfg(test)]
 mod mapping_tests;
 #[cfg(test)]
@@ -105,7 +105,7 @@ pub struct Installed {
 }
 
 /// Called on the apply thread after each commit: must be quick and must not block.
-pub type Observer = Box<dyn Fn(Committed) + Send + Sync>;
+pub(crate) type Observer = Box<dyn Fn(Committed) + Send + Sync>;
 
 #[derive(Clone)]
 pub struct StateMachine {

@@ -20,7 +20,7 @@ use tokio::runtime::{Builder, Handle};
 use tokio::sync::oneshot;
 
 /// The raft thread's runtime; dropping this stops it (the tasks still on it are dropped).
-pub struct RaftThread {
+pub(crate) struct RaftThread {
     handle: Handle,
     /// Dropped with this: the thread's runtime stops. The thread is not joined: a drop inside an
     /// async task must not block its worker on the raft thread's last task.
@@ -28,7 +28,7 @@ pub struct RaftThread {
 }
 
 impl RaftThread {
-    pub fn start() -> std::io::Result<Self> {
+    pub(crate) fn start() -> std::io::Result<Self> {
         let runtime = Builder::new_current_thread().enable_all().thread_name("raft-blocking").build()?;
         let handle = runtime.handle().clone();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -44,7 +44,7 @@ impl RaftThread {
 
     /// Runs `future` on the raft thread and waits for its output there. Tasks it spawns (openraft's
     /// core, when it is `Raft::new`) stay on the raft thread.
-    pub async fn run<F>(&self, future: F) -> F::Output
+    pub(crate) async fn run<F>(&self, future: F) -> F::Output
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
@@ -56,7 +56,7 @@ impl RaftThread {
         }
     }
 
-    pub fn handle(&self) -> &Handle {
+    pub(crate) fn handle(&self) -> &Handle {
         &self.handle
     }
 }

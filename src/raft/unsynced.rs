@@ -16,14 +16,14 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 /// The marker's name in the member directory.
-pub const MARKER: &str = "kv.unsynced";
+pub(crate) const MARKER: &str = "kv.unsynced";
 
 /// Where Linux tells the id of the running boot.
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
 /// What start-up found.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Previous {
+pub(crate) enum Previous {
     /// No marker: the last run synced the environment and stopped cleanly (or there was none).
     Clean,
     /// The last run ended without syncing, under the running kernel: its pages are in the page cache.
@@ -35,7 +35,7 @@ pub enum Previous {
 
 /// The running kernel's boot id; `None` where the system does not tell (then every unclean stop
 /// counts as another boot: the safe answer).
-pub fn boot_id() -> Option<String> {
+pub(crate) fn boot_id() -> Option<String> {
     fs::read_to_string(BOOT_ID).ok().map(|id| id.trim().to_string()).filter(|id| !id.is_empty())
 }
 
@@ -44,7 +44,7 @@ fn marker(member_dir: &Path) -> PathBuf {
 }
 
 /// Reads the marker left by the previous run.
-pub fn previous(member_dir: &Path, running_boot: Option<&str>) -> io::Result<Previous> {
+pub(crate) fn previous(member_dir: &Path, running_boot: Option<&str>) -> io::Result<Previous> {
     match fs::read_to_string(marker(member_dir)) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Previous::Clean),
         Err(e) => Err(e),
@@ -57,7 +57,7 @@ pub fn previous(member_dir: &Path, running_boot: Option<&str>) -> io::Result<Pre
 
 /// Records that this boot may leave unsynced pages: synced, and the directory entry too, before the
 /// environment takes its first unsynced commit.
-pub fn mark(member_dir: &Path, running_boot: Option<&str>) -> io::Result<()> {
+pub(crate) fn mark(member_dir: &Path, running_boot: Option<&str>) -> io::Result<()> {
     let path = marker(member_dir);
     let temp = member_dir.join(format!("{MARKER}.tmp"));
     let mut file = crate::storage::data_dir::create_private_file(&temp)?;
@@ -68,7 +68,7 @@ pub fn mark(member_dir: &Path, running_boot: Option<&str>) -> io::Result<()> {
 }
 
 /// After the environment was synced at a clean shutdown: nothing unsynced is left.
-pub fn clear(member_dir: &Path) -> io::Result<()> {
+pub(crate) fn clear(member_dir: &Path) -> io::Result<()> {
     match fs::remove_file(marker(member_dir)) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
         _ => {}
@@ -78,7 +78,7 @@ pub fn clear(member_dir: &Path) -> io::Result<()> {
 
 /// Throws away a kv environment that may be torn: renamed aside first (one atomic step, synced), then
 /// deleted, so a crash midway leaves either the old directory aside or nothing.
-pub fn discard(kv_dir: &Path) -> io::Result<()> {
+pub(crate) fn discard(kv_dir: &Path) -> io::Result<()> {
     if !kv_dir.exists() {
         return Ok(());
     }

@@ -25,12 +25,12 @@ use crate::proto::etcdserverpb::*;
 /// How many times Authenticate re-checks a password whose auth revision moved meanwhile.
 const AUTHENTICATE_ATTEMPTS: usize = 8;
 
-pub struct AuthService {
+pub(crate) struct AuthService {
     node: Arc<Node>,
 }
 
 impl AuthService {
-    pub fn new(node: Arc<Node>) -> Self {
+    pub(crate) fn new(node: Arc<Node>) -> Self {
         AuthService { node }
     }
 

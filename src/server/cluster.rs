@@ -18,12 +18,12 @@ use crate::proto::etcdserverpb::{
     MemberPromoteResponse, MemberRemoveRequest, MemberRemoveResponse, MemberUpdateRequest, MemberUpdateResponse,
 };
 
-pub struct ClusterService {
+pub(crate) struct ClusterService {
     node: Arc<Node>,
 }
 
 impl ClusterService {
-    pub fn new(node: Arc<Node>) -> Self {
+    pub(crate) fn new(node: Arc<Node>) -> Self {
         ClusterService { node }
     }
 

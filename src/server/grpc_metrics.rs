@@ -28,7 +28,7 @@ use crate::metrics::{
 };
 
 /// Every method of etcd's client services: (service, method, go-grpc-prometheus' type).
-pub const METHODS: &[(&str, &str, &str)] = &[
+pub(crate) const METHODS: &[(&str, &str, &str)] = &[
     ("etcdserverpb.KV", "Range", UNARY),
     ("etcdserverpb.KV", "Put", UNARY),
     ("etcdserverpb.KV", "DeleteRange", UNARY),
@@ -129,12 +129,12 @@ static BY_METHOD: LazyLock<Vec<MethodMetrics>> = LazyLock::new(|| {
 });
 
 /// Creates every method's series (at start, so `/metrics` shows them before the first call).
-pub fn initialize() {
+pub(crate) fn initialize() {
     LazyLock::force(&BY_METHOD);
 }
 
 /// The middleware (`axum::middleware::from_fn(grpc_metrics::record)`).
-pub async fn record(request: Request, next: Next) -> Response {
+pub(crate) async fn record(request: Request, next: Next) -> Response {
     let Some(metrics) = method_of(request.uri().path()) else {
         return next.run(request).await;
     };

@@ -15,11 +15,11 @@ use crate::node::Node;
 use crate::proto::etcdserverpb::AlarmType;
 
 /// The endpoints of a `--listen-metrics-urls` listener.
-pub fn metrics_router(node: Arc<Node>) -> Router {
+pub(crate) fn metrics_router(node: Arc<Node>) -> Router {
     Router::new().route("/health", get(health)).route("/metrics", get(metrics)).with_state(node)
 }
 
-pub fn router(node: Arc<Node>) -> Router {
+pub(crate) fn router(node: Arc<Node>) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics))

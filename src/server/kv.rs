@@ -19,12 +19,12 @@ use crate::proto::etcdserverpb::{
     PutResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
 };
 
-pub struct KvService {
+pub(crate) struct KvService {
     node: Arc<Node>,
 }
 
 impl KvService {
-    pub fn new(node: Arc<Node>) -> Self {
+    pub(crate) fn new(node: Arc<Node>) -> Self {
         KvService { node }
     }
 

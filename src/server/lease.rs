@@ -24,12 +24,12 @@ use crate::proto::etcdserverpb::{
     LeaseTimeToLiveRequest, LeaseTimeToLiveResponse, ResponseHeader,
 };
 
-pub struct LeaseService {
+pub(crate) struct LeaseService {
     node: Arc<Node>,
 }
 
 impl LeaseService {
-    pub fn new(node: Arc<Node>) -> Self {
+    pub(crate) fn new(node: Arc<Node>) -> Self {
         LeaseService { node }
     }
 }

@@ -31,9 +31,9 @@ use crate::proto::etcdserverpb::{
 use crate::raft::state_machine::State;
 
 /// The etcd API version keyward speaks.
-pub const ETCD_API_VERSION: &str = "3.4.0";
+pub(crate) const ETCD_API_VERSION: &str = "3.4.0";
 /// Its major.minor, as etcd reports its cluster version.
-pub const ETCD_CLUSTER_VERSION: &str = "3.4";
+pub(crate) const ETCD_CLUSTER_VERSION: &str = "3.4";
 
 /// Bytes per snapshot chunk, as etcd's `snapshotSendBufferSize`.
 const SNAPSHOT_CHUNK: usize = 32 * 1024;
@@ -45,12 +45,12 @@ const SNAPSHOT_ALIGN: u64 = 512;
 /// Chunks read ahead of the client.
 const SNAPSHOT_QUEUE: usize = 4;
 
-pub struct MaintenanceService {
+pub(crate) struct MaintenanceService {
     node: Arc<Node>,
 }
 
 impl MaintenanceService {
-    pub fn new(node: Arc<Node>) -> Self {
+    pub(crate) fn new(node: Arc<Node>) -> Self {
         MaintenanceService { node }
     }
 

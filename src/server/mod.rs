@@ -2,20 +2,20 @@
 //! HTTP endpoints and the HTTP/JSON gateway (`crate::gateway`) on the same port; one per
 //! `--listen-peer-urls` entry, serving the peer protocol (`peer.rs`) to members only (`peer_guard.rs`).
 
-pub mod auth;
-pub mod cluster;
-pub mod grpc_metrics;
-pub mod http;
-pub mod kv;
-pub mod lease;
-pub mod maintenance;
-pub mod peer;
-pub mod peer_guard;
-pub mod requester;
+pub(crate) mod auth;
+pub(crate) mod cluster;
+pub(crate) mod grpc_metrics;
+pub(crate) mod http;
+pub(crate) mod kv;
+pub(crate) mod lease;
+pub(crate) mod maintenance;
+pub(crate) mod peer;
+pub(crate) mod peer_guard;
+pub(crate) mod requester;
 pub(crate) mod stream_credential;
-pub mod watch;
-pub mod watch_outbox;
-pub mod watch_wire;
+pub(crate) mod watch;
+pub(crate) mod watch_outbox;
+pub(crate) mod watch_wire;
 
 use crate::frontend::connection_limits::{Admission, ConnectionLimits};
 use std::future::Future;
@@ -37,7 +37,7 @@ use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::proto::keywardpb::peer_server::PeerServer;
 
 /// Binds every client listener first (so a bad address fails startup), then serves until `shutdown`.
-pub async fn serve(
+pub(crate) async fn serve(
     node: Arc<Node>,
     listeners: &[Listener],
     tls: Option<&TlsSettings>,
@@ -53,7 +53,7 @@ pub async fn serve(
 /// Serves only `/metrics` and `/health` (`http.rs`) on `--listen-metrics-urls`, as etcd does: https://
 /// ones with the client TLS settings, and without the client listeners' connection limits (a scraper
 /// holds one connection).
-pub async fn serve_metrics(
+pub(crate) async fn serve_metrics(
     node: Arc<Node>,
     listeners: &[Listener],
     tls: Option<&TlsSettings>,
@@ -64,13 +64,13 @@ pub async fn serve_metrics(
 }
 
 /// Binds every peer listener: before raft elects, so that peers can reach this member.
-pub async fn bind_peer(listeners: &[Listener]) -> anyhow::Result<Vec<(TcpListener, bool)>> {
+pub(crate) async fn bind_peer(listeners: &[Listener]) -> anyhow::Result<Vec<(TcpListener, bool)>> {
     bind(listeners, "peer").await
 }
 
 /// Serves the peer protocol on listeners from `bind_peer` until `shutdown`, every request behind the
 /// guard that admits members only (`admission`: the `--peer-cert-allowed-*` flags and `--initial-cluster`).
-pub async fn serve_peer(
+pub(crate) async fn serve_peer(
     node: Arc<Node>,
     bound: Vec<(TcpListener, bool)>,
     tls: Option<&TlsSettings>,

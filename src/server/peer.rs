@@ -33,12 +33,12 @@ use crate::proto::keywardpb::{
 
 type LoginAttemptReplies = std::pin::Pin<Box<dyn futures::Stream<Item = Result<LoginAttemptReply, Status>> + Send>>;
 
-pub struct PeerService {
+pub(crate) struct PeerService {
     node: Arc<Node>,
 }
 
 impl PeerService {
-    pub fn new(node: Arc<Node>) -> Self {
+    pub(crate) fn new(node: Arc<Node>) -> Self {
         PeerService { node }
     }
 

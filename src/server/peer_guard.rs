@@ -20,13 +20,13 @@ use crate::logging::limit::LogLimit;
 use crate::node::Node;
 
 #[derive(Clone)]
-pub struct PeerGuard {
+pub(crate) struct PeerGuard {
     node: Arc<Node>,
     rule: Arc<PeerAdmission>,
 }
 
 impl PeerGuard {
-    pub fn new(node: Arc<Node>, rule: PeerAdmission) -> Self {
+    pub(crate) fn new(node: Arc<Node>, rule: PeerAdmission) -> Self {
         PeerGuard { node, rule: Arc::new(rule) }
     }
 

@@ -33,7 +33,7 @@ struct Token {
 
 impl StreamCredential {
     /// The credential a stream request presents (refused as any request with it would be).
-    pub fn of<T>(node: &Node, request: &Request<T>) -> Result<StreamCredential, Status> {
+    pub(crate) fn of<T>(node: &Node, request: &Request<T>) -> Result<StreamCredential, Status> {
         let (identity, who) = identified(node, request)?;
         let token = matches!(identity, Identity::Token { .. }).then(|| Token { judged: node.auth_enabled() });
         Ok(StreamCredential { who, token })
@@ -41,18 +41,18 @@ impl StreamCredential {
 
     /// A credential that is never voided, only judged by current permissions.
     #[cfg(test)]
-    pub fn standing(who: Requester) -> StreamCredential {
+    pub(crate) fn standing(who: Requester) -> StreamCredential {
         StreamCredential { who, token: None }
     }
 
     /// Who the stream runs as.
-    pub fn requester(&self) -> &Requester {
+    pub(crate) fn requester(&self) -> &Requester {
         &self.who
     }
 
     /// Whether the credential still stands in `authz`'s auth state: `AuthOldRevision` once a token
     /// is void.
-    pub fn stands(&self, authz: &Authorizer, op: &'static str) -> Result<(), EtcdError> {
+    pub(crate) fn stands(&self, authz: &Authorizer, op: &'static str) -> Result<(), EtcdError> {
         match self.token {
             Some(token) if token.judged || authz.enabled() => authz.token_stands(&self.who, op),
             _ => Ok(()),
@@ -61,7 +61,7 @@ impl StreamCredential {
 
     /// Resolves with the error the stream ends with, at the first applied auth change after which the
     /// credential no longer stands; never, for a credential that cannot be voided.
-    pub async fn voided(&self, node: &Node, op: &'static str) -> EtcdError {
+    pub(crate) async fn voided(&self, node: &Node, op: &'static str) -> EtcdError {
         if self.token.is_none() {
             return std::future::pending().await;
         }

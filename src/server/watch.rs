@@ -55,17 +55,20 @@ const INVALID_WATCH_ID: i64 = -1;
 
 type Out = Outbox;
 
-pub struct WatchService {
+pub(crate) struct WatchService {
     node: Arc<Node>,
 }
 
 impl WatchService {
-    pub fn new(node: Arc<Node>) -> Self {
+    pub(crate) fn new(node: Arc<Node>) -> Self {
         WatchService { node }
     }
 
     /// etcd's `Watch`, served by `WatchServer` below.
-    pub async fn watch(&self, request: Request<Streaming<WatchRequest>>) -> Result<Response<ReplyStream>, Status> {
+    pub(crate) async fn watch(
+        &self,
+        request: Request<Streaming<WatchRequest>>,
+    ) -> Result<Response<ReplyStream>, Status> {
         let (out, replies) = outbox(STREAM_RESPONSES, STREAM_BYTES);
         // The stream's identity comes from its metadata; a bad token refuses each create, as in etcd.
         // etcd puts Go's status text of the refusal in the cancel reason.
@@ -77,17 +80,17 @@ impl WatchService {
     }
 }
 
-pub type ReplyStream = Pin<Box<dyn Stream<Item = Result<WatchReply, Status>> + Send>>;
+pub(crate) type ReplyStream = Pin<Box<dyn Stream<Item = Result<WatchReply, Status>> + Send>>;
 
 /// etcd's `etcdserverpb.Watch` service on `WatchCodec` (`watch_wire.rs`): what tonic generates for a
 /// streaming method, with that codec in place of prost's.
 #[derive(Clone)]
-pub struct WatchServer {
+pub(crate) struct WatchServer {
     service: Arc<WatchService>,
 }
 
 impl WatchServer {
-    pub fn new(service: WatchService) -> Self {
+    pub(crate) fn new(service: WatchService) -> Self {
         WatchServer { service: Arc::new(service) }
     }
 }

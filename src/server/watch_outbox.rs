@@ -18,20 +18,20 @@ use tonic::Status;
 use super::watch_wire::WatchReply;
 
 /// Responses queued per stream at most.
-pub const STREAM_RESPONSES: usize = 256;
+pub(crate) const STREAM_RESPONSES: usize = 256;
 /// Bytes of encoded responses queued per stream at most (a larger response goes alone).
-pub const STREAM_BYTES: usize = 4 << 20;
+pub(crate) const STREAM_BYTES: usize = 4 << 20;
 
 /// The sending side, shared by the stream's watchers.
 #[derive(Clone)]
-pub struct Outbox {
+pub(crate) struct Outbox {
     queue: mpsc::Sender<Queued>,
     room: Arc<Semaphore>,
     bytes: usize,
 }
 
 /// The receiving side: the response stream tonic sends.
-pub struct Replies {
+pub(crate) struct Replies {
     queue: mpsc::Receiver<Queued>,
 }
 
@@ -43,10 +43,10 @@ struct Queued {
 
 /// The client is gone.
 #[derive(Debug)]
-pub struct Gone;
+pub(crate) struct Gone;
 
 /// A queue of at most `responses` responses and `bytes` bytes.
-pub fn outbox(responses: usize, bytes: usize) -> (Outbox, Replies) {
+pub(crate) fn outbox(responses: usize, bytes: usize) -> (Outbox, Replies) {
     let (queue, receiver) = mpsc::channel(responses);
     let bytes = bytes.clamp(1, u32::MAX as usize);
     (Outbox { queue, room: Arc::new(Semaphore::new(bytes)), bytes }, Replies { queue: receiver })
@@ -54,7 +54,7 @@ pub fn outbox(responses: usize, bytes: usize) -> (Outbox, Replies) {
 
 impl Outbox {
     /// Queues `reply` once there is room for it; `Gone` when the client went away first.
-    pub async fn send(&self, reply: Result<WatchReply, Status>) -> Result<(), Gone> {
+    pub(crate) async fn send(&self, reply: Result<WatchReply, Status>) -> Result<(), Gone> {
         let size = reply.as_ref().map_or(0, WatchReply::encoded_len).clamp(1, self.bytes);
         // `bytes` fits in u32 (see `outbox`).
         let size = u32::try_from(size).unwrap_or(u32::MAX);
@@ -66,7 +66,7 @@ impl Outbox {
     }
 
     /// Resolves when the client is gone.
-    pub async fn closed(&self) {
+    pub(crate) async fn closed(&self) {
         self.queue.closed().await
     }
 }
@@ -81,7 +81,7 @@ impl Stream for Replies {
 
 #[cfg(test)]
 impl Replies {
-    pub async fn recv(&mut self) -> Option<Result<WatchReply, Status>> {
+    pub(crate) async fn recv(&mut self) -> Option<Result<WatchReply, Status>> {
         self.queue.recv().await.map(|q| q.reply)
     }
 }

@@ -18,7 +18,7 @@ use crate::proto::etcdserverpb::{ResponseHeader, WatchRequest, WatchResponse};
 
 /// One response on a watch stream.
 #[derive(Debug)]
-pub enum WatchReply {
+pub(crate) enum WatchReply {
     Response(WatchResponse),
     /// A response of events only: each of `events` is one encoded element of `WatchResponse.events`
     /// (`mvcc/encoded_events.rs`).
@@ -34,7 +34,7 @@ const HEADER: u32 = 1;
 const WATCH_ID: u32 = 2;
 
 impl WatchReply {
-    pub fn encoded_len(&self) -> usize {
+    pub(crate) fn encoded_len(&self) -> usize {
         match self {
             WatchReply::Response(response) => response.encoded_len(),
             WatchReply::Events { header, watch_id, events } => {
@@ -67,7 +67,7 @@ impl WatchReply {
 #[cfg(test)]
 impl WatchReply {
     /// The response a client decodes from this reply.
-    pub fn into_response(self) -> WatchResponse {
+    pub(crate) fn into_response(self) -> WatchResponse {
         let mut buf = Vec::with_capacity(self.encoded_len());
         self.encode(&mut buf);
         WatchResponse::decode(&buf[..]).expect("a reply decodes as a WatchResponse")
@@ -82,7 +82,7 @@ impl From<WatchResponse> for WatchReply {
 
 /// Decodes `WatchRequest`s with prost; encodes `WatchReply`s itself.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct WatchCodec;
+pub(crate) struct WatchCodec;
 
 impl Codec for WatchCodec {
     type Encode = WatchReply;
@@ -100,7 +100,7 @@ impl Codec for WatchCodec {
 }
 
 #[derive(Debug, Default, Clone, Copy)]
-pub struct ReplyEncoder;
+pub(crate) struct ReplyEncoder;
 
 impl Encoder for ReplyEncoder {
     type Item = WatchReply;

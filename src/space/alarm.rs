@@ -82,7 +82,7 @@ impl AlarmStore {
 /// An alarm as Go's protobuf text format prints it (etcd's `AlarmMember.String()`), the way `etcdctl
 /// endpoint status` shows it among a member's errors: `memberID:1234 alarm:NOSPACE ` (trailing space
 /// included).
-pub fn go_text(member: &AlarmMember) -> String {
+pub(crate) fn go_text(member: &AlarmMember) -> String {
     let mut out = String::new();
     if member.member_id != 0 {
         out.push_str(&format!("memberID:{} ", member.member_id));

@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use crate::storage::data_dir;
 
 /// Default size: a few thousand typical batches, and small next to any real disk.
-pub const DEFAULT_BALLAST_BYTES: u64 = 64 << 20;
+pub(crate) const DEFAULT_BALLAST_BYTES: u64 = 64 << 20;
 
 pub struct Ballast {
     path: PathBuf,
@@ -90,7 +90,7 @@ impl Ballast {
 }
 
 /// Bytes available to this (unprivileged) process on the file system holding `dir`.
-pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
+pub(crate) fn free_bytes(dir: &Path) -> std::io::Result<u64> {
     let stat = rustix::fs::statvfs(dir)?;
     Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
 }

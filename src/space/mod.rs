@@ -15,8 +15,8 @@
 //!   still no room, apply waits and retries with backoff, `/health` reports unhealthy, and the member
 //!   never exits on its own for this.
 
-pub mod alarm;
-pub mod ballast;
+pub(crate) mod alarm;
+pub(crate) mod ballast;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -29,9 +29,9 @@ use crate::space::ballast::Ballast;
 use crate::storage::{Db, LmdbEnv, MAP_SIZE};
 
 /// etcd's `DefaultQuotaBytes`: the quota when the flag is 0.
-pub const DEFAULT_QUOTA_BYTES: u64 = 2 << 30;
+pub(crate) const DEFAULT_QUOTA_BYTES: u64 = 2 << 30;
 /// etcd's `MaxQuotaBytes`: above it etcd (and keyward) warn that performance may degrade.
-pub const MAX_RECOMMENDED_QUOTA_BYTES: u64 = 8 << 30;
+pub(crate) const MAX_RECOMMENDED_QUOTA_BYTES: u64 = 8 << 30;
 /// etcd's estimates of what storing a lease and a key's metadata costs.
 const LEASE_OVERHEAD: u64 = 64;
 const KV_OVERHEAD: u64 = 256;
@@ -64,7 +64,7 @@ impl Quota {
 /// Address space for the kv environment: always well above the quota, so that LMDB's map is never
 /// the first limit hit, and above twice the existing file (an environment filled under a larger quota
 /// still opens, with room to grow).
-pub fn map_size(quota: Quota, existing_file_bytes: u64) -> usize {
+pub(crate) fn map_size(quota: Quota, existing_file_bytes: u64) -> usize {
     let for_quota = match quota {
         Quota::Bytes(n) => n.saturating_mul(4),
         Quota::Disabled { .. } => 0,
@@ -76,7 +76,7 @@ pub fn map_size(quota: Quota, existing_file_bytes: u64) -> usize {
 /// What a request is charged against the quota (etcd's `backendQuota.Cost`): puts and lease grants
 /// cost, everything else is free. A txn costs its costlier branch. Unlike etcd 3.4, puts inside a
 /// nested txn count too (etcd charges them nothing, so a nested put slips past a full quota).
-pub fn cost(req: &InternalRaftRequest) -> u64 {
+pub(crate) fn cost(req: &InternalRaftRequest) -> u64 {
     if let Some(put) = &req.put {
         put_cost(put)
     } else if let Some(txn) = &req.txn {
@@ -116,7 +116,7 @@ pub enum Full {
 const SHORT_WRITE_FREE_BYTES: u64 = 1 << 20;
 
 /// Whether `err` means storage is full, and which storage.
-pub fn full_kind(err: &heed::Error) -> Option<Full> {
+pub(crate) fn full_kind(err: &heed::Error) -> Option<Full> {
     let disk_full =
         |code: i32| code == rustix::io::Errno::NOSPC.raw_os_error() || code == rustix::io::Errno::DQUOT.raw_os_error();
     match err {
@@ -130,7 +130,7 @@ pub fn full_kind(err: &heed::Error) -> Option<Full> {
 /// `full_kind` for an error from a write to the environment in `dir`: also a full disk when LMDB
 /// reports EIO while the file system holding `dir` has (next to) no free space left — LMDB turns a
 /// short write into EIO ("short write, filesystem full?").
-pub fn full_kind_at(err: &heed::Error, dir: &Path) -> Option<Full> {
+pub(crate) fn full_kind_at(err: &heed::Error, dir: &Path) -> Option<Full> {
     let eio = rustix::io::Errno::IO.raw_os_error();
     let is_eio = match err {
         heed::Error::Mdb(MdbError::Other(code)) => *code == eio,
@@ -146,7 +146,7 @@ pub fn full_kind_at(err: &heed::Error, dir: &Path) -> Option<Full> {
 /// Bytes of the environment's pages that hold data: every table in `dbs` and the main database that
 /// names them, plus LMDB's two meta pages. Free pages (reusable after deletes and compaction) are not
 /// counted. `mdb_stat` reads each table's root record in the transaction: no tree is walked.
-pub fn pages_in_use(env: &LmdbEnv, dbs: &[Db], txn: &RoTxn<heed::WithoutTls>) -> heed::Result<u64> {
+pub(crate) fn pages_in_use(env: &LmdbEnv, dbs: &[Db], txn: &RoTxn<heed::WithoutTls>) -> heed::Result<u64> {
     let main = env.unnamed_database_stat();
     let mut bytes = main.non_free_page_size() as u64 + 2 * u64::from(main.page_size);
     for db in dbs {

@@ -16,7 +16,7 @@ pub(crate) const OLD: &str = "data.mdb.predefrag";
 
 /// Writes a compacting copy of `env` (free pages left out) beside its `data.mdb`, owner-only as every
 /// data file, fsynced; then gives the current `data.mdb` the second name `OLD` (a hard link: no copy).
-pub fn prepare(env: &LmdbEnv) -> heed::Result<()> {
+pub(crate) fn prepare(env: &LmdbEnv) -> heed::Result<()> {
     let dir = env.path();
     let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(dir.join(COPY))?;
     env.copy_to_file(&mut file, heed::CompactionOption::Enabled)?;
@@ -27,20 +27,20 @@ pub fn prepare(env: &LmdbEnv) -> heed::Result<()> {
 }
 
 /// Renames the copy over `data.mdb` (durably). The environment must be closed.
-pub fn swap_in(dir: &Path) -> io::Result<()> {
+pub(crate) fn swap_in(dir: &Path) -> io::Result<()> {
     std::fs::rename(dir.join(COPY), dir.join(DATA))?;
     sync_dir(dir)
 }
 
 /// Puts the old file back as `data.mdb` (durably), after the copy failed to open.
-pub fn roll_back(dir: &Path) -> io::Result<()> {
+pub(crate) fn roll_back(dir: &Path) -> io::Result<()> {
     std::fs::rename(dir.join(OLD), dir.join(DATA))?;
     sync_dir(dir)
 }
 
 /// Removes the copy and the old file's second name, if present (after a swap, a failure, or a crash
 /// at any point of one).
-pub fn remove_leftovers(dir: &Path) -> io::Result<()> {
+pub(crate) fn remove_leftovers(dir: &Path) -> io::Result<()> {
     let mut removed = false;
     for name in [COPY, OLD] {
         removed |= remove_if_present(&dir.join(name))?;

@@ -16,14 +16,14 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Directories keyward creates: owner only.
-pub const DIR_MODE: u32 = 0o700;
+pub(crate) const DIR_MODE: u32 = 0o700;
 /// Files keyward creates (snapshots, the lock, the ballast): owner read/write only.
-pub const FILE_MODE: u32 = 0o600;
+pub(crate) const FILE_MODE: u32 = 0o600;
 /// The lock file, directly in the data dir.
-pub const LOCK_FILE: &str = "keyward.lock";
+pub(crate) const LOCK_FILE: &str = "keyward.lock";
 
 #[derive(Debug, thiserror::Error)]
-pub enum LockError {
+pub(crate) enum LockError {
     #[error(
         "data dir {} is in use by another process (pid {holder}): a data dir belongs to one member process",
         dir.display()
@@ -36,12 +36,12 @@ pub enum LockError {
 
 /// The exclusive hold on a data dir; released when dropped or when the process exits.
 #[derive(Debug)]
-pub struct DataDirLock {
+pub(crate) struct DataDirLock {
     _file: File,
 }
 
 /// Creates `dir` if needed (0700) and locks it for this process, or says who holds it.
-pub fn lock(dir: &Path) -> Result<DataDirLock, LockError> {
+pub(crate) fn lock(dir: &Path) -> Result<DataDirLock, LockError> {
     let io = |source| LockError::Io { dir: dir.to_path_buf(), source };
     create_private_dir(dir).map_err(io)?;
     warn_if_shared(dir);
@@ -75,7 +75,7 @@ pub fn lock(dir: &Path) -> Result<DataDirLock, LockError> {
 /// Creates `dir` and any missing parent owner-only (0700), and makes each new directory's name
 /// durable by syncing the directory that holds it: a power loss must not take away a directory whose
 /// files were synced (`member/` with the whole log in it). An existing directory keeps its mode.
-pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     let missing: Vec<&Path> = dir.ancestors().take_while(|d| !d.as_os_str().is_empty() && !d.exists()).collect();
     DirBuilder::new().recursive(true).mode(DIR_MODE).create(dir)?;
     // Outermost first: each name is durable before the one inside it.
@@ -87,12 +87,12 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// Opens a new file for writing, owner-only (0600), replacing any file at `path`.
-pub fn create_private_file(path: &Path) -> std::io::Result<File> {
+pub(crate) fn create_private_file(path: &Path) -> std::io::Result<File> {
     OpenOptions::new().write(true).create(true).truncate(true).mode(FILE_MODE).open(path)
 }
 
 /// Makes a rename or an unlink in `dir` durable (the directory entry itself is fsynced).
-pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 

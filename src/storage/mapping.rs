@@ -35,7 +35,7 @@ use rustix::fs::FallocateFlags;
 type LmdbEnv = Env<WithoutTls>;
 
 /// The first reservation of a new environment, and the smallest step by which one grows.
-pub const MIN_RESERVE: u64 = 4 << 20;
+pub(crate) const MIN_RESERVE: u64 = 4 << 20;
 /// Reservations are whole multiples of this.
 const GRANULE: u64 = 1 << 20;
 /// After a commit, the reservation grows once pages past this share of it are in use, so that a
@@ -100,7 +100,7 @@ fn initial_reserve(existing: u64) -> u64 {
 /// room for it (a member restarting on a full disk) the environment is written with copied writes
 /// instead, which need no room to open and serve reads, until a restart finds room. A new file is
 /// reserved once LMDB has created it (`reserve_opened`).
-pub fn plan(dir: &Path, wanted: Writes, existing: u64, ceiling: u64) -> io::Result<(Writes, u64)> {
+pub(crate) fn plan(dir: &Path, wanted: Writes, existing: u64, ceiling: u64) -> io::Result<(Writes, u64)> {
     let reserve = initial_reserve(existing).min(ceiling);
     match wanted {
         Writes::Copied => return Ok((Writes::Copied, ceiling)),
@@ -133,13 +133,13 @@ fn round_up(bytes: u64) -> u64 {
 
 /// Allocates the blocks of `<dir>/data.mdb` for the whole of `env`'s map, right after LMDB opened it
 /// with `MDB_WRITEMAP` (which sized the file to the map) and before any transaction writes a page.
-pub fn reserve_opened(dir: &Path, env: &LmdbEnv) -> io::Result<()> {
+pub(crate) fn reserve_opened(dir: &Path, env: &LmdbEnv) -> io::Result<()> {
     let file = OpenOptions::new().write(true).open(dir.join("data.mdb"))?;
     allocate(&file, env.info().map_size as u64)
 }
 
 /// The pin and, for mapped writes, the reservation of one open environment.
-pub struct Mapping {
+pub(crate) struct Mapping {
     pin: RwLock<()>,
     reserve: Option<Reserve>,
     page_size: u64,
@@ -159,13 +159,13 @@ struct Reserve {
 
 /// A growth of the reservation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Grown {
+pub(crate) struct Grown {
     pub from: u64,
     pub to: u64,
 }
 
 /// The map pinned: it cannot move while this is held.
-pub type Pin<'a> = RwLockReadGuard<'a, ()>;
+pub(crate) type Pin<'a> = RwLockReadGuard<'a, ()>;
 
 /// A read transaction that holds the map pinned for as long as it lives.
 pub struct ReadTxn<'a> {
@@ -184,7 +184,7 @@ impl<'a> Deref for ReadTxn<'a> {
 
 impl Mapping {
     /// The mapping of `env`, opened at `dir` with `writes`; `ceiling` bounds a mapped reservation.
-    pub fn new(dir: &Path, env: &LmdbEnv, writes: Writes, ceiling: u64) -> io::Result<Mapping> {
+    pub(crate) fn new(dir: &Path, env: &LmdbEnv, writes: Writes, ceiling: u64) -> io::Result<Mapping> {
         let reserve = match writes {
             Writes::Copied => None,
             Writes::Mapped => Some(Reserve {
@@ -199,11 +199,11 @@ impl Mapping {
     }
 
     /// LMDB's page size for this environment.
-    pub fn page_size(&self) -> u64 {
+    pub(crate) fn page_size(&self) -> u64 {
         self.page_size
     }
 
-    pub fn writes(&self) -> Writes {
+    pub(crate) fn writes(&self) -> Writes {
         match self.reserve {
             Some(_) => Writes::Mapped,
             None => Writes::Copied,
@@ -211,18 +211,18 @@ impl Mapping {
     }
 
     /// Pins the map; for anything but a read transaction that reads it (a copy, a sync, a stat).
-    pub fn pin(&self) -> Pin<'_> {
+    pub(crate) fn pin(&self) -> Pin<'_> {
         self.pin.read().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Begins a read transaction on `env` (the environment of this mapping), with the map pinned.
-    pub fn read_txn<'a>(&'a self, env: &'a LmdbEnv) -> heed::Result<ReadTxn<'a>> {
+    pub(crate) fn read_txn<'a>(&'a self, env: &'a LmdbEnv) -> heed::Result<ReadTxn<'a>> {
         let pin = self.pin();
         Ok(ReadTxn { txn: env.read_txn()?, _pin: pin })
     }
 
     /// Bytes reserved for the file (the map's size), for mapped writes.
-    pub fn reserved(&self) -> Option<u64> {
+    pub(crate) fn reserved(&self) -> Option<u64> {
         self.reserve.as_ref().map(|r| r.reserved.load(Ordering::Acquire))
     }
 
@@ -231,14 +231,14 @@ impl Mapping {
     /// (`heed::Error::Io`) when the disk has no room. Only the writer calls this, with none of its
     /// write transactions open. It waits for the readers in flight (a `snapshot save` copy holds the
     /// pin for its whole length).
-    pub fn grow(&self, env: &LmdbEnv, at_least: u64) -> heed::Result<Option<Grown>> {
+    pub(crate) fn grow(&self, env: &LmdbEnv, at_least: u64) -> heed::Result<Option<Grown>> {
         self.grow_with(env, at_least, |pin| Some(pin.write().unwrap_or_else(PoisonError::into_inner)))
     }
 
     /// After a commit: grows the reservation ahead of need once most of it is in use, unless a reader
     /// holds the map (then a later commit tries again). A failure is left to the next
     /// `MDB_MAP_FULL`, which reports it.
-    pub fn grow_early(&self, env: &LmdbEnv) -> Option<Grown> {
+    pub(crate) fn grow_early(&self, env: &LmdbEnv) -> Option<Grown> {
         let reserved = self.reserved()?;
         let used = (env.info().last_page_number as u64 + 1) * self.page_size;
         if used * GROW_EARLY_AT.1 < reserved * GROW_EARLY_AT.0 {

@@ -9,29 +9,29 @@ use std::path::Path;
 use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvFlags, EnvOpenOptions, WithoutTls};
 
-pub mod compacted;
-pub mod data_dir;
-pub mod mapping;
-pub mod table;
+pub(crate) mod compacted;
+pub(crate) mod data_dir;
+pub(crate) mod mapping;
+pub(crate) mod table;
 
-pub use mapping::Writes;
+pub(crate) use mapping::Writes;
 
 /// The longest key LMDB accepts in its default build (`MDB_MAXKEYSIZE`); `open` checks it, and `Table`
 /// sizes its chunks by it.
-pub const LMDB_MAX_KEY: usize = 511;
+pub(crate) const LMDB_MAX_KEY: usize = 511;
 
 /// Every keyward database maps raw bytes to raw bytes; encodings live with the code that owns each table.
-pub type Db = Database<'static, Bytes, Bytes>;
-pub type LmdbEnv = Env<WithoutTls>;
+pub(crate) type Db = Database<'static, Bytes, Bytes>;
+pub(crate) type LmdbEnv = Env<WithoutTls>;
 
 /// Address space reserved for an environment. LMDB grows the file only as data is written, so this is a
 /// ceiling, not an allocation. The kv environment reserves more when the space quota asks for it
 /// (`space::map_size`).
-pub const MAP_SIZE: usize = 64 << 30;
+pub(crate) const MAP_SIZE: usize = 64 << 30;
 
 /// How much a commit waits for the disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Durability {
+pub(crate) enum Durability {
     /// Every commit is on disk when it returns (the raft log and vote: an acknowledged write must
     /// survive power loss).
     Full,
@@ -43,14 +43,18 @@ pub enum Durability {
 }
 
 /// Opens (creating if needed) the environment at `dir` and the named databases in it.
-pub fn open<const N: usize>(dir: &Path, names: [&str; N], durability: Durability) -> heed::Result<(LmdbEnv, [Db; N])> {
+pub(crate) fn open<const N: usize>(
+    dir: &Path,
+    names: [&str; N],
+    durability: Durability,
+) -> heed::Result<(LmdbEnv, [Db; N])> {
     open_with(dir, names, durability, Writes::Copied, MAP_SIZE)
 }
 
 /// `open` with `map_size` bytes of map instead of `MAP_SIZE`, written as `writes` says. For
 /// `Writes::Mapped`, `map_size` is the file's reservation, made before any page is written
 /// (`mapping.rs`); the caller creates the `Mapping` that grows it.
-pub fn open_with<const N: usize>(
+pub(crate) fn open_with<const N: usize>(
     dir: &Path,
     names: [&str; N],
     durability: Durability,

@@ -33,7 +33,7 @@ use super::{Db, LMDB_MAX_KEY};
 const GROUP_ID_LEN: usize = 8;
 /// The longest key (or key remainder) stored as itself: a marker in a group (`id ++ chunk ++ 0x00`) must
 /// still fit LMDB's limit.
-pub const CHUNK: usize = LMDB_MAX_KEY - GROUP_ID_LEN - 1;
+pub(crate) const CHUNK: usize = LMDB_MAX_KEY - GROUP_ID_LEN - 1;
 /// Group 0 is never allocated; its key space holds the allocation counter.
 const NEXT_GROUP: &[u8] = b"\0\0\0\0\0\0\0\0next_group";
 
@@ -72,18 +72,18 @@ enum Level {
 
 /// A table with keys of any non-empty length. Cheap to copy: it holds two database handles.
 #[derive(Clone, Copy)]
-pub struct Table {
+pub(crate) struct Table {
     main: Db,
     long: LongKeys,
 }
 
 impl Table {
-    pub fn new(main: Db, long: LongKeys) -> Self {
+    pub(crate) fn new(main: Db, long: LongKeys) -> Self {
         Table { main, long }
     }
 
     /// The table's own database (for snapshots and whole-store hashes, together with `long_keys`).
-    pub fn main_db(&self) -> Db {
+    pub(crate) fn main_db(&self) -> Db {
         self.main
     }
 
@@ -122,7 +122,7 @@ impl Table {
         out
     }
 
-    pub fn get<'t>(&self, txn: &'t RoTxn, key: &[u8]) -> heed::Result<Option<&'t [u8]>> {
+    pub(crate) fn get<'t>(&self, txn: &'t RoTxn, key: &[u8]) -> heed::Result<Option<&'t [u8]>> {
         let mut level = Level::Main;
         let mut rest = key;
         // LMDB has no zero-length keys, so none is ever stored.
@@ -141,7 +141,7 @@ impl Table {
     }
 
     /// Stores `key → value`. An empty key is refused (LMDB cannot store one; callers never have one).
-    pub fn put(&self, txn: &mut RwTxn, key: &[u8], value: &[u8]) -> heed::Result<()> {
+    pub(crate) fn put(&self, txn: &mut RwTxn, key: &[u8], value: &[u8]) -> heed::Result<()> {
         if key.is_empty() {
             return Err(heed::Error::Mdb(heed::MdbError::BadValSize));
         }
@@ -165,7 +165,7 @@ impl Table {
     }
 
     /// Removes `key`; true if it was there. Groups left empty are removed with it.
-    pub fn delete(&self, txn: &mut RwTxn, key: &[u8]) -> heed::Result<bool> {
+    pub(crate) fn delete(&self, txn: &mut RwTxn, key: &[u8]) -> heed::Result<bool> {
         if key.is_empty() {
             return Ok(false);
         }
@@ -198,7 +198,7 @@ impl Table {
     }
 
     /// Removes every key in `[start, end)`-style bounds; returns how many.
-    pub fn delete_range(&self, txn: &mut RwTxn, start: Bound<&[u8]>, end: Bound<&[u8]>) -> heed::Result<usize> {
+    pub(crate) fn delete_range(&self, txn: &mut RwTxn, start: Bound<&[u8]>, end: Bound<&[u8]>) -> heed::Result<usize> {
         let doomed: Vec<Vec<u8>> = self
             .range(txn, start, end)?
             .map(|entry| entry.map(|(key, _)| key.into_owned()))
@@ -210,19 +210,19 @@ impl Table {
     }
 
     /// Every key that starts with `prefix`, in order.
-    pub fn prefix<'t>(&self, txn: &'t RoTxn, prefix: &[u8]) -> heed::Result<Range<'t>> {
+    pub(crate) fn prefix<'t>(&self, txn: &'t RoTxn, prefix: &[u8]) -> heed::Result<Range<'t>> {
         let end = prefix_end(prefix);
         let end = end.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
         self.range(txn, Bound::Included(prefix), end)
     }
 
     /// Every key, in order.
-    pub fn iter<'t>(&self, txn: &'t RoTxn) -> heed::Result<Range<'t>> {
+    pub(crate) fn iter<'t>(&self, txn: &'t RoTxn) -> heed::Result<Range<'t>> {
         self.range(txn, Bound::Unbounded, Bound::Unbounded)
     }
 
     /// The keys within `start` and `end`, in byte order, each with its value.
-    pub fn range<'t>(&self, txn: &'t RoTxn, start: Bound<&[u8]>, end: Bound<&[u8]>) -> heed::Result<Range<'t>> {
+    pub(crate) fn range<'t>(&self, txn: &'t RoTxn, start: Bound<&[u8]>, end: Bound<&[u8]>) -> heed::Result<Range<'t>> {
         let chunk = self.chunk();
         let main_end = match end {
             Bound::Unbounded => Bound::Unbounded,
@@ -315,7 +315,7 @@ struct Frame<'t> {
 }
 
 /// An in-order walk over a [`Table`]'s keys (full keys, rebuilt from their chunks) and values.
-pub struct Range<'t> {
+pub(crate) struct Range<'t> {
     table: Table,
     txn: &'t RoTxn<'t>,
     /// The levels entered, innermost last.

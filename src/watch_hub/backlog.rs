@@ -11,18 +11,18 @@ use std::sync::Arc;
 use crate::raft::state_machine::Committed;
 
 /// Batches kept at most.
-pub const BACKLOG_BATCHES: usize = 1024;
+pub(crate) const BACKLOG_BATCHES: usize = 1024;
 /// Bytes kept at most (beyond the newest batch).
-pub const BACKLOG_BYTES: usize = 16 << 20;
+pub(crate) const BACKLOG_BYTES: usize = 16 << 20;
 
 #[derive(Default)]
-pub struct Backlog {
+pub(crate) struct Backlog {
     batches: VecDeque<(Arc<Committed>, usize)>,
     bytes: usize,
 }
 
 impl Backlog {
-    pub fn push(&mut self, batch: Arc<Committed>) {
+    pub(crate) fn push(&mut self, batch: Arc<Committed>) {
         let size = held_bytes(&batch);
         self.batches.push_back((batch, size));
         self.bytes += size;
@@ -33,19 +33,19 @@ impl Backlog {
         }
     }
 
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.batches.clear();
         self.bytes = 0;
     }
 
     /// The batch that ends at `revision`, if still kept.
-    pub fn at(&self, revision: i64) -> Option<Arc<Committed>> {
+    pub(crate) fn at(&self, revision: i64) -> Option<Arc<Committed>> {
         let i = self.batches.partition_point(|(b, _)| b.revision < revision);
         self.batches.get(i).filter(|(b, _)| b.revision == revision).map(|(b, _)| b.clone())
     }
 
     /// Up to `max` batches in order, from the first that ends at or after `revision`.
-    pub fn from(&self, revision: i64, max: usize) -> Vec<Arc<Committed>> {
+    pub(crate) fn from(&self, revision: i64, max: usize) -> Vec<Arc<Committed>> {
         let i = self.batches.partition_point(|(b, _)| b.revision < revision);
         self.batches.range(i..).take(max).map(|(b, _)| b.clone()).collect()
     }

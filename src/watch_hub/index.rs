@@ -12,16 +12,16 @@ use std::collections::HashMap;
 use crate::keyrange::KeyRange;
 
 /// A watcher's id in the hub.
-pub type WatcherId = u64;
+pub(crate) type WatcherId = u64;
 
 #[derive(Default)]
-pub struct WatchIndex {
+pub(crate) struct WatchIndex {
     singles: HashMap<Vec<u8>, Vec<WatcherId>>,
     ranges: IntervalTree,
 }
 
 impl WatchIndex {
-    pub fn insert(&mut self, id: WatcherId, range: &KeyRange) {
+    pub(crate) fn insert(&mut self, id: WatcherId, range: &KeyRange) {
         match range {
             KeyRange::Single(key) => self.singles.entry(key.clone()).or_default().push(id),
             KeyRange::Span { start, end } => self.ranges.insert(start.clone(), Some(end.clone()), id),
@@ -30,7 +30,7 @@ impl WatchIndex {
     }
 
     /// Removes what `insert` added for `id` and `range` (nothing when it is not there).
-    pub fn remove(&mut self, id: WatcherId, range: &KeyRange) {
+    pub(crate) fn remove(&mut self, id: WatcherId, range: &KeyRange) {
         match range {
             KeyRange::Single(key) => {
                 if let Some(ids) = self.singles.get_mut(key) {
@@ -45,18 +45,19 @@ impl WatchIndex {
     }
 
     /// Calls `found` with each watcher whose range contains `key`.
-    pub fn touching(&self, key: &[u8], found: &mut impl FnMut(WatcherId)) {
+    pub(crate) fn touching(&self, key: &[u8], found: &mut impl FnMut(WatcherId)) {
         if let Some(ids) = self.singles.get(key) {
             ids.iter().copied().for_each(&mut *found);
         }
         self.ranges.stab(self.ranges.root, key, found);
     }
 
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         *self = WatchIndex::default();
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.singles.is_empty() && self.ranges.root.is_none()
     }
 }

@@ -15,8 +15,8 @@
 //! store later, as etcd's unsynced watchers do. What a slow watcher costs the member is thus bounded
 //! by the backlog and its stream's queue, not by what is written meanwhile.
 
-pub mod backlog;
-pub mod index;
+pub(crate) mod backlog;
+pub(crate) mod index;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -30,9 +30,9 @@ use crate::raft::state_machine::Committed;
 
 /// Batches a synced watcher may have pending before it leaves the index to catch up on its own
 /// (8 bytes each: 30,000 watchers of a busy prefix that nobody reads hold 30 MiB of them at most).
-pub const TOUCHED_LIMIT: usize = 128;
+pub(crate) const TOUCHED_LIMIT: usize = 128;
 
-pub struct WatchHub {
+pub(crate) struct WatchHub {
     state: Mutex<Hub>,
 }
 
@@ -63,7 +63,7 @@ struct Synced {
 }
 
 /// What a watcher has to deliver (`Registration::take`).
-pub enum Pending {
+pub(crate) enum Pending {
     /// Not synced: it catches up on its own.
     Unsynced,
     /// The batches that touched it, in order; it has seen everything else up to `through`.
@@ -72,7 +72,7 @@ pub enum Pending {
 
 impl WatchHub {
     /// Starts the hub's task on `live`, a subscription made when the store was at `revision`.
-    pub fn start(mut live: broadcast::Receiver<Arc<Committed>>, revision: i64) -> Arc<WatchHub> {
+    pub(crate) fn start(mut live: broadcast::Receiver<Arc<Committed>>, revision: i64) -> Arc<WatchHub> {
         let hub = Arc::new(WatchHub {
             state: Mutex::new(Hub {
                 revision,
@@ -105,7 +105,7 @@ impl WatchHub {
     }
 
     /// A watcher of `range`, unsynced until it catches up.
-    pub fn register(self: &Arc<Self>, range: KeyRange) -> Registration {
+    pub(crate) fn register(self: &Arc<Self>, range: KeyRange) -> Registration {
         let wake = Arc::new(Notify::new());
         let mut hub = self.lock();
         let id = hub.next_id;
@@ -115,7 +115,8 @@ impl WatchHub {
     }
 
     /// Synced watchers, for tests and metrics.
-    pub fn synced(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn synced(&self) -> usize {
         self.lock().watchers.values().filter(|e| e.synced.is_some()).count()
     }
 
@@ -194,7 +195,7 @@ impl Hub {
 }
 
 /// A watcher's place in the hub; dropping it removes the watcher.
-pub struct Registration {
+pub(crate) struct Registration {
     hub: Arc<WatchHub>,
     id: WatcherId,
     wake: Arc<Notify>,
@@ -206,7 +207,7 @@ pub struct Registration {
 impl Registration {
     /// Joins the synced watchers if `next`, the watcher's first undelivered revision, is past the
     /// hub's revision (nothing the hub has taken is left for it); false when it must catch up first.
-    pub fn try_sync(&self, next: i64) -> bool {
+    pub(crate) fn try_sync(&self, next: i64) -> bool {
         let mut hub = self.hub.lock();
         if next <= hub.revision {
             return false;
@@ -221,13 +222,13 @@ impl Registration {
     }
 
     /// Leaves the synced watchers (to catch up on its own).
-    pub fn unsync(&self) {
+    pub(crate) fn unsync(&self) {
         self.hub.lock().unsync(self.id);
     }
 
     /// What touched this watcher since the last call; `Unsynced` when it is not synced, or when a
     /// batch it needs is no longer in the backlog (it then is unsynced).
-    pub fn take(&self) -> Pending {
+    pub(crate) fn take(&self) -> Pending {
         let mut hub = self.hub.lock();
         let through = hub.revision;
         let Some(Entry { synced: Some(synced), .. }) = hub.watchers.get_mut(&self.id) else { return Pending::Unsynced };
@@ -244,7 +245,7 @@ impl Registration {
 
     /// Up to `max` batches of the backlog, in order, from the first that ends at or after `revision`,
     /// among those taken since the watcher registered.
-    pub fn backlog_from(&self, revision: i64, max: usize) -> Vec<Arc<Committed>> {
+    pub(crate) fn backlog_from(&self, revision: i64, max: usize) -> Vec<Arc<Committed>> {
         let mut batches = self.hub.lock().backlog.from(revision, max);
         let before = batches.partition_point(|b| b.previous_revision < self.since);
         batches.drain(..before);
@@ -252,7 +253,7 @@ impl Registration {
     }
 
     /// Resolves when the hub has something for this watcher (or unsynced it).
-    pub async fn notified(&self) {
+    pub(crate) async fn notified(&self) {
         self.wake.notified().await
     }
 }

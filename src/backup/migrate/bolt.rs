@@ -39,7 +39,7 @@ const MAX_DEPTH: usize = 64;
 type Visit<'a> = dyn FnMut(&[u8], &[u8], u32) -> Result<(), BoltError> + 'a;
 
 #[derive(Debug, thiserror::Error)]
-pub enum BoltError {
+pub(crate) enum BoltError {
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("not a bbolt database: {0}")]
@@ -52,7 +52,7 @@ fn corrupt(what: impl Into<String>) -> BoltError {
     BoltError::Corrupt(what.into())
 }
 
-pub struct Bolt {
+pub(crate) struct Bolt {
     file: File,
     /// Bytes of the file that belong to the database (a trailing digest excluded).
     len: u64,
@@ -64,14 +64,14 @@ pub struct Bolt {
 
 /// Where a bucket's tree is: a root page, or its own page inline in its parent's value.
 #[derive(Clone, Debug)]
-pub enum Bucket {
+pub(crate) enum Bucket {
     Root(u64),
     Inline(Vec<u8>),
 }
 
 impl Bolt {
     /// Opens the first `len` bytes of `path` as a bbolt database.
-    pub fn open(path: &Path, len: u64) -> Result<Bolt, BoltError> {
+    pub(crate) fn open(path: &Path, len: u64) -> Result<Bolt, BoltError> {
         let file = File::open(path)?;
         let mut first = vec![0u8; PAGE_HEADER + META_LEN];
         if len < first.len() as u64 {
@@ -112,7 +112,7 @@ impl Bolt {
     }
 
     /// The top-level bucket `name`, if there is one.
-    pub fn bucket(&self, name: &[u8]) -> Result<Option<Bucket>, BoltError> {
+    pub(crate) fn bucket(&self, name: &[u8]) -> Result<Option<Bucket>, BoltError> {
         let mut found = None;
         self.walk(&self.root.clone(), &mut |key, value, flags| {
             if key == name && flags & BUCKET_LEAF != 0 {
@@ -124,7 +124,7 @@ impl Bolt {
     }
 
     /// Calls `f` with every key and value of `bucket` in key order (nested buckets skipped).
-    pub fn for_each(
+    pub(crate) fn for_each(
         &self,
         bucket: &Bucket,
         mut f: impl FnMut(&[u8], &[u8]) -> Result<(), BoltError>,
@@ -133,7 +133,7 @@ impl Bolt {
     }
 
     /// Every top-level bucket, by name, in key order.
-    pub fn buckets(&self) -> Result<Vec<(Vec<u8>, Bucket)>, BoltError> {
+    pub(crate) fn buckets(&self) -> Result<Vec<(Vec<u8>, Bucket)>, BoltError> {
         let mut buckets = Vec::new();
         self.walk(&self.root.clone(), &mut |key, value, flags| {
             if flags & BUCKET_LEAF != 0 {
@@ -145,7 +145,7 @@ impl Bolt {
     }
 
     /// The database's size in bytes: its pages up to the high-water mark, as bbolt's `Tx.Size`.
-    pub fn size(&self) -> u64 {
+    pub(crate) fn size(&self) -> u64 {
         self.page_count * self.page_size as u64
     }
 

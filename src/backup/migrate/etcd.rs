@@ -45,7 +45,7 @@ struct EtcdLease {
 
 /// What was imported.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Imported {
+pub(crate) struct Imported {
     pub revision: i64,
     pub compacted: Option<i64>,
     pub changes: u64,
@@ -58,7 +58,7 @@ pub struct Imported {
     pub consistent_index: u64,
 }
 
-pub fn import(bolt: &Bolt, state: &State) -> anyhow::Result<Imported> {
+pub(crate) fn import(bolt: &Bolt, state: &State) -> anyhow::Result<Imported> {
     let bucket = |name: &str| -> anyhow::Result<Option<Bucket>> {
         bolt.bucket(name.as_bytes()).with_context(|| format!("bucket {name:?}"))
     };
@@ -113,7 +113,7 @@ fn hex(bytes: &[u8]) -> String {
 /// `etcdctl snapshot status` of an etcd backup, computed as etcd computes it: CRC-32C over every
 /// bucket's name, then its keys and values in order; the revision of the `key` bucket's last key; the
 /// number of keys of every bucket; the database's size.
-pub fn status(bolt: &Bolt) -> Result<(u32, i64, u64, u64), super::bolt::BoltError> {
+pub(crate) fn status(bolt: &Bolt) -> Result<(u32, i64, u64, u64), super::bolt::BoltError> {
     let (mut hash, mut revision, mut keys) = (0u32, 0i64, 0u64);
     for (name, bucket) in bolt.buckets()? {
         hash = crc32c::crc32c_append(hash, &name);

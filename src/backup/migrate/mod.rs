@@ -5,8 +5,8 @@
 //! - `etcd.rs`: etcd's buckets → keyward's tables;
 //! - the new data dir and the member flags are `restore`'s, shared with `keyward snapshot restore`.
 
-pub mod bolt;
-pub mod etcd;
+pub(crate) mod bolt;
+pub(crate) mod etcd;
 
 use anyhow::anyhow;
 

@@ -9,7 +9,7 @@ use crate::cli::backup::MemberFlags;
 use crate::cluster::bootstrap::{new_cluster_of, NewCluster};
 
 /// The restored cluster: every member's id and peer URLs, this member's id and the cluster id.
-pub fn new_cluster(flags: &MemberFlags) -> Result<NewCluster, String> {
+pub(crate) fn new_cluster(flags: &MemberFlags) -> Result<NewCluster, String> {
     let members = initial_cluster(flags)?;
     Ok(new_cluster_of(&members, &flags.initial_advertise_peer_urls, &flags.initial_cluster_token))
 }

@@ -11,8 +11,8 @@
 //!
 //! It must not import the member (`node`, `server`): nothing here runs a member.
 
-pub mod member_flags;
-pub mod new_data_dir;
-pub mod snapshot_file;
+pub(crate) mod member_flags;
+pub(crate) mod new_data_dir;
+pub(crate) mod snapshot_file;
 
-pub use new_data_dir::NewDataDir;
+pub(crate) use new_data_dir::NewDataDir;

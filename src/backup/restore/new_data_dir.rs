@@ -11,7 +11,7 @@
 //! builds a raft snapshot from the applied state at start for any peer that needs one.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context as _};
@@ -24,7 +24,7 @@ use crate::raft::state_machine::{State, StateMachine};
 use crate::raft::wal::{segment, Wal};
 use crate::raft::{LogId, Membership, StoredMembership};
 
-pub struct NewDataDir {
+pub(crate) struct NewDataDir {
     target: PathBuf,
     temp: PathBuf,
     cluster: NewCluster,
@@ -34,7 +34,7 @@ pub struct NewDataDir {
 
 /// What `finish` made.
 #[derive(Debug)]
-pub struct Restored {
+pub(crate) struct Restored {
     pub data_dir: PathBuf,
     pub member_id: u64,
     pub cluster_id: u64,
@@ -43,7 +43,7 @@ pub struct Restored {
 
 impl NewDataDir {
     /// Checks the flags and that the data dir does not exist (or is empty), and creates the temp dir.
-    pub fn create(flags: &MemberFlags) -> anyhow::Result<NewDataDir> {
+    pub(crate) fn create(flags: &MemberFlags) -> anyhow::Result<NewDataDir> {
         let cluster = member_flags::new_cluster(flags).map_err(|e| anyhow!(e))?;
         let target = flags.data_dir();
         if let Ok(mut entries) = std::fs::read_dir(&target) {
@@ -68,12 +68,12 @@ impl NewDataDir {
     }
 
     /// Where the kv environment goes (`member/kv`): its `data.mdb` may be put there before `state`.
-    pub fn kv_dir(&self) -> PathBuf {
+    pub(crate) fn kv_dir(&self) -> PathBuf {
         self.temp.join("member").join("kv")
     }
 
     /// The applied state's tables, opened once (after a `data.mdb` was put in `kv_dir`, if any).
-    pub fn state(&mut self) -> anyhow::Result<Arc<State>> {
+    pub(crate) fn state(&mut self) -> anyhow::Result<Arc<State>> {
         if let Some(state) = &self.state {
             return Ok(state.clone());
         }
@@ -87,7 +87,7 @@ impl NewDataDir {
 
     /// Makes the applied state that of the new cluster at raft index `index`, writes the raft log and
     /// this member's ids, and renames the data dir into place.
-    pub fn finish(mut self, index: u64) -> anyhow::Result<Restored> {
+    pub(crate) fn finish(mut self, index: u64) -> anyhow::Result<Restored> {
         let index = index.max(1);
         let applied = LogId::new(CommittedLeaderId::new(0, 0), index);
         let voters: BTreeSet<u64> = self.cluster.members.keys().copied().collect();
@@ -126,10 +126,6 @@ impl NewDataDir {
             cluster_id: self.cluster.cluster_id,
             applied_index: index,
         })
-    }
-
-    pub fn target(&self) -> &Path {
-        &self.target
     }
 }
 

@@ -14,7 +14,7 @@ const ALIGN: u64 = 512;
 
 /// The database part of a snapshot file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SnapshotFile {
+pub(crate) struct SnapshotFile {
     /// Bytes before the digest (the whole file if it has none).
     pub db_len: u64,
     pub has_digest: bool,
@@ -22,7 +22,7 @@ pub struct SnapshotFile {
 
 impl SnapshotFile {
     /// Checks the trailing digest of `path` unless `skip_hash_check`.
-    pub fn check(path: &Path, skip_hash_check: bool) -> anyhow::Result<SnapshotFile> {
+    pub(crate) fn check(path: &Path, skip_hash_check: bool) -> anyhow::Result<SnapshotFile> {
         let mut file = File::open(path).with_context(|| format!("cannot open snapshot {}", path.display()))?;
         let len = file.metadata().with_context(|| format!("snapshot {}", path.display()))?.len();
         let has_digest = len >= ALIGN + DIGEST && len % ALIGN == DIGEST;
@@ -71,7 +71,7 @@ impl SnapshotFile {
     /// every page its newest meta page counts inside the file. LMDB maps the file and trusts it: a
     /// truncated file would crash the process (SIGBUS) on the first read past its end, so this is
     /// checked before it is opened. (A page corrupted in place is caught by the digest only.)
-    pub fn check_lmdb(&self, path: &Path) -> anyhow::Result<()> {
+    pub(crate) fn check_lmdb(&self, path: &Path) -> anyhow::Result<()> {
         let mut file = File::open(path).with_context(|| format!("cannot open snapshot {}", path.display()))?;
         let mut meta0 = [0u8; LMDB_TXNID_AT + 8];
         if self.db_len < meta0.len() as u64 || file.read_exact(&mut meta0).is_err() {
@@ -116,7 +116,7 @@ impl SnapshotFile {
     }
 }
 
-pub fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

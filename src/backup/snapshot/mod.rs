@@ -6,9 +6,9 @@
 //! - `restore.rs`: a new data dir from a backup (`backup/restore/` builds it, shared with `keyward migrate`);
 //! - `status.rs`: hash, revision, total keys and size, in etcdctl's formats.
 
-pub mod restore;
-pub mod save;
-pub mod status;
+pub(crate) mod restore;
+pub(crate) mod save;
+pub(crate) mod status;
 
 use crate::cli::backup::SnapshotCommand;
 

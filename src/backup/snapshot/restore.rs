@@ -18,7 +18,7 @@ use crate::cli::backup::RestoreArgs;
 /// bbolt's magic, where an etcd backup has it: such a file is for `keyward migrate`.
 const BOLT_MAGIC: [u8; 4] = 0xED0C_DAEDu32.to_le_bytes();
 
-pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: RestoreArgs) -> anyhow::Result<()> {
     let checked = SnapshotFile::check(&args.file, args.skip_hash_check)?;
     let mut source = File::open(&args.file).with_context(|| format!("cannot open snapshot {}", args.file.display()))?;
     let mut head = [0u8; 20];

@@ -16,7 +16,7 @@ use crate::proto::etcdserverpb::auth_client::AuthClient;
 use crate::proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use crate::proto::etcdserverpb::{AuthenticateRequest, SnapshotRequest};
 
-pub fn run(args: SaveArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: SaveArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let size = runtime.block_on(save(&args))?;
     println!("Snapshot saved at {} ({size} bytes)", args.file.display());

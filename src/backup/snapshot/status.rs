@@ -16,14 +16,14 @@ use crate::cli::backup::StatusArgs;
 use crate::raft::state_machine::StateMachine;
 
 #[derive(Debug, PartialEq, Eq)]
-pub struct Status {
+pub(crate) struct Status {
     pub hash: u32,
     pub revision: i64,
     pub total_keys: u64,
     pub total_size: u64,
 }
 
-pub fn run(args: StatusArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: StatusArgs) -> anyhow::Result<()> {
     if !["simple", "table", "json", "fields"].contains(&args.write_out.as_str()) {
         bail!("--write-out {:?}: must be simple, table, json or fields", args.write_out);
     }
@@ -32,7 +32,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn status(path: &std::path::Path) -> anyhow::Result<Status> {
+pub(crate) fn status(path: &std::path::Path) -> anyhow::Result<Status> {
     let checked = SnapshotFile::check(path, true)?;
     if checked.has_digest {
         SnapshotFile::check(path, false)?;
@@ -80,7 +80,7 @@ fn tempdir_near() -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-pub fn render(s: &Status, format: &str) -> String {
+pub(crate) fn render(s: &Status, format: &str) -> String {
     let size = humanize_bytes(s.total_size);
     match format {
         "json" => format!(

@@ -180,7 +180,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let duration = match s.parse::<f64>() {
         Ok(secs) if secs.is_finite() && secs >= 0.0 => Duration::from_secs_f64(secs),
         Ok(_) => return Err(format!("invalid duration {s:?}: must be positive")),
-        Err(_) => keyward::auth::token_config::parse_go_duration(s)?,
+        Err(_) => keyward::parse_go_duration(s)?,
     };
     if duration.is_zero() {
         return Err(format!("invalid duration {s:?}: must be positive"));

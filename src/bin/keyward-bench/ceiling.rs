@@ -11,12 +11,12 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use anyhow::Context;
-use keyward::frontend::connection_limits::{admitted_tcp, Admission};
 use keyward::proto::etcdserverpb::kv_server::{Kv, KvServer};
 use keyward::proto::etcdserverpb::{
     CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse,
     RangeRequest, RangeResponse, ResponseHeader, TxnRequest, TxnResponse,
 };
+use keyward::{admitted_tcp, Admission};
 use tonic::{Request, Response, Status};
 
 /// Answers Put with the next "revision" and nothing else.

@@ -13,9 +13,9 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use tonic::{Code, Status};
 
 use crate::args::BenchArgs;
-use keyward::frontend::tls::client::TlsConnector;
 use keyward::proto::etcdserverpb::auth_client::AuthClient;
 use keyward::proto::etcdserverpb::AuthenticateRequest;
+use keyward::TlsConnector;
 
 /// One gRPC connection and, with `--user`, the token every request on it carries.
 pub struct Conn {

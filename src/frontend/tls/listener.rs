@@ -27,7 +27,7 @@ use crate::frontend::certificate::{cert_names, CertNames, NoIdentity, PeerIdenti
 use crate::logging::limit::LogLimit;
 
 /// How long a client may take to complete the TLS handshake.
-pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
+pub(crate) const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
 /// How often certificate files are checked for changes.
 const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
 /// Established connections waiting for tonic to pick them up.
@@ -100,7 +100,7 @@ impl AsyncWrite for TlsConnection {
 }
 
 /// Starts accepting on `listener`; established connections arrive on the returned channel.
-pub fn accept(
+pub(crate) fn accept(
     listener: TcpListener,
     settings: TlsSettings,
 ) -> Result<mpsc::Receiver<io::Result<TlsConnection>>, String> {

@@ -6,6 +6,6 @@
 //! - `client.rs`: the dialing side (a member to its peers): a rustls `ClientConfig` from the files and
 //!   a tonic connector.
 
-pub mod client;
-pub mod listener;
-pub mod settings;
+pub(crate) mod client;
+pub(crate) mod listener;
+pub(crate) mod settings;

@@ -20,17 +20,17 @@ use crate::raft::log_store::LogStore;
 use crate::space::Space;
 
 /// The log's directory under the member directory.
-pub const DIR: &str = "wal";
+pub(crate) const DIR: &str = "wal";
 /// Where older versions kept the log (LMDB).
-pub const LEGACY_DIR: &str = "raft";
+pub(crate) const LEGACY_DIR: &str = "raft";
 /// Where the LMDB log goes once migrated.
-pub const MIGRATED_DIR: &str = "raft.lmdb-migrated";
+pub(crate) const MIGRATED_DIR: &str = "raft.lmdb-migrated";
 const TEMP_DIR: &str = "wal.migrating";
 /// Entries read and written at a time.
 const BATCH: u64 = 1024;
 
 /// Opens the log of the member whose directory is `member_dir`, migrating an LMDB log first.
-pub async fn open_member(member_dir: &Path, space: Arc<Space>) -> std::io::Result<Wal> {
+pub(crate) async fn open_member(member_dir: &Path, space: Arc<Space>) -> std::io::Result<Wal> {
     let wal = member_dir.join(DIR);
     let legacy = member_dir.join(LEGACY_DIR);
     if !wal.exists() && legacy.join("data.mdb").exists() {

@@ -27,9 +27,9 @@
 //! A write that finds the disk full zeros what it may have written, gets the ballast back and is tried
 //! once more (`space/mod.rs`); if the disk is still full the write fails, which stops the raft core.
 
-pub mod migrate;
-pub mod recover;
-pub mod segment;
+pub(crate) mod migrate;
+pub(crate) mod recover;
+pub(crate) mod segment;
 
 #[cfg(test)]
 mod tests;
@@ -51,8 +51,8 @@ use super::{any_error, blocking, Entry, LogId, NodeId, StorageError, TypeConfig}
 use crate::space::Space;
 
 /// A new segment's size.
-pub const SEGMENT_BYTES: u64 = 64 << 20;
-pub use segment::SYNC_CHUNK;
+pub(crate) const SEGMENT_BYTES: u64 = 64 << 20;
+pub(crate) use segment::SYNC_CHUNK;
 
 #[derive(Clone)]
 pub struct Wal {

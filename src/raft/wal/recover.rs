@@ -14,7 +14,7 @@ use std::path::Path;
 use super::segment::{self, corrupt, decode, read_frame, Frame, Loc, Record, Segment, State, SYNC_CHUNK};
 
 /// What the segments hold.
-pub struct Recovered {
+pub(crate) struct Recovered {
     /// Every segment kept, in order; the last one is where appends go.
     pub segments: Vec<Segment>,
     /// Where the next record goes in the last segment.
@@ -26,7 +26,7 @@ pub struct Recovered {
 }
 
 /// Scans the segments in `dir` (creating the first one if there is none).
-pub fn scan(dir: &Path, segment_bytes: u64) -> std::io::Result<Recovered> {
+pub(crate) fn scan(dir: &Path, segment_bytes: u64) -> std::io::Result<Recovered> {
     let mut seqs = Vec::new();
     for item in std::fs::read_dir(dir)? {
         let name = item?.file_name();

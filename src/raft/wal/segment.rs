@@ -21,18 +21,18 @@ use serde::{Deserialize, Serialize};
 use super::super::{Entry, LogId, NodeId};
 
 /// A frame's header: length and CRC.
-pub const HEADER: usize = 8;
+pub(crate) const HEADER: usize = 8;
 
 /// How much a segment's allocation grows at a time: one size change per this many bytes of log, and
 /// a small disk (or a file-size limit) is not taken by a whole segment at once.
-pub const ALLOCATION_STEP: u64 = 4 << 20;
+pub(crate) const ALLOCATION_STEP: u64 = 4 << 20;
 /// The most bytes written between two `fdatasync`s (a single larger record is written alone): a
 /// torn write at the end of the log spans no more (see `recover.rs`).
-pub const SYNC_CHUNK: usize = 4 << 20;
+pub(crate) const SYNC_CHUNK: usize = 4 << 20;
 
 /// What a record says. The variants' order is the format: append new variants at the end only.
 #[derive(Debug, Deserialize)]
-pub enum Record {
+pub(crate) enum Record {
     /// A log entry. An entry at index `i` replaces any entries from `i` on (raft's overwrite).
     Entry(Entry),
     /// The log was truncated: entries from this index on are gone.
@@ -43,7 +43,7 @@ pub enum Record {
 
 /// [`Record`] for encoding without copying the entry.
 #[derive(Serialize)]
-pub enum RecordRef<'a> {
+pub(crate) enum RecordRef<'a> {
     Entry(&'a Entry),
     Truncate { from: u64 },
     State(&'a State),
@@ -61,7 +61,7 @@ pub struct State {
 }
 
 /// Appends `record` framed to `out`.
-pub fn frame(record: &RecordRef<'_>, out: &mut Vec<u8>) -> std::io::Result<()> {
+pub(crate) fn frame(record: &RecordRef<'_>, out: &mut Vec<u8>) -> std::io::Result<()> {
     let start = out.len();
     out.extend_from_slice(&[0; HEADER]);
     postcard::to_io(record, &mut *out).map_err(std::io::Error::other)?;
@@ -75,7 +75,7 @@ pub fn frame(record: &RecordRef<'_>, out: &mut Vec<u8>) -> std::io::Result<()> {
 
 /// What is at one offset of a segment's bytes.
 #[derive(Debug, PartialEq)]
-pub enum Frame<'a> {
+pub(crate) enum Frame<'a> {
     /// A valid frame: its payload and where the next frame starts.
     Valid { payload: &'a [u8], next: usize },
     /// A zero header (or fewer than a header's bytes left): the records end here.
@@ -87,7 +87,7 @@ pub enum Frame<'a> {
 }
 
 /// Reads the frame at `offset` of `bytes`.
-pub fn read_frame(bytes: &[u8], offset: usize) -> Frame<'_> {
+pub(crate) fn read_frame(bytes: &[u8], offset: usize) -> Frame<'_> {
     let Some(header) = bytes.get(offset..offset + HEADER) else { return Frame::End };
     if header == [0; HEADER] {
         return Frame::End;
@@ -106,13 +106,13 @@ pub fn read_frame(bytes: &[u8], offset: usize) -> Frame<'_> {
 }
 
 /// Decodes a payload whose CRC matched.
-pub fn decode(payload: &[u8]) -> Result<Record, postcard::Error> {
+pub(crate) fn decode(payload: &[u8]) -> Result<Record, postcard::Error> {
     postcard::from_bytes(payload)
 }
 
 /// Where an entry's frame is: enough to read it back without scanning.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Loc {
+pub(crate) struct Loc {
     pub log_id: LogId,
     pub seq: u64,
     /// Offset of the frame (its header) in the segment.
@@ -122,7 +122,7 @@ pub struct Loc {
 }
 
 /// Reads the entry at `loc` of `file`, checking its frame again (the disk may have changed since).
-pub fn read_entry(file: &File, path: &Path, loc: &Loc) -> std::io::Result<Entry> {
+pub(crate) fn read_entry(file: &File, path: &Path, loc: &Loc) -> std::io::Result<Entry> {
     let mut bytes = vec![0; HEADER + loc.len as usize];
     file.read_exact_at(&mut bytes, loc.offset)?;
     let corrupt = |what: &str| corrupt(path, loc.offset, what);
@@ -137,7 +137,7 @@ pub fn read_entry(file: &File, path: &Path, loc: &Loc) -> std::io::Result<Entry>
 }
 
 /// The error for corrupt data: names the file and the offset.
-pub fn corrupt(path: &Path, offset: u64, what: &str) -> std::io::Error {
+pub(crate) fn corrupt(path: &Path, offset: u64, what: &str) -> std::io::Error {
     std::io::Error::new(
         std::io::ErrorKind::InvalidData,
         format!("raft log corrupt: {} at offset {offset}: {what}", path.display()),
@@ -146,7 +146,7 @@ pub fn corrupt(path: &Path, offset: u64, what: &str) -> std::io::Error {
 
 /// An open segment file.
 #[derive(Clone, Debug)]
-pub struct Segment {
+pub(crate) struct Segment {
     pub seq: u64,
     pub path: PathBuf,
     pub file: Arc<File>,
@@ -154,12 +154,12 @@ pub struct Segment {
     pub size: u64,
 }
 
-pub fn file_name(seq: u64) -> String {
+pub(crate) fn file_name(seq: u64) -> String {
     format!("{seq:016x}.wal")
 }
 
 /// The sequence number a segment file name stands for; `None` for any other file.
-pub fn parse_name(name: &str) -> Option<u64> {
+pub(crate) fn parse_name(name: &str) -> Option<u64> {
     let hex = name.strip_suffix(".wal")?;
     (hex.len() == 16).then(|| u64::from_str_radix(hex, 16).ok()).flatten()
 }
@@ -167,14 +167,14 @@ pub fn parse_name(name: &str) -> Option<u64> {
 impl Segment {
     /// Creates segment `seq` in `dir` with `size` bytes allocated, owner-only. The caller makes the
     /// new directory entry durable (`sync_dir`) before anything in it is acknowledged.
-    pub fn create(dir: &Path, seq: u64, size: u64) -> std::io::Result<Segment> {
+    pub(crate) fn create(dir: &Path, seq: u64, size: u64) -> std::io::Result<Segment> {
         let path = dir.join(file_name(seq));
         let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path)?;
         preallocate(&file, size)?;
         Ok(Segment { seq, path, file: Arc::new(file), size })
     }
 
-    pub fn open(dir: &Path, seq: u64) -> std::io::Result<Segment> {
+    pub(crate) fn open(dir: &Path, seq: u64) -> std::io::Result<Segment> {
         let path = dir.join(file_name(seq));
         let file = OpenOptions::new().read(true).write(true).open(&path)?;
         let size = file.metadata()?.len();
@@ -182,7 +182,7 @@ impl Segment {
     }
 
     /// Allocates the file up to `size` bytes (zeros); the next `sync_data` makes the new size durable.
-    pub fn grow(&mut self, size: u64) -> std::io::Result<()> {
+    pub(crate) fn grow(&mut self, size: u64) -> std::io::Result<()> {
         preallocate(&self.file, size)?;
         self.size = size;
         Ok(())
@@ -191,7 +191,7 @@ impl Segment {
     /// Zeros everything from `offset` on, keeping the size: a rejected or torn tail can never be read
     /// as records. Cutting the file and extending it again needs no free space (a full disk is when
     /// this runs), unlike writing zeros.
-    pub fn zero_from(&self, offset: u64) -> std::io::Result<()> {
+    pub(crate) fn zero_from(&self, offset: u64) -> std::io::Result<()> {
         self.file.set_len(offset)?;
         // Allocated again where possible; a file system that cannot is left sparse (still zeros).
         let _ = preallocate(&self.file, self.size);
