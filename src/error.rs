@@ -202,23 +202,6 @@ impl From<EtcdError> for Status {
     }
 }
 
-/// Storage errors never reach a client in detail: they are logged where they happen and surface as
-/// `Internal`, or `StorageFull` when storage is full.
-impl From<heed::Error> for EtcdError {
-    fn from(err: heed::Error) -> EtcdError {
-        match err {
-            full if crate::space::full_kind(&full).is_some() => {
-                tracing::warn!(error = %full, "storage full");
-                EtcdError::StorageFull { map: crate::space::full_kind(&full) == Some(crate::space::Full::Map) }
-            }
-            other => {
-                tracing::error!(error = %other, "storage error");
-                EtcdError::Internal
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

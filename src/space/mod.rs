@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use heed::{MdbError, RoTxn};
 
+use crate::error::EtcdError;
 use crate::proto::etcdserverpb::request_op::Request;
 use crate::proto::etcdserverpb::{InternalRaftRequest, PutRequest, RequestOp};
 use crate::space::ballast::Ballast;
@@ -141,6 +142,24 @@ pub(crate) fn full_kind_at(err: &heed::Error, dir: &Path) -> Option<Full> {
         let out_of_space = || crate::space::ballast::free_bytes(dir).is_ok_and(|free| free < SHORT_WRITE_FREE_BYTES);
         (is_eio && out_of_space()).then_some(Full::Disk)
     })
+}
+
+/// Storage errors never reach a client in detail: they are logged where they happen and surface as
+/// `Internal`, or `StorageFull` when storage is full. (Here rather than in `error.rs`, which names no
+/// store: the client-facing error stays a leaf the proxy can use without LMDB.)
+impl From<heed::Error> for EtcdError {
+    fn from(err: heed::Error) -> EtcdError {
+        match err {
+            full if full_kind(&full).is_some() => {
+                tracing::warn!(error = %full, "storage full");
+                EtcdError::StorageFull { map: full_kind(&full) == Some(Full::Map) }
+            }
+            other => {
+                tracing::error!(error = %other, "storage error");
+                EtcdError::Internal
+            }
+        }
+    }
 }
 
 /// Bytes of the environment's pages that hold data: every table in `dbs` and the main database that
