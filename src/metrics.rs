@@ -392,101 +392,116 @@ fn gauge(out: &mut String, name: &str, help: &str, labels: &str, value: impl std
 /// The node's gauges, then everything registered.
 pub(crate) fn render(node: &NodeGauges) -> String {
     let mut out = String::new();
-    let g = &mut out;
-    gauge(
-        g,
-        "etcd_server_has_leader",
-        "Whether or not a leader exists. 1 is existence, 0 is not.",
-        "",
-        u8::from(node.has_leader),
-    );
-    gauge(
-        g,
-        "etcd_server_is_leader",
-        "Whether or not this member is a leader. 1 if is, 0 otherwise.",
-        "",
-        u8::from(node.is_leader),
-    );
-    gauge(
-        g,
-        "etcd_server_is_learner",
-        "Whether or not this member is a learner. 1 if is, 0 otherwise.",
-        "",
-        u8::from(node.is_learner),
-    );
-    gauge(
-        g,
-        "etcd_server_id",
-        "Server or member ID in hexadecimal format. 1 for 'server_id' label with current ID.",
-        &format!("{{server_id=\"{:x}\"}}", node.member_id),
-        1,
-    );
-    gauge(
-        g,
-        "etcd_server_version",
-        "Which version is running. 1 for 'server_version' label with current version.",
-        &format!("{{server_version=\"{}\"}}", node.server_version),
-        1,
-    );
-    gauge(
-        g,
-        "etcd_cluster_version",
-        "Which version is running. 1 for 'cluster_version' label with current cluster version",
-        &format!("{{cluster_version=\"{}\"}}", node.cluster_version),
-        1,
-    );
-    gauge(
-        g,
-        "etcd_server_proposals_committed_total",
-        "The total number of consensus proposals committed.",
-        "",
-        node.proposals_applied,
-    );
-    gauge(
-        g,
-        "etcd_server_proposals_applied_total",
-        "The total number of consensus proposals applied.",
-        "",
-        node.proposals_applied,
-    );
-    gauge(g, "etcd_server_quota_backend_bytes", "Current backend storage quota size in bytes.", "", node.quota_bytes);
-    gauge(
-        g,
-        "etcd_mvcc_db_total_size_in_bytes",
-        "Total size of the underlying database physically allocated in bytes.",
-        "",
-        node.db_size_bytes,
-    );
-    gauge(
-        g,
-        "etcd_mvcc_db_total_size_in_use_in_bytes",
-        "Total size of the underlying database logically in use in bytes.",
-        "",
-        node.db_size_in_use_bytes,
-    );
-    gauge(
-        g,
-        "etcd_debugging_mvcc_db_total_size_in_bytes",
-        "Total size of the underlying database physically allocated in bytes.",
-        "",
-        node.db_size_bytes,
-    );
-    gauge(g, "etcd_debugging_mvcc_current_revision", "The current revision of store.", "", node.current_revision);
-    gauge(
-        g,
-        "etcd_disk_defrag_inflight",
-        "Whether or not defrag is active on the member. 1 means active, 0 means not.",
-        "",
-        u8::from(node.defragmenting),
-    );
-    gauge(
-        g,
-        "keyward_apply_waiting_for_space",
-        "Whether applying committed entries waits for storage space (1) or not (0).",
-        "",
-        u8::from(node.apply_waiting_for_space),
-    );
+    for (name, help, labels, value) in node_gauges(node) {
+        gauge(&mut out, name, help, &labels, value);
+    }
+    register_every_family();
     let mut buf = Vec::new();
+    if TextEncoder::new().encode(&REGISTRY.gather(), &mut buf).is_ok() {
+        out.push_str(&String::from_utf8_lossy(&buf));
+    }
+    out
+}
+
+/// Name, help, labels and value of each gauge read from the node (etcd's names and help texts).
+fn node_gauges(node: &NodeGauges) -> [(&'static str, &'static str, String, i128); 15] {
+    [
+        (
+            "etcd_server_has_leader",
+            "Whether or not a leader exists. 1 is existence, 0 is not.",
+            String::new(),
+            i128::from(node.has_leader),
+        ),
+        (
+            "etcd_server_is_leader",
+            "Whether or not this member is a leader. 1 if is, 0 otherwise.",
+            String::new(),
+            i128::from(node.is_leader),
+        ),
+        (
+            "etcd_server_is_learner",
+            "Whether or not this member is a learner. 1 if is, 0 otherwise.",
+            String::new(),
+            i128::from(node.is_learner),
+        ),
+        (
+            "etcd_server_id",
+            "Server or member ID in hexadecimal format. 1 for 'server_id' label with current ID.",
+            format!("{{server_id=\"{:x}\"}}", node.member_id),
+            1,
+        ),
+        (
+            "etcd_server_version",
+            "Which version is running. 1 for 'server_version' label with current version.",
+            format!("{{server_version=\"{}\"}}", node.server_version),
+            1,
+        ),
+        (
+            "etcd_cluster_version",
+            "Which version is running. 1 for 'cluster_version' label with current cluster version",
+            format!("{{cluster_version=\"{}\"}}", node.cluster_version),
+            1,
+        ),
+        (
+            "etcd_server_proposals_committed_total",
+            "The total number of consensus proposals committed.",
+            String::new(),
+            i128::from(node.proposals_applied),
+        ),
+        (
+            "etcd_server_proposals_applied_total",
+            "The total number of consensus proposals applied.",
+            String::new(),
+            i128::from(node.proposals_applied),
+        ),
+        (
+            "etcd_server_quota_backend_bytes",
+            "Current backend storage quota size in bytes.",
+            String::new(),
+            i128::from(node.quota_bytes),
+        ),
+        (
+            "etcd_mvcc_db_total_size_in_bytes",
+            "Total size of the underlying database physically allocated in bytes.",
+            String::new(),
+            i128::from(node.db_size_bytes),
+        ),
+        (
+            "etcd_mvcc_db_total_size_in_use_in_bytes",
+            "Total size of the underlying database logically in use in bytes.",
+            String::new(),
+            i128::from(node.db_size_in_use_bytes),
+        ),
+        (
+            "etcd_debugging_mvcc_db_total_size_in_bytes",
+            "Total size of the underlying database physically allocated in bytes.",
+            String::new(),
+            i128::from(node.db_size_bytes),
+        ),
+        (
+            "etcd_debugging_mvcc_current_revision",
+            "The current revision of store.",
+            String::new(),
+            i128::from(node.current_revision),
+        ),
+        (
+            "etcd_disk_defrag_inflight",
+            "Whether or not defrag is active on the member. 1 means active, 0 means not.",
+            String::new(),
+            i128::from(node.defragmenting),
+        ),
+        (
+            "keyward_apply_waiting_for_space",
+            "Whether applying committed entries waits for storage space (1) or not (0).",
+            String::new(),
+            i128::from(node.apply_waiting_for_space),
+        ),
+    ]
+}
+
+/// Families appear in the exposition, at zero, before anything was counted in them (as Go's
+/// client shows a registered family): each is created on first use, so use them all here.
+fn register_every_family() {
     for family in [&HEALTH_CHECKS, &AUTH_DENIALS, &TLS_HANDSHAKE_FAILURES, &PEER_REQUESTS_REFUSED] {
         LazyLock::force(family);
     }
@@ -503,10 +518,6 @@ pub(crate) fn render(node: &NodeGauges) -> String {
     LazyLock::force(&PROPOSALS_FAILED);
     LazyLock::force(&PROPOSALS_PENDING);
     LazyLock::force(&LEADER_CHANGES);
-    if TextEncoder::new().encode(&REGISTRY.gather(), &mut buf).is_ok() {
-        out.push_str(&String::from_utf8_lossy(&buf));
-    }
-    out
 }
 
 #[cfg(test)]
