@@ -178,72 +178,100 @@ fn public_params(key: &DecodingKey, alg: Algorithm) -> Option<AlgorithmParameter
     fits.then_some(params)
 }
 
+/// The private key in `path`, with the parameters of its public half (deriving them proves the key
+/// parses as a private key of the kind `method` needs).
+fn read_private_key(
+    path: &Path,
+    method: SignMethod,
+    alg: Algorithm,
+) -> Result<(EncodingKey, AlgorithmParameters), String> {
+    let kind = KeyKind::of(alg);
+    let pem = read_key_file(path, "priv-key")?;
+    let parsed = match kind {
+        KeyKind::Rsa => EncodingKey::from_rsa_pem(&pem),
+        KeyKind::Ec => EncodingKey::from_ec_pem(&pem),
+        KeyKind::Ed => EncodingKey::from_ed_pem(&pem),
+    };
+    let pkcs8_hint = match kind {
+        KeyKind::Rsa => "",
+        _ => {
+            " (EC and Ed25519 private keys must be PKCS#8 \"BEGIN PRIVATE KEY\": convert with \
+              `openssl pkcs8 -topk8 -nocrypt`)"
+        }
+    };
+    let bad = || {
+        format!(
+            "--auth-token: priv-key {} is not {} private key in PEM, as sign-method \
+             {method} needs{pkcs8_hint}",
+            path.display(),
+            kind.describe(alg)
+        )
+    };
+    let key = parsed.map_err(|_| bad())?;
+    let params = public_params_of_private(&key, alg).ok_or_else(bad)?;
+    Ok((key, params))
+}
+
+/// The public key (or certificate) in `path`, with its parameters, checked to fit `method`.
+fn read_public_key(
+    path: &Path,
+    method: SignMethod,
+    alg: Algorithm,
+) -> Result<(DecodingKey, AlgorithmParameters), String> {
+    let kind = KeyKind::of(alg);
+    let pem = read_key_file(path, "pub-key")?;
+    let parsed = match kind {
+        KeyKind::Rsa => DecodingKey::from_rsa_pem(&pem),
+        KeyKind::Ec => DecodingKey::from_ec_pem(&pem),
+        KeyKind::Ed => DecodingKey::from_ed_pem(&pem),
+    };
+    let bad = || {
+        format!(
+            "--auth-token: pub-key {} is not {} public key (or certificate) in PEM, \
+             as sign-method {method} needs",
+            path.display(),
+            kind.describe(alg)
+        )
+    };
+    let key = parsed.map_err(|_| bad())?;
+    let params = public_params(&key, alg).ok_or_else(bad)?;
+    Ok((key, params))
+}
+
+/// Signature checks only: time and claim checks are done on typed claims, with etcd's rule and no
+/// leeway.
+fn validation(alg: Algorithm) -> Validation {
+    let mut validation = Validation::new(alg);
+    validation.leeway = 0;
+    validation.validate_exp = false;
+    validation.validate_nbf = false;
+    validation.validate_aud = false;
+    validation.required_spec_claims.clear();
+    validation
+}
+
 impl JwtTokens {
     /// Reads the key files named in `opts` and checks that they fit the sign method and each other.
     /// The error is a message for the operator, naming the file and the problem.
     pub fn new(opts: &JwtOptions) -> Result<JwtTokens, String> {
         let alg = algorithm_of(opts.sign_method)?;
-        let kind = KeyKind::of(alg);
-        let method = opts.sign_method;
-        let expect = kind.describe(alg);
-        let pkcs8_hint = match kind {
-            KeyKind::Rsa => "",
-            _ => {
-                " (EC and Ed25519 private keys must be PKCS#8 \"BEGIN PRIVATE KEY\": convert with \
-                  `openssl pkcs8 -topk8 -nocrypt`)"
-            }
-        };
         if opts.ttl < Duration::from_secs(1) {
             return Err("--auth-token: jwt ttl must be at least 1s".into());
         }
-
-        let mut encoding_key = None;
-        let mut derived_params = None;
-        if let Some(path) = &opts.private_key {
-            let pem = read_key_file(path, "priv-key")?;
-            let parsed = match kind {
-                KeyKind::Rsa => EncodingKey::from_rsa_pem(&pem),
-                KeyKind::Ec => EncodingKey::from_ec_pem(&pem),
-                KeyKind::Ed => EncodingKey::from_ed_pem(&pem),
-            };
-            let bad = || {
-                format!(
-                    "--auth-token: priv-key {} is not {expect} private key in PEM, as sign-method \
-                     {method} needs{pkcs8_hint}",
-                    path.display()
-                )
-            };
-            let key = parsed.map_err(|_| bad())?;
-            // Deriving the public half proves the key parses as a private key of the right kind.
-            derived_params = Some(public_params_of_private(&key, alg).ok_or_else(bad)?);
-            encoding_key = Some(key);
-        }
-
+        let private = match &opts.private_key {
+            Some(path) => Some(read_private_key(path, opts.sign_method, alg)?),
+            None => None,
+        };
+        let derived_params = private.as_ref().map(|(_, params)| params.clone());
         let decoding_key = match (&opts.public_key, derived_params) {
             (Some(path), derived) => {
-                let pem = read_key_file(path, "pub-key")?;
-                let parsed = match kind {
-                    KeyKind::Rsa => DecodingKey::from_rsa_pem(&pem),
-                    KeyKind::Ec => DecodingKey::from_ec_pem(&pem),
-                    KeyKind::Ed => DecodingKey::from_ed_pem(&pem),
-                };
-                let bad = || {
-                    format!(
-                        "--auth-token: pub-key {} is not {expect} public key (or certificate) in PEM, \
-                         as sign-method {method} needs",
-                        path.display()
-                    )
-                };
-                let key = parsed.map_err(|_| bad())?;
-                let params = public_params(&key, alg).ok_or_else(bad)?;
-                if let Some(derived) = derived {
-                    if derived != params {
-                        return Err(format!(
-                            "--auth-token: pub-key {} does not match priv-key {}",
-                            path.display(),
-                            opts.private_key.as_deref().unwrap_or(Path::new("")).display()
-                        ));
-                    }
+                let (key, params) = read_public_key(path, opts.sign_method, alg)?;
+                if derived.is_some_and(|derived| derived != params) {
+                    return Err(format!(
+                        "--auth-token: pub-key {} does not match priv-key {}",
+                        path.display(),
+                        opts.private_key.as_deref().unwrap_or(Path::new("")).display()
+                    ));
                 }
                 key
             }
@@ -256,38 +284,33 @@ impl JwtTokens {
                 return Err("--auth-token: jwt requires priv-key and/or pub-key".into());
             }
         };
-
-        let mut validation = Validation::new(alg);
-        // Time and claim checks are done here, on typed claims, with etcd's rule and no leeway.
-        validation.leeway = 0;
-        validation.validate_exp = false;
-        validation.validate_nbf = false;
-        validation.validate_aud = false;
-        validation.required_spec_claims.clear();
-
         let tokens = JwtTokens {
-            sign_method: method,
+            sign_method: opts.sign_method,
             algorithm: alg,
             ttl: opts.ttl,
-            encoding_key,
+            encoding_key: private.map(|(key, _)| key),
             decoding_key,
-            validation,
+            validation: validation(alg),
             cache: Mutex::new(HashMap::new()),
             cache_capacity: DEFAULT_CACHE_CAPACITY,
         };
-
-        // A full round trip through the real crypto path, so a key the backend cannot use (e.g. an
-        // RSA key over 4096 bits) fails here and not at the first login.
-        if tokens.encoding_key.is_some() {
-            let now = unix_now();
-            let probe = tokens
-                .sign_at("keyward-startup-probe", 0, now)
-                .map_err(|_| format!("--auth-token: cannot sign with priv-key using {method}"))?;
-            tokens
-                .verify_uncached(&probe, now)
-                .map_err(|_| format!("--auth-token: a token signed with priv-key does not verify using {method}"))?;
-        }
+        tokens.probe()?;
         Ok(tokens)
+    }
+
+    /// A full round trip through the real crypto path, so a key the backend cannot use (e.g. an
+    /// RSA key over 4096 bits) fails at start and not at the first login.
+    fn probe(&self) -> Result<(), String> {
+        if self.encoding_key.is_none() {
+            return Ok(());
+        }
+        let (now, method) = (unix_now(), self.sign_method);
+        let probe = self
+            .sign_at("keyward-startup-probe", 0, now)
+            .map_err(|_| format!("--auth-token: cannot sign with priv-key using {method}"))?;
+        self.verify_uncached(&probe, now)
+            .map_err(|_| format!("--auth-token: a token signed with priv-key does not verify using {method}"))?;
+        Ok(())
     }
 
     pub fn sign_method(&self) -> SignMethod {
