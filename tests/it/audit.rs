@@ -2,9 +2,7 @@
 //! identified, from where), what (operation, key range), the outcome and why, the auth revision and
 //! the raft index of applied decisions. Also: denials in the main log are rate-limited per user.
 
-mod common;
-
-use common::{Kind, Server};
+use crate::common::{self, Kind, Server};
 use serde_json::Value;
 
 fn ok(server: &Server, args: &[&str]) -> String {

@@ -4,18 +4,14 @@
 //!
 //! Numbers (race hits, latencies) are printed with `eprintln!`; see them with `-- --nocapture`.
 
-#[path = "common/auth.rs"]
-mod auth_helpers;
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use auth_helpers::*;
-use common::etcd_errors::{AUTH_FAILED, AUTH_OLD_REVISION, INVALID_AUTH_TOKEN, PERMISSION_DENIED};
-use common::{Kind, Server};
+use crate::common::auth::*;
+use crate::common::etcd_errors::{AUTH_FAILED, AUTH_OLD_REVISION, INVALID_AUTH_TOKEN, PERMISSION_DENIED};
+use crate::common::{self, Kind, Server};
 use etcd_client::{Client, ConnectOptions, GetOptions, Permission, RoleRevokePermissionOptions};
 
 /// The tests of this file take turns (they are CPU-heavy: races, bcrypt at cost 10, a latency

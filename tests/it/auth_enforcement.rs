@@ -18,17 +18,13 @@
 //! simple token to the current auth revision). Everything else,
 //! including the exact error texts and watch cancel reasons, passes against etcd 3.4.23.
 
-#[path = "common/auth.rs"]
-mod auth_helpers;
-mod common;
-
 use std::time::Duration;
 
-use auth_helpers::*;
-use common::etcd_errors::{
+use crate::common::auth::*;
+use crate::common::etcd_errors::{
     AUTH_FAILED, AUTH_OLD_REVISION, INVALID_AUTH_TOKEN, PERMISSION_DENIED, ROLE_NOT_FOUND, USER_EMPTY, USER_NOT_FOUND,
 };
-use common::{Kind, Server};
+use crate::common::{self, Kind, Server};
 use etcd_client::{
     Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, LeaseTimeToLiveOptions, Permission, PutOptions,
     Txn, TxnOp, WatchOptions, WatchResponse, WatchStream,

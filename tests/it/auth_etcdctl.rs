@@ -9,14 +9,10 @@
 //! A scenario does not stop at the first differing step: every step runs, and the test fails at the
 //! end listing each step whose output differed (so one discrepancy does not hide the next).
 
-#[path = "common/auth.rs"]
-mod auth_helpers;
-mod common;
-
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use auth_helpers::{token_args, TokenKind};
-use common::{step, step_stdin, Scenario, Step};
+use crate::common::auth::{token_args, TokenKind};
+use crate::common::{step, step_stdin, Scenario, Step};
 
 /// `etcdctl --user=root:rootpw ARGS...`
 fn root(args: &[&str]) -> Step {

@@ -8,23 +8,18 @@
 //! wait for an election or a catch-up is a generous deadline ([`SETTLE_TIMEOUT`]), never a measurement.
 //! Processes are killed by PID (also on panic), see `common/cluster.rs`.
 
-#[path = "common/auth.rs"]
-mod auth_helpers;
-#[path = "common/cluster.rs"]
-mod cluster_harness;
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use auth_helpers::{
+use crate::common;
+use crate::common::auth::{
     assert_denied, assert_ok, channel, enable_auth, msg, raw_get, raw_put, raw_token, JwtKeys, ROOT_PW,
 };
-use cluster_harness::{Cluster, Member, Netns, Options, SETTLE_TIMEOUT};
-use common::etcd_errors::{AUTH_OLD_REVISION, INVALID_AUTH_TOKEN, PERMISSION_DENIED, USER_EMPTY};
-use common::pki;
+use crate::common::cluster::{Cluster, Member, Netns, Options, SETTLE_TIMEOUT};
+use crate::common::etcd_errors::{AUTH_OLD_REVISION, INVALID_AUTH_TOKEN, PERMISSION_DENIED, USER_EMPTY};
+use crate::common::pki;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Permission, RoleRevokePermissionOptions, Txn, TxnOp};
 
 /// Runs blocking harness work (process starts, etcdctl) without stalling the runtime's other tasks.
@@ -114,7 +109,7 @@ fn hashkv(m: &Member, rev: i64, user: Option<&str>) -> u64 {
     let (rev, user) = (rev.to_string(), user.map(|u| format!("--user={u}")));
     let mut args: Vec<&str> = user.iter().map(String::as_str).collect();
     args.extend(["endpoint", "hashkv", "--rev", &rev, "-w", "json"]);
-    let out = cluster_harness::etcdctl_at(&m.addr(), None, &args);
+    let out = common::cluster::etcdctl_at(&m.addr(), None, &args);
     assert!(out.success(), "etcdctl {args:?} on {}: {}{}", m.name, out.stdout, out.stderr);
     let out = out.stdout;
     let hash = out.split("\"hash\":").nth(1).and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next());
@@ -663,10 +658,10 @@ async fn no_write_through_any_member_lands_after_a_revoke() {
         m1.ctl(&["role", "grant-permission", "racer-role", "readwrite", "race/", "--prefix"]);
         m1.ctl(&["user", "grant-role", "racer", "racer-role"]);
     });
-    let tls = |cert: &pki::Cert| cluster_harness::ClientTls { ca: cluster.pki.ca_file(), cert: cert.clone() };
+    let tls = |cert: &pki::Cert| common::cluster::ClientTls { ca: cluster.pki.ca_file(), cert: cert.clone() };
     let connect = |m: &Member, cert: &pki::Cert, user: Option<(&str, &str)>| {
         let mut options = etcd_client::ConnectOptions::new()
-            .with_tls(cluster_harness::tls_options(&tls(cert)))
+            .with_tls(common::cluster::tls_options(&tls(cert)))
             .with_timeout(Duration::from_secs(5));
         if let Some((u, p)) = user {
             options = options.with_user(u, p);
@@ -1146,7 +1141,7 @@ async fn a_member_behind_the_log_catches_up_by_snapshot_auth_included() {
     let down = [1, 2].into_iter().find(|&i| i != leader).unwrap();
     let up: Vec<usize> = (0..3).filter(|&i| i != down).collect();
     blocking(|| cluster.members[down].kill_9());
-    let mut root = auth_helpers::connect_as(&cluster.members[0].client_url, "root", ROOT_PW).await;
+    let mut root = common::auth::connect_as(&cluster.members[0].client_url, "root", ROOT_PW).await;
     for i in 0..350 {
         root.put(format!("snap/k{i:03}"), format!("v{i}"), None).await.expect("put while a member is down");
     }
@@ -1172,8 +1167,8 @@ async fn a_member_behind_the_log_catches_up_by_snapshot_auth_included() {
     let installed = rejoined.log().contains("install_full_snapshot");
     assert!(installed, "the member caught up without installing a snapshot:\n{}", rejoined.log_tail(40));
 
-    let mut root_down = auth_helpers::connect_as(&rejoined.client_url, "root", ROOT_PW).await;
-    let mut root_up = auth_helpers::connect_as(&cluster.members[up[0]].client_url, "root", ROOT_PW).await;
+    let mut root_down = common::auth::connect_as(&rejoined.client_url, "root", ROOT_PW).await;
+    let mut root_up = common::auth::connect_as(&cluster.members[up[0]].client_url, "root", ROOT_PW).await;
     let there = contents_via(&mut root_down, rejoined, "snap/").await;
     assert_eq!(there.len(), 350);
     assert!(

@@ -5,13 +5,11 @@
 //! No timing is asserted: a connection is required to close within a generous bound, and the
 //! metrics say why it closed.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{Kind, Server};
+use crate::common::{self, Kind, Server};
 
 /// HTTP/2's client preface and an empty SETTINGS frame: what a gRPC client sends first.
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";

@@ -3,13 +3,11 @@
 //! exactly as before (values, revisions), a writer and a reader running throughout never fail, a watch
 //! opened before the defrag still delivers, and the member restarts on the defragmented file.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Kind, Server};
+use crate::common::{self, Kind, Server};
 use etcd_client::{Client, Txn, TxnOp, WatchOptions};
 
 /// Keys written, their value size, and one key in `KEEP` survives the deletes: ~24 MB written,

@@ -8,14 +8,14 @@
 //! silently accepts everything cannot make the check pass. The tools are installed by
 //! `tests/run-all.sh`; a missing one fails the test with the command that installs it.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
+
+use crate::common;
 
 /// How long the script may take to report ready (a bound against hanging, not a timing assertion).
 const SCRIPT_WAIT: Duration = Duration::from_secs(120);

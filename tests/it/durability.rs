@@ -13,17 +13,15 @@
 //! With `KEYWARD_HARNESS_SELFTEST=1` the tests run against a real etcd instead (to check the
 //! expectations themselves); the keyward-specific snapshot-file check is then skipped.
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::etcd_errors::COMPACTED;
-use common::faultfs::{FaultFs, Loss};
-use common::{assert_status, current_revision, Kind, Server};
+use crate::common::etcd_errors::COMPACTED;
+use crate::common::faultfs::{FaultFs, Loss};
+use crate::common::{self, assert_status, current_revision, Kind, Server};
 use etcd_client::{Client, GetOptions, KeyValue};
 use tonic::Code;
 
@@ -493,7 +491,7 @@ async fn check_at(server: &Server, revisions: &BTreeMap<String, i64>) {
 }
 
 // ---------------------------------------------------------------------------
-// a power loss: what was not synced is gone (tests/common/faultfs.rs)
+// a power loss: what was not synced is gone (tests/it/common/faultfs.rs)
 // ---------------------------------------------------------------------------
 
 /// A temp dir with an empty faultfs mounted at `<dir>/data` (the harness's data dir), or `None`

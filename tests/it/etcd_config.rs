@@ -2,15 +2,13 @@
 //! starts etcd and keyward), etcd's logging, metrics-listener, auto-compaction and v2 flags, and
 //! start-up errors printed once, naming what is wrong.
 
-mod common;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{etcd_bin, etcdctl, free_port, http_get, keyward_bin, scrub_env};
+use crate::common::{etcd_bin, etcdctl, free_port, http_get, keyward_bin, scrub_env};
 use tempfile::TempDir;
 
 /// The keys of etcd's `etcd.conf.yml.sample` (etcd 3.4) at the sample's values, with this test's ports

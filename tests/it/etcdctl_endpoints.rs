@@ -9,16 +9,16 @@
 //! Offline commands are not here: `snapshot status|restore` read etcd's bbolt files (keyward's are
 //! LMDB; `keyward snapshot status|restore` reads them) and `migrate` converts an etcd v2 data dir.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::pki::Pki;
-use common::{differences, etcdctl_bin, free_port, normalize, scrub_env, ClientUrl, Kind, Output, Scenario, Server};
+use crate::common::pki::Pki;
+use crate::common::{
+    differences, etcdctl_bin, free_port, normalize, scrub_env, ClientUrl, Kind, Output, Scenario, Server,
+};
 use tempfile::TempDir;
 
 /// One differential run: etcd and keyward, both reached through `client`, and the values each side

@@ -5,9 +5,7 @@
 //! normalized stderr must agree (see `common::normalize`). Set
 //! `KEYWARD_HARNESS_SELFTEST=1` to run both sides on etcd.
 
-mod common;
-
-use common::{same_output, step, step_stdin};
+use crate::common::{same_output, step, step_stdin};
 
 /// put / get basics, value from stdin, ranges, --rev=-1, output formats of get and put,
 /// and the "key is not provided" errors.

@@ -8,9 +8,7 @@
 //! (`docs/audit-log.md`): each probe ranges over a key of its own, and the line the member writes for
 //! it names the user, the credential's source and the client address the member acted on.
 //!
-//! Run alone: `cargo test --test forged_identity -- --test-threads=2`.
-
-mod common;
+//! Run alone: `cargo test --test it forged_identity:: -- --test-threads=2`.
 
 use std::convert::Infallible;
 use std::fs;
@@ -35,7 +33,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use common::pki::{Cert, Pki};
+use crate::common;
+use crate::common::pki::{Cert, Pki};
 use keyward::proto::etcdserverpb::{
     AuthUserListResponse, AuthenticateRequest, AuthenticateResponse, RangeRequest, RangeResponse,
 };

@@ -9,8 +9,8 @@
 //!   in one of those forms or as its `ETCD_*` variable (sometimes both, with a different value in the
 //!   environment: the argument wins, as in etcd), parses to a `Config` holding exactly those values.
 //!
-//! This is its own test binary because it sets `ETCD_*` variables of the process (one test at a time,
-//! under a lock; inherited ones are removed first). URLs come from a vocabulary of IP literals and
+//! Each test runs in a process of its own (`common::alone`) because it sets `ETCD_*` variables of the
+//! process (one test at a time, under a lock; inherited ones are removed first). URLs come from a vocabulary of IP literals and
 //! `localhost`, so no case waits on DNS. `KEYWARD_FUZZ_CASES=N` runs N cases per property instead of
 //! the defaults (a few seconds together in a debug build). Failing inputs are kept in
 //! `proptest-regressions/fuzz_config.txt` and replayed first.
@@ -28,6 +28,8 @@ use keyward::auth::token_config::{JwtOptions, SignMethod, TokenConfig};
 use keyward::config::{etcd_style_args, Cli, Command, Config};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, FileFailurePersistence, TestCaseError, TestRunner};
+
+use crate::common;
 
 // ---------------------------------------------------------------------------
 // harness
@@ -308,6 +310,9 @@ fn env_var() -> impl Strategy<Value = (String, OsString)> {
 
 #[test]
 fn arbitrary_arguments_and_environments() {
+    if common::alone::elsewhere("fuzz_config::arbitrary_arguments_and_environments") {
+        return;
+    }
     let _env = environment();
     let strategy =
         (prop::bool::weighted(0.9), prop::collection::vec(tokens(), 0..8), prop::collection::vec(env_var(), 0..6));
@@ -641,6 +646,9 @@ fn compare(spec: &Spec, config: &Config) -> Result<(), TestCaseError> {
 
 #[test]
 fn valid_configs_round_trip() {
+    if common::alone::elsewhere("fuzz_config::valid_configs_round_trip") {
+        return;
+    }
     let _env = environment();
     let strategy = (spec(), prop::collection::vec(form(), 1..8));
     fuzz("valid configs round-trip", 3_000, strategy, |(spec, forms)| {

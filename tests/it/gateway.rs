@@ -11,8 +11,6 @@
 //!
 //! Every certificate is generated at run time with rcgen. Processes are killed by PID on drop.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -20,9 +18,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::common::etcd_errors::{AUTH_FAILED, AUTH_OLD_REVISION, INVALID_AUTH_TOKEN, PERMISSION_DENIED, USER_EMPTY};
+use crate::common::{self, Kind, Server};
 use base64::Engine as _;
-use common::etcd_errors::{AUTH_FAILED, AUTH_OLD_REVISION, INVALID_AUTH_TOKEN, PERMISSION_DENIED, USER_EMPTY};
-use common::{Kind, Server};
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType,

@@ -5,13 +5,11 @@
 //! that is run against keyward; with `KEYWARD_HARNESS_SELFTEST=1` the same bodies run against a real
 //! etcd 3.4 instead, which is how the expectations were checked.
 
-mod common;
-
-use common::etcd_errors::{
+use crate::common::etcd_errors::{
     COMPACTED, DUPLICATE_KEY, EMPTY_KEY, FUTURE_REV, KEY_NOT_FOUND, LEASE_NOT_FOUND, LEASE_PROVIDED, TOO_LARGE,
     TOO_MANY_OPS, VALUE_PROVIDED,
 };
-use common::{assert_status, current_revision, Kind, Server};
+use crate::common::{assert_status, current_revision, Kind, Server};
 use etcd_client::{
     Client, CompactionOptions, Compare, CompareOp, DeleteOptions, GetOptions, GetResponse, KeyValue, PutOptions,
     SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,

@@ -9,14 +9,12 @@
 //!   key to another lease, txn puts), expiry across a restart. Each body runs against etcd and keyward
 //!   (or a second etcd under `KEYWARD_HARNESS_SELFTEST=1`) and the two transcripts are compared.
 
-mod common;
-
 use std::fmt::Debug;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::etcd_errors::{KEY_NOT_FOUND, LEASE_EXISTS, LEASE_NOT_FOUND, LEASE_PROVIDED, TTL_TOO_LARGE};
-use common::{differences, line_diff, normalize, start_pair, Kind, Output, Scenario, Server};
+use crate::common::etcd_errors::{KEY_NOT_FOUND, LEASE_EXISTS, LEASE_NOT_FOUND, LEASE_PROVIDED, TTL_TOO_LARGE};
+use crate::common::{differences, line_diff, normalize, start_pair, Kind, Output, Scenario, Server};
 use etcd_client::{
     Client, Error, GetOptions, LeaseGrantOptions, LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
 };

@@ -29,12 +29,10 @@
 //! [`GIVE_UP_AFTER`] differing steps in a row the scenario stops early (a member that stopped answers
 //! every later step with the same error, and a dead one would cost etcdctl's dial timeout per step).
 
-mod common;
-
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
-use common::{normalize, Kind, Output, Scenario, Server};
+use crate::common::{self, normalize, Kind, Output, Scenario, Server};
 use etcd_client::{
     Client, Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, KvClient, LeaseGrantOptions,
     LeaseTimeToLiveOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions, WatchResponse,

@@ -6,19 +6,13 @@
 //! actually reached bcrypt. Other client addresses are other loopback addresses (127.0.0.2 needs no
 //! setup on Linux: the client socket binds it as its source). Numbers are printed with `eprintln!`.
 
-#[path = "common/auth.rs"]
-mod auth_helpers;
-#[path = "common/cluster.rs"]
-mod cluster_harness;
-mod common;
-
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use auth_helpers::*;
-use cluster_harness::{Cluster, Member, Options};
-use common::etcd_errors::AUTH_FAILED;
-use common::{pki, Kind};
+use crate::common::auth::*;
+use crate::common::cluster::{Cluster, Member, Options};
+use crate::common::etcd_errors::AUTH_FAILED;
+use crate::common::{self, pki, Kind};
 
 const TOO_MANY_REQUESTS: &str = "etcdserver: too many requests";
 const ATTACKER: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);

@@ -3,12 +3,10 @@
 //! keyward alone where the two legitimately differ (hash values, the snapshot file format) and an
 //! `etcd-client` crate test of the response fields.
 
-mod common;
-
 use std::path::Path;
 
-use common::etcd_errors::{BAD_TRANSFEREE, COMPACTED, FUTURE_REV, MEMBER_NOT_FOUND};
-use common::{normalize, same_output, step, Kind, Output, Scenario, Server};
+use crate::common::etcd_errors::{BAD_TRANSFEREE, COMPACTED, FUTURE_REV, MEMBER_NOT_FOUND};
+use crate::common::{self, normalize, same_output, step, Kind, Output, Scenario, Server};
 use etcd_client::{AlarmAction, AlarmType, Error};
 use tonic::Code;
 

@@ -3,11 +3,10 @@
 //! 10 on both servers), the gRPC counters count calls by code; how many of etcd's families keyward
 //! has is printed. And the Grafana dashboard in `deploy/` uses only metrics keyward exposes.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 
-use common::Server;
+use crate::common;
+use crate::common::Server;
 
 /// One scrape: family name → (type, label names of its samples, without a histogram's `le`).
 type Families = BTreeMap<String, (String, BTreeSet<String>)>;

@@ -5,16 +5,13 @@
 //! passwords and their permissions enforced (a denied read denied on both). Broken files are refused,
 //! never a panic or a half-written data dir.
 
-mod common;
-mod restore_common;
-
 use std::path::Path;
 
-use common::etcd_errors::{AUTH_FAILED, COMPACTED, PERMISSION_DENIED};
-use common::{Kind, Output, Server};
-use restore_common::{
+use crate::common::etcd_errors::{AUTH_FAILED, COMPACTED, PERMISSION_DENIED};
+use crate::common::restore::{
     comparable_get, keyward, leftovers, member_args, observations, ok, populate, strings, Flags, Member, ROOT,
 };
+use crate::common::{self, Kind, Output, Server};
 
 /// `keyward snapshot status` of an etcd backup prints what `etcdctl snapshot status` prints.
 #[track_caller]

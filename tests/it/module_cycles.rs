@@ -8,7 +8,7 @@
 //! A `mod NAME;` declaration is not an import: a parent may declare a child the child imports from.
 //! An import of the file's own inline module (`mod tests { use super::*; }`) is no edge either.
 //!
-//! Run it alone: `cargo test --test module_cycles`.
+//! Run it alone: `cargo test --test it module_cycles::`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -12,15 +12,12 @@
 //! - a single member's plain-text peer port answers no one; a plain-text peer URL beyond loopback is
 //!   refused at start unless `--peer-allow-plaintext` says so.
 
-#[path = "common/cluster.rs"]
-mod cluster_harness;
-mod common;
-
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cluster_harness::{Cluster, Options, SETTLE_TIMEOUT};
-use common::pki::{self, Cert};
+use crate::common;
+use crate::common::cluster::{Cluster, Options, SETTLE_TIMEOUT};
+use crate::common::pki::{self, Cert};
 use keyward::proto::etcdserverpb::{InternalRaftRequest, PutRequest, RequestHeader};
 use keyward::proto::keywardpb::peer_client::PeerClient;
 use keyward::proto::keywardpb::{MembershipRequest, ReadIndexRequest};

@@ -6,10 +6,6 @@
 //! metadata etcdctl cannot send. Certificates are generated at run time (`common::pki`). Every
 //! process is started on free loopback ports and killed by PID on drop.
 
-#[path = "common/cluster.rs"]
-mod cluster_harness;
-mod common;
-
 use std::fs;
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
@@ -18,13 +14,13 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::common;
+use crate::common::cluster::{Cluster, Options};
+use crate::common::etcd_errors::PERMISSION_DENIED;
+use crate::common::forwarding::{assert_denied, forwarded, put, FORWARDED_CERT, NOT_TRUSTED_PROXY};
+use crate::common::pki::{uri_san, Cert, Pki};
+use crate::common::Output;
 use base64::Engine as _;
-use cluster_harness::{Cluster, Options};
-use common::etcd_errors::PERMISSION_DENIED;
-use common::forwarding::{assert_denied, forwarded, put, FORWARDED_CERT, NOT_TRUSTED_PROXY};
-use common::pki;
-use common::pki::{uri_san, Cert, Pki};
-use common::Output;
 use keyward::proto::etcdserverpb::kv_client::KvClient;
 use tempfile::TempDir;
 

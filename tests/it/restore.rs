@@ -3,16 +3,13 @@
 //! grants) restored into a new member, and into a new 3-member cluster, that answer as the backed-up
 //! member did; broken backups refused with one clear error and no data dir left.
 
-mod common;
-mod restore_common;
-
 use std::path::{Path, PathBuf};
 
-use common::etcd_errors::{AUTH_FAILED, COMPACTED, PERMISSION_DENIED};
-use common::{Kind, Output, Server};
-use restore_common::{
+use crate::common::etcd_errors::{AUTH_FAILED, COMPACTED, PERMISSION_DENIED};
+use crate::common::restore::{
     comparable_get, keyward, leftovers, member_args, observations, ok, populate, strings, Flags, Member, ROOT,
 };
+use crate::common::{self, Kind, Output, Server};
 
 fn save(server: &Server, file: &Path) -> Output {
     keyward(&strings(&[

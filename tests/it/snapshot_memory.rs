@@ -1,14 +1,15 @@
 //! A snapshot never has to fit in memory: building one, sending it chunk by chunk and installing it
 //! allocate a bounded amount of heap whatever the store's size.
 //!
-//! This binary counts every heap allocation Rust makes (its own global allocator) and checks the peak
-//! of live bytes during the build and during the install against the snapshot's size. LMDB's dirty
+//! The test binary counts every heap allocation Rust makes (the global allocator below) and checks the
+//! peak of live bytes during the build and during the install against the snapshot's size. LMDB's dirty
 //! pages are C allocations and are not counted: the install's write transaction holds them until its
 //! commit, bounded by LMDB's dirty-page list (2^17 pages, 512 MiB; beyond it LMDB spills pages to the
-//! file), as any large write transaction does.
+//! file), as any large write transaction does. The count is the whole process's, so each test here
+//! runs in a process of its own (`common::alone`), with no other test beside it.
 //!
-//! `measure_build_and_install_of_a_large_store` (ignored; run with `--release -- --ignored
-//! --nocapture`) reports times and peaks for a ~200 MB store (`KEYWARD_SNAPSHOT_MB` to change it).
+//! `measure_build_and_install_of_a_large_store` (ignored; run with `cargo test --release --test it
+//! snapshot_memory:: -- --ignored --nocapture`) reports times and peaks for a ~200 MB store (`KEYWARD_SNAPSHOT_MB` to change it).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::Path;
@@ -21,6 +22,8 @@ use keyward::raft::{Entry, LogId, RaftBatch};
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{CommittedLeaderId, EntryPayload};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::common;
 
 /// Counts live heap bytes and their peak.
 struct Counting;
@@ -137,6 +140,11 @@ async fn transfer(leader: &mut StateMachine, follower: &mut StateMachine) -> Tra
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn building_sending_and_installing_a_snapshot_holds_a_small_fraction_of_it_in_memory() {
+    if common::alone::elsewhere(
+        "snapshot_memory::building_sending_and_installing_a_snapshot_holds_a_small_fraction_of_it_in_memory",
+    ) {
+        return;
+    }
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (mut leader, mut follower) = (open(a.path()), open(b.path()));
     // 24 MiB of values, held twice by the store (current value and history): a ~48 MiB snapshot.
@@ -168,8 +176,11 @@ fn rss_kib() -> (u64, u64) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement (~200 MB store): run with --release -- --ignored --nocapture"]
+#[ignore = "a measurement (~200 MB store): run with --release --test it snapshot_memory:: -- --ignored --nocapture"]
 async fn measure_build_and_install_of_a_large_store() {
+    if common::alone::elsewhere("snapshot_memory::measure_build_and_install_of_a_large_store") {
+        return;
+    }
     let megabytes: usize = std::env::var("KEYWARD_SNAPSHOT_MB").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (mut leader, mut follower) = (open(a.path()), open(b.path()));

@@ -13,19 +13,15 @@
 //! With `KEYWARD_HARNESS_SELFTEST=1` the tests etcd also passes run against a real etcd; the others
 //! return early.
 
-#[path = "common/auth.rs"]
-mod auth_helpers;
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use auth_helpers::{connect, connect_as, msg, AuthServer, FAST_BCRYPT, ROOT_PW};
-use common::etcd_errors::NO_SPACE;
-use common::{
-    assert_status, etcdctl, free_port, http_get, keyward_bin, member_flags, metric, step, step_stdin, Kind, Scenario,
-    Server,
+use crate::common::auth::{connect, connect_as, msg, AuthServer, FAST_BCRYPT, ROOT_PW};
+use crate::common::etcd_errors::NO_SPACE;
+use crate::common::{
+    self, assert_status, etcdctl, free_port, http_get, keyward_bin, member_flags, metric, step, step_stdin, Kind,
+    Scenario, Server,
 };
 use etcd_client::{
     AlarmAction, AlarmOptions, AlarmType, Client, CompactionOptions, DeleteOptions, GetOptions, Txn, TxnOp,

@@ -9,8 +9,6 @@
 //! expectations were checked); keyward-only behaviour (the handshake-failure counter, the handshake
 //! deadline, the CN allow-list, exit code 2 on a bad configuration) is skipped there.
 
-mod common;
-
 use std::fs;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -20,10 +18,10 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::etcd_errors::{AUTH_FAILED, PERMISSION_DENIED, USER_EMPTY, USER_NOT_FOUND};
-use common::forwarding::{assert_denied, forwarded, put, NOT_TRUSTED_PROXY};
-use common::pki;
-use common::{Kind, Output};
+use crate::common::etcd_errors::{AUTH_FAILED, PERMISSION_DENIED, USER_EMPTY, USER_NOT_FOUND};
+use crate::common::forwarding::{assert_denied, forwarded, put, NOT_TRUSTED_PROXY};
+use crate::common::pki;
+use crate::common::{self, Kind, Output};
 use pki::{client_params, replace_file, server_params, Ca, Cert, Pki};
 use rcgen::{DnType, SanType};
 use rustls_pki_types::pem::PemObject;

@@ -12,8 +12,6 @@
 //!
 //! `KEYWARD_HARNESS_SELFTEST=1` runs the "keyward" side on a second etcd.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{Read, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -22,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{line_diff, normalize, step, Kind, Scenario, Server};
+use crate::common::{self, line_diff, normalize, step, Kind, Scenario, Server};
 use etcd_client::{
     Client, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
 };
@@ -1367,7 +1365,7 @@ async fn fanout(server: &Server) -> (f64, f64) {
 /// Events/s delivered to 1,000 watchers (10 streams × 100 watchers on one prefix) for 2,000 puts from 16
 /// writers (live; bounded by the write rate too), then for the same 2,000 revisions replayed from history
 /// to 1,000 new watchers; on keyward and on etcd.
-/// Run: `cargo test --release --test watch -- --ignored --nocapture watch_fanout`.
+/// Run: `cargo test --release --test it -- --ignored --nocapture watch::watch_fanout`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore]
 async fn watch_fanout_1000_watchers() {

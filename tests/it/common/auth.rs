@@ -1,5 +1,5 @@
-//! Helpers shared by the auth tests (`auth_etcdctl.rs`, `auth_enforcement.rs`, `auth_client.rs`),
-//! included with `#[path = "common/auth.rs"] mod auth_helpers;` next to `mod common;`.
+//! Helpers shared by the auth tests (`auth_etcdctl.rs`, `auth_enforcement.rs`, `auth_client.rs`, and
+//! the cluster, login-throttle and space tests).
 //!
 //! * [`JwtKeys`]: an RS256 key pair generated at test time with the openssl CLI into a temp dir (never
 //!   committed), and the `--auth-token jwt,...` flag that both etcd 3.4 and keyward accept.
@@ -7,8 +7,6 @@
 //!   and one-call users with their own role and permissions.
 //! * raw gRPC clients built from keyward's own generated protos, for requests that must carry a chosen
 //!   token (an old one, a bogus one, or one in the `authorization` header).
-#![allow(dead_code)]
-
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -16,8 +14,8 @@ use etcd_client::{Client, ConnectOptions, Permission};
 use tempfile::TempDir;
 use tonic::transport::Channel;
 
-use super::common::etcd_errors::PERMISSION_DENIED;
-use super::common::{Kind, Server};
+use super::etcd_errors::PERMISSION_DENIED;
+use super::{Kind, Server};
 
 pub const ROOT_PW: &str = "rootpw";
 
@@ -30,7 +28,7 @@ pub const FAST_BCRYPT: [&str; 2] = ["--bcrypt-cost", "4"];
 
 /// An RSA key pair in a temp dir (removed on drop; keep it alive as long as the servers using it).
 pub struct JwtKeys {
-    dir: TempDir,
+    _dir: TempDir,
     pub private_key: PathBuf,
     pub public_key: PathBuf,
 }
@@ -55,7 +53,7 @@ impl JwtKeys {
         let (private_s, public_s) = (private_key.display().to_string(), public_key.display().to_string());
         openssl(&["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", &private_s]);
         openssl(&["pkey", "-in", &private_s, "-pubout", "-out", &public_s]);
-        JwtKeys { dir, private_key, public_key }
+        JwtKeys { _dir: dir, private_key, public_key }
     }
 
     /// The value of `--auth-token` for RS256 tokens with a 5 minute TTL.
@@ -70,10 +68,6 @@ impl JwtKeys {
     /// `["--auth-token", "jwt,..."]`.
     pub fn args(&self) -> Vec<String> {
         vec!["--auth-token".to_string(), self.auth_token()]
-    }
-
-    pub fn dir(&self) -> &std::path::Path {
-        self.dir.path()
     }
 }
 

@@ -1,6 +1,5 @@
-//! A keyward cluster on this machine for end-to-end tests (`tests/cluster.rs`, `tests/proxy.rs`),
-//! included with `#[path = "common/cluster.rs"] mod cluster_harness;` next to `mod common;` and
-//! `use common::pki;`.
+//! A keyward cluster on this machine for end-to-end tests (`cluster.rs`, `proxy.rs`, `peer_port.rs`,
+//! `login_throttle.rs`).
 //!
 //! * [`Cluster::start`] starts N members (`--initial-cluster-state new`) on free loopback ports, in
 //!   plaintext or with peer mTLS (`https://` peer URLs, `--peer-client-cert-auth`; peer certificates
@@ -16,8 +15,6 @@
 //!
 //! Every process is killed (SIGKILL by PID, then waited for) when its `Member` is dropped, also while
 //! a test panics; namespaces and links are deleted when the `Netns` is dropped, after the members.
-#![allow(dead_code)]
-
 use std::fs::File;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
@@ -28,8 +25,8 @@ use std::time::{Duration, Instant};
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 use tempfile::TempDir;
 
-use super::common::{self, Output};
 use super::pki::{self, client_params, server_params, Cert, Pki};
+use crate::common::{self, Output};
 
 /// Raft timing for tests: short, so elections after a kill take well under a second of idle time.
 pub const FAST_RAFT: [&str; 4] = ["--heartbeat-interval", "50", "--election-timeout", "500"];
@@ -218,10 +215,6 @@ impl Member {
         self.wait_ready();
     }
 
-    pub fn is_running(&mut self) -> bool {
-        self.child.is_some() && self.exited().is_none()
-    }
-
     /// The exit status, if the process has exited on its own (then it is reaped).
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         let status = self.child.as_mut()?.try_wait().ok().flatten()?;
@@ -240,10 +233,6 @@ impl Member {
 
     fn client_addr(&self) -> SocketAddr {
         self.client_url.split("://").nth(1).unwrap_or(&self.client_url).parse().expect("client URL host:port")
-    }
-
-    pub fn data_dir(&self) -> PathBuf {
-        self.dir.as_ref().unwrap().path().join("data")
     }
 
     pub fn log_path(&self) -> PathBuf {
@@ -283,13 +272,6 @@ impl Member {
     /// when clients use TLS).
     pub async fn client(&self) -> Client {
         self.try_client(None).await.unwrap_or_else(|e| panic!("connect to {}: {e}", self.name))
-    }
-
-    /// An etcd-client connected to this member as `user`.
-    pub async fn client_as(&self, user: &str, password: &str) -> Client {
-        self.try_client(Some((user, password)))
-            .await
-            .unwrap_or_else(|e| panic!("connect to {} as {user}: {e}", self.name))
     }
 
     pub async fn try_client(&self, user: Option<(&str, &str)>) -> Result<Client, etcd_client::Error> {
@@ -651,11 +633,6 @@ impl Cluster {
     /// The members the harness has started and not killed.
     pub fn started(&self) -> Vec<usize> {
         (0..self.members.len()).filter(|&i| self.members[i].pid().is_some()).collect()
-    }
-
-    /// Member ids by index, from each running member's Status.
-    pub async fn member_id(&self, i: usize) -> u64 {
-        self.status(i).await.unwrap_or_else(|e| panic!("status of {}: {e}", self.members[i].name)).0
     }
 }
 

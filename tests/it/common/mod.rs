@@ -1,4 +1,4 @@
-//! End-to-end test harness shared by the integration tests (`mod common;`).
+//! End-to-end test harness shared by the integration tests (`crate::common`).
 //!
 //! * [`Server`] starts a single-node keyward or etcd on free loopback ports in a
 //!   fresh temp dir, waits until it is ready, and always kills it (SIGKILL by PID
@@ -12,6 +12,12 @@
 //!   `etcd-client` crate.
 //! * [`etcd_errors`]: etcd's error messages the tests expect.
 //!
+//! Its modules: [`auth`] (users, roles and tokens of the auth tests), [`cluster`] (multi-member
+//! clusters), [`restore`] (members started on restored or migrated data dirs), [`pki`] (the test
+//! PKI), [`forwarding`] (requests carrying a forwarded client certificate), [`faultfs`] (the FUSE
+//! file system that loses unsynced writes at a power loss) and [`alone`] (tests that need the
+//! process to themselves).
+//!
 //! Environment knobs:
 //! * `KEYWARD_HARNESS_SELFTEST=1` — the "keyward" side of a scenario is a second
 //!   real etcd (verifies the harness itself, e.g. while keyward does not build).
@@ -20,8 +26,6 @@
 //! * `KEYWARD_HARNESS_KEEP=1` — keep the servers' temp dirs (data + log) after the test.
 //! * `KEYWARD_HARNESS_ETCD`, `KEYWARD_HARNESS_ETCDCTL` — paths of etcd / etcdctl
 //!   (default `/usr/bin/etcd`, `/usr/bin/etcdctl`).
-#![allow(dead_code)]
-
 use std::fmt::Debug;
 use std::fs::File;
 use std::io::{Read, Write};
@@ -32,9 +36,13 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
+pub mod alone;
+pub mod auth;
+pub mod cluster;
 pub mod faultfs;
 pub mod forwarding;
 pub mod pki;
+pub mod restore;
 
 use etcd_client::Client;
 use tempfile::TempDir;
@@ -419,12 +427,6 @@ impl Server {
         if let Err(e) = self.wait_ready() {
             self.fail_start(&e);
         }
-    }
-
-    /// Kill the server and hand back its temp dir (data + log), for [`Server::start_in`].
-    pub fn into_dir(mut self) -> TempDir {
-        self.kill_9();
-        self.dir.take().unwrap()
     }
 
     /// The endpoint as etcdctl is given it: "127.0.0.1:PORT", or with the scheme when the server's
@@ -1082,7 +1084,7 @@ pub fn line_diff(a: &str, b: &str) -> String {
 }
 
 // ---------------------------------------------------------------------------
-// self-checks of the pure helpers (run in every test binary that includes this module)
+// self-checks of the pure helpers
 // ---------------------------------------------------------------------------
 
 #[test]
@@ -1165,7 +1167,8 @@ pub fn metric_if_any(text: &str, name: &str) -> Option<f64> {
 
 /// Runs `start` (which spawns processes) with the process umask set to `mask`, then restores it:
 /// the processes keep the umask they were spawned with. Serialised, as the umask is the whole test
-/// binary's.
+/// process's: meanwhile, files and processes of the tests running beside get it too (umask 0 only
+/// widens their modes, which only the tests that call this check).
 pub fn under_umask<T>(mask: u32, start: impl FnOnce() -> T) -> T {
     use rustix::fs::Mode;
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());

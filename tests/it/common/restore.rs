@@ -1,15 +1,13 @@
-//! Shared by `tests/restore.rs` and `tests/migrate.rs`: a member started on a data dir that
+//! Shared by `restore.rs` and `migrate.rs`: a member started on a data dir that
 //! `keyward snapshot restore` or `keyward migrate` made (with the same member flags, so the peer URL
 //! the restore recorded is the one it listens on), killed by PID on drop; and the one-shot commands.
-#![allow(dead_code)]
-
 use std::fs::File;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{etcdctl, free_port, keyward_bin, scrub_env, Output, Server, START_TIMEOUT};
+use super::{etcdctl, free_port, keyward_bin, scrub_env, Output, Server, START_TIMEOUT};
 
 pub const ROOT: &str = "root:rootpw";
 
