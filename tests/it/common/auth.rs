@@ -7,6 +7,7 @@
 //!   and one-call users with their own role and permissions.
 //! * raw gRPC clients built from keyward's own generated protos, for requests that must carry a chosen
 //!   token (an old one, a bogus one, or one in the `authorization` header).
+
 use std::path::PathBuf;
 use std::process::Command;
 

@@ -15,6 +15,7 @@
 //!
 //! Every process is killed (SIGKILL by PID, then waited for) when its `Member` is dropped, also while
 //! a test panics; namespaces and links are deleted when the `Netns` is dropped, after the members.
+
 use std::fs::File;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};

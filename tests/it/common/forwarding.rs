@@ -1,5 +1,6 @@
 //! Requests that carry a forwarded client certificate (`keyward-forwarded-client-cert`), as a proxy
 //! sends them: used by the member-side tests (`tls.rs`) and the proxy tests (`proxy.rs`).
+
 use keyward::proto::etcdserverpb::kv_client::KvClient;
 use keyward::proto::etcdserverpb::PutRequest;
 use rustls_pki_types::pem::PemObject;

@@ -26,6 +26,7 @@
 //! * `KEYWARD_HARNESS_KEEP=1` — keep the servers' temp dirs (data + log) after the test.
 //! * `KEYWARD_HARNESS_ETCD`, `KEYWARD_HARNESS_ETCDCTL` — paths of etcd / etcdctl
 //!   (default `/usr/bin/etcd`, `/usr/bin/etcdctl`).
+
 use std::fmt::Debug;
 use std::fs::File;
 use std::io::{Read, Write};

@@ -1,6 +1,7 @@
 //! A test PKI generated with rcgen at run time (no key is ever committed): a CA, server and client
 //! certificates as PEM files in a temp dir, certificates of a foreign CA, and CRLs. Used (as `common::pki`)
 //! by `tls.rs`, the cluster tests (peer mTLS) and the proxy tests.
+
 use std::fs;
 use std::path::{Path, PathBuf};
 

@@ -1,6 +1,7 @@
 //! Shared by `restore.rs` and `migrate.rs`: a member started on a data dir that
 //! `keyward snapshot restore` or `keyward migrate` made (with the same member flags, so the peer URL
 //! the restore recorded is the one it listens on), killed by PID on drop; and the one-shot commands.
+
 use std::fs::File;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
