@@ -5,11 +5,11 @@
 #   protobuf-compiler -> protoc, needed by the etcd-client crate's build script (keyward itself needs none)
 #   openssl      -> the JWT tests generate RSA key pairs with the openssl CLI (rcgen with ring cannot)
 #   curl         -> the TLS tests read /metrics over https with a client certificate
-#   systemd      -> systemd-analyze verify for deploy/systemd (tests/deploy.rs; no running systemd needed)
+#   systemd      -> systemd-analyze verify for deploy/systemd (tests/it/deploy.rs; no running systemd needed)
 #   docker-compose -> `docker-compose config` validates deploy/docker-compose.yml (no Docker engine needed)
 #   python3-venv -> a venv in target/tools-venv with pip's kubernetes-validate (the Kubernetes JSON
 #                   schemas, bundled) for deploy/kubernetes
-#   fuse3        -> only when not root: fusermount3, through which the power-loss test (tests/durability.rs)
+#   fuse3        -> only when not root: fusermount3, through which the power-loss test (tests/it/durability.rs)
 #                   mounts its FUSE file system; root mounts it itself (no libfuse either way)
 # `--no-fail-fast`: every test target runs even when an earlier one fails, so one failure never hides
 # another; cargo still exits non-zero if any failed. Before the tests: the h2 patch still applies,
