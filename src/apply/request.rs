@@ -113,3 +113,67 @@ impl<'r> AuthChange<'r> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each request field decodes to its kind, named as the checks' log and audit lines name it.
+    #[test]
+    fn each_request_has_its_kind_and_op_name() {
+        let d = InternalRaftRequest::default;
+        let cases = [
+            (InternalRaftRequest { put: Some(Default::default()), ..d() }, "put"),
+            (InternalRaftRequest { delete_range: Some(Default::default()), ..d() }, "delete"),
+            (InternalRaftRequest { txn: Some(Default::default()), ..d() }, "txn"),
+            (InternalRaftRequest { compaction: Some(Default::default()), ..d() }, "compact"),
+            (InternalRaftRequest { lease_grant: Some(Default::default()), ..d() }, "lease_grant"),
+            (InternalRaftRequest { lease_revoke: Some(Default::default()), ..d() }, "lease_revoke"),
+            (InternalRaftRequest { lease_checkpoint: Some(Default::default()), ..d() }, "lease_checkpoint"),
+            (InternalRaftRequest { alarm: Some(Default::default()), ..d() }, "alarm"),
+            (InternalRaftRequest { authenticate: Some(Default::default()), ..d() }, "authenticate"),
+            (InternalRaftRequest { auth_enable: Some(Default::default()), ..d() }, "auth_enable"),
+            (InternalRaftRequest { auth_disable: Some(Default::default()), ..d() }, "auth_disable"),
+            (InternalRaftRequest { auth_user_add: Some(Default::default()), ..d() }, "user_add"),
+            (InternalRaftRequest { auth_user_delete: Some(Default::default()), ..d() }, "user_delete"),
+            (
+                InternalRaftRequest { auth_user_change_password: Some(Default::default()), ..d() },
+                "user_change_password",
+            ),
+            (InternalRaftRequest { auth_user_grant_role: Some(Default::default()), ..d() }, "user_grant_role"),
+            (InternalRaftRequest { auth_user_revoke_role: Some(Default::default()), ..d() }, "user_revoke_role"),
+            (InternalRaftRequest { auth_role_add: Some(Default::default()), ..d() }, "role_add"),
+            (InternalRaftRequest { auth_role_delete: Some(Default::default()), ..d() }, "role_delete"),
+            (
+                InternalRaftRequest { auth_role_grant_permission: Some(Default::default()), ..d() },
+                "role_grant_permission",
+            ),
+            (
+                InternalRaftRequest { auth_role_revoke_permission: Some(Default::default()), ..d() },
+                "role_revoke_permission",
+            ),
+        ];
+        for (req, name) in &cases {
+            assert_eq!(Kind::of(req).map(|k| k.name()), Some(*name), "{req:?}");
+        }
+    }
+
+    /// Requests this member does not apply (reads, auth status and listings) have no kind; of several
+    /// requests in one entry, the first in `Kind::of`'s order is applied.
+    #[test]
+    fn unknown_requests_have_no_kind_and_the_first_of_several_wins() {
+        let d = InternalRaftRequest::default;
+        assert!(Kind::of(&d()).is_none());
+        assert!(Kind::of(&InternalRaftRequest { range: Some(Default::default()), ..d() }).is_none());
+        assert!(Kind::of(&InternalRaftRequest { auth_user_list: Some(Default::default()), ..d() }).is_none());
+        let put_and_enable =
+            InternalRaftRequest { put: Some(Default::default()), auth_enable: Some(Default::default()), ..d() };
+        assert!(matches!(Kind::of(&put_and_enable), Some(Kind::Put(_))));
+        let enable_and_add = InternalRaftRequest {
+            auth_enable: Some(Default::default()),
+            auth_user_add: Some(Default::default()),
+            ..d()
+        };
+        assert!(matches!(Kind::of(&enable_and_add), Some(Kind::AuthChange(AuthChange::AuthEnable))));
+    }
+}
