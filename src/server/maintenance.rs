@@ -73,7 +73,7 @@ impl MaintenanceService {
 #[tonic::async_trait]
 impl Maintenance for MaintenanceService {
     /// etcd's Alarm: GET lists the active alarms (a linearizable read of the replicated alarm table,
-    /// `AlarmType::None` = all), ACTIVATE and DEACTIVATE go through raft (`apply/mod.rs`). Responses carry
+    /// `AlarmType::None` = all), ACTIVATE and DEACTIVATE go through raft (`apply/alarm.rs`). Responses carry
     /// no header, as etcd's. GET is open to every client, as in etcd (Status shows the same alarms).
     /// With auth enabled, raising and clearing are root's: etcd 3.4 lets any client, even an
     /// unauthenticated one, raise NOSPACE (the cluster turns read-only) or clear it. keyward raises

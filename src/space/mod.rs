@@ -3,7 +3,7 @@
 //! - **Quota** (etcd's `quotaKVServer`/`quotaLeaseServer`): a put, a txn with a put, or a lease grant
 //!   whose cost would take the kv database's size in use to the quota is refused at the API layer with
 //!   "database space exceeded", and the member raises a NOSPACE alarm through raft. While the alarm is
-//!   active, apply refuses those requests on every member (`apply/mod.rs`); reads, deletes, compaction and
+//!   active, apply refuses those requests on every member (`apply/capped.rs`); reads, deletes, compaction and
 //!   defragment still work, and `etcdctl alarm disarm` clears it.
 //! - **Size in use** is LMDB's pages in use (every table's branch, leaf and overflow pages), not the
 //!   file size. Unlike bbolt, LMDB reuses freed pages in place: once deletes and a compaction free
