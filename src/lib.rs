@@ -5,8 +5,6 @@
 //! writes through raft, serves reads) → `raft` (openraft log and state machine on LMDB) → `apply` (one
 //! committed entry → effects) → `mvcc` (the revisioned store). `proxy` is `keyward grpc-proxy`:
 //! it shares `frontend` and has no store.
-#![deny(unsafe_code)] // the one exception is opening LMDB (storage/), each with a SAFETY comment
-#![warn(unreachable_pub)] // modules are private; `pub` only for what lib.rs re-exports below
 
 mod apply;
 mod auth;

@@ -737,7 +737,7 @@ mod register {
     use std::collections::{BTreeSet, HashSet};
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-    pub enum Value {
+    pub(super) enum Value {
         Absent,
         Is(u64),
         /// Written by an unknown put nobody observed.
@@ -745,14 +745,14 @@ mod register {
     }
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub enum Call {
+    pub(super) enum Call {
         Put(u64),
         Get,
         Cas { expect: u64, new: u64 },
     }
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub enum Outcome {
+    pub(super) enum Outcome {
         Put,
         Get(Option<u64>),
         Cas(bool),
@@ -760,7 +760,7 @@ mod register {
     }
 
     #[derive(Clone, Copy, Debug)]
-    pub struct Op {
+    pub(super) struct Op {
         /// Shown in failure messages.
         #[allow(dead_code)]
         pub client: usize,
@@ -794,7 +794,7 @@ mod register {
     }
 
     /// `Ok` with the number of states searched, or why the history is not linearizable.
-    pub fn check(history: &[Op]) -> Result<usize, String> {
+    pub(super) fn check(history: &[Op]) -> Result<usize, String> {
         let observed: BTreeSet<u64> = history
             .iter()
             .filter_map(|op| match (op.call, op.outcome) {

@@ -513,6 +513,7 @@ fn faultfs_dir(test: &str) -> Option<(tempfile::TempDir, FaultFs)> {
 /// else does; mmap reads see writes at once (LMDB reads its file through an mmap and writes it with
 /// `pwrite`); `flock` works (the data dir lock).
 #[test]
+#[allow(unsafe_code)] // reads a file through mmap, as LMDB does (the SAFETY comments below)
 fn faultfs_keeps_what_was_synced_and_nothing_else() {
     use std::os::unix::fs::FileExt;
     let Some((dir, fs)) = faultfs_dir("faultfs_keeps_what_was_synced_and_nothing_else") else { return };

@@ -116,6 +116,7 @@ fn mask_snapshot_log(dir: &Path, text: &str) -> String {
 
 /// Opens an LMDB file (read-only, in a temp copy) and returns the names of its named databases and
 /// the keys of `kv_live`.
+#[allow(unsafe_code)] // opening LMDB is unsafe in heed (the SAFETY comment below)
 fn lmdb_tables_and_live_keys(db_bytes: &[u8]) -> (Vec<String>, Vec<Vec<u8>>) {
     use heed::types::Bytes;
     use heed::{CommitOrAbort, EnvOpenOptions};

@@ -37,6 +37,7 @@ fn allocated(bytes: usize) {
 }
 
 // SAFETY: every call is passed to the system allocator unchanged; the counters only observe sizes.
+#[allow(unsafe_code)] // a global allocator is an unsafe trait
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let ptr = unsafe { System.alloc(layout) };

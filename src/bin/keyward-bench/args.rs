@@ -8,7 +8,7 @@ use clap::{Args, Subcommand, ValueEnum};
 /// `keyward-bench` options. The connection and sizing options are global: they may come before or
 /// after the workload name.
 #[derive(Args, Debug, Clone)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Comma-separated endpoints: `host:port`, `http://host:port` or `https://host:port`
     /// (without a scheme, https when --cacert or --cert is given).
     #[arg(long, global = true, value_delimiter = ',', default_value = "127.0.0.1:2379")]
@@ -73,7 +73,7 @@ pub struct BenchArgs {
 }
 
 #[derive(Subcommand, Debug, Clone)]
-pub enum Workload {
+pub(crate) enum Workload {
     /// Put keys of --key-size with values of --val-size.
     Put,
     /// Range one key, or [KEY, RANGE_END) (default key: the first key of the key space).
@@ -142,7 +142,7 @@ pub enum Workload {
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Consistency {
+pub(crate) enum Consistency {
     /// Linearizable.
     L,
     /// Serializable.
@@ -150,13 +150,13 @@ pub enum Consistency {
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutputFormat {
+pub(crate) enum OutputFormat {
     Simple,
     Json,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewUser {
+pub(crate) struct NewUser {
     pub name: String,
     pub password: String,
     pub extra_grants: usize,
@@ -176,7 +176,7 @@ fn parse_new_user(s: &str) -> Result<NewUser, String> {
 
 /// A duration as Go's `time.ParseDuration` reads it (`5s`, `1m30s`, `1.5s`), or a bare number of
 /// seconds; it must be positive.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let duration = match s.parse::<f64>() {
         Ok(secs) if secs.is_finite() && secs >= 0.0 => Duration::from_secs_f64(secs),
         Ok(_) => return Err(format!("invalid duration {s:?}: must be positive")),
@@ -188,7 +188,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
-pub fn validate(args: &BenchArgs) -> Result<(), String> {
+pub(crate) fn validate(args: &BenchArgs) -> Result<(), String> {
     if args.conns == 0 || args.clients == 0 {
         return Err("--conns and --clients must be at least 1".into());
     }
@@ -218,7 +218,7 @@ pub fn validate(args: &BenchArgs) -> Result<(), String> {
 }
 
 /// The user name and password from `--user name[:password]` and `--password`.
-pub fn credentials(args: &BenchArgs) -> Option<(String, String)> {
+pub(crate) fn credentials(args: &BenchArgs) -> Option<(String, String)> {
     let user = args.user.as_ref()?;
     match (&args.password, user.split_once(':')) {
         (Some(password), _) => Some((user.clone(), password.clone())),

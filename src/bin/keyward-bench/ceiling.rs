@@ -54,7 +54,7 @@ impl Kv for InstantPut {
 }
 
 /// Serves until the process is killed.
-pub async fn serve(listen: SocketAddr) -> anyhow::Result<()> {
+pub(crate) async fn serve(listen: SocketAddr) -> anyhow::Result<()> {
     let socket = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
     eprintln!("keyward-bench: ceiling server on {}", socket.local_addr()?);
     let incoming = admitted_tcp(socket, Admission::unbounded());

@@ -18,12 +18,12 @@ use keyward::proto::etcdserverpb::AuthenticateRequest;
 use keyward::TlsConnector;
 
 /// One gRPC connection and, with `--user`, the token every request on it carries.
-pub struct Conn {
+pub(crate) struct Conn {
     pub channel: Channel,
     pub auth: Option<ConnAuth>,
 }
 
-pub struct ConnAuth {
+pub(crate) struct ConnAuth {
     name: String,
     password: String,
     /// The token and a generation number that grows with each re-authentication.
@@ -34,7 +34,7 @@ pub struct ConnAuth {
 
 impl Conn {
     /// The current token generation (0 without auth) to pass to `reauthenticate` after a failure.
-    pub fn attach(&self, metadata: &mut MetadataMap) -> u64 {
+    pub(crate) fn attach(&self, metadata: &mut MetadataMap) -> u64 {
         match &self.auth {
             Some(auth) => {
                 let guard = auth.token.read().unwrap_or_else(|e| e.into_inner());
@@ -47,14 +47,14 @@ impl Conn {
 
     /// Whether a failed request should be retried after authenticating again: the server refused the
     /// token as stale (etcd: "revision of auth store is old") or unknown (an expired simple token).
-    pub fn should_reauthenticate(&self, status: &Status) -> bool {
+    pub(crate) fn should_reauthenticate(&self, status: &Status) -> bool {
         self.auth.is_some()
             && (status.message().contains("revision of auth store is old")
                 || status.message().contains("invalid auth token"))
     }
 
     /// Authenticates again unless another client on this connection already did since `generation`.
-    pub async fn reauthenticate(&self, generation: u64) -> Result<(), Status> {
+    pub(crate) async fn reauthenticate(&self, generation: u64) -> Result<(), Status> {
         let Some(auth) = &self.auth else { return Ok(()) };
         let _one_at_a_time = auth.refresh.lock().await;
         if auth.token.read().unwrap_or_else(|e| e.into_inner()).0 != generation {
@@ -79,7 +79,7 @@ async fn authenticate(channel: &Channel, name: &str, password: &str) -> Result<A
 
 /// Opens `--conns` connections over the endpoints (round-robin); with `authenticate` and `--user`,
 /// authenticates each once.
-pub async fn connect_all(args: &BenchArgs, authenticate_each: bool) -> anyhow::Result<Vec<Arc<Conn>>> {
+pub(crate) async fn connect_all(args: &BenchArgs, authenticate_each: bool) -> anyhow::Result<Vec<Arc<Conn>>> {
     let tls = tls_config(args)?;
     let credentials = if authenticate_each { crate::args::credentials(args) } else { None };
     let endpoints: Vec<&String> = args.endpoints.iter().filter(|e| !e.is_empty()).collect();
@@ -236,7 +236,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// A gRPC status as the bench reports it: its code and message.
-pub fn describe(status: &Status) -> String {
+pub(crate) fn describe(status: &Status) -> String {
     format!("{:?}: {}", status.code(), status.message())
 }
 

@@ -17,7 +17,7 @@ use keyward::proto::etcdserverpb::watch_client::WatchClient;
 use keyward::proto::etcdserverpb::{watch_request, WatchCreateRequest, WatchRequest};
 
 /// The open streams; dropping it closes them.
-pub struct IdleWatchers {
+pub(crate) struct IdleWatchers {
     readers: Vec<JoinHandle<()>>,
 }
 
@@ -31,7 +31,7 @@ impl Drop for IdleWatchers {
 
 /// Opens `--idle-watchers` single-key watchers over `--idle-watch-streams` streams and waits until
 /// every one is created.
-pub async fn open(args: &BenchArgs, conns: &[Arc<Conn>]) -> anyhow::Result<IdleWatchers> {
+pub(crate) async fn open(args: &BenchArgs, conns: &[Arc<Conn>]) -> anyhow::Result<IdleWatchers> {
     let mut idle = IdleWatchers { readers: Vec::new() };
     if args.idle_watchers == 0 {
         return Ok(idle);

@@ -10,25 +10,25 @@ use std::time::{Duration, Instant};
 /// One client's measurements: every successful request's latency in microseconds, and the failures
 /// by message.
 #[derive(Default)]
-pub struct Recorder {
+pub(crate) struct Recorder {
     pub latencies_us: Vec<u32>,
     pub errors: BTreeMap<String, u64>,
 }
 
 impl Recorder {
-    pub fn with_capacity(n: usize) -> Self {
+    pub(crate) fn with_capacity(n: usize) -> Self {
         Recorder { latencies_us: Vec::with_capacity(n), errors: BTreeMap::new() }
     }
 
-    pub fn ok(&mut self, latency: Duration) {
+    pub(crate) fn ok(&mut self, latency: Duration) {
         self.latencies_us.push(u32::try_from(latency.as_micros()).unwrap_or(u32::MAX));
     }
 
-    pub fn error(&mut self, message: String) {
+    pub(crate) fn error(&mut self, message: String) {
         *self.errors.entry(message).or_default() += 1;
     }
 
-    pub fn merge(&mut self, other: Recorder) {
+    pub(crate) fn merge(&mut self, other: Recorder) {
         self.latencies_us.extend_from_slice(&other.latencies_us);
         for (message, n) in other.errors {
             *self.errors.entry(message).or_default() += n;
@@ -38,7 +38,7 @@ impl Recorder {
 
 /// The result of one run.
 #[derive(Debug, Clone, Default)]
-pub struct Summary {
+pub(crate) struct Summary {
     pub workload: String,
     pub endpoints: Vec<String>,
     pub conns: usize,
@@ -58,7 +58,7 @@ pub struct Summary {
 
 /// Latency distribution in microseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Percentiles {
+pub(crate) struct Percentiles {
     pub mean: f64,
     pub p50: u32,
     pub p90: u32,
@@ -68,7 +68,7 @@ pub struct Percentiles {
 
 impl Percentiles {
     /// Nearest-rank percentiles of the samples (sorted here).
-    pub fn of(samples: &mut [u32]) -> Percentiles {
+    pub(crate) fn of(samples: &mut [u32]) -> Percentiles {
         if samples.is_empty() {
             return Percentiles::default();
         }
@@ -86,7 +86,7 @@ impl Percentiles {
 }
 
 impl Summary {
-    pub fn new(workload: &str, args: &crate::args::BenchArgs, unit: &'static str) -> Summary {
+    pub(crate) fn new(workload: &str, args: &crate::args::BenchArgs, unit: &'static str) -> Summary {
         Summary {
             workload: workload.to_string(),
             endpoints: args.endpoints.clone(),
@@ -98,7 +98,7 @@ impl Summary {
     }
 
     /// Fills counts and percentiles from the merged recorder.
-    pub fn record(&mut self, mut merged: Recorder, elapsed: Duration) {
+    pub(crate) fn record(&mut self, mut merged: Recorder, elapsed: Duration) {
         self.ok = merged.latencies_us.len() as u64;
         self.errors = merged.errors.values().sum();
         self.elapsed = elapsed;
@@ -108,7 +108,7 @@ impl Summary {
         self.error_kinds = merged.errors;
     }
 
-    pub fn throughput(&self) -> f64 {
+    pub(crate) fn throughput(&self) -> f64 {
         if self.elapsed.is_zero() {
             0.0
         } else {
@@ -116,7 +116,7 @@ impl Summary {
         }
     }
 
-    pub fn to_text(&self) -> String {
+    pub(crate) fn to_text(&self) -> String {
         let ms = |us: f64| us / 1000.0;
         let mut out = String::new();
         let _ = writeln!(
@@ -154,7 +154,7 @@ impl Summary {
         out
     }
 
-    pub fn to_json(&self) -> String {
+    pub(crate) fn to_json(&self) -> String {
         let mut out = String::from("{");
         let _ = write!(out, "\"workload\":{},", json_str(&self.workload));
         let endpoints: Vec<String> = self.endpoints.iter().map(|e| json_str(e)).collect();
@@ -188,7 +188,7 @@ impl Summary {
 /// `pkg/report` prints them with the benchmark's `%4.4f` precision: a histogram of ten equal buckets
 /// from the fastest to the slowest (each line the bucket's upper bound, its count and a bar of up to 40
 /// `∎`), then the latency at each of 10, 25, 50, 75, 90, 95, 99 and 99.9 %. Empty without samples.
-pub fn etcd_histogram(sorted: &[f64]) -> String {
+pub(crate) fn etcd_histogram(sorted: &[f64]) -> String {
     let Some((&fastest, &slowest)) = sorted.first().zip(sorted.last()) else { return String::new() };
     let mut out = String::from("\nResponse time histogram:\n");
     const BUCKETS: usize = 10;
@@ -278,14 +278,14 @@ fn json_str(s: &str) -> String {
 
 /// Shared counters the clients bump and the progress line reads.
 #[derive(Default)]
-pub struct Counters {
+pub(crate) struct Counters {
     pub ok: AtomicU64,
     pub errors: AtomicU64,
 }
 
 /// Prints `\r<label>: N ok, E errors, R/s` to stderr every 200 ms while `running`, only when stderr
 /// is a terminal; clears the line when stopped.
-pub fn spawn_progress(
+pub(crate) fn spawn_progress(
     label: String,
     target: Option<u64>,
     counters: Arc<Counters>,

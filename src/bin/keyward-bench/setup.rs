@@ -30,7 +30,7 @@ fn tolerate_existing<T>(result: Result<T, Status>) -> Result<(), Status> {
     }
 }
 
-pub async fn setup_auth(
+pub(crate) async fn setup_auth(
     args: &BenchArgs,
     root_password: &str,
     new_users: &[NewUser],
@@ -126,7 +126,7 @@ async fn extra_grants(args: &BenchArgs, channels: &[Channel], user: &NewUser, ro
 }
 
 /// bcrypt verifications per second on `--clients` OS threads, against one hash made at `cost`.
-pub fn bcrypt(args: &BenchArgs, cost: u32) -> anyhow::Result<Summary> {
+pub(crate) fn bcrypt(args: &BenchArgs, cost: u32) -> anyhow::Result<Summary> {
     const PASSWORD: &str = "keyward-bench-password";
     let hash = bcrypt::hash(PASSWORD, cost).context("bcrypt hash")?;
     let total = match (args.total, args.duration) {

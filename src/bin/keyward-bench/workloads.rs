@@ -24,7 +24,7 @@ use keyward::proto::etcdserverpb::{
 };
 
 /// One request a client sends.
-pub enum Op {
+pub(crate) enum Op {
     Put(PutRequest),
     Range(RangeRequest),
     Txn(TxnRequest),
@@ -34,7 +34,7 @@ pub enum Op {
 /// Builds request number `n` for a client (`rng` is the client's own).
 type MakeOp = dyn Fn(&mut SmallRng, u64) -> Op + Send + Sync;
 
-pub async fn run(args: &BenchArgs) -> anyhow::Result<Summary> {
+pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<Summary> {
     if let Workload::Watch { streams, watchers_per_stream, drain_timeout } = &args.workload {
         return watch(args, *streams, *watchers_per_stream, *drain_timeout).await;
     }
@@ -121,7 +121,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Summary> {
 /// Key naming: `--prefix` then the index, zero-padded so that every key has the same length, at
 /// least `--key-size` bytes.
 #[derive(Clone)]
-pub struct Keys {
+pub(crate) struct Keys {
     prefix: Vec<u8>,
     width: usize,
     pub space: u64,
@@ -129,7 +129,7 @@ pub struct Keys {
 }
 
 impl Keys {
-    pub fn new(args: &BenchArgs) -> Keys {
+    pub(crate) fn new(args: &BenchArgs) -> Keys {
         let digits = (args.key_space - 1).to_string().len();
         Keys {
             prefix: args.prefix.as_bytes().to_vec(),
@@ -139,7 +139,7 @@ impl Keys {
         }
     }
 
-    pub fn index(&self, rng: &mut SmallRng, n: u64) -> u64 {
+    pub(crate) fn index(&self, rng: &mut SmallRng, n: u64) -> u64 {
         if self.sequential {
             n % self.space
         } else {
@@ -147,7 +147,7 @@ impl Keys {
         }
     }
 
-    pub fn key(&self, index: u64) -> Vec<u8> {
+    pub(crate) fn key(&self, index: u64) -> Vec<u8> {
         let mut key = self.prefix.clone();
         key.extend_from_slice(format!("{index:0width$}", width = self.width).as_bytes());
         key
@@ -162,7 +162,7 @@ pub(super) struct Budget {
 }
 
 impl Budget {
-    pub fn take(&self) -> Option<u64> {
+    pub(crate) fn take(&self) -> Option<u64> {
         if self.deadline.is_some_and(|d| Instant::now() >= d) {
             return None;
         }

@@ -12,7 +12,7 @@ const CHILD: &str = "KEYWARD_IT_ALONE";
 /// `fuzz_config::valid_configs_round_trip`) in a child process of this binary with nothing beside
 /// it, prints what it printed, fails if it failed, and returns true: the caller returns. In that
 /// child: returns false, and the caller runs the test's body.
-pub fn elsewhere(name: &str) -> bool {
+pub(crate) fn elsewhere(name: &str) -> bool {
     if std::env::var_os(CHILD).is_some_and(|running| running == name) {
         return false;
     }

@@ -18,17 +18,17 @@ use tonic::transport::Channel;
 use super::etcd_errors::PERMISSION_DENIED;
 use super::{Kind, Server};
 
-pub const ROOT_PW: &str = "rootpw";
+pub(crate) const ROOT_PW: &str = "rootpw";
 
 /// Fast bcrypt for servers whose tests do not measure hashing (both etcd 3.4 and keyward take it).
-pub const FAST_BCRYPT: [&str; 2] = ["--bcrypt-cost", "4"];
+pub(crate) const FAST_BCRYPT: [&str; 2] = ["--bcrypt-cost", "4"];
 
 // ---------------------------------------------------------------------------
 // JWT keys
 // ---------------------------------------------------------------------------
 
 /// An RSA key pair in a temp dir (removed on drop; keep it alive as long as the servers using it).
-pub struct JwtKeys {
+pub(crate) struct JwtKeys {
     _dir: TempDir,
     pub private_key: PathBuf,
     pub public_key: PathBuf,
@@ -47,7 +47,7 @@ fn openssl(args: &[&str]) {
 
 impl JwtKeys {
     /// A fresh 2048-bit RSA key pair (PKCS#8 private key, SubjectPublicKeyInfo public key).
-    pub fn generate() -> JwtKeys {
+    pub(crate) fn generate() -> JwtKeys {
         let dir = tempfile::Builder::new().prefix("auth-jwt-keys-").tempdir().expect("temp dir for JWT keys");
         let private_key = dir.path().join("jwt_rs256.key");
         let public_key = dir.path().join("jwt_rs256.pub");
@@ -58,7 +58,7 @@ impl JwtKeys {
     }
 
     /// The value of `--auth-token` for RS256 tokens with a 5 minute TTL.
-    pub fn auth_token(&self) -> String {
+    pub(crate) fn auth_token(&self) -> String {
         format!(
             "jwt,pub-key={},priv-key={},sign-method=RS256,ttl=5m",
             self.public_key.display(),
@@ -67,20 +67,20 @@ impl JwtKeys {
     }
 
     /// `["--auth-token", "jwt,..."]`.
-    pub fn args(&self) -> Vec<String> {
+    pub(crate) fn args(&self) -> Vec<String> {
         vec!["--auth-token".to_string(), self.auth_token()]
     }
 }
 
 /// Which token provider a test runs with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TokenKind {
+pub(crate) enum TokenKind {
     Simple,
     Jwt,
 }
 
 /// Server flags for a token kind, plus the keys that must outlive the server (JWT only).
-pub fn token_args(token: TokenKind) -> (Vec<String>, Option<JwtKeys>) {
+pub(crate) fn token_args(token: TokenKind) -> (Vec<String>, Option<JwtKeys>) {
     let mut args: Vec<String> = FAST_BCRYPT.iter().map(|s| s.to_string()).collect();
     match token {
         TokenKind::Simple => (args, None),
@@ -97,7 +97,7 @@ pub fn token_args(token: TokenKind) -> (Vec<String>, Option<JwtKeys>) {
 // ---------------------------------------------------------------------------
 
 /// The gRPC message of an etcd-client error (its Display for anything that is not a status).
-pub fn msg(e: &etcd_client::Error) -> String {
+pub(crate) fn msg(e: &etcd_client::Error) -> String {
     match e {
         etcd_client::Error::GRpcStatus(s) => s.message().to_string(),
         other => other.to_string(),
@@ -106,7 +106,7 @@ pub fn msg(e: &etcd_client::Error) -> String {
 
 /// Asserts the result is an error with exactly this etcd message.
 #[track_caller]
-pub fn assert_err<T: std::fmt::Debug>(what: &str, r: Result<T, etcd_client::Error>, expected: &str) {
+pub(crate) fn assert_err<T: std::fmt::Debug>(what: &str, r: Result<T, etcd_client::Error>, expected: &str) {
     match r {
         Ok(v) => panic!("{what}: expected error {expected:?}, got success: {v:?}"),
         Err(e) => assert_eq!(msg(&e), expected, "{what}: wrong error ({e:?})"),
@@ -115,13 +115,13 @@ pub fn assert_err<T: std::fmt::Debug>(what: &str, r: Result<T, etcd_client::Erro
 
 /// Asserts the result is `etcdserver: permission denied`.
 #[track_caller]
-pub fn assert_denied<T: std::fmt::Debug>(what: &str, r: Result<T, etcd_client::Error>) {
+pub(crate) fn assert_denied<T: std::fmt::Debug>(what: &str, r: Result<T, etcd_client::Error>) {
     assert_err(what, r, PERMISSION_DENIED)
 }
 
 /// Unwraps a result that must succeed.
 #[track_caller]
-pub fn assert_ok<T>(what: &str, r: Result<T, etcd_client::Error>) -> T {
+pub(crate) fn assert_ok<T>(what: &str, r: Result<T, etcd_client::Error>) -> T {
     match r {
         Ok(v) => v,
         Err(e) => panic!("{what}: expected success, got {e:?}"),
@@ -132,21 +132,21 @@ pub fn assert_ok<T>(what: &str, r: Result<T, etcd_client::Error>) -> T {
 // a server with auth enabled
 // ---------------------------------------------------------------------------
 
-pub async fn connect(ep: &str) -> Client {
+pub(crate) async fn connect(ep: &str) -> Client {
     Client::connect([ep], None).await.unwrap_or_else(|e| panic!("connect to {ep}: {e}"))
 }
 
-pub async fn connect_as(ep: &str, user: &str, pw: &str) -> Client {
+pub(crate) async fn connect_as(ep: &str, user: &str, pw: &str) -> Client {
     try_connect_as(ep, user, pw).await.unwrap_or_else(|e| panic!("connect to {ep} as {user}: {e}"))
 }
 
-pub async fn try_connect_as(ep: &str, user: &str, pw: &str) -> Result<Client, etcd_client::Error> {
+pub(crate) async fn try_connect_as(ep: &str, user: &str, pw: &str) -> Result<Client, etcd_client::Error> {
     Client::connect([ep], Some(ConnectOptions::new().with_user(user, pw))).await
 }
 
 /// Creates user `root` (password [`ROOT_PW`]) with role `root` and enables auth, as `etcdctl auth
 /// enable` does; returns a client authenticated as root.
-pub async fn enable_auth(ep: &str) -> Client {
+pub(crate) async fn enable_auth(ep: &str) -> Client {
     let mut c = connect(ep).await;
     assert_ok("user add root", c.user_add("root", ROOT_PW, None).await);
     assert_ok("role add root", c.role_add("root").await);
@@ -156,7 +156,7 @@ pub async fn enable_auth(ep: &str) -> Client {
 }
 
 /// A running server with auth enabled and a root client (the server is killed on drop).
-pub struct AuthServer {
+pub(crate) struct AuthServer {
     pub server: Server,
     pub root: Client,
     /// The JWT key pair the server was started with, if any. Declared after `server`, so the key
@@ -166,13 +166,13 @@ pub struct AuthServer {
 
 impl AuthServer {
     /// keyward (or etcd under self-test) with `--bcrypt-cost 4` and auth enabled.
-    pub async fn start() -> AuthServer {
+    pub(crate) async fn start() -> AuthServer {
         AuthServer::start_with(Kind::under_test(), &FAST_BCRYPT).await
     }
 
     /// keyward (or etcd under self-test) with auth enabled and the flags of [`token_args`]: simple
     /// tokens, or JWTs signed with a fresh key pair of its own (kept in `keys` while it runs).
-    pub async fn start_with_token(token: TokenKind) -> AuthServer {
+    pub(crate) async fn start_with_token(token: TokenKind) -> AuthServer {
         let (args, keys) = token_args(token);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut s = AuthServer::start_with(Kind::under_test(), &args).await;
@@ -180,26 +180,26 @@ impl AuthServer {
         s
     }
 
-    pub async fn start_with(kind: Kind, args: &[&str]) -> AuthServer {
+    pub(crate) async fn start_with(kind: Kind, args: &[&str]) -> AuthServer {
         let server = Server::start_with(kind, args);
         let root = enable_auth(&server.endpoint()).await;
         AuthServer { server, root, keys: None }
     }
 
-    pub fn ep(&self) -> String {
+    pub(crate) fn ep(&self) -> String {
         self.server.endpoint()
     }
 
     /// Adds `name` (password `{name}pw`) holding a fresh role `{name}-role` with `perms`, and
     /// returns a client authenticated as that user.
-    pub async fn user(&mut self, name: &str, perms: &[Permission]) -> Client {
+    pub(crate) async fn user(&mut self, name: &str, perms: &[Permission]) -> Client {
         let pw = format!("{name}pw");
         self.add_user(name, &pw, perms).await;
         connect_as(&self.ep(), name, &pw).await
     }
 
     /// Adds `name` with password `pw` and a role `{name}-role` holding `perms`.
-    pub async fn add_user(&mut self, name: &str, pw: &str, perms: &[Permission]) {
+    pub(crate) async fn add_user(&mut self, name: &str, pw: &str, perms: &[Permission]) {
         let role = format!("{name}-role");
         assert_ok("user add", self.root.user_add(name, pw, None).await);
         assert_ok("role add", self.root.role_add(role.as_str()).await);
@@ -210,7 +210,7 @@ impl AuthServer {
     }
 
     /// Grants `perm` to `role` (as root).
-    pub async fn grant(&mut self, role: &str, perm: Permission) {
+    pub(crate) async fn grant(&mut self, role: &str, perm: Permission) {
         assert_ok("grant permission", self.root.role_grant_permission(role, perm).await);
     }
 }
@@ -219,9 +219,9 @@ impl AuthServer {
 // raw gRPC (keyward's own generated clients): requests with a chosen token
 // ---------------------------------------------------------------------------
 
-pub use keyward::proto::etcdserverpb as pb;
+pub(crate) use keyward::proto::etcdserverpb as pb;
 
-pub async fn channel(ep: &str) -> Channel {
+pub(crate) async fn channel(ep: &str) -> Channel {
     Channel::from_shared(format!("http://{ep}"))
         .expect("endpoint uri")
         .connect()
@@ -231,28 +231,33 @@ pub async fn channel(ep: &str) -> Channel {
 
 /// `msg` with the token in metadata header `header` (`token` as etcd 3.4 clients send it,
 /// `authorization` as newer ones do).
-pub fn with_token<T>(msg: T, header: &'static str, token: &str) -> tonic::Request<T> {
+pub(crate) fn with_token<T>(msg: T, header: &'static str, token: &str) -> tonic::Request<T> {
     let mut req = tonic::Request::new(msg);
     req.metadata_mut().insert(header, token.parse().expect("token is ASCII"));
     req
 }
 
 /// A token for `user` from a raw Authenticate call (no client-side caching or re-authentication).
-pub async fn raw_token(ep: &str, user: &str, pw: &str) -> Result<String, tonic::Status> {
+pub(crate) async fn raw_token(ep: &str, user: &str, pw: &str) -> Result<String, tonic::Status> {
     let mut auth = pb::auth_client::AuthClient::new(channel(ep).await);
     let req = pb::AuthenticateRequest { name: user.to_string(), password: pw.to_string() };
     Ok(auth.authenticate(req).await?.into_inner().token)
 }
 
 /// A raw Range of one key with `token` in the `token` header.
-pub async fn raw_get(ch: &Channel, token: &str, key: &str) -> Result<pb::RangeResponse, tonic::Status> {
+pub(crate) async fn raw_get(ch: &Channel, token: &str, key: &str) -> Result<pb::RangeResponse, tonic::Status> {
     let mut kv = pb::kv_client::KvClient::new(ch.clone());
     let req = pb::RangeRequest { key: key.as_bytes().to_vec(), ..Default::default() };
     Ok(kv.range(with_token(req, "token", token)).await?.into_inner())
 }
 
 /// A raw Put with `token` in the `token` header.
-pub async fn raw_put(ch: &Channel, token: &str, key: &str, value: &str) -> Result<pb::PutResponse, tonic::Status> {
+pub(crate) async fn raw_put(
+    ch: &Channel,
+    token: &str,
+    key: &str,
+    value: &str,
+) -> Result<pb::PutResponse, tonic::Status> {
     let mut kv = pb::kv_client::KvClient::new(ch.clone());
     let req = pb::PutRequest { key: key.as_bytes().to_vec(), value: value.as_bytes().to_vec(), ..Default::default() };
     Ok(kv.put(with_token(req, "token", token)).await?.into_inner())
@@ -265,12 +270,12 @@ pub async fn raw_put(ch: &Channel, token: &str, key: &str, value: &str) -> Resul
 /// Dials `target` from the loopback address `from` (the server still listens on 127.0.0.1 only):
 /// another client address on the same machine.
 #[derive(Clone)]
-pub struct DialFrom {
+pub(crate) struct DialFrom {
     pub from: std::net::Ipv4Addr,
     pub target: std::net::SocketAddr,
 }
 
-pub type Dialed = std::pin::Pin<
+pub(crate) type Dialed = std::pin::Pin<
     Box<dyn std::future::Future<Output = std::io::Result<hyper_util::rt::TokioIo<tokio::net::TcpStream>>> + Send>,
 >;
 
@@ -294,7 +299,7 @@ impl tonic::codegen::Service<tonic::transport::Uri> for DialFrom {
     }
 }
 
-pub async fn channel_from(ep: &str, from: std::net::Ipv4Addr) -> tonic::transport::Channel {
+pub(crate) async fn channel_from(ep: &str, from: std::net::Ipv4Addr) -> tonic::transport::Channel {
     let target = ep.parse().expect("host:port");
     tonic::transport::Endpoint::from_shared(format!("http://{ep}"))
         .unwrap()
@@ -303,7 +308,7 @@ pub async fn channel_from(ep: &str, from: std::net::Ipv4Addr) -> tonic::transpor
         .expect("connect from another loopback address")
 }
 
-pub async fn login_on(
+pub(crate) async fn login_on(
     ch: &tonic::transport::Channel,
     user: &str,
     pw: &str,

@@ -30,12 +30,12 @@ use super::pki::{self, client_params, server_params, Cert, Pki};
 use crate::common::{self, Output};
 
 /// Raft timing for tests: short, so elections after a kill take well under a second of idle time.
-pub const FAST_RAFT: [&str; 4] = ["--heartbeat-interval", "50", "--election-timeout", "500"];
+pub(crate) const FAST_RAFT: [&str; 4] = ["--heartbeat-interval", "50", "--election-timeout", "500"];
 /// Generous bound for anything that waits on an election or a catch-up (never a measurement).
-pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How the members are started.
-pub struct Options {
+pub(crate) struct Options {
     pub members: usize,
     /// `--initial-cluster-token`.
     pub token: String,
@@ -54,7 +54,7 @@ pub struct Options {
 
 impl Options {
     /// `members` members, plaintext, fast raft timing, `--bcrypt-cost 4`.
-    pub fn new(members: usize) -> Options {
+    pub(crate) fn new(members: usize) -> Options {
         let mut flags: Vec<String> = FAST_RAFT.iter().map(|s| s.to_string()).collect();
         flags.extend(["--bcrypt-cost", "4"].map(String::from));
         Options {
@@ -68,29 +68,29 @@ impl Options {
         }
     }
 
-    pub fn flags(mut self, flags: &[&str]) -> Options {
+    pub(crate) fn flags(mut self, flags: &[&str]) -> Options {
         self.flags.extend(flags.iter().map(|s| s.to_string()));
         self
     }
 
-    pub fn peer_tls(mut self) -> Options {
+    pub(crate) fn peer_tls(mut self) -> Options {
         self.peer_tls = true;
         self
     }
 
     /// Peer mTLS with peer certificates of the client CA: one CA signs members and users alike.
-    pub fn peer_tls_shared_ca(mut self) -> Options {
+    pub(crate) fn peer_tls_shared_ca(mut self) -> Options {
         self.peer_tls = true;
         self.peer_ca_shared = true;
         self
     }
 
-    pub fn client_tls(mut self) -> Options {
+    pub(crate) fn client_tls(mut self) -> Options {
         self.client_tls = true;
         self
     }
 
-    pub fn netns(mut self, netns: Netns) -> Options {
+    pub(crate) fn netns(mut self, netns: Netns) -> Options {
         self.netns = Some(netns);
         self
     }
@@ -99,7 +99,7 @@ impl Options {
 /// Where a member runs: the hosts of its client and peer URLs and the command that places it
 /// (`ip netns exec NS`), empty on loopback.
 #[derive(Clone, Debug)]
-pub struct Placement {
+pub(crate) struct Placement {
     pub client_host: String,
     pub peer_host: String,
     pub wrapper: Vec<String>,
@@ -113,13 +113,13 @@ impl Placement {
 
 /// The client side's TLS material: the CA and the certificate etcdctl / etcd-client present.
 #[derive(Clone, Debug)]
-pub struct ClientTls {
+pub(crate) struct ClientTls {
     pub ca: PathBuf,
     pub cert: Cert,
 }
 
 /// One member process. Killed (SIGKILL by PID) when dropped.
-pub struct Member {
+pub(crate) struct Member {
     pub name: String,
     pub client_url: String,
     pub peer_url: String,
@@ -138,7 +138,7 @@ pub struct Member {
 
 impl Member {
     /// Starts the process (does not wait for it).
-    pub fn spawn(&mut self) {
+    pub(crate) fn spawn(&mut self) {
         assert!(self.child.is_none(), "{} is already running", self.name);
         let mut log = File::options().create(true).append(true).open(self.log_path()).expect("open member log");
         let bin = common::keyward_bin();
@@ -165,7 +165,7 @@ impl Member {
     }
 
     /// Waits until `etcdctl endpoint health` passes on this member (a leader, a committed read).
-    pub fn wait_ready(&mut self) {
+    pub(crate) fn wait_ready(&mut self) {
         if let Err(why) = self.try_wait_ready(SETTLE_TIMEOUT) {
             let tail = self.log_tail(40);
             self.kill_9();
@@ -177,7 +177,7 @@ impl Member {
         }
     }
 
-    pub fn try_wait_ready(&mut self, timeout: Duration) -> Result<(), String> {
+    pub(crate) fn try_wait_ready(&mut self, timeout: Duration) -> Result<(), String> {
         let deadline = Instant::now() + timeout;
         let mut last = String::from("the client port never accepted a connection");
         loop {
@@ -202,7 +202,7 @@ impl Member {
     }
 
     /// SIGKILL by PID and wait for the exit. Idempotent.
-    pub fn kill_9(&mut self) {
+    pub(crate) fn kill_9(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -210,25 +210,25 @@ impl Member {
     }
 
     /// Kill -9, then start again on the same data dir, ports and flags, and wait until ready.
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.kill_9();
         self.spawn();
         self.wait_ready();
     }
 
     /// The exit status, if the process has exited on its own (then it is reaped).
-    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+    pub(crate) fn exited(&mut self) -> Option<std::process::ExitStatus> {
         let status = self.child.as_mut()?.try_wait().ok().flatten()?;
         self.child = None;
         Some(status)
     }
 
-    pub fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
 
     /// `host:port` of the client URL.
-    pub fn addr(&self) -> String {
+    pub(crate) fn addr(&self) -> String {
         self.client_addr().to_string()
     }
 
@@ -236,34 +236,34 @@ impl Member {
         self.client_url.split("://").nth(1).unwrap_or(&self.client_url).parse().expect("client URL host:port")
     }
 
-    pub fn log_path(&self) -> PathBuf {
+    pub(crate) fn log_path(&self) -> PathBuf {
         self.dir.as_ref().unwrap().path().join("member.log")
     }
 
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read(self.log_path()).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
     }
 
-    pub fn log_tail(&self, n: usize) -> String {
+    pub(crate) fn log_tail(&self, n: usize) -> String {
         let log = self.log();
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(n)..].join("\n")
     }
 
     /// etcdctl against this member only (with the client certificate when clients use TLS).
-    pub fn etcdctl(&self, args: &[&str]) -> Output {
+    pub(crate) fn etcdctl(&self, args: &[&str]) -> Output {
         etcdctl_at(&self.client_url, self.client_tls.as_ref(), args)
     }
 
     /// etcdctl presenting `cert` instead of the default client certificate.
-    pub fn etcdctl_as(&self, cert: &Cert, args: &[&str]) -> Output {
+    pub(crate) fn etcdctl_as(&self, cert: &Cert, args: &[&str]) -> Output {
         let tls = self.client_tls.as_ref().map(|t| ClientTls { ca: t.ca.clone(), cert: cert.clone() });
         etcdctl_at(&self.client_url, tls.as_ref(), args)
     }
 
     /// etcdctl that must succeed; its stdout.
     #[track_caller]
-    pub fn ctl(&self, args: &[&str]) -> String {
+    pub(crate) fn ctl(&self, args: &[&str]) -> String {
         let out = self.etcdctl(args);
         assert!(out.success(), "etcdctl {args:?} on {} failed:\n{}{}", self.name, out.stdout, out.stderr);
         out.stdout
@@ -271,16 +271,16 @@ impl Member {
 
     /// An etcd-client connected to this member only, without a password (a client certificate
     /// when clients use TLS).
-    pub async fn client(&self) -> Client {
+    pub(crate) async fn client(&self) -> Client {
         self.try_client(None).await.unwrap_or_else(|e| panic!("connect to {}: {e}", self.name))
     }
 
-    pub async fn try_client(&self, user: Option<(&str, &str)>) -> Result<Client, etcd_client::Error> {
+    pub(crate) async fn try_client(&self, user: Option<(&str, &str)>) -> Result<Client, etcd_client::Error> {
         self.try_client_with(user, Duration::from_secs(10)).await
     }
 
     /// An etcd-client connected to this member only whose requests give up after `timeout`.
-    pub async fn try_client_with(
+    pub(crate) async fn try_client_with(
         &self,
         user: Option<(&str, &str)>,
         timeout: Duration,
@@ -307,7 +307,7 @@ impl Drop for Member {
     }
 }
 
-pub fn tls_options(tls: &ClientTls) -> TlsOptions {
+pub(crate) fn tls_options(tls: &ClientTls) -> TlsOptions {
     TlsOptions::new().ca_certificate(Certificate::from_pem(std::fs::read(&tls.ca).expect("read CA"))).identity(
         Identity::from_pem(
             std::fs::read(&tls.cert.cert).expect("read client cert"),
@@ -317,7 +317,7 @@ pub fn tls_options(tls: &ClientTls) -> TlsOptions {
 }
 
 /// `etcdctl --endpoints=URLS [--cacert --cert --key] ARGS`.
-pub fn etcdctl_at(endpoints: &str, tls: Option<&ClientTls>, args: &[&str]) -> Output {
+pub(crate) fn etcdctl_at(endpoints: &str, tls: Option<&ClientTls>, args: &[&str]) -> Output {
     let mut all: Vec<&str> = Vec::new();
     let (ca, cert, key);
     if let Some(tls) = tls {
@@ -330,7 +330,7 @@ pub fn etcdctl_at(endpoints: &str, tls: Option<&ClientTls>, args: &[&str]) -> Ou
 }
 
 /// A running cluster. Every member is killed when it is dropped.
-pub struct Cluster {
+pub(crate) struct Cluster {
     pub members: Vec<Member>,
     /// The CA and certificates of client TLS (also of peer TLS with a shared CA).
     pub pki: Pki,
@@ -347,7 +347,7 @@ pub struct Cluster {
 
 impl Cluster {
     /// Starts every member and waits until each passes `endpoint health`.
-    pub fn start(options: Options) -> Cluster {
+    pub(crate) fn start(options: Options) -> Cluster {
         let mut cluster = Cluster::spawn(options);
         for member in &mut cluster.members {
             member.wait_ready();
@@ -356,7 +356,7 @@ impl Cluster {
     }
 
     /// Starts every member without waiting for them.
-    pub fn spawn(options: Options) -> Cluster {
+    pub(crate) fn spawn(options: Options) -> Cluster {
         let pki = Pki::new();
         let peer_ca = pki::Ca::new("keyward test peer CA");
         std::fs::write(pki.path("peer-ca.pem"), &peer_ca.pem).expect("write the peer CA");
@@ -497,7 +497,7 @@ impl Cluster {
     }
 
     /// A certificate of the CA the members' peer ports trust, written as `NAME.pem`.
-    pub fn peer_cert(&self, name: &str, params: rcgen::CertificateParams) -> Cert {
+    pub(crate) fn peer_cert(&self, name: &str, params: rcgen::CertificateParams) -> Cert {
         match self.peer_ca_shared {
             true => self.pki.issue(name, params),
             false => self.pki.issue_by(&self.peer_ca, name, params),
@@ -505,7 +505,7 @@ impl Cluster {
     }
 
     /// The CA file the peer ports trust (`--peer-trusted-ca-file`).
-    pub fn peer_ca_file(&self) -> PathBuf {
+    pub(crate) fn peer_ca_file(&self) -> PathBuf {
         match self.peer_ca_shared {
             true => self.pki.ca_file(),
             false => self.pki.path("peer-ca.pem"),
@@ -513,20 +513,20 @@ impl Cluster {
     }
 
     /// A client certificate of the cluster's CA with Common Name `cn`.
-    pub fn client_cert(&self, cn: &str) -> Cert {
+    pub(crate) fn client_cert(&self, cn: &str) -> Cert {
         self.pki.issue(&format!("client-{cn}"), client_params(Some(cn)))
     }
 
     /// Adds a member through `etcdctl member add` on member `via` and starts it with
     /// `--initial-cluster-state existing` (learner or voter); returns its index. Waits until it answers
     /// on its client port, not for it to catch up.
-    pub fn add_member(&mut self, via: usize, name: &str, learner: bool) -> usize {
+    pub(crate) fn add_member(&mut self, via: usize, name: &str, learner: bool) -> usize {
         self.add_member_with(via, name, learner, |_| {})
     }
 
     /// [`Cluster::add_member`] whose flags `adjust` may change before the start (e.g. another
     /// certificate).
-    pub fn add_member_with(
+    pub(crate) fn add_member_with(
         &mut self,
         via: usize,
         name: &str,
@@ -556,7 +556,7 @@ impl Cluster {
 
     /// Starts one more member on loopback with the cluster's flags plus the bootstrap flags `bootstrap`
     /// writes (it sees the member's URLs); returns its index. Nothing is added to the cluster first.
-    pub fn spawn_member(&mut self, name: &str, bootstrap: impl FnOnce(&Member, &mut Vec<String>)) -> usize {
+    pub(crate) fn spawn_member(&mut self, name: &str, bootstrap: impl FnOnce(&Member, &mut Vec<String>)) -> usize {
         let mut member = self.new_member(name, &Placement::loopback());
         let mut args = Vec::new();
         bootstrap(&member, &mut args);
@@ -568,17 +568,17 @@ impl Cluster {
     }
 
     /// The network namespaces the members run in.
-    pub fn netns(&self) -> &Netns {
+    pub(crate) fn netns(&self) -> &Netns {
         self.netns.as_ref().expect("a cluster in network namespaces")
     }
 
     /// Every member's client URL, comma-separated (etcdctl's `--endpoints`).
-    pub fn endpoints(&self) -> String {
+    pub(crate) fn endpoints(&self) -> String {
         self.members.iter().map(|m| m.client_url.as_str()).collect::<Vec<_>>().join(",")
     }
 
     /// Status of member `i`: `(its member id, the leader it knows, raft term)`, or why not.
-    pub async fn status(&self, i: usize) -> Result<(u64, u64, u64), String> {
+    pub(crate) async fn status(&self, i: usize) -> Result<(u64, u64, u64), String> {
         let member = &self.members[i];
         let admin = member.admin.as_ref().map(|(u, p)| (u.as_str(), p.as_str()));
         let mut client = member.try_client(admin).await.map_err(|e| e.to_string())?;
@@ -592,7 +592,7 @@ impl Cluster {
 
     /// The index of the leader once every running member in `among` reports the same leader, which is
     /// one of them; panics after [`SETTLE_TIMEOUT`].
-    pub async fn leader_among(&self, among: &[usize]) -> usize {
+    pub(crate) async fn leader_among(&self, among: &[usize]) -> usize {
         let deadline = Instant::now() + SETTLE_TIMEOUT;
         let mut last = String::new();
         loop {
@@ -620,19 +620,19 @@ impl Cluster {
     }
 
     /// From now on the harness authenticates as `user` where auth is needed (auth was enabled).
-    pub fn set_admin(&mut self, user: &str, password: &str) {
+    pub(crate) fn set_admin(&mut self, user: &str, password: &str) {
         for member in &mut self.members {
             member.admin = Some((user.to_string(), password.to_string()));
         }
     }
 
     /// The leader among every member the harness has started and not killed.
-    pub async fn leader(&self) -> usize {
+    pub(crate) async fn leader(&self) -> usize {
         self.leader_among(&self.started()).await
     }
 
     /// The members the harness has started and not killed.
-    pub fn started(&self) -> Vec<usize> {
+    pub(crate) fn started(&self) -> Vec<usize> {
         (0..self.members.len()).filter(|&i| self.members[i].pid().is_some()).collect()
     }
 }
@@ -652,7 +652,7 @@ fn is_loopback(host: &str) -> bool {
 /// member's peer link down: it is cut off its peers, its clients still reach it.
 ///
 /// Names and addresses carry this process's id, so two test runs on one machine do not collide.
-pub struct Netns {
+pub(crate) struct Netns {
     tag: String,
     bridge: String,
     pub placements: Vec<Placement>,
@@ -671,7 +671,7 @@ fn ip(args: &[&str]) -> Result<(), String> {
 
 impl Netns {
     /// Sets up `n` namespaces, or says why it cannot (not root, no `ip`, no veth or bridge support).
-    pub fn create(n: usize) -> Result<Netns, String> {
+    pub(crate) fn create(n: usize) -> Result<Netns, String> {
         let pid = std::process::id();
         let tag = format!("kw{}", pid % 100_000);
         let octet = 100 + pid % 100;
@@ -716,12 +716,12 @@ impl Netns {
     }
 
     /// Cuts member `i` off its peers (its client link stays up).
-    pub fn isolate(&self, i: usize) {
+    pub(crate) fn isolate(&self, i: usize) {
         ip(&["link", "set", &self.peer_links[i], "down"]).expect("take the peer link down");
     }
 
     /// Undoes [`Netns::isolate`].
-    pub fn heal(&self, i: usize) {
+    pub(crate) fn heal(&self, i: usize) {
         ip(&["link", "set", &self.peer_links[i], "up"]).expect("bring the peer link up");
     }
 

@@ -45,7 +45,7 @@ use fuser::{
 };
 
 /// The unit of data tracking (and of the torn mode's choices).
-pub const PAGE: usize = 4096;
+pub(crate) const PAGE: usize = 4096;
 const PAGE_U64: u64 = PAGE as u64;
 /// How long the kernel may cache attributes and names: everything changes through the kernel, so
 /// its caches stay right; a short TTL only bounds the damage of a mistake here.
@@ -61,7 +61,7 @@ type Page = Arc<[u8; PAGE]>;
 
 /// How a power loss treats what was written but not synced.
 #[derive(Clone, Copy, Debug)]
-pub enum Loss {
+pub(crate) enum Loss {
     /// Only the durable state survives.
     Clean,
     /// The durable state, plus each page written since its file's last sync independently kept or
@@ -75,7 +75,7 @@ pub enum Loss {
     dead_code,
     reason = "the sync counts and the interrupted file are read through Debug: the report a failing test prints"
 )]
-pub struct PowerLoss {
+pub(crate) struct PowerLoss {
     pub files: usize,
     pub dirs: usize,
     /// Pages written since their file's last sync: kept in the image / lost.
@@ -857,7 +857,7 @@ impl Filesystem for Fs {
 
 /// A mounted faultfs. Dropping it unmounts it (lazily if it is still in use); the image is only
 /// written by [`FaultFs::power_loss`].
-pub struct FaultFs {
+pub(crate) struct FaultFs {
     mountpoint: PathBuf,
     disk: Arc<Mutex<Disk>>,
     session: Option<fuser::BackgroundSession>,
@@ -866,7 +866,7 @@ pub struct FaultFs {
 impl FaultFs {
     /// Mounts an empty faultfs on `mountpoint` (an existing empty directory). `Err` says why FUSE
     /// is not available here (no `/dev/fuse`, or the mount was refused).
-    pub fn mount(mountpoint: &Path) -> std::result::Result<FaultFs, String> {
+    pub(crate) fn mount(mountpoint: &Path) -> std::result::Result<FaultFs, String> {
         if !Path::new("/dev/fuse").exists() {
             return Err("no /dev/fuse".into());
         }
@@ -878,25 +878,25 @@ impl FaultFs {
         Ok(FaultFs { mountpoint: mountpoint.to_path_buf(), disk, session: Some(session) })
     }
 
-    pub fn mountpoint(&self) -> &Path {
+    pub(crate) fn mountpoint(&self) -> &Path {
         &self.mountpoint
     }
 
     /// The power goes out during the next `fsync`/`fdatasync` of a file: that sync fails (EIO)
     /// and persists nothing, and so does every request after it. See [`FaultFs::stopped`].
-    pub fn stop_at_next_sync(&self) {
+    pub(crate) fn stop_at_next_sync(&self) {
         lock(&self.disk).stop_at_sync = true;
     }
 
     /// Whether the power is out (every request fails).
-    pub fn stopped(&self) -> bool {
+    pub(crate) fn stopped(&self) -> bool {
         lock(&self.disk).stopped
     }
 
     /// The power goes out: every later request fails, the file system is unmounted, and what
     /// `loss` keeps of it is written into the (now plain) mount point directory. Nothing may still
     /// use the file system (kill the processes that did first).
-    pub fn power_loss(mut self, loss: Loss) -> io::Result<PowerLoss> {
+    pub(crate) fn power_loss(mut self, loss: Loss) -> io::Result<PowerLoss> {
         lock(&self.disk).stopped = true;
         self.unmount()?;
         let disk = lock(&self.disk);

@@ -7,18 +7,18 @@ use rustls_pki_types::pem::PemObject;
 
 use super::pki::Cert;
 
-pub const FORWARDED_CERT: &str = "keyward-forwarded-client-cert";
-pub const NOT_TRUSTED_PROXY: &str = "peer is not a trusted proxy";
+pub(crate) const FORWARDED_CERT: &str = "keyward-forwarded-client-cert";
+pub(crate) const NOT_TRUSTED_PROXY: &str = "peer is not a trusted proxy";
 
 /// `cert`'s leaf as a proxy forwards it: DER, standard base64.
-pub fn forwarded(cert: &Cert) -> String {
+pub(crate) fn forwarded(cert: &Cert) -> String {
     use base64::Engine as _;
     let der = rustls_pki_types::CertificateDer::from_pem_file(&cert.cert).unwrap();
     base64::engine::general_purpose::STANDARD.encode(der)
 }
 
 /// Puts `key`, sending `forward` as `keyward-forwarded-client-cert` if given.
-pub async fn put(
+pub(crate) async fn put(
     kv: &mut KvClient<tonic::transport::Channel>,
     key: &str,
     forward: Option<&str>,
@@ -31,7 +31,7 @@ pub async fn put(
 }
 
 #[track_caller]
-pub fn assert_denied(result: Result<(), tonic::Status>, message: &str, what: &str) {
+pub(crate) fn assert_denied(result: Result<(), tonic::Status>, message: &str, what: &str) {
     match result {
         Err(status) => assert!(
             status.code() == tonic::Code::PermissionDenied && status.message().contains(message),

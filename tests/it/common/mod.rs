@@ -37,55 +37,55 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
-pub mod alone;
-pub mod auth;
-pub mod cluster;
-pub mod faultfs;
-pub mod forwarding;
-pub mod pki;
-pub mod restore;
+pub(crate) mod alone;
+pub(crate) mod auth;
+pub(crate) mod cluster;
+pub(crate) mod faultfs;
+pub(crate) mod forwarding;
+pub(crate) mod pki;
+pub(crate) mod restore;
 
 use etcd_client::Client;
 use tempfile::TempDir;
 use tonic::Code;
 
 /// How long a server may take to become ready.
-pub const START_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// Hard wall-clock limit for one etcdctl invocation (its own timeouts are 5 s; `check perf` runs a minute).
-pub const ETCDCTL_WALL_TIMEOUT: Duration = Duration::from_secs(150);
+pub(crate) const ETCDCTL_WALL_TIMEOUT: Duration = Duration::from_secs(150);
 /// Member name given to every server (same on both sides so `member list` compares).
-pub const MEMBER_NAME: &str = "node1";
+pub(crate) const MEMBER_NAME: &str = "node1";
 
 /// etcd's client-visible error messages, spelled once for every test that expects them. They are
 /// etcd 3.4's strings, written out here rather than taken from keyward's `error.rs`, so that a test
 /// pins what etcd says and not what keyward happens to say.
-pub mod etcd_errors {
+pub(crate) mod etcd_errors {
     // kv and txn
-    pub const EMPTY_KEY: &str = "etcdserver: key is not provided";
-    pub const KEY_NOT_FOUND: &str = "etcdserver: key not found";
-    pub const VALUE_PROVIDED: &str = "etcdserver: value is provided";
-    pub const LEASE_PROVIDED: &str = "etcdserver: lease is provided";
-    pub const TOO_MANY_OPS: &str = "etcdserver: too many operations in txn request";
-    pub const DUPLICATE_KEY: &str = "etcdserver: duplicate key given in txn request";
-    pub const TOO_LARGE: &str = "etcdserver: request is too large";
-    pub const COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
-    pub const FUTURE_REV: &str = "etcdserver: mvcc: required revision is a future revision";
-    pub const NO_SPACE: &str = "etcdserver: mvcc: database space exceeded";
+    pub(crate) const EMPTY_KEY: &str = "etcdserver: key is not provided";
+    pub(crate) const KEY_NOT_FOUND: &str = "etcdserver: key not found";
+    pub(crate) const VALUE_PROVIDED: &str = "etcdserver: value is provided";
+    pub(crate) const LEASE_PROVIDED: &str = "etcdserver: lease is provided";
+    pub(crate) const TOO_MANY_OPS: &str = "etcdserver: too many operations in txn request";
+    pub(crate) const DUPLICATE_KEY: &str = "etcdserver: duplicate key given in txn request";
+    pub(crate) const TOO_LARGE: &str = "etcdserver: request is too large";
+    pub(crate) const COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
+    pub(crate) const FUTURE_REV: &str = "etcdserver: mvcc: required revision is a future revision";
+    pub(crate) const NO_SPACE: &str = "etcdserver: mvcc: database space exceeded";
     // leases
-    pub const LEASE_NOT_FOUND: &str = "etcdserver: requested lease not found";
-    pub const LEASE_EXISTS: &str = "etcdserver: lease already exists";
-    pub const TTL_TOO_LARGE: &str = "etcdserver: too large lease TTL";
+    pub(crate) const LEASE_NOT_FOUND: &str = "etcdserver: requested lease not found";
+    pub(crate) const LEASE_EXISTS: &str = "etcdserver: lease already exists";
+    pub(crate) const TTL_TOO_LARGE: &str = "etcdserver: too large lease TTL";
     // cluster and maintenance
-    pub const MEMBER_NOT_FOUND: &str = "etcdserver: member not found";
-    pub const BAD_TRANSFEREE: &str = "etcdserver: bad leader transferee";
+    pub(crate) const MEMBER_NOT_FOUND: &str = "etcdserver: member not found";
+    pub(crate) const BAD_TRANSFEREE: &str = "etcdserver: bad leader transferee";
     // auth
-    pub const USER_EMPTY: &str = "etcdserver: user name is empty";
-    pub const AUTH_FAILED: &str = "etcdserver: authentication failed, invalid user ID or password";
-    pub const PERMISSION_DENIED: &str = "etcdserver: permission denied";
-    pub const AUTH_OLD_REVISION: &str = "etcdserver: revision of auth store is old";
-    pub const INVALID_AUTH_TOKEN: &str = "etcdserver: invalid auth token";
-    pub const USER_NOT_FOUND: &str = "etcdserver: user name not found";
-    pub const ROLE_NOT_FOUND: &str = "etcdserver: role name not found";
+    pub(crate) const USER_EMPTY: &str = "etcdserver: user name is empty";
+    pub(crate) const AUTH_FAILED: &str = "etcdserver: authentication failed, invalid user ID or password";
+    pub(crate) const PERMISSION_DENIED: &str = "etcdserver: permission denied";
+    pub(crate) const AUTH_OLD_REVISION: &str = "etcdserver: revision of auth store is old";
+    pub(crate) const INVALID_AUTH_TOKEN: &str = "etcdserver: invalid auth token";
+    pub(crate) const USER_NOT_FOUND: &str = "etcdserver: user name not found";
+    pub(crate) const ROLE_NOT_FOUND: &str = "etcdserver: role name not found";
 }
 
 // ---------------------------------------------------------------------------
@@ -93,15 +93,15 @@ pub mod etcd_errors {
 // ---------------------------------------------------------------------------
 
 /// Path of the keyward binary under test (built by cargo for integration tests).
-pub fn keyward_bin() -> PathBuf {
+pub(crate) fn keyward_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_keyward"))
 }
 
-pub fn etcd_bin() -> PathBuf {
+pub(crate) fn etcd_bin() -> PathBuf {
     PathBuf::from(std::env::var("KEYWARD_HARNESS_ETCD").unwrap_or_else(|_| "/usr/bin/etcd".into()))
 }
 
-pub fn etcdctl_bin() -> PathBuf {
+pub(crate) fn etcdctl_bin() -> PathBuf {
     PathBuf::from(std::env::var("KEYWARD_HARNESS_ETCDCTL").unwrap_or_else(|_| "/usr/bin/etcdctl".into()))
 }
 
@@ -110,7 +110,7 @@ fn env_flag(name: &str) -> bool {
 }
 
 /// `KEYWARD_HARNESS_SELFTEST=1`: scenarios compare etcd against etcd.
-pub fn selftest() -> bool {
+pub(crate) fn selftest() -> bool {
     env_flag("KEYWARD_HARNESS_SELFTEST")
 }
 
@@ -124,7 +124,7 @@ fn verbose() -> bool {
 /// Also turns keyward's login throttling (`auth/throttle.rs`) practically off: many tests log in
 /// with wrong passwords on purpose and would otherwise wait. The throttling tests set the
 /// `--login-throttle-*` flags themselves, which take precedence over this variable.
-pub fn scrub_env(cmd: &mut Command) {
+pub(crate) fn scrub_env(cmd: &mut Command) {
     for (k, _) in std::env::vars_os() {
         if let Some(k) = k.to_str() {
             if k.starts_with("ETCD_") || k.starts_with("ETCDCTL_") || k.starts_with("KEYWARD_LOGIN_THROTTLE") {
@@ -145,7 +145,7 @@ static HANDED_OUT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
 
 /// A currently free TCP port on 127.0.0.1 (bind to :0 and read the port back),
 /// never one this process handed out before.
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     for _ in 0..1000 {
         let port = {
             let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
@@ -165,7 +165,7 @@ pub fn free_port() -> u16 {
 // ---------------------------------------------------------------------------
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Keyward,
     Etcd,
 }
@@ -173,7 +173,7 @@ pub enum Kind {
 impl Kind {
     /// The server the tests run against: keyward, or a real etcd 3.4 under
     /// `KEYWARD_HARNESS_SELFTEST=1` (to check the expectations themselves).
-    pub fn under_test() -> Kind {
+    pub(crate) fn under_test() -> Kind {
         if selftest() {
             Kind::Etcd
         } else {
@@ -181,7 +181,7 @@ impl Kind {
         }
     }
 
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Kind::Keyward => "keyward",
             Kind::Etcd => "etcd",
@@ -190,7 +190,7 @@ impl Kind {
 
     /// The binary that runs a member of this kind and the arguments before its flags
     /// (`keyward serve`, `etcd`).
-    pub fn program(self) -> (PathBuf, Vec<String>) {
+    pub(crate) fn program(self) -> (PathBuf, Vec<String>) {
         match self {
             Kind::Keyward => (keyward_bin(), vec!["serve".to_string()]),
             Kind::Etcd => (etcd_bin(), Vec::new()),
@@ -200,7 +200,7 @@ impl Kind {
 
 /// The flags of a fresh single-member cluster whose one member, [`MEMBER_NAME`], keeps its data in
 /// `data_dir` and listens on `client_url` and `peer_url` (etcd's flag names, which keyward shares).
-pub fn member_flags(data_dir: &Path, client_url: &str, peer_url: &str) -> Vec<String> {
+pub(crate) fn member_flags(data_dir: &Path, client_url: &str, peer_url: &str) -> Vec<String> {
     [
         "--name",
         MEMBER_NAME,
@@ -224,7 +224,7 @@ pub fn member_flags(data_dir: &Path, client_url: &str, peer_url: &str) -> Vec<St
 /// How a test server's client listener is served and how etcdctl reaches it. The default is what
 /// every test used first: plain HTTP, endpoints written without a scheme.
 #[derive(Clone, Debug, Default)]
-pub struct ClientUrl {
+pub(crate) struct ClientUrl {
     /// `None`: "127.0.0.1:PORT"; `Some("http")` / `Some("https")`: "SCHEME://127.0.0.1:PORT".
     pub etcdctl_scheme: Option<&'static str>,
     /// Serve TLS (`https://` listen URL); the certificate flags go in `server_flags`.
@@ -237,12 +237,12 @@ pub struct ClientUrl {
 
 impl ClientUrl {
     /// Plain HTTP, etcdctl given `http://127.0.0.1:PORT`.
-    pub fn http_scheme() -> ClientUrl {
+    pub(crate) fn http_scheme() -> ClientUrl {
         ClientUrl { etcdctl_scheme: Some("http"), ..ClientUrl::default() }
     }
 
     /// TLS with `server_flags`, etcdctl given `https://127.0.0.1:PORT` and `etcdctl_flags`.
-    pub fn https(server_flags: Vec<String>, etcdctl_flags: Vec<String>) -> ClientUrl {
+    pub(crate) fn https(server_flags: Vec<String>, etcdctl_flags: Vec<String>) -> ClientUrl {
         ClientUrl { etcdctl_scheme: Some("https"), tls: true, server_flags, etcdctl_flags }
     }
 
@@ -267,7 +267,7 @@ impl ClientUrl {
 ///
 /// Layout of its temp dir (`dir`): `dir/data` is the `--data-dir`, `dir/server.log`
 /// collects the server's stdout and stderr (appended across restarts).
-pub struct Server {
+pub(crate) struct Server {
     pub kind: Kind,
     pub client_port: u16,
     pub peer_port: u16,
@@ -283,18 +283,18 @@ pub struct Server {
 
 impl Server {
     /// Start a fresh server and wait until it is ready.
-    pub fn start(kind: Kind) -> Server {
+    pub(crate) fn start(kind: Kind) -> Server {
         Server::start_with(kind, &[])
     }
 
     /// Start a fresh server with `extra_args` appended to the standard flags.
-    pub fn start_with(kind: Kind, extra_args: &[&str]) -> Server {
+    pub(crate) fn start_with(kind: Kind, extra_args: &[&str]) -> Server {
         start_all(&[(kind, extra_args)]).pop().unwrap()
     }
 
     /// Start a server on an existing dir (one returned by [`Server::into_dir`]),
     /// on new ports.
-    pub fn start_in(kind: Kind, dir: TempDir, extra_args: &[&str]) -> Server {
+    pub(crate) fn start_in(kind: Kind, dir: TempDir, extra_args: &[&str]) -> Server {
         let extra: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
         let mut s = Server::spawn(kind, dir, free_port(), free_port(), extra, ClientUrl::default());
         if let Err(e) = s.wait_ready() {
@@ -381,30 +381,30 @@ impl Server {
     }
 
     /// "127.0.0.1:PORT" of the client listener.
-    pub fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         format!("127.0.0.1:{}", self.client_port)
     }
 
-    pub fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
     }
 
     /// The temp dir holding `data/` and `server.log`.
-    pub fn dir(&self) -> &TempDir {
+    pub(crate) fn dir(&self) -> &TempDir {
         self.dir.as_ref().unwrap()
     }
 
     /// The `--data-dir` passed to the server.
-    pub fn data_dir(&self) -> PathBuf {
+    pub(crate) fn data_dir(&self) -> PathBuf {
         self.dir().path().join("data")
     }
 
-    pub fn log_path(&self) -> PathBuf {
+    pub(crate) fn log_path(&self) -> PathBuf {
         self.dir().path().join("server.log")
     }
 
     /// Last `n` lines of the server log.
-    pub fn log_tail(&self, n: usize) -> String {
+    pub(crate) fn log_tail(&self, n: usize) -> String {
         let text = std::fs::read(self.log_path())
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .unwrap_or_else(|e| format!("<cannot read log: {e}>"));
@@ -413,7 +413,7 @@ impl Server {
     }
 
     /// SIGKILL the process (by PID) and wait for it to exit. Idempotent.
-    pub fn kill_9(&mut self) {
+    pub(crate) fn kill_9(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill(); // SIGKILL on unix
             let _ = child.wait();
@@ -422,7 +422,7 @@ impl Server {
 
     /// Kill (SIGKILL) and start again on the same data dir and the same ports; waits
     /// until ready.
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.kill_9();
         self.spawn_child();
         if let Err(e) = self.wait_ready() {
@@ -432,16 +432,16 @@ impl Server {
 
     /// The endpoint as etcdctl is given it: "127.0.0.1:PORT", or with the scheme when the server's
     /// `ClientUrl` says so.
-    pub fn etcdctl_endpoint(&self) -> String {
+    pub(crate) fn etcdctl_endpoint(&self) -> String {
         format!("{}{}", self.client.etcdctl_prefix(), self.endpoint())
     }
 
     /// Run etcdctl against this server (with the `ClientUrl`'s flags first).
-    pub fn etcdctl(&self, args: &[&str]) -> Output {
+    pub(crate) fn etcdctl(&self, args: &[&str]) -> Output {
         etcdctl(&self.etcdctl_endpoint(), &self.client.with_flags(args))
     }
 
-    pub fn etcdctl_stdin(&self, args: &[&str], stdin: &str) -> Output {
+    pub(crate) fn etcdctl_stdin(&self, args: &[&str], stdin: &str) -> Output {
         etcdctl_stdin(&self.etcdctl_endpoint(), &self.client.with_flags(args), stdin)
     }
 }
@@ -461,12 +461,12 @@ impl Drop for Server {
 /// Start several fresh servers concurrently (all spawned first, then each awaited).
 /// A server whose start fails because a port got taken in the meantime is retried
 /// on new ports in a new dir (up to 3 tries).
-pub fn start_all(specs: &[(Kind, &[&str])]) -> Vec<Server> {
+pub(crate) fn start_all(specs: &[(Kind, &[&str])]) -> Vec<Server> {
     start_all_on(&ClientUrl::default(), specs)
 }
 
 /// [`start_all`] with every server's client listener as `client` says.
-pub fn start_all_on(client: &ClientUrl, specs: &[(Kind, &[&str])]) -> Vec<Server> {
+pub(crate) fn start_all_on(client: &ClientUrl, specs: &[(Kind, &[&str])]) -> Vec<Server> {
     let fresh = |kind: Kind, extra: &[&str]| {
         let dir =
             tempfile::Builder::new().prefix(&format!("harness-{}-", kind.label())).tempdir().expect("create temp dir");
@@ -497,24 +497,24 @@ pub fn start_all_on(client: &ClientUrl, specs: &[(Kind, &[&str])]) -> Vec<Server
 
 /// Starts a reference etcd and the server under test ([`Kind::under_test`]) concurrently, both with
 /// `extra_args`: `(etcd, candidate)`. Blocks the calling thread; async tests use [`start_pair`].
-pub fn start_pair_blocking(extra_args: &[&str]) -> (Server, Server) {
+pub(crate) fn start_pair_blocking(extra_args: &[&str]) -> (Server, Server) {
     start_pair_on(&ClientUrl::default(), extra_args)
 }
 
 /// [`start_pair_blocking`] with both client listeners as `client` says.
-pub fn start_pair_on(client: &ClientUrl, extra_args: &[&str]) -> (Server, Server) {
+pub(crate) fn start_pair_on(client: &ClientUrl, extra_args: &[&str]) -> (Server, Server) {
     let mut v = start_all_on(client, &[(Kind::Etcd, extra_args), (Kind::under_test(), extra_args)]);
     let candidate = v.pop().unwrap();
     (v.pop().unwrap(), candidate)
 }
 
 /// [`start_pair_blocking`] without extra flags, off the async runtime's threads.
-pub async fn start_pair() -> (Server, Server) {
+pub(crate) async fn start_pair() -> (Server, Server) {
     start_pair_with(&[]).await
 }
 
 /// [`start_pair_blocking`] with `extra_args`, off the async runtime's threads.
-pub async fn start_pair_with(extra_args: &[&str]) -> (Server, Server) {
+pub(crate) async fn start_pair_with(extra_args: &[&str]) -> (Server, Server) {
     let args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
     tokio::task::spawn_blocking(move || {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -530,7 +530,7 @@ pub async fn start_pair_with(extra_args: &[&str]) -> (Server, Server) {
 
 impl Server {
     /// An `etcd-client` connected to this server, without credentials.
-    pub async fn client(&self) -> Client {
+    pub(crate) async fn client(&self) -> Client {
         Client::connect([self.endpoint()], None)
             .await
             .unwrap_or_else(|e| panic!("connect to {} {}: {e}", self.kind.label(), self.endpoint()))
@@ -538,13 +538,13 @@ impl Server {
 }
 
 /// The store's current revision: the header of a read of a key nobody writes.
-pub async fn current_revision(c: &mut Client) -> i64 {
+pub(crate) async fn current_revision(c: &mut Client) -> i64 {
     c.get("\u{1}revision-probe", None).await.expect("revision probe").header().expect("header").revision()
 }
 
 /// Asserts that `res` failed with gRPC status `code` and exactly `message`.
 #[track_caller]
-pub fn assert_status<T: Debug>(res: Result<T, etcd_client::Error>, code: Code, message: &str) {
+pub(crate) fn assert_status<T: Debug>(res: Result<T, etcd_client::Error>, code: Code, message: &str) {
     match res {
         Err(etcd_client::Error::GRpcStatus(status)) => {
             assert_eq!((status.code(), status.message()), (code, message), "unexpected gRPC status: {status:?}");
@@ -559,20 +559,20 @@ pub fn assert_status<T: Debug>(res: Result<T, etcd_client::Error>, code: Code, m
 // ---------------------------------------------------------------------------
 
 #[derive(Debug)]
-pub struct Output {
+pub(crate) struct Output {
     pub status: ExitStatus,
     pub stdout: String,
     pub stderr: String,
 }
 
 impl Output {
-    pub fn success(&self) -> bool {
+    pub(crate) fn success(&self) -> bool {
         self.status.success()
     }
 
     /// Panic with both streams unless the command succeeded.
     #[track_caller]
-    pub fn assert_ok(&self) -> &Self {
+    pub(crate) fn assert_ok(&self) -> &Self {
         assert!(
             self.success(),
             "etcdctl failed ({}):\nstdout:\n{}\nstderr:\n{}",
@@ -584,7 +584,7 @@ impl Output {
     }
 
     /// The same run with stdout and stderr passed through `f` (e.g. [`normalize`]).
-    pub fn map_text(&self, f: impl Fn(&str) -> String) -> Output {
+    pub(crate) fn map_text(&self, f: impl Fn(&str) -> String) -> Output {
         Output { status: self.status, stdout: f(&self.stdout), stderr: f(&self.stderr) }
     }
 }
@@ -592,7 +592,7 @@ impl Output {
 /// How `candidate`'s run of an etcdctl step differs from `reference`'s, one message per difference:
 /// exit status (success or failure), stdout, stderr. The texts are compared as given, so callers
 /// normalize them first. Empty when the runs agree.
-pub fn differences(ref_label: &str, reference: &Output, cand_label: &str, candidate: &Output) -> Vec<String> {
+pub(crate) fn differences(ref_label: &str, reference: &Output, cand_label: &str, candidate: &Output) -> Vec<String> {
     let (a, b) = (reference, candidate);
     let mut diffs = Vec::new();
     if a.success() != b.success() {
@@ -608,14 +608,14 @@ pub fn differences(ref_label: &str, reference: &Output, cand_label: &str, candid
 }
 
 /// `ETCDCTL_API=3 etcdctl --endpoints=EP --command-timeout=5s --dial-timeout=5s ARGS...`
-pub fn etcdctl(endpoint: &str, args: &[&str]) -> Output {
+pub(crate) fn etcdctl(endpoint: &str, args: &[&str]) -> Output {
     let mut all = vec!["--command-timeout=5s"];
     all.extend_from_slice(args);
     run_etcdctl(endpoint, &all, None, ETCDCTL_WALL_TIMEOUT)
 }
 
 /// Like [`etcdctl`], with `stdin` fed to the process (then closed).
-pub fn etcdctl_stdin(endpoint: &str, args: &[&str], stdin: &str) -> Output {
+pub(crate) fn etcdctl_stdin(endpoint: &str, args: &[&str], stdin: &str) -> Output {
     let mut all = vec!["--command-timeout=5s"];
     all.extend_from_slice(args);
     run_etcdctl(endpoint, &all, Some(stdin), ETCDCTL_WALL_TIMEOUT)
@@ -728,7 +728,7 @@ const RULES: &[(&str, Val, &str)] = &[
 /// Make etcdctl output comparable across two servers: ids, raft terms/indexes,
 /// versions, db sizes, durations, timestamps and ports become placeholders; table
 /// padding is removed. Revisions, keys, values, counts and all other text are kept.
-pub fn normalize(s: &str) -> String {
+pub(crate) fn normalize(s: &str) -> String {
     let mut out = normalize_lines(s);
     for (prefix, val, ph) in RULES {
         out = replace_values(&out, prefix, *val, ph);
@@ -904,23 +904,23 @@ fn normalize_lines(s: &str) -> String {
 /// One etcdctl invocation: arguments (after the harness's global flags) and
 /// optional standard input.
 #[derive(Clone, Debug)]
-pub struct Step {
+pub(crate) struct Step {
     pub args: Vec<String>,
     pub stdin: Option<String>,
 }
 
 impl Step {
-    pub fn new(args: &[&str]) -> Step {
+    pub(crate) fn new(args: &[&str]) -> Step {
         Step { args: args.iter().map(|s| s.to_string()).collect(), stdin: None }
     }
 
-    pub fn with_stdin(mut self, stdin: &str) -> Step {
+    pub(crate) fn with_stdin(mut self, stdin: &str) -> Step {
         self.stdin = Some(stdin.to_string());
         self
     }
 
     /// Shell-like rendering for messages.
-    pub fn display(&self) -> String {
+    pub(crate) fn display(&self) -> String {
         let quote = |a: &String| {
             if a.is_empty() || a.contains(|c: char| c.is_whitespace() || "\"'\\$`|&;<>()*?".contains(c)) {
                 format!("'{}'", a.replace('\'', "'\\''"))
@@ -937,18 +937,18 @@ impl Step {
 }
 
 /// `step(&["put", "a", "1"])`
-pub fn step(args: &[&str]) -> Step {
+pub(crate) fn step(args: &[&str]) -> Step {
     Step::new(args)
 }
 
 /// `step_stdin(&["txn"], "...")`
-pub fn step_stdin(args: &[&str], stdin: &str) -> Step {
+pub(crate) fn step_stdin(args: &[&str], stdin: &str) -> Step {
     Step::new(args).with_stdin(stdin)
 }
 
 /// A reference etcd and the server under test (keyward, or a second etcd in
 /// self-test mode), driven in lockstep.
-pub struct Scenario {
+pub(crate) struct Scenario {
     pub reference: Server,
     pub candidate: Server,
     steps_run: usize,
@@ -956,16 +956,16 @@ pub struct Scenario {
 
 impl Scenario {
     /// Start both servers (concurrently).
-    pub fn start() -> Scenario {
+    pub(crate) fn start() -> Scenario {
         Scenario::start_with(&[])
     }
 
-    pub fn start_with(extra_args: &[&str]) -> Scenario {
+    pub(crate) fn start_with(extra_args: &[&str]) -> Scenario {
         Scenario::start_on(&ClientUrl::default(), extra_args)
     }
 
     /// Both servers with their client listeners as `client` says (e.g. https, scheme endpoints).
-    pub fn start_on(client: &ClientUrl, extra_args: &[&str]) -> Scenario {
+    pub(crate) fn start_on(client: &ClientUrl, extra_args: &[&str]) -> Scenario {
         let (reference, candidate) = start_pair_on(client, extra_args);
         Scenario { reference, candidate, steps_run: 0 }
     }
@@ -973,7 +973,7 @@ impl Scenario {
     /// Run one step on both servers (reference first) and assert equal results.
     /// Returns the reference's output.
     #[track_caller]
-    pub fn step(&mut self, st: &Step) -> Output {
+    pub(crate) fn step(&mut self, st: &Step) -> Output {
         let idx = self.steps_run;
         self.steps_run += 1;
         let args: Vec<&str> = st.args.iter().map(String::as_str).collect();
@@ -1028,14 +1028,14 @@ impl Scenario {
     }
 
     #[track_caller]
-    pub fn run(&mut self, steps: &[Step]) {
+    pub(crate) fn run(&mut self, steps: &[Step]) {
         for st in steps {
             self.step(st);
         }
     }
 
     /// Restart both servers (SIGKILL, same dirs and ports).
-    pub fn restart_both(&mut self) {
+    pub(crate) fn restart_both(&mut self) {
         self.reference.restart();
         self.candidate.restart();
     }
@@ -1045,12 +1045,12 @@ impl Scenario {
 /// run `steps` against both in order, and assert after each step that success,
 /// normalized stdout and normalized stderr are the same.
 #[track_caller]
-pub fn same_output(steps: &[Step]) {
+pub(crate) fn same_output(steps: &[Step]) {
     Scenario::start().run(steps);
 }
 
 /// Minimal line diff (LCS) for panic messages: "  " same, "- " only left, "+ " only right.
-pub fn line_diff(a: &str, b: &str) -> String {
+pub(crate) fn line_diff(a: &str, b: &str) -> String {
     let x: Vec<&str> = a.lines().collect();
     let y: Vec<&str> = b.lines().collect();
     if x.len() * y.len() > 4_000_000 {
@@ -1137,7 +1137,7 @@ fn harness_free_port_distinct() {
 // ---------------------------------------------------------------------------
 
 /// `GET path` over plain HTTP: (status code, body).
-pub fn http_get(endpoint: &str, path: &str) -> (u16, String) {
+pub(crate) fn http_get(endpoint: &str, path: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut tcp = std::net::TcpStream::connect(endpoint).expect("connect");
     tcp.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
@@ -1151,12 +1151,12 @@ pub fn http_get(endpoint: &str, path: &str) -> (u16, String) {
 
 /// The value of a metric in `/metrics` text; `name` includes its labels, if any
 /// (`name{label="value"}`).
-pub fn metric(text: &str, name: &str) -> f64 {
+pub(crate) fn metric(text: &str, name: &str) -> f64 {
     metric_if_any(text, name).unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
 }
 
 /// [`metric`], `None` while the series does not exist yet (a counter never incremented).
-pub fn metric_if_any(text: &str, name: &str) -> Option<f64> {
+pub(crate) fn metric_if_any(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
         .map(|value| value.trim().parse().unwrap())
@@ -1170,7 +1170,7 @@ pub fn metric_if_any(text: &str, name: &str) -> Option<f64> {
 /// the processes keep the umask they were spawned with. Serialised, as the umask is the whole test
 /// process's: meanwhile, files and processes of the tests running beside get it too (umask 0 only
 /// widens their modes, which only the tests that call this check).
-pub fn under_umask<T>(mask: u32, start: impl FnOnce() -> T) -> T {
+pub(crate) fn under_umask<T>(mask: u32, start: impl FnOnce() -> T) -> T {
     use rustix::fs::Mode;
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -1181,7 +1181,7 @@ pub fn under_umask<T>(mask: u32, start: impl FnOnce() -> T) -> T {
 }
 
 /// A file's permission bits.
-pub fn mode_of(path: &Path) -> u32 {
+pub(crate) fn mode_of(path: &Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
     std::fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).permissions().mode() & 0o7777
 }

@@ -13,13 +13,13 @@ use rcgen::{
 use tempfile::TempDir;
 
 /// A certificate authority that can sign leaves and CRLs.
-pub struct Ca {
+pub(crate) struct Ca {
     pub issuer: Issuer<'static, KeyPair>,
     pub pem: String,
 }
 
 impl Ca {
-    pub fn new(name: &str) -> Ca {
+    pub(crate) fn new(name: &str) -> Ca {
         let mut params = CertificateParams::default();
         params.distinguished_name = subject(Some(name));
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -32,7 +32,7 @@ impl Ca {
 }
 
 /// A subject with an organization and, optionally, a Common Name.
-pub fn subject(cn: Option<&str>) -> DistinguishedName {
+pub(crate) fn subject(cn: Option<&str>) -> DistinguishedName {
     let mut dn = DistinguishedName::new();
     dn.push(DnType::OrganizationName, "keyward tests");
     if let Some(cn) = cn {
@@ -42,14 +42,14 @@ pub fn subject(cn: Option<&str>) -> DistinguishedName {
 }
 
 /// A fresh positive 16-byte serial number (first byte non-zero, so its DER form is these bytes).
-pub fn random_serial() -> Vec<u8> {
+pub(crate) fn random_serial() -> Vec<u8> {
     let mut serial: [u8; 16] = rand::random();
     serial[0] = (serial[0] & 0x3f) | 0x10;
     serial.to_vec()
 }
 
 /// Parameters of a client certificate (EKU clientAuth) with the given CN (or none).
-pub fn client_params(cn: Option<&str>) -> CertificateParams {
+pub(crate) fn client_params(cn: Option<&str>) -> CertificateParams {
     let mut params = CertificateParams::default();
     params.distinguished_name = subject(cn);
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
@@ -58,7 +58,7 @@ pub fn client_params(cn: Option<&str>) -> CertificateParams {
 }
 
 /// Parameters of a server certificate for 127.0.0.1 / localhost (etcd also uses it as a client).
-pub fn server_params(cn: &str) -> CertificateParams {
+pub(crate) fn server_params(cn: &str) -> CertificateParams {
     let mut params = CertificateParams::default();
     params.distinguished_name = subject(Some(cn));
     params.subject_alt_names =
@@ -70,25 +70,25 @@ pub fn server_params(cn: &str) -> CertificateParams {
 
 /// A certificate and its key, as PEM files.
 #[derive(Clone, Debug)]
-pub struct Cert {
+pub(crate) struct Cert {
     pub cert: PathBuf,
     pub key: PathBuf,
     pub serial: Vec<u8>,
 }
 
 impl Cert {
-    pub fn cert_str(&self) -> &str {
+    pub(crate) fn cert_str(&self) -> &str {
         self.cert.to_str().unwrap()
     }
 
-    pub fn key_str(&self) -> &str {
+    pub(crate) fn key_str(&self) -> &str {
         self.key.to_str().unwrap()
     }
 }
 
 /// A test's PKI in its own temp dir: `ca.pem`, a server certificate (`server.pem`) and client
 /// certificates CN=root, CN=alice, CN=bob; more on demand.
-pub struct Pki {
+pub(crate) struct Pki {
     pub dir: TempDir,
     pub ca: Ca,
     pub server: Cert,
@@ -98,7 +98,7 @@ pub struct Pki {
 }
 
 impl Pki {
-    pub fn new() -> Pki {
+    pub(crate) fn new() -> Pki {
         let dir = tempfile::Builder::new().prefix("tls-pki-").tempdir().expect("temp dir");
         let ca = Ca::new("keyward test CA");
         fs::write(dir.path().join("ca.pem"), &ca.pem).unwrap();
@@ -110,26 +110,26 @@ impl Pki {
         Pki { dir, ca, server, root, alice, bob }
     }
 
-    pub fn path(&self, name: &str) -> PathBuf {
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
-    pub fn ca_file(&self) -> PathBuf {
+    pub(crate) fn ca_file(&self) -> PathBuf {
         self.path("ca.pem")
     }
 
     /// A certificate signed by this PKI's CA, written as `NAME.pem` / `NAME-key.pem`.
-    pub fn issue(&self, name: &str, params: CertificateParams) -> Cert {
+    pub(crate) fn issue(&self, name: &str, params: CertificateParams) -> Cert {
         issue_into(self.dir.path(), &self.ca, name, params)
     }
 
     /// A certificate signed by another CA, written into this PKI's dir.
-    pub fn issue_by(&self, ca: &Ca, name: &str, params: CertificateParams) -> Cert {
+    pub(crate) fn issue_by(&self, ca: &Ca, name: &str, params: CertificateParams) -> Cert {
         issue_into(self.dir.path(), ca, name, params)
     }
 
     /// Writes (or atomically replaces) `crl.pem`: this CA's CRL number `number`, revoking `revoked`.
-    pub fn crl(&self, number: u8, revoked: &[&Cert]) -> PathBuf {
+    pub(crate) fn crl(&self, number: u8, revoked: &[&Cert]) -> PathBuf {
         let params = CertificateRevocationListParams {
             this_update: rcgen::date_time_ymd(2024, 1, 1),
             next_update: rcgen::date_time_ymd(2099, 1, 1),
@@ -152,17 +152,17 @@ impl Pki {
         path
     }
 
-    pub fn ca_str(&self) -> String {
+    pub(crate) fn ca_str(&self) -> String {
         self.ca_file().to_str().unwrap().to_string()
     }
 
     /// A client certificate (EKU clientAuth) with Common Name `cn` (or none), as `NAME.pem`.
-    pub fn client(&self, name: &str, cn: Option<&str>) -> Cert {
+    pub(crate) fn client(&self, name: &str, cn: Option<&str>) -> Cert {
         self.client_with_sans(name, cn, Vec::new())
     }
 
     /// A client certificate with Common Name `cn` (or none) and the given SANs.
-    pub fn client_with_sans(&self, name: &str, cn: Option<&str>, sans: Vec<SanType>) -> Cert {
+    pub(crate) fn client_with_sans(&self, name: &str, cn: Option<&str>, sans: Vec<SanType>) -> Cert {
         let mut params = client_params(cn);
         params.subject_alt_names = sans;
         self.issue(name, params)
@@ -170,7 +170,7 @@ impl Pki {
 
     /// Issues a client certificate for `cn` and moves it over `target`'s files (certificate first,
     /// then key, each replaced atomically), as a mesh agent rotates a workload's certificate.
-    pub fn rotate(&self, target: &Cert, cn: &str) {
+    pub(crate) fn rotate(&self, target: &Cert, cn: &str) {
         let fresh = self.client("rotated", Some(cn));
         fs::rename(&fresh.cert, &target.cert).unwrap();
         fs::rename(&fresh.key, &target.key).unwrap();
@@ -179,7 +179,7 @@ impl Pki {
 
 /// Signs `params` by `ca` with a fresh key (and a fresh serial unless the params carry one) and writes
 /// `DIR/NAME.pem` and `DIR/NAME-key.pem`.
-pub fn issue_into(dir: &Path, ca: &Ca, name: &str, mut params: CertificateParams) -> Cert {
+pub(crate) fn issue_into(dir: &Path, ca: &Ca, name: &str, mut params: CertificateParams) -> Cert {
     let serial = match &params.serial_number {
         Some(serial) => serial.to_bytes(),
         None => {
@@ -198,13 +198,13 @@ pub fn issue_into(dir: &Path, ca: &Ca, name: &str, mut params: CertificateParams
 }
 
 /// Replaces `path` atomically: writes a temp file next to it, then renames it over `path`.
-pub fn replace_file(path: &Path, contents: &[u8]) {
+pub(crate) fn replace_file(path: &Path, contents: &[u8]) {
     let tmp = path.with_extension("tmp");
     fs::write(&tmp, contents).unwrap();
     fs::rename(&tmp, path).unwrap();
 }
 
 /// A URI SAN (e.g. a SPIFFE ID).
-pub fn uri_san(uri: &str) -> SanType {
+pub(crate) fn uri_san(uri: &str) -> SanType {
     SanType::URI(uri.try_into().expect("an IA5 URI"))
 }

@@ -10,37 +10,37 @@ use std::time::{Duration, Instant};
 
 use super::{etcdctl, free_port, keyward_bin, scrub_env, Output, Server, START_TIMEOUT};
 
-pub const ROOT: &str = "root:rootpw";
+pub(crate) const ROOT: &str = "root:rootpw";
 
 /// One member of a restored cluster: its name and ports, chosen before the restore.
 #[derive(Clone, Debug)]
-pub struct Flags {
+pub(crate) struct Flags {
     pub name: String,
     pub client_port: u16,
     pub peer_port: u16,
 }
 
 impl Flags {
-    pub fn new(name: &str) -> Flags {
+    pub(crate) fn new(name: &str) -> Flags {
         Flags { name: name.to_string(), client_port: free_port(), peer_port: free_port() }
     }
 
-    pub fn peer_url(&self) -> String {
+    pub(crate) fn peer_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.peer_port)
     }
 
-    pub fn client_url(&self) -> String {
+    pub(crate) fn client_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.client_port)
     }
 }
 
 /// `--initial-cluster` of these members.
-pub fn initial_cluster(members: &[Flags]) -> String {
+pub(crate) fn initial_cluster(members: &[Flags]) -> String {
     members.iter().map(|m| format!("{}={}", m.name, m.peer_url())).collect::<Vec<_>>().join(",")
 }
 
 /// The member flags of `restore` / `migrate` (and of `serve`).
-pub fn member_args(me: &Flags, cluster: &[Flags], data_dir: &Path) -> Vec<String> {
+pub(crate) fn member_args(me: &Flags, cluster: &[Flags], data_dir: &Path) -> Vec<String> {
     vec![
         format!("--data-dir={}", data_dir.display()),
         format!("--name={}", me.name),
@@ -51,7 +51,7 @@ pub fn member_args(me: &Flags, cluster: &[Flags], data_dir: &Path) -> Vec<String
 }
 
 /// Runs `keyward ARGS...` to completion.
-pub fn keyward(args: &[String]) -> Output {
+pub(crate) fn keyward(args: &[String]) -> Output {
     let mut cmd = Command::new(keyward_bin());
     cmd.args(args).stdin(Stdio::null());
     scrub_env(&mut cmd);
@@ -63,12 +63,12 @@ pub fn keyward(args: &[String]) -> Output {
     }
 }
 
-pub fn strings(args: &[&str]) -> Vec<String> {
+pub(crate) fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
 }
 
 /// A running `keyward serve` on a restored data dir; SIGKILLed by PID and awaited on drop.
-pub struct Member {
+pub(crate) struct Member {
     pub flags: Flags,
     child: Child,
     pub log: PathBuf,
@@ -76,12 +76,12 @@ pub struct Member {
 
 impl Member {
     /// Spawns the member without waiting (members of one cluster start together).
-    pub fn spawn(me: &Flags, cluster: &[Flags], data_dir: &Path, log: &Path) -> Member {
+    pub(crate) fn spawn(me: &Flags, cluster: &[Flags], data_dir: &Path, log: &Path) -> Member {
         Member::spawn_with(me, cluster, data_dir, log, &me.client_url(), &[])
     }
 
     /// `spawn` with another client URL (`https://`) and more flags.
-    pub fn spawn_with(
+    pub(crate) fn spawn_with(
         me: &Flags,
         cluster: &[Flags],
         data_dir: &Path,
@@ -108,12 +108,12 @@ impl Member {
         Member { flags: me.clone(), child, log: log.to_path_buf() }
     }
 
-    pub fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         format!("127.0.0.1:{}", self.flags.client_port)
     }
 
     /// Waits until a linearizable `get` as `user` (who may read any key) succeeds through this member.
-    pub fn wait_ready(&mut self, user: &str) {
+    pub(crate) fn wait_ready(&mut self, user: &str) {
         let deadline = Instant::now() + START_TIMEOUT;
         let addr: SocketAddr = self.endpoint().parse().unwrap();
         loop {
@@ -131,11 +131,11 @@ impl Member {
         }
     }
 
-    pub fn etcdctl(&self, args: &[&str]) -> Output {
+    pub(crate) fn etcdctl(&self, args: &[&str]) -> Output {
         etcdctl(&self.endpoint(), args)
     }
 
-    pub fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
@@ -149,7 +149,7 @@ impl Drop for Member {
 
 /// `etcdctl get -w json` output without what differs between two clusters (cluster and member
 /// ids, raft term): the header's revision and every key-value with its revisions, version, lease.
-pub fn comparable_get(json: &str) -> serde_json::Value {
+pub(crate) fn comparable_get(json: &str) -> serde_json::Value {
     let mut value: serde_json::Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("not JSON ({e}): {json}"));
     if let Some(header) = value.get_mut("header").and_then(|h| h.as_object_mut()) {
         header.remove("cluster_id");
@@ -161,7 +161,7 @@ pub fn comparable_get(json: &str) -> serde_json::Value {
 
 /// The names of the entries of `dir` that a failed restore must not leave (the data dir and its
 /// temp dirs).
-pub fn leftovers(dir: &Path, data_dir_name: &str) -> Vec<String> {
+pub(crate) fn leftovers(dir: &Path, data_dir_name: &str) -> Vec<String> {
     std::fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| e.ok())
@@ -171,7 +171,7 @@ pub fn leftovers(dir: &Path, data_dir_name: &str) -> Vec<String> {
 }
 
 #[track_caller]
-pub fn ok(out: Output) -> Output {
+pub(crate) fn ok(out: Output) -> Output {
     assert!(out.success(), "failed: {}{}", out.stdout, out.stderr);
     out
 }
@@ -179,7 +179,7 @@ pub fn ok(out: Output) -> Output {
 /// Writes the data every test backs up, through etcdctl (so on etcd or keyward alike): keys over
 /// several revisions, a deleted key, a lease with a key, a compaction, users with passwords, a role
 /// with a prefix and a range grant, auth enabled. Returns the lease id (hex).
-pub fn populate(server: &Server) -> String {
+pub(crate) fn populate(server: &Server) -> String {
     let ctl = |args: &[&str]| ok(server.etcdctl(args));
     for (k, v) in [("a", "1"), ("a", "2"), ("b", "x"), ("a", "3"), ("/app/x", "1"), ("gone", "soon")] {
         ctl(&["put", k, v]);
@@ -202,7 +202,7 @@ pub fn populate(server: &Server) -> String {
 }
 
 /// What a client sees, as comparable text: each entry is (command, exit status, output).
-pub fn observations(run: &dyn Fn(&[&str]) -> Output, lease: &str) -> Vec<(String, bool, String)> {
+pub(crate) fn observations(run: &dyn Fn(&[&str]) -> Output, lease: &str) -> Vec<(String, bool, String)> {
     let commands: Vec<Vec<&str>> = vec![
         vec!["--user", ROOT, "get", "", "--from-key", "-w", "json"],
         vec!["--user", ROOT, "get", "a", "--rev", "4", "-w", "json"],
