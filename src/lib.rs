@@ -17,6 +17,7 @@ mod config;
 mod error;
 mod frontend;
 mod gateway;
+mod identity;
 mod keyrange;
 mod lease;
 mod logging;

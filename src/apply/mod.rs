@@ -22,11 +22,12 @@ use heed::{RoTxn, RwTxn};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::cache::Affected;
-use crate::auth::check::{Authorizer, Requester};
+use crate::auth::check::Authorizer;
 use crate::auth::permissions::Access;
 use crate::auth::simple::SimpleTokens;
 use crate::auth::store::AuthStore;
 use crate::error::EtcdError;
+use crate::identity::Requester;
 use crate::keyrange::KeyRange;
 use crate::lease::holders;
 use crate::lease::store::{LeaseRecord, LeaseStore};

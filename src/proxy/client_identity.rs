@@ -4,7 +4,7 @@
 //! Every `keyward-` name a client sent is removed, whatever its case or suffix (`-bin`): only the
 //! proxy speaks for a client, and only for one whose certificate its own listener verified. Tokens
 //! (`token`, `authorization`) are left as they are: the member resolves them. The rules of every name:
-//! `frontend/metadata.rs`. This rewrites headers only; `forward.rs` drops the request's trailers,
+//! `identity/metadata.rs`. This rewrites headers only; `forward.rs` drops the request's trailers,
 //! which the member would otherwise merge into the metadata.
 
 use base64::Engine as _;
@@ -13,7 +13,7 @@ use rustls_pki_types::CertificateDer;
 
 use super::config::Mode;
 use super::error::ProxyError;
-use crate::frontend::metadata::{is_keyward_name, FORWARDED_ADDR, FORWARDED_CERT};
+use crate::identity::metadata::{is_keyward_name, FORWARDED_ADDR, FORWARDED_CERT};
 
 /// One client connection: whose identity the proxy passes on, and the client's address (which the
 /// member counts failed logins under and records in its audit log).
