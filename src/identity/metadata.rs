@@ -47,8 +47,17 @@ pub(crate) const MEMBER_ID: &str = "keyward-member-id";
 pub(crate) const KEYWARD_PREFIX: &str = "keyward-";
 
 /// Whether a (lowercase, as HTTP carries it) header name is one only keyward processes set.
-pub(crate) fn is_keyward_name(name: &str) -> bool {
+fn is_keyward_name(name: &str) -> bool {
     name.starts_with(KEYWARD_PREFIX)
+}
+
+/// Removes every header only keyward processes may set, as the proxy does before it sets its own
+/// (HTTP names are lowercase, so this covers any case a client wrote them in).
+pub(crate) fn remove_keyward_names(headers: &mut http::HeaderMap) {
+    let sent: Vec<http::HeaderName> = headers.keys().filter(|name| is_keyward_name(name.as_str())).cloned().collect();
+    for name in sent {
+        headers.remove(name);
+    }
 }
 
 #[cfg(test)]

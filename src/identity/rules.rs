@@ -153,10 +153,8 @@ impl IdentityRules {
         peer: Option<&PeerIdentity>,
         connection: Option<SocketAddr>,
     ) -> Option<SocketAddr> {
-        let from_trusted_proxy =
-            matches!(peer, Some(PeerIdentity::Cert { common_name }) if self.trusted_proxy_cns.contains(common_name));
         let forwarded = || metadata.get(FORWARDED_ADDR)?.to_str().ok()?.parse().ok();
-        match from_trusted_proxy {
+        match self.is_trusted_proxy(peer) {
             true => forwarded().or(connection),
             false => connection,
         }
