@@ -1,4 +1,5 @@
-//! The member's one call into the shared front end: who is behind a gRPC request.
+//! The member's one call into `identity/`: who is behind a gRPC request, from its metadata and what
+//! the connection's TLS proved (`frontend/connection.rs`).
 
 use tonic::{Request, Status};
 
