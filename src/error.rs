@@ -133,7 +133,7 @@ pub enum EtcdError {
         /// LMDB's map is full (not the disk).
         map: bool,
     },
-    // a forwarded client certificate (`frontend/identity.rs`; keyward's own, there is no etcd text)
+    // a forwarded client certificate (`identity/rules.rs`; keyward's own, there is no etcd text)
     /// `keyward-forwarded-client-cert` on a connection whose certificate CN is not in
     /// `--trusted-proxy-cn`.
     #[error("etcdserver: peer is not a trusted proxy: keyward-forwarded-client-cert refused")]

@@ -1,10 +1,10 @@
 //! keyward: an etcd-v3-compatible replicated key-value store with authentication done right.
 //!
 //! The request path, top to bottom: `server` (the member's gRPC services, request validation; who is
-//! calling is decided in `frontend`, shared with the proxy and the gateway) → `node` (proposes
-//! writes through raft, serves reads) → `raft` (openraft log and state machine on LMDB) → `apply` (one
-//! committed entry → effects) → `mvcc` (the revisioned store). `proxy` is `keyward grpc-proxy`:
-//! it shares `frontend` and has no store.
+//! calling is decided in `identity`, from what `frontend`'s TLS proved, shared with the proxy and the
+//! gateway) → `node` (proposes writes through raft, serves reads) → `raft` (openraft log and state
+//! machine on LMDB) → `apply` (one committed entry → effects) → `mvcc` (the revisioned store). `proxy`
+//! is `keyward grpc-proxy`: it shares `frontend` and `identity` and has no store.
 
 mod apply;
 mod auth;
@@ -15,6 +15,7 @@ mod config;
 mod error;
 mod frontend;
 mod gateway;
+mod identity;
 mod keyrange;
 mod lease;
 mod logging;

@@ -7,6 +7,7 @@ use super::jwt::JwtTokens;
 use super::simple::SimpleTokens;
 use super::token_config::TokenConfig;
 use crate::error::EtcdError;
+use crate::identity::TokenResolver;
 
 pub enum Tokens {
     Simple(SimpleTokens),
@@ -34,5 +35,12 @@ impl Tokens {
             Tokens::Simple(simple) => Some(simple),
             Tokens::Jwt(_) => None,
         }
+    }
+}
+
+/// Tokens are what `identity/rules.rs` resolves a request's `token` metadata with.
+impl TokenResolver for Tokens {
+    fn resolve(&self, token: &str) -> Result<(String, u64), EtcdError> {
+        Tokens::resolve(self, token)
     }
 }

@@ -30,7 +30,7 @@ pub(crate) struct PeerAdmission {
 pub(crate) enum Caller<'a> {
     PlainText,
     /// A TLS connection, with the names of the client certificate it verified (if any).
-    Tls(Option<&'a crate::frontend::certificate::CertNames>),
+    Tls(Option<&'a crate::identity::certificate::CertNames>),
 }
 
 /// Why a peer request was refused.
@@ -110,7 +110,7 @@ impl PeerAdmission {
             return Err(Refusal::NotServerCertificate);
         }
         if !self.allowed_cns.is_empty() {
-            let identity = crate::frontend::certificate::PeerIdentity::from_names(names);
+            let identity = crate::identity::certificate::PeerIdentity::from_names(names);
             return match identity.common_name().is_some_and(|cn| self.allowed_cns.iter().any(|a| a == cn)) {
                 true => Ok(()),
                 false => Err(Refusal::CommonNameNotAllowed),
@@ -143,7 +143,7 @@ pub(crate) fn url_host(url: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frontend::certificate::CertNames;
+    use crate::identity::certificate::CertNames;
 
     fn names(cn: &str, dns: &[&str], ips: &[&str], server_auth: bool) -> CertNames {
         CertNames {

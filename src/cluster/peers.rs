@@ -17,8 +17,8 @@ use tonic::transport::Channel;
 use crate::proto::keywardpb::peer_client::PeerClient;
 
 /// Metadata naming the sender's cluster (a member refuses requests of another cluster), and the
-/// sending member; their trust rules: `frontend/metadata.rs`.
-pub(crate) use crate::frontend::metadata::{CLUSTER_ID as CLUSTER_ID_HEADER, MEMBER_ID as MEMBER_ID_HEADER};
+/// sending member; their trust rules: `identity/metadata.rs`.
+pub(crate) use crate::identity::metadata::{CLUSTER_ID as CLUSTER_ID_HEADER, MEMBER_ID as MEMBER_ID_HEADER};
 
 /// How long dialing a peer may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);

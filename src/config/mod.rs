@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::frontend::certificate::IdentitySource;
+use crate::identity::certificate::IdentitySource;
 
 pub(crate) mod auto_compaction;
 pub(crate) mod file;

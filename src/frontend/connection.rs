@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use http::Extensions;
 use tonic::transport::server::TcpConnectInfo;
 
-use super::certificate::PeerIdentity;
 use super::tls::listener::TlsConnectInfo;
+use crate::identity::certificate::PeerIdentity;
 
 /// The identity the connection's client certificate established (`None`: not a TLS connection).
 pub(crate) fn peer_identity(extensions: &Extensions) -> Option<&PeerIdentity> {

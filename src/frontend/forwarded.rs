@@ -3,28 +3,27 @@
 //!
 //! This module only checks the certificate, with the same rules as a certificate presented at the
 //! handshake: chain to `--trusted-ca-file`, validity now, client-auth usage, `--client-crl-file`, then
-//! the allow-lists. Whether the peer may forward at all is decided in `identity.rs`.
+//! the allow-lists. Whether the peer may forward at all is decided in `identity/rules.rs`.
 //!
 //! A proxy forwards the same client's certificate with every request, and a chain check with its
 //! signature verification costs more than serving a read (through a proxy, range throughput fell by
 //! 40% when every request was verified). So a certificate that passed is remembered with the verifier
-//! that passed it, until its notAfter: a changed CA or CRL file replaces the verifier and forgets
-//! them all, so a revocation is never answered from memory.
+//! that passed it, until its notAfter: a changed CA or CRL file replaces the verifier (`tls/reload.rs`)
+//! and forgets them all, so a revocation is never answered from memory.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
 
 use base64::Engine as _;
 use rustls::server::danger::ClientCertVerifier;
 use rustls_pki_types::{CertificateDer, UnixTime};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use super::certificate::{cert_names, CertNames};
+use super::tls::reload::{Reload, Reloading};
 use super::tls::settings::TlsSettings;
+use crate::identity::certificate::{cert_names, CertNames};
+use crate::identity::ForwardedCertificates;
 
-/// How often the CA and CRL files are checked for changes (as the listener checks its own).
-const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
 /// Certificates remembered as passed; past this many the memory starts over (a trusted proxy
 /// forwards its clients' certificates, so this is the number of clients active at once).
 const PASSED_CAPACITY: usize = 4096;
@@ -32,17 +31,16 @@ const PASSED_CAPACITY: usize = 4096;
 /// Checks forwarded certificates against the member's current CA and CRL files.
 pub(crate) struct ForwardedVerifier {
     settings: TlsSettings,
-    current: Mutex<Loaded>,
+    /// The verifier of the current CA and CRL files (`tls/reload.rs`, checked on use); a new one is
+    /// a new generation.
+    verifier: Reloading<Arc<dyn ClientCertVerifier>>,
+    remembered: Mutex<Remembered>,
 }
 
-struct Loaded {
-    stamp: Vec<Option<SystemTime>>,
-    checked_at: Instant,
-    verifier: Arc<dyn ClientCertVerifier>,
-    /// Bumped with every new verifier, so that a check that ran against the previous one is not
-    /// remembered as passed by this one.
+/// Certificates one verifier generation passed (every check, allow-lists included), by their
+/// metadata value. A check that ran against an earlier generation is not remembered by a later one.
+struct Remembered {
     generation: u64,
-    /// Certificates `verifier` passed (every check, allow-lists included), by their metadata value.
     passed: HashMap<Vec<u8>, Passed>,
 }
 
@@ -55,27 +53,50 @@ struct Passed {
 impl ForwardedVerifier {
     /// `None` when the settings verify no client certificates (no `--trusted-ca-file`).
     pub(crate) fn new(settings: &TlsSettings) -> Result<Option<ForwardedVerifier>, String> {
-        let Some(verifier) = settings.client_verifier()? else { return Ok(None) };
-        let loaded = Loaded {
-            stamp: stamp(settings),
-            checked_at: Instant::now(),
-            verifier,
-            generation: 0,
-            passed: HashMap::new(),
-        };
-        Ok(Some(ForwardedVerifier { settings: settings.clone(), current: Mutex::new(loaded) }))
+        if settings.client_verifier()?.is_none() {
+            return Ok(None);
+        }
+        let files = [settings.trusted_ca_file.as_ref(), settings.crl_file.as_ref()].into_iter().flatten().cloned();
+        let from = settings.clone();
+        let verifier = Reloading::load(files.collect(), move || {
+            from.client_verifier()?.ok_or_else(|| "--trusted-ca-file is not set".to_string())
+        })?;
+        let remembered = Mutex::new(Remembered { generation: 0, passed: HashMap::new() });
+        Ok(Some(ForwardedVerifier { settings: settings.clone(), verifier, remembered }))
     }
 
+    /// The current verifier and its generation, rebuilt (and what it passed forgotten) when the CA
+    /// or CRL file changed. A file that changed but no longer loads keeps the previous verifier, as
+    /// the listener keeps its previous configuration: a broken CRL never means "nothing is revoked".
+    fn current(&self) -> (Arc<dyn ClientCertVerifier>, u64) {
+        if let Reload::Failed(e) = self.verifier.reload_if_due() {
+            tracing::error!(error = %e, "CA or CRL file changed but could not be loaded; forwarded certificates are checked against the previous one")
+        }
+        self.verifier.current()
+    }
+
+    fn remembered(&self) -> std::sync::MutexGuard<'_, Remembered> {
+        self.remembered.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl ForwardedCertificates for ForwardedVerifier {
     /// Decodes and verifies a forwarded certificate; its names if every check passes, else why not.
-    pub(crate) fn verify(&self, base64_der: &[u8]) -> Result<CertNames, String> {
+    fn verify(&self, base64_der: &[u8]) -> Result<CertNames, String> {
         let now = UnixTime::now();
-        let (verifier, generation) = {
-            let current = self.current();
-            if let Some(passed) = current.passed.get(base64_der).filter(|p| now.as_secs() < p.not_after) {
+        let (verifier, generation) = self.current();
+        {
+            let mut remembered = self.remembered();
+            if remembered.generation != generation {
+                // A newer verifier (the older one's verdicts are never used again) or, for a check
+                // that started before a reload, an older one (nothing to look up).
+                if remembered.generation < generation {
+                    *remembered = Remembered { generation, passed: HashMap::new() };
+                }
+            } else if let Some(passed) = remembered.passed.get(base64_der).filter(|p| now.as_secs() < p.not_after) {
                 return Ok(passed.names.clone());
             }
-            (current.verifier.clone(), current.generation)
-        };
+        }
         let der = base64::engine::general_purpose::STANDARD
             .decode(base64_der)
             .map_err(|e| format!("not standard base64: {e}"))?;
@@ -86,41 +107,15 @@ impl ForwardedVerifier {
         let names = cert_names(&leaf).ok_or("the verified certificate could not be parsed")?;
         self.settings.allows(&names).map_err(|e| e.to_string())?;
         if let Some(not_after) = not_after(&leaf) {
-            let mut current = self.current();
-            if current.generation == generation {
-                if current.passed.len() >= PASSED_CAPACITY {
-                    current.passed.clear();
+            let mut remembered = self.remembered();
+            if remembered.generation == generation {
+                if remembered.passed.len() >= PASSED_CAPACITY {
+                    remembered.passed.clear();
                 }
-                current.passed.insert(base64_der.to_vec(), Passed { names: names.clone(), not_after });
+                remembered.passed.insert(base64_der.to_vec(), Passed { names: names.clone(), not_after });
             }
         }
         Ok(names)
-    }
-
-    /// The current verifier and what it passed, rebuilt (and forgotten) when the CA or CRL file
-    /// changed. A file that changed but no longer loads keeps the previous verifier, as the listener
-    /// keeps its previous configuration: a broken CRL never means "nothing is revoked".
-    fn current(&self) -> std::sync::MutexGuard<'_, Loaded> {
-        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        if current.checked_at.elapsed() >= RELOAD_INTERVAL {
-            current.checked_at = Instant::now();
-            let now = stamp(&self.settings);
-            if now != current.stamp {
-                current.stamp = now;
-                match self.settings.client_verifier() {
-                    Ok(Some(verifier)) => {
-                        current.verifier = verifier;
-                        current.generation += 1;
-                        current.passed.clear();
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        tracing::error!(error = %e, "CA or CRL file changed but could not be loaded; forwarded certificates are checked against the previous one")
-                    }
-                }
-            }
-        }
-        current
     }
 }
 
@@ -128,13 +123,4 @@ impl ForwardedVerifier {
 fn not_after(leaf: &CertificateDer<'_>) -> Option<u64> {
     let (_, cert) = X509Certificate::from_der(leaf.as_ref()).ok()?;
     u64::try_from(cert.validity().not_after.timestamp()).ok()
-}
-
-/// Modification times of the files a verifier is built from.
-fn stamp(settings: &TlsSettings) -> Vec<Option<SystemTime>> {
-    [settings.trusted_ca_file.as_ref(), settings.crl_file.as_ref()]
-        .into_iter()
-        .flatten()
-        .map(|f| std::fs::metadata(f).and_then(|m| m.modified()).ok())
-        .collect()
 }

@@ -8,10 +8,10 @@ use tonic::metadata::MetadataValue;
 use tonic::service::Routes;
 use tonic::Status;
 
-use super::credentials::{Basic, Credentials};
 use super::logins::{Login, Logins, Source};
 use super::reply::Failure;
 use crate::error::EtcdError;
+use crate::identity::credentials::{Basic, Credentials};
 use crate::proto::etcdserverpb::auth_client::AuthClient;
 use crate::proto::etcdserverpb::{AuthStatusRequest, AuthUserGetRequest, AuthenticateRequest};
 
@@ -153,7 +153,7 @@ pub(super) fn call_request<M>(
     let mut metadata = tonic::metadata::MetadataMap::new();
     if let Some(token) = token {
         let value = MetadataValue::try_from(token).map_err(|_| Status::from(EtcdError::InvalidAuthToken))?;
-        metadata.insert(crate::frontend::metadata::TOKEN, value);
+        metadata.insert(crate::identity::metadata::TOKEN, value);
     }
     Ok(tonic::Request::from_parts(metadata, extensions.clone(), message))
 }

@@ -17,7 +17,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use tonic::Status;
 
-use super::credentials::Basic;
+use crate::identity::credentials::Basic;
 
 /// How many verified credentials are kept; beyond that an idle entry is dropped.
 const MAX_LOGINS: usize = 4096;

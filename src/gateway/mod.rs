@@ -16,12 +16,12 @@
 //!
 //! Files: `routes.rs` (the path table, `router`), `calls.rs` (an HTTP request's gRPC call: the
 //! connection's extensions and the token), `unary.rs` and `streams.rs` (one call; the streaming
-//! paths), `credentials.rs` (the `Authorization` header), `logins.rs` (verified Basic credentials),
+//! paths), `logins.rs` (verified Basic credentials; what the `Authorization` header presents is read
+//! by `identity/credentials.rs`),
 //! `request_body.rs` (JSON in), `reply.rs` (JSON out, etcd's error shapes).
 //! It must not depend on the member (`node`, `raft`, `server`).
 
 mod calls;
-pub(crate) mod credentials;
 pub(crate) mod logins;
 mod reply;
 mod request_body;

@@ -18,9 +18,9 @@ use tonic::service::Routes;
 use tonic::{Status, Streaming};
 
 use super::calls::{call_request, Gateway};
-use super::credentials::Credentials;
 use super::reply::{self, Failure};
 use super::request_body;
+use crate::identity::credentials::Credentials;
 
 /// Requests read from the body ahead of the stream taking them.
 const REQUESTS_IN_FLIGHT: usize = 16;

@@ -11,9 +11,9 @@ use tonic::service::Routes;
 use tonic::Status;
 
 use super::calls::{call_request, Gateway};
-use super::credentials::Credentials;
 use super::reply::{self, Failure};
 use super::request_body;
+use crate::identity::credentials::Credentials;
 
 /// `POST` handler calling the unary method `call` (etcd's gateway registers its paths for POST).
 pub(super) fn unary<Req, Resp, F, Fut>(call: F) -> MethodRouter<Gateway>

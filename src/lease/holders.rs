@@ -14,9 +14,10 @@
 use heed::RoTxn;
 
 use super::store::{LeaseRecord, LeaseStore};
-use crate::auth::check::{Authorizer, Requester};
+use crate::auth::check::Authorizer;
 use crate::auth::permissions::Access;
 use crate::error::EtcdError;
+use crate::identity::Requester;
 use crate::keyrange::KeyRange;
 
 /// Whether `who` may use lease `id` (whose record is `record`).

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::auth::check::Requester;
 pub(crate) use crate::config::auto_compaction::AutoCompaction;
 use crate::error::EtcdError;
+use crate::identity::Requester;
 use crate::node::Node;
 use crate::proto::etcdserverpb::{CompactionRequest, InternalRaftRequest};
 

@@ -22,7 +22,7 @@ use openraft::storage::RaftLogStorage;
 use prost::Message;
 
 use crate::apply::Applied;
-use crate::auth::check::{Authorizer, Origin, Requester};
+use crate::auth::check::Authorizer;
 use crate::auth::tokens::Tokens;
 use crate::cluster::bootstrap;
 use crate::cluster::network::PeerNetwork;
@@ -30,7 +30,9 @@ use crate::cluster::peers::Peers;
 use crate::config::ClusterState;
 use crate::config::Config;
 use crate::error::EtcdError;
-use crate::frontend::identity::IdentityRules;
+use crate::frontend::identity_rules::identity_rules;
+use crate::identity::IdentityRules;
+use crate::identity::{Origin, Requester};
 use crate::lease::lessor::Lessor;
 use crate::mvcc::ReadView;
 use crate::proto::etcdserverpb::alarm_request::AlarmAction;
@@ -71,7 +73,7 @@ pub(crate) struct Node {
     removed: tokio::sync::Notify,
     pub max_request_bytes: usize,
     pub max_txn_ops: usize,
-    /// Who is calling: `--client-cert-auth`, `--trusted-proxy-cn` (see `frontend/identity.rs`).
+    /// Who is calling: `--client-cert-auth`, `--trusted-proxy-cn` (see `identity/rules.rs`).
     pub identity: IdentityRules,
     pub bcrypt_cost: u32,
     /// Login attempts slow down the next ones from the same source (`auth/throttle.rs`); the
@@ -153,8 +155,7 @@ impl Node {
             Tokens::new(&config.auth_token, config.auth_token_ttl).map_err(|e| anyhow::anyhow!("--auth-token: {e}"))?,
         );
         state.use_tokens(tokens.clone());
-        let identity =
-            IdentityRules::new(config.client_tls.as_ref()).map_err(|e| anyhow::anyhow!("client TLS: {e}"))?;
+        let identity = identity_rules(config.client_tls.as_ref()).map_err(|e| anyhow::anyhow!("client TLS: {e}"))?;
         let (revision, auth_enabled, auth_revision) = {
             let txn = state.read_txn()?;
             lessor.recover(state.leases.all(&txn)?);

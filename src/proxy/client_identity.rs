@@ -3,9 +3,10 @@
 //!
 //! Every `keyward-` name a client sent is removed, whatever its case or suffix (`-bin`): only the
 //! proxy speaks for a client, and only for one whose certificate its own listener verified. Tokens
-//! (`token`, `authorization`) are left as they are: the member resolves them. The rules of every name:
-//! `frontend/metadata.rs`. This rewrites headers only; `forward.rs` drops the request's trailers,
-//! which the member would otherwise merge into the metadata.
+//! (`token`, `authorization`) are left as they are: the member resolves them. The rules of every name,
+//! and the removal of the `keyward-` ones: `identity/metadata.rs`. This rewrites headers only;
+//! `forward.rs` drops the request's trailers, which the member would otherwise merge into the
+//! metadata.
 
 use base64::Engine as _;
 use http::{HeaderMap, HeaderValue};
@@ -13,7 +14,7 @@ use rustls_pki_types::CertificateDer;
 
 use super::config::Mode;
 use super::error::ProxyError;
-use crate::frontend::metadata::{is_keyward_name, FORWARDED_ADDR, FORWARDED_CERT};
+use crate::identity::metadata::{remove_keyward_names, FORWARDED_ADDR, FORWARDED_CERT};
 
 /// One client connection: whose identity the proxy passes on, and the client's address (which the
 /// member counts failed logins under and records in its audit log).
@@ -37,15 +38,6 @@ impl ClientConnection {
             headers.insert(FORWARDED_ADDR, addr.clone());
         }
         self.identity.apply(headers)
-    }
-}
-
-/// Removes every header only keyward processes may set (HTTP names are lowercase, so this covers any
-/// case a client wrote them in).
-fn remove_keyward_names(headers: &mut HeaderMap) {
-    let sent: Vec<http::HeaderName> = headers.keys().filter(|name| is_keyward_name(name.as_str())).cloned().collect();
-    for name in sent {
-        headers.remove(name);
     }
 }
 

@@ -3,21 +3,19 @@
 //!
 //! A sidecar's workload certificate rotates (mesh certificates live hours), and the member knows the
 //! workload by the certificate presented at the handshake. So the files are re-read every
-//! `RELOAD_INTERVAL`; when their contents change and still load, a new rustls configuration (with an
-//! empty session cache: a resumed session would carry the old identity) replaces the old one and the
-//! generation counter moves, which tells `upstream.rs` to open new connections for the requests that
-//! follow. Streams already open on an old connection keep it, and its identity, until they end.
+//! `RELOAD_INTERVAL` (`frontend/tls/reload.rs`, as every listener's are); when their contents change
+//! and still load, a new rustls configuration (with an empty session cache: a resumed session would
+//! carry the old identity) replaces the old one and the generation counter moves, which tells
+//! `upstream.rs` to open new connections for the requests that follow. Streams already open on an
+//! old connection keep it, and its identity, until they end.
 
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::sync::Arc;
 
 use rustls::ClientConfig;
 
 use crate::frontend::tls::client::client_config;
-
-/// How often the certificate files are compared with what was loaded.
-pub(crate) const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
+use crate::frontend::tls::reload::{Reload, Reloading};
 
 /// `--cert`, `--key`, `--cacert`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,17 +27,12 @@ pub struct ClientTlsFiles {
 }
 
 impl ClientTlsFiles {
-    fn paths(&self) -> Vec<&PathBuf> {
-        let mut paths = vec![&self.cacert];
+    fn paths(&self) -> Vec<PathBuf> {
+        let mut paths = vec![self.cacert.clone()];
         if let Some((cert, key)) = &self.identity {
-            paths.extend([cert, key]);
+            paths.extend([cert.clone(), key.clone()]);
         }
         paths
-    }
-
-    /// The files' current contents (a file that cannot be read counts as empty).
-    fn contents(&self) -> Vec<Vec<u8>> {
-        self.paths().into_iter().map(|p| std::fs::read(p).unwrap_or_default()).collect()
     }
 
     /// Builds the client configuration: TLS 1.2 and 1.3, the members verified against `--cacert`,
@@ -52,72 +45,48 @@ impl ClientTlsFiles {
 
 /// The current client configuration and its generation.
 pub(crate) struct ClientTls {
-    files: ClientTlsFiles,
-    current: RwLock<Loaded>,
-}
-
-struct Loaded {
-    config: Arc<ClientConfig>,
-    generation: u64,
-    contents: Vec<Vec<u8>>,
+    config: Arc<Reloading<Arc<ClientConfig>>>,
 }
 
 impl ClientTls {
     /// Loads the files now (a missing or broken file fails startup).
     pub(crate) fn load(files: ClientTlsFiles) -> Result<Arc<ClientTls>, String> {
-        let contents = files.contents();
-        let config = files.config()?;
-        Ok(Arc::new(ClientTls { files, current: RwLock::new(Loaded { config, generation: 0, contents }) }))
+        let config = Reloading::load(files.paths(), move || files.config())?;
+        Ok(Arc::new(ClientTls { config: Arc::new(config) }))
     }
 
     /// The configuration new connections use, and its generation.
     pub(crate) fn current(&self) -> (Arc<ClientConfig>, u64) {
-        let loaded = self.current.read().unwrap_or_else(|e| e.into_inner());
-        (loaded.config.clone(), loaded.generation)
+        self.config.current()
     }
 
     /// The generation new connections would get.
     pub(crate) fn generation(&self) -> u64 {
-        self.current.read().unwrap_or_else(|e| e.into_inner()).generation
+        self.config.generation()
     }
 
     /// Re-reads the files; a change that loads becomes the next generation. A change that does not
-    /// load (a half-written rotation) keeps the current one and is tried again next time.
-    pub(crate) fn reload_if_changed(&self) {
-        let contents = self.files.contents();
-        if contents == self.current.read().unwrap_or_else(|e| e.into_inner()).contents {
-            return;
-        }
-        match self.files.config() {
-            Ok(config) => {
-                let mut loaded = self.current.write().unwrap_or_else(|e| e.into_inner());
-                loaded.config = config;
-                loaded.contents = contents;
-                loaded.generation += 1;
-                tracing::info!(
-                    generation = loaded.generation,
-                    "--cert/--key/--cacert changed; new member connections use the new certificate"
-                );
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "--cert/--key/--cacert changed but do not load; keeping the previous ones")
-            }
-        }
+    /// load (a half-written rotation) keeps the current one until the files change again.
+    #[cfg(test)]
+    fn reload_if_changed(&self) {
+        report_reload(self.config.reload_if_changed());
     }
 
     /// Checks the files every `RELOAD_INTERVAL` while the proxy runs.
-    pub(crate) fn spawn_reloader(self: &Arc<ClientTls>) {
-        let tls = Arc::downgrade(self);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(RELOAD_INTERVAL);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let Some(tls) = tls.upgrade() else { return };
-                // Reading three small files; off the reactor all the same.
-                let _ = tokio::task::spawn_blocking(move || tls.reload_if_changed()).await;
-            }
-        });
+    pub(crate) fn spawn_reloader(&self) {
+        self.config.spawn_checks(report_reload);
+    }
+}
+
+fn report_reload(reload: Reload) {
+    match reload {
+        Reload::Unchanged => {}
+        Reload::Reloaded { generation } => {
+            tracing::info!(generation, "--cert/--key/--cacert changed; new member connections use the new certificate")
+        }
+        Reload::Failed(e) => {
+            tracing::warn!(error = %e, "--cert/--key/--cacert changed but do not load; keeping the previous ones")
+        }
     }
 }
 

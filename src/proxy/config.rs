@@ -25,9 +25,9 @@ use clap::Args;
 
 use super::client_tls::ClientTlsFiles;
 use super::endpoint::Endpoint;
-use crate::frontend::certificate::IdentitySource;
 use crate::frontend::connection_limits::ConnectionLimits;
 use crate::frontend::tls::settings::TlsSettings;
+use crate::identity::certificate::IdentitySource;
 
 #[derive(Args, Debug, Clone)]
 pub struct StartArgs {

@@ -23,9 +23,9 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::mpsc;
 
 use super::config::ListenAddr;
-use crate::frontend::certificate::PeerIdentity;
 use crate::frontend::tls::listener::TlsConnection;
 use crate::frontend::tls::settings::TlsSettings;
+use crate::identity::certificate::PeerIdentity;
 
 /// A byte stream hyper can serve.
 pub(crate) trait Io: AsyncRead + AsyncWrite + Send + Unpin {}

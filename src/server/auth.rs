@@ -11,11 +11,11 @@ use tonic::{Request, Response, Status};
 
 use super::requester::requester;
 use crate::apply::Applied;
-use crate::auth::check::{Credential, Origin, Requester};
 use crate::auth::password;
 use crate::auth::simple::SimpleTokens;
 use crate::auth::tokens::Tokens;
 use crate::error::EtcdError;
+use crate::identity::{Credential, Origin, Requester};
 use crate::logging::limit::LogLimit;
 use crate::logging::text::Quoted;
 use crate::node::Node;

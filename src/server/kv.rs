@@ -6,9 +6,10 @@ use tonic::{Request, Response, Status};
 
 use super::requester::requester;
 use crate::apply::Applied;
-use crate::auth::check::{Authorizer, Requester};
+use crate::auth::check::Authorizer;
 use crate::auth::permissions::Access;
 use crate::error::EtcdError;
+use crate::identity::Requester;
 use crate::keyrange::KeyRange;
 use crate::mvcc::counts::Ops;
 use crate::mvcc::{kv, txn};

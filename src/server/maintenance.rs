@@ -16,7 +16,7 @@ use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status};
 
 use super::requester::requester;
-use crate::auth::check::Requester;
+use crate::identity::Requester;
 
 use crate::apply::Applied;
 use crate::error::EtcdError;

@@ -170,7 +170,7 @@ async fn serve_bound(
 
 /// `routes` with every request's trailers dropped before any service sees the request: metadata (who
 /// is calling, from which address, which cluster) is the request's headers only
-/// (`frontend/metadata.rs`). The one place this is done for every listener: client (gRPC, HTTP, the
+/// (`identity/metadata.rs`). The one place this is done for every listener: client (gRPC, HTTP, the
 /// gateway), metrics and peer. The gateway's in-process calls come from tonic's client, which sends
 /// no request trailers, with metadata of the gateway's own (`gateway/calls.rs`).
 fn without_request_trailers(routes: Routes) -> Routes {

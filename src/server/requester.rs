@@ -1,14 +1,14 @@
-//! The member's one call into the shared front end: who is behind a gRPC request.
+//! The member's one call into `identity/`: who is behind a gRPC request, from its metadata and what
+//! the connection's TLS proved (`frontend/connection.rs`).
 
 use tonic::{Request, Status};
 
-use crate::auth::check::{Credential, Origin, Requester};
 use crate::auth::throttle::Source;
 use crate::frontend::connection::{client_addr, peer_identity};
-use crate::frontend::identity::Identity;
+use crate::identity::{Identity, Origin, Requester};
 use crate::node::Node;
 
-/// The requester behind a request to this member: its identity (decided in `frontend/identity.rs`,
+/// The requester behind a request to this member: its identity (decided in `identity/rules.rs`,
 /// as every front end decides it) at the member's current auth revision.
 pub(crate) fn requester<T>(node: &Node, request: &Request<T>) -> Result<Requester, Status> {
     Ok(identified(node, request)?.1)
@@ -18,13 +18,7 @@ pub(crate) fn requester<T>(node: &Node, request: &Request<T>) -> Result<Requeste
 /// know how the identity was established (a stream's credential: `stream_credential.rs`).
 pub(crate) fn identified<T>(node: &Node, request: &Request<T>) -> Result<(Identity, Requester), Status> {
     let identity = node.identity.identify(request.metadata(), peer_identity(request.extensions()), &*node.tokens)?;
-    let credential = match &identity {
-        Identity::Token { .. } => Credential::Token,
-        Identity::Certificate { .. } => Credential::Certificate,
-        Identity::Forwarded { .. } => Credential::ForwardedCertificate,
-        Identity::Anonymous(_) => Credential::None,
-    };
-    let origin = Origin { client: client(node, request), credential };
+    let origin = Origin { client: client(node, request), credential: identity.credential() };
     let requester = identity.requester(node.auth_revision()).with_origin(origin);
     Ok((identity, requester))
 }

@@ -12,9 +12,9 @@
 use tonic::{Request, Status};
 
 use super::requester::identified;
-use crate::auth::check::{Authorizer, Requester};
+use crate::auth::check::Authorizer;
 use crate::error::EtcdError;
-use crate::frontend::identity::Identity;
+use crate::identity::{Identity, Requester};
 use crate::node::Node;
 
 #[derive(Clone, Debug)]

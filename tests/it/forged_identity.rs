@@ -301,7 +301,7 @@ impl Route {
     }
 }
 
-/// Every metadata name keyward reads (`src/frontend/metadata.rs`).
+/// Every metadata name keyward reads (`src/identity/metadata.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Name {
     ForwardedCert,

@@ -1,4 +1,5 @@
-//! No import cycles between keyward's modules.
+//! No import cycles between keyward's modules, and no import that crosses its layers the wrong way
+//! (`FORBIDDEN`, the table `docs/architecture.md` states), directly or through other modules.
 //!
 //! Reads the sources as text (no build of its own): starting from each crate root (`src/lib.rs`,
 //! `src/main.rs`, `src/bin/*/main.rs`) it follows `mod NAME;` to every file, collects the paths each file
@@ -114,6 +115,154 @@ fn the_checker_sees_cycles() {
         ("m::child", "use super::Parent;\nmod tests { use super::*; }"),
     ]);
     assert!(cycles(&import_graph(&acyclic)).is_empty());
+}
+
+// ---------------------------------------------------------------------------
+// Layers: the forbidden edges
+// ---------------------------------------------------------------------------
+
+/// The layering rules of `docs/architecture.md`: no module under a `from` folder may reach a module
+/// under a `to` folder, directly or through any chain of imports (a rule that held only for direct
+/// imports let the proxy's identity code pull in LMDB through `auth`).
+const FORBIDDEN: &[Rule] = &[
+    Rule {
+        from: &["frontend", "identity", "gateway", "proxy"],
+        to: &["storage", "raft", "node", "server", "apply", "mvcc", "lease", "space", "cluster"],
+        why: "the connection layer, who is calling, the gateway and the proxy run without a store or a member",
+    },
+    Rule {
+        from: &["identity"],
+        to: &["auth", "storage"],
+        why: "who is calling is plain data: deciding what they may do is auth's",
+    },
+    Rule {
+        from: &["error", "keyrange", "proto", "signals", "metrics"],
+        to: &["storage", "raft", "mvcc", "lease", "auth", "space", "node", "server", "apply", "cluster"],
+        why: "the shared leaves name no store and no service",
+    },
+    Rule {
+        from: &["storage"],
+        to: &[
+            "mvcc",
+            "lease",
+            "auth",
+            "space",
+            "apply",
+            "raft",
+            "node",
+            "server",
+            "cluster",
+            "frontend",
+            "gateway",
+            "proxy",
+            "watch_hub",
+        ],
+        why: "LMDB's wrapper is the bottom layer",
+    },
+    Rule {
+        from: &["mvcc", "lease", "auth", "space", "apply"],
+        to: &["raft", "node", "server", "cluster", "frontend", "gateway", "proxy", "watch_hub"],
+        why: "the stores and the apply step are deterministic: they know nothing of how requests arrive",
+    },
+    Rule {
+        from: &["raft", "watch_hub"],
+        to: &["node", "server", "gateway", "proxy"],
+        why: "the log, the state machine and the watch fan-out are below the services",
+    },
+];
+
+/// One row of the table.
+struct Rule {
+    from: &'static [&'static str],
+    to: &'static [&'static str],
+    why: &'static str,
+}
+
+#[test]
+fn no_forbidden_edges_between_layers() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let krate = load_crate("keyward (lib)", &root.join("src/lib.rs"));
+    let graph = import_graph(&krate);
+    for rule in FORBIDDEN {
+        for folder in rule.from.iter().chain(rule.to) {
+            assert!(
+                krate.files.contains_key(&vec![folder.to_string()]),
+                "the table names `{folder}`, which is no module"
+            );
+        }
+    }
+    let report = forbidden_edges(&krate, &graph, FORBIDDEN);
+    assert!(report.is_empty(), "forbidden edges between layers:\n{report}");
+}
+
+/// The checker finds a forbidden module reached through a chain, and is silent where the chain is
+/// only allowed edges.
+#[test]
+fn the_layer_checker_sees_indirect_edges() {
+    let krate = Crate {
+        name: "synthetic".into(),
+        files: [
+            ("", "mod identity; mod auth; mod storage;"),
+            ("identity", "use crate::auth::check;"),
+            ("auth", "pub mod check;"),
+            ("auth::check", "use crate::storage::Db;"),
+            ("storage", "pub struct Db;"),
+        ]
+        .iter()
+        .map(|(path, src)| {
+            let module: ModPath = if path.is_empty() { vec![] } else { path.split("::").map(String::from).collect() };
+            (module, (PathBuf::from(format!("{path}.rs")), src.to_string()))
+        })
+        .collect(),
+    };
+    let graph = import_graph(&krate);
+    let rule = |from: &'static [&'static str], to: &'static [&'static str]| [Rule { from, to, why: "test" }];
+    let report = forbidden_edges(&krate, &graph, &rule(&["identity"], &["storage"]));
+    assert!(report.contains("identity -> auth::check -> storage"), "{report}");
+    assert!(forbidden_edges(&krate, &graph, &rule(&["storage"], &["identity"])).is_empty());
+    assert!(forbidden_edges(&krate, &graph, &rule(&["auth"], &["identity"])).is_empty());
+}
+
+/// Every module under a rule's `from` that reaches a module under its `to`, with the shortest chain
+/// of imports that does it (one per `from` module and rule).
+fn forbidden_edges(krate: &Crate, graph: &Graph, rules: &[Rule]) -> String {
+    let under = |m: &ModPath, folders: &[&str]| m.first().is_some_and(|top| folders.contains(&top.as_str()));
+    let mut report = String::new();
+    for rule in rules {
+        for start in graph.keys().filter(|m| under(m, rule.from)) {
+            // Breadth first, remembering how each module was reached.
+            let mut came_from: BTreeMap<&ModPath, (&ModPath, &Witness)> = BTreeMap::new();
+            let mut queue = std::collections::VecDeque::from([start]);
+            let mut seen = BTreeSet::from([start]);
+            while let Some(module) = queue.pop_front() {
+                if under(module, rule.to) {
+                    let mut chain = vec![module];
+                    let mut steps = Vec::new();
+                    while let Some((prev, witness)) = came_from.get(chain.last().unwrap()) {
+                        steps.push(format!(
+                            "    {}:{}: {}",
+                            krate.files[*prev].0.display(),
+                            witness.line,
+                            witness.path
+                        ));
+                        chain.push(prev);
+                    }
+                    chain.reverse();
+                    steps.reverse();
+                    let names: Vec<String> = chain.iter().map(|m| m.join("::")).collect();
+                    report.push_str(&format!("  {} ({})\n{}\n", names.join(" -> "), rule.why, steps.join("\n")));
+                    break;
+                }
+                for (next, witness) in &graph[module] {
+                    if seen.insert(next) {
+                        came_from.insert(next, (module, witness));
+                        queue.push_back(next);
+                    }
+                }
+            }
+        }
+    }
+    report
 }
 
 // ---------------------------------------------------------------------------

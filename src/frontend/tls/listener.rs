@@ -4,32 +4,31 @@
 //! (a client that connects and sends nothing costs a task for a few seconds, never forever —
 //! etcd's GHSA-6vch-q96h-7gc3), then the client certificate is checked against the allow-lists.
 //! Failures are logged at debug with the reason and counted; they never affect other connections.
-//! Certificates are re-read when their files change: new connections get the new configuration,
-//! connections already open keep theirs (and their identity).
+//! Certificates are re-read when their files change (`reload.rs`): new connections get the new
+//! configuration, connections already open keep theirs (and their identity).
 
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use rustls::ServerConfig;
 use rustls_pki_types::CertificateDer;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tonic::transport::server::Connected;
 
+use super::reload::{Reload, Reloading};
 use super::settings::{NotAllowed, TlsSettings};
-use crate::frontend::certificate::{cert_names, CertNames, NoIdentity, PeerIdentity};
+use crate::identity::certificate::{cert_names, CertNames, NoIdentity, PeerIdentity};
 use crate::logging::limit::LogLimit;
 
 /// How long a client may take to complete the TLS handshake.
 pub(crate) const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
-/// How often certificate files are checked for changes.
-const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
 /// Established connections waiting for tonic to pick them up.
 const ACCEPTED_BACKLOG: usize = 128;
 
@@ -104,9 +103,9 @@ pub(crate) fn accept(
     listener: TcpListener,
     settings: TlsSettings,
 ) -> Result<mpsc::Receiver<io::Result<TlsConnection>>, String> {
-    let (config_tx, config_rx) = watch::channel(settings.server_config()?);
     let settings = Arc::new(settings);
-    tokio::spawn(reload(settings.clone(), config_tx));
+    let config = Arc::new(server_config(&settings)?);
+    config.spawn_checks(report_reload);
     let (tx, rx) = mpsc::channel(ACCEPTED_BACKLOG);
     tokio::spawn(async move {
         loop {
@@ -122,7 +121,7 @@ pub(crate) fn accept(
                 return;
             }
             let _ = socket.set_nodelay(true);
-            let acceptor = TlsAcceptor::from(config_rx.borrow().clone());
+            let acceptor = TlsAcceptor::from(config.current().0);
             let (tx, settings) = (tx.clone(), settings.clone());
             tokio::spawn(async move {
                 match handshake(acceptor, socket, &settings).await {
@@ -185,10 +184,10 @@ async fn handshake(acceptor: TlsAcceptor, socket: TcpStream, settings: &TlsSetti
     Ok(TlsConnection { stream, identity, certificate: Some(Arc::new(names)) })
 }
 
-/// Rebuilds the server configuration when any of its files changes; a broken new file keeps the old
+/// The server configuration, rebuilt when any of its files changes; a broken new file keeps the old
 /// configuration in place (and says so).
-async fn reload(settings: Arc<TlsSettings>, config: watch::Sender<Arc<ServerConfig>>) {
-    let files: Vec<_> = [
+fn server_config(settings: &Arc<TlsSettings>) -> Result<Reloading<Arc<ServerConfig>>, String> {
+    let files = [
         Some(&settings.cert_file),
         Some(&settings.key_file),
         settings.trusted_ca_file.as_ref(),
@@ -198,29 +197,18 @@ async fn reload(settings: Arc<TlsSettings>, config: watch::Sender<Arc<ServerConf
     .flatten()
     .cloned()
     .collect();
-    let stamp = || -> Vec<Option<SystemTime>> {
-        files.iter().map(|f| std::fs::metadata(f).and_then(|m| m.modified()).ok()).collect()
-    };
-    let mut seen = stamp();
-    let mut tick = tokio::time::interval(RELOAD_INTERVAL);
-    loop {
-        tick.tick().await;
-        if config.is_closed() {
-            return;
+    let settings = settings.clone();
+    Reloading::load(files, move || settings.server_config())
+}
+
+fn report_reload(reload: Reload) {
+    match reload {
+        Reload::Unchanged => {}
+        Reload::Reloaded { .. } => {
+            tracing::info!("TLS certificate files changed; new connections use the new configuration")
         }
-        let now = stamp();
-        if now == seen {
-            continue;
-        }
-        seen = now;
-        match settings.server_config() {
-            Ok(new) => {
-                tracing::info!("TLS certificate files changed; new connections use the new configuration");
-                let _ = config.send(new);
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "TLS certificate files changed but could not be loaded; keeping the previous configuration")
-            }
+        Reload::Failed(e) => {
+            tracing::error!(error = %e, "TLS certificate files changed but could not be loaded; keeping the previous configuration")
         }
     }
 }

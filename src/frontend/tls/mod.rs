@@ -2,10 +2,13 @@
 //!
 //! - `settings.rs`: the TLS flags as a typed value, and building a rustls `ServerConfig` from the files.
 //! - `listener.rs`: the accept loop — handshake deadline, allow-lists, certificate hot reload — which
-//!   hands tonic connections that carry their `PeerIdentity` (`frontend/certificate.rs`).
+//!   hands tonic connections that carry their `PeerIdentity` (`identity/certificate.rs`).
 //! - `client.rs`: the dialing side (a member to its peers): a rustls `ClientConfig` from the files and
 //!   a tonic connector.
+//! - `reload.rs`: certificate files reloaded when their contents change, every `RELOAD_INTERVAL`: the
+//!   one reloader of the listeners, the forwarded-certificate verifier and the proxy's dialer.
 
 pub(crate) mod client;
 pub(crate) mod listener;
+pub(crate) mod reload;
 pub(crate) mod settings;

@@ -11,7 +11,7 @@ use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 
-use crate::frontend::certificate::{CertNames, IdentitySource, PeerIdentity};
+use crate::identity::certificate::{CertNames, IdentitySource, PeerIdentity};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsSettings {
@@ -63,7 +63,7 @@ impl TlsSettings {
 
     /// The verifier of client certificates: chain to `--trusted-ca-file`, validity, client-auth
     /// usage, and `--client-crl-file`. The handshake uses it, and so does a certificate forwarded by
-    /// a trusted proxy (`frontend/identity.rs`), so both are held to the same rules. `None` without a
+    /// a trusted proxy (`frontend/forwarded.rs`), so both are held to the same rules. `None` without a
     /// trusted CA.
     pub fn client_verifier(&self) -> Result<Option<Arc<dyn ClientCertVerifier>>, String> {
         let Some(ca) = &self.trusted_ca_file else {

@@ -8,10 +8,11 @@ use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::*;
-use crate::auth::check::{Authorizer, Requester};
+use crate::auth::check::Authorizer;
 use crate::auth::permissions::Access;
 use crate::auth::simple::SimpleTokens;
 use crate::auth::token_config::TokenConfig;
+use crate::identity::Requester;
 use crate::keyrange::KeyRange;
 use crate::proto::authpb::{permission::Type as PermType, Permission};
 use crate::proto::etcdserverpb::alarm_request::AlarmAction;

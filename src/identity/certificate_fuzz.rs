@@ -8,7 +8,7 @@
 //!
 //! `KEYWARD_FUZZ_CASES=N` runs N cases per property instead of the defaults (chosen so that the three
 //! take a few seconds together in a debug build). Failing inputs are kept by proptest in
-//! `proptest-regressions/frontend/certificate_fuzz.txt` and replayed first on every run.
+//! `proptest-regressions/identity/certificate_fuzz.txt` and replayed first on every run.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -22,10 +22,10 @@ use rustls_pki_types::CertificateDer;
 use x509_parser::asn1_rs::Tag;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::frontend::certificate::{cert_names, NoIdentity, PeerIdentity};
+use super::certificate::{cert_names, NoIdentity, PeerIdentity};
 
 /// Runs `test` on `KEYWARD_FUZZ_CASES` (else `default_cases`) values of `strategy`, failures persisted
-/// in `proptest-regressions/frontend/certificate_fuzz.txt` and replayed first; a panic is a failure. Prints
+/// in `proptest-regressions/identity/certificate_fuzz.txt` and replayed first; a panic is a failure. Prints
 /// how the cases ended (the label each returned), which shows the run reached the interesting outcomes.
 fn fuzz<S: Strategy>(
     name: &str,

@@ -3,7 +3,7 @@
 //! A connection carries a `PeerIdentity`: the name its verified client certificate gives under
 //! `--client-cert-identity` (`IdentitySource`: the subject Common Name by default, as etcd; or the
 //! one URI SAN, e.g. a SPIFFE ID; or the one DNS SAN), or the reason there is none. Requests on the
-//! connection turn it into a `Requester` (see `frontend/identity.rs`); nothing re-parses
+//! connection turn it into a `Requester` (see `rules.rs`); nothing re-parses
 //! certificates later.
 
 use rustls_pki_types::CertificateDer;

@@ -15,10 +15,10 @@
 //!
 //! | name | who may set it | read by | a client's copy, through the proxy |
 //! | --- | --- | --- | --- |
-//! | [`FORWARDED_CERT`] | the proxy, for the client whose certificate its listener verified | a member's client listener (`identity.rs`), only from a connection whose certificate CN is in `--trusted-proxy-cn`; from anyone else the request is refused ("peer is not a trusted proxy") | removed, replaced by the verified one |
-//! | [`FORWARDED_ADDR`] | the proxy: its client's address | a member's client listener (`identity.rs`, login throttling and the audit log), only from a trusted proxy; from anyone else ignored (the connection's address counts) | removed, replaced by the real one (none for a Unix socket client) |
-//! | [`TOKEN`] | the client: a token from Authenticate (etcd 3.4 clients) | a member (`identity.rs`); it wins over a certificate, as in etcd. The gateway sets it for a request's `Authorization` | passed on: the member resolves it |
-//! | [`AUTHORIZATION`] | the client: a token (newer etcd clients); on the gateway also `Basic` credentials | a member (`identity.rs`), when there is no `token`; the gateway (`gateway/credentials.rs`) reads the HTTP header and passes only the resulting `token` on | passed on |
+//! | [`FORWARDED_CERT`] | the proxy, for the client whose certificate its listener verified | a member's client listener (`rules.rs`), only from a connection whose certificate CN is in `--trusted-proxy-cn`; from anyone else the request is refused ("peer is not a trusted proxy") | removed, replaced by the verified one |
+//! | [`FORWARDED_ADDR`] | the proxy: its client's address | a member's client listener (`rules.rs`, login throttling and the audit log), only from a trusted proxy; from anyone else ignored (the connection's address counts) | removed, replaced by the real one (none for a Unix socket client) |
+//! | [`TOKEN`] | the client: a token from Authenticate (etcd 3.4 clients) | a member (`rules.rs`); it wins over a certificate, as in etcd. The gateway sets it for a request's `Authorization` | passed on: the member resolves it |
+//! | [`AUTHORIZATION`] | the client: a token (newer etcd clients); on the gateway also `Basic` credentials | a member (`rules.rs`), when there is no `token`; the gateway reads (`credentials.rs`) the HTTP header and passes only the resulting `token` on | passed on |
 //! | [`CLUSTER_ID`] | a member dialing a peer (`cluster/peers.rs`) | the peer listener (`server/peer.rs`): a request of another cluster is refused. Not an identity: who may call the peer port is the peer TLS's decision | removed (the proxy never reaches a peer port) |
 //! | [`MEMBER_ID`] | a member dialing a peer | the peer listener, to name the sender in logs and answers | removed |
 //!
@@ -47,8 +47,17 @@ pub(crate) const MEMBER_ID: &str = "keyward-member-id";
 pub(crate) const KEYWARD_PREFIX: &str = "keyward-";
 
 /// Whether a (lowercase, as HTTP carries it) header name is one only keyward processes set.
-pub(crate) fn is_keyward_name(name: &str) -> bool {
+fn is_keyward_name(name: &str) -> bool {
     name.starts_with(KEYWARD_PREFIX)
+}
+
+/// Removes every header only keyward processes may set, as the proxy does before it sets its own
+/// (HTTP names are lowercase, so this covers any case a client wrote them in).
+pub(crate) fn remove_keyward_names(headers: &mut http::HeaderMap) {
+    let sent: Vec<http::HeaderName> = headers.keys().filter(|name| is_keyward_name(name.as_str())).cloned().collect();
+    for name in sent {
+        headers.remove(name);
+    }
 }
 
 #[cfg(test)]
