@@ -14,8 +14,6 @@ pub(crate) mod peer_guard;
 pub(crate) mod requester;
 pub(crate) mod stream_credential;
 pub(crate) mod watch;
-pub(crate) mod watch_outbox;
-pub(crate) mod watch_wire;
 
 use crate::frontend::connection_limits::{Admission, ConnectionLimits};
 use std::future::Future;
