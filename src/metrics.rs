@@ -263,7 +263,7 @@ pub(crate) static TLS_HANDSHAKE_FAILURES: LazyLock<IntCounterVec> = LazyLock::ne
     )
 });
 
-/// Peer requests refused because their caller is not a member (`server/peer_guard.rs`), by reason.
+/// Peer requests refused because their caller is not a member (`cluster/peer_guard.rs`), by reason.
 pub(crate) static PEER_REQUESTS_REFUSED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(

@@ -1,4 +1,4 @@
-//! Who is a member on the peer port: the rule every peer request is held to (`server/peer_guard.rs`
+//! Who is a member on the peer port: the rule every peer request is held to (`peer_guard.rs`
 //! applies it to each request, before any Peer RPC runs).
 //!
 //! A caller on a TLS connection is a member when its verified certificate (chained to

@@ -2,7 +2,7 @@
 //!
 //! Each raft message is openraft's own type, postcard-encoded in a `RaftMessage`; the receiving member
 //! hands it to its raft core and returns the core's answer, or the core's error, the same way
-//! (`server/peer.rs`). A peer that cannot be dialed is reported `Unreachable`, on which openraft
+//! (`peer_service.rs`). A peer that cannot be dialed is reported `Unreachable`, on which openraft
 //! backs off (`backoff`) before retrying, and logged once per interval with the reason. Snapshots go
 //! in chunks of `snapshot_max_chunk_size` (openraft's chunked transport), one call per chunk.
 

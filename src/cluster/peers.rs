@@ -4,7 +4,7 @@
 //! both dial through here, so a peer has one connection (HTTP/2 multiplexes their calls).
 //!
 //! Every request carries this member's cluster id and member id as metadata; the receiving member
-//! refuses a request from another cluster (`server/peer.rs`).
+//! refuses a request from another cluster (`peer_service.rs`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

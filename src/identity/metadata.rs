@@ -19,7 +19,7 @@
 //! | [`FORWARDED_ADDR`] | the proxy: its client's address | a member's client listener (`rules.rs`, login throttling and the audit log), only from a trusted proxy; from anyone else ignored (the connection's address counts) | removed, replaced by the real one (none for a Unix socket client) |
 //! | [`TOKEN`] | the client: a token from Authenticate (etcd 3.4 clients) | a member (`rules.rs`); it wins over a certificate, as in etcd. The gateway sets it for a request's `Authorization` | passed on: the member resolves it |
 //! | [`AUTHORIZATION`] | the client: a token (newer etcd clients); on the gateway also `Basic` credentials | a member (`rules.rs`), when there is no `token`; the gateway reads (`credentials.rs`) the HTTP header and passes only the resulting `token` on | passed on |
-//! | [`CLUSTER_ID`] | a member dialing a peer (`cluster/peers.rs`) | the peer listener (`server/peer.rs`): a request of another cluster is refused. Not an identity: who may call the peer port is the peer TLS's decision | removed (the proxy never reaches a peer port) |
+//! | [`CLUSTER_ID`] | a member dialing a peer (`cluster/peers.rs`) | the peer listener (`cluster/peer_service.rs`): a request of another cluster is refused. Not an identity: who may call the peer port is the peer TLS's decision | removed (the proxy never reaches a peer port) |
 //! | [`MEMBER_ID`] | a member dialing a peer | the peer listener, to name the sender in logs and answers | removed |
 //!
 //! Other names read, none of which says who a caller is: `grpc-timeout` (the deadline; the proxy and

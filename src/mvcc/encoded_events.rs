@@ -3,7 +3,7 @@
 //!
 //! A put seen by a thousand watchers was cloned and encoded a thousand times, once per watcher's
 //! response. Encoded here once, each watcher's response holds reference-counted handles to the same
-//! bytes (`server/watch_wire.rs`), and writing a response copies them. Made lazily, by the first
+//! bytes (`server/watch/wire.rs`), and writing a response copies them. Made lazily, by the first
 //! watcher that needs them: a batch nobody watches costs nothing.
 
 use std::sync::OnceLock;

@@ -1,7 +1,7 @@
 //! Any member serves every request: what must happen on the leader is done there.
 //!
 //! On the leader these run locally. On a follower they go to the leader over the peer protocol
-//! (`server/peer.rs` answers): a write is proposed by the leader with the header this member built
+//! (`cluster/peer_service.rs` answers): a write is proposed by the leader with the header this member built
 //! (requester and auth revision, so apply decides permissions exactly as for a local write) and this
 //! member answers once it has applied that entry itself, so a client reads its own write here; a
 //! linearizable read asks the leader for a read index confirmed by a quorum, then waits until this

@@ -46,6 +46,7 @@ use crate::raft::{NodeId, Raft};
 use crate::space::Space;
 
 pub(crate) mod compactor;
+mod for_peers;
 mod leader;
 pub(crate) mod login_throttle;
 mod read_rounds;
@@ -411,7 +412,7 @@ impl Node {
     }
 
     /// Resolves once this member has been removed from the cluster (MemberRemove), as the leader
-    /// tells it (`server/peer.rs`): it gets no more entries and must stop, as etcd's member does
+    /// tells it (`cluster/peer_service.rs`): it gets no more entries and must stop, as etcd's member does
     /// ("permanently removed from the cluster").
     pub(crate) async fn removed(&self) {
         self.removed.notified().await

@@ -54,15 +54,16 @@ impl MaintenanceService {
         MaintenanceService { node }
     }
 
-    /// With auth enabled, Defragment, Snapshot, Hash and HashKV are root's, as in etcd
-    /// (`authMaintenanceServer`: `IsAdminPermitted`); so is Alarm (see `alarm`). Returns the requester.
-    /// With auth on, an authenticated user (errors in etcd's maintenance style, as below).
+    /// With auth on, an authenticated user (errors in etcd's maintenance style, as below). Returns the
+    /// requester.
     async fn require_user<T>(&self, request: &Request<T>, op: &'static str) -> Result<Requester, Status> {
         let who = requester(&self.node, request).map_err(raw_auth_status)?;
         self.node.require_user(who.clone(), op).await.map_err(|e| raw_auth_status(e.into()))?;
         Ok(who)
     }
 
+    /// With auth enabled, Defragment, Snapshot, Hash and HashKV are root's, as in etcd
+    /// (`authMaintenanceServer`: `IsAdminPermitted`); so is Alarm (see `alarm`). Returns the requester.
     async fn require_admin<T>(&self, request: &Request<T>, op: &'static str) -> Result<Requester, Status> {
         let who = requester(&self.node, request).map_err(raw_auth_status)?;
         self.node.require_admin(who.clone(), op).await.map_err(|e| raw_auth_status(e.into()))?;

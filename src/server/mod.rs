@@ -1,6 +1,9 @@
 //! The member's listeners: one per `--listen-client-urls` entry, serving etcd's gRPC services, the
 //! HTTP endpoints and the HTTP/JSON gateway (`crate::gateway`) on the same port; one per
-//! `--listen-peer-urls` entry, serving the peer protocol (`peer.rs`) to members only (`peer_guard.rs`).
+//! `--listen-peer-urls` entry, serving the peer protocol (`cluster/peer_service.rs`) to members only
+//! (`cluster/peer_guard.rs`). The peer listeners are bound here, not in `cluster/`, because every
+//! listener shares one way to bind, accept (TLS or not), shut down and drop request trailers
+//! (`serve_bound`); `cluster/` provides the service and its guard.
 
 pub(crate) mod auth;
 pub(crate) mod cluster;
@@ -9,13 +12,9 @@ pub(crate) mod http;
 pub(crate) mod kv;
 pub(crate) mod lease;
 pub(crate) mod maintenance;
-pub(crate) mod peer;
-pub(crate) mod peer_guard;
 pub(crate) mod requester;
 pub(crate) mod stream_credential;
 pub(crate) mod watch;
-pub(crate) mod watch_outbox;
-pub(crate) mod watch_wire;
 
 use crate::frontend::connection_limits::{Admission, ConnectionLimits};
 use std::future::Future;
@@ -26,6 +25,8 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::service::Routes;
 use tonic::transport::Server;
 
+use crate::cluster::peer_guard::PeerGuard;
+use crate::cluster::peer_service::PeerService;
 use crate::config::{Listener, GRPC_OVERHEAD_BYTES};
 use crate::frontend::tls::settings::TlsSettings;
 use crate::node::Node;
@@ -77,10 +78,10 @@ pub(crate) async fn serve_peer(
     admission: crate::cluster::admission::PeerAdmission,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let guard = peer_guard::PeerGuard::new(node.clone(), admission);
+    let guard = PeerGuard::new(node.raft.clone(), node.member_id, admission);
     let make = move || {
         let limit = node.peers.max_message_bytes();
-        let peer = PeerServer::new(peer::PeerService::new(node.clone()))
+        let peer = PeerServer::new(PeerService::new(node.clone()))
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit);
         Routes::new(InterceptedService::new(peer, guard.clone()))

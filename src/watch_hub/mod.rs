@@ -14,6 +14,12 @@
 //! backlog, on a snapshot install, or when the hub itself lost batches: it then catches up from the
 //! store later, as etcd's unsynced watchers do. What a slow watcher costs the member is thus bounded
 //! by the backlog and its stream's queue, not by what is written meanwhile.
+//!
+//! Why a top-level folder and not beside the Watch service (`server/watch/`), its one user: the hub
+//! belongs to the member, not to a client stream. `Node` starts it on the commit broadcast before
+//! anything is applied (so that it sees every batch) and holds it; the service only registers
+//! watchers with it. Under `server/` it would make `node` import `server`, which imports `node`.
+//! It imports neither: only the committed batches (`raft`), key ranges and the wire types.
 
 pub(crate) mod backlog;
 pub(crate) mod index;

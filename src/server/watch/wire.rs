@@ -5,7 +5,7 @@
 //! from the store), or a response's header and watch id with its events already encoded, each as an
 //! element of the repeated field `events`. The latter is written as `WatchResponse`'s fields 1 and
 //! 2, then those elements as they are: the bytes prost writes for the same response (a test checks
-//! it). `watch.rs`'s `WatchServer` serves the service on this codec.
+//! it). `mod.rs`'s `WatchServer` serves the service on this codec.
 
 use bytes::{BufMut, Bytes};
 use prost::encoding::{int64, message};

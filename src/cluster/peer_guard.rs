@@ -1,6 +1,6 @@
 //! The gate in front of the peer protocol: every request to `keywardpb.Peer`, whatever its method
-//! (a new RPC included), passes this interceptor before `peer.rs` sees it, and runs only if its
-//! caller is a member by `cluster/admission.rs`'s rule, decided per request against the membership
+//! (a new RPC included), passes this interceptor before `peer_service.rs` sees it, and runs only if
+//! its caller is a member by `admission.rs`'s rule, decided per request against the membership
 //! this member has now (members come and go while connections stay open).
 //!
 //! So nothing a peer request carries (`member_internal` in a forwarded proposal's header, the user
@@ -14,26 +14,28 @@ use tonic::service::Interceptor;
 use tonic::transport::server::TcpConnectInfo;
 use tonic::{Request, Status};
 
-use crate::cluster::admission::{Caller, PeerAdmission};
+use super::admission::{Caller, PeerAdmission};
 use crate::frontend::tls::listener::TlsConnectInfo;
 use crate::logging::limit::LogLimit;
-use crate::node::Node;
+use crate::raft::Raft;
 
 #[derive(Clone)]
 pub(crate) struct PeerGuard {
-    node: Arc<Node>,
+    /// This member's raft, for the membership it has now.
+    raft: Raft,
+    member_id: u64,
     rule: Arc<PeerAdmission>,
 }
 
 impl PeerGuard {
-    pub(crate) fn new(node: Arc<Node>, rule: PeerAdmission) -> Self {
-        PeerGuard { node, rule: Arc::new(rule) }
+    pub(crate) fn new(raft: Raft, member_id: u64, rule: PeerAdmission) -> Self {
+        PeerGuard { raft, member_id, rule: Arc::new(rule) }
     }
 
     /// Whether any peer URL of a member other than this one satisfies `matches`: of the current
     /// membership, or of `--initial-cluster` while the membership is unknown (a joining member).
     fn any_other_member(&self, matches: &mut dyn FnMut(&str) -> bool) -> bool {
-        let metrics = self.node.raft.metrics();
+        let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
         let membership = metrics.membership_config.membership();
         if membership.nodes().next().is_none() {
@@ -41,7 +43,7 @@ impl PeerGuard {
         }
         let found = membership
             .nodes()
-            .filter(|(id, _)| **id != self.node.member_id)
+            .filter(|(id, _)| **id != self.member_id)
             .flat_map(|(_, node)| &node.peer_urls)
             .any(|url| matches(url));
         found

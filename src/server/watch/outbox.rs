@@ -15,7 +15,7 @@ use futures::Stream;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 
-use super::watch_wire::WatchReply;
+use super::wire::WatchReply;
 
 /// Responses queued per stream at most.
 pub(crate) const STREAM_RESPONSES: usize = 256;

@@ -1,4 +1,5 @@
-//! The serving side of the peer protocol (`proto/keywardpb/peer.proto`), on `--listen-peer-urls`.
+//! The serving side of the peer protocol (`proto/keywardpb/peer.proto`), on `--listen-peer-urls`
+//! (bound by `server/mod.rs` with the member's other listeners); `peers.rs` is the dialing side.
 //!
 //! Raft messages go to this member's raft core; the rest is what a follower asks of the leader
 //! (`node/leader.rs`). Every request must come from this cluster: its `keyward-cluster-id` must be
@@ -6,23 +7,28 @@
 //! URLs has another one), except the membership query a joining member makes before it knows its
 //! cluster. Only members get here: the TLS handshake verifies the caller's certificate
 //! (`--peer-trusted-ca-file`, `--peer-crl-file`), and `peer_guard.rs` admits each request only from a
-//! member (`cluster/admission.rs`) before any method below runs, so what a request carries (a
+//! member (`admission.rs`) before any method below runs, so what a request carries (a
 //! proposal's `member_internal` header, the user a follower vouches for) is a member's word.
+//!
+//! The service reaches this member through `LocalMember`, the list of what a peer may ask of it,
+//! which the member implements (`node/for_peers.rs`): so `cluster/` holds both sides of the protocol
+//! without importing `node`, which imports `cluster`.
 
 use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
-use crate::cluster::membership;
-use crate::cluster::peers::{CLUSTER_ID_HEADER, MEMBER_ID_HEADER};
+use super::membership;
+use super::peers::{CLUSTER_ID_HEADER, MEMBER_ID_HEADER};
+use crate::apply::Applied;
 use crate::error::EtcdError;
-use crate::node::Node;
+use crate::lease::lessor::Lessor;
 use crate::proto::etcdserverpb::{
     InternalRaftRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveRequest,
     LeaseTimeToLiveResponse, MemberAddRequest, MemberAddResponse, MemberPromoteRequest, MemberPromoteResponse,
-    MemberRemoveRequest, MemberRemoveResponse, MemberUpdateRequest, MemberUpdateResponse,
+    MemberRemoveRequest, MemberRemoveResponse, MemberUpdateRequest, MemberUpdateResponse, ResponseHeader,
 };
 use crate::proto::keywardpb::peer_server::Peer;
 use crate::proto::keywardpb::{
@@ -30,16 +36,40 @@ use crate::proto::keywardpb::{
     MembershipRequest, MembershipResponse, ProposeResponse, PublishRequest, PublishResponse, RaftMessage,
     ReadIndexRequest, ReadIndexResponse, RemovedRequest, RemovedResponse,
 };
+use crate::raft::{NodeId, Raft};
 
-type LoginAttemptReplies = std::pin::Pin<Box<dyn futures::Stream<Item = Result<LoginAttemptReply, Status>> + Send>>;
+pub(crate) type LoginAttemptReplies =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<LoginAttemptReply, Status>> + Send>>;
+
+/// What a peer may ask of this member: the member's own operations the service below calls.
+#[tonic::async_trait]
+pub(crate) trait LocalMember: Send + Sync + 'static {
+    fn cluster_id(&self) -> u64;
+    fn member_id(&self) -> u64;
+    fn raft(&self) -> &Raft;
+    fn lessor(&self) -> &Lessor;
+    fn is_leader(&self) -> bool;
+    fn header(&self, revision: i64) -> Option<ResponseHeader>;
+    async fn propose_forwarded(&self, req: InternalRaftRequest)
+        -> Result<(u64, Result<Applied, EtcdError>), EtcdError>;
+    async fn leader_read_index(&self) -> Result<u64, EtcdError>;
+    async fn publish_member(&self, req: PublishRequest) -> Result<(), EtcdError>;
+    async fn member_add(&self, req: MemberAddRequest) -> Result<NodeId, EtcdError>;
+    async fn member_remove(&self, req: MemberRemoveRequest) -> Result<(), EtcdError>;
+    async fn member_update(&self, req: MemberUpdateRequest) -> Result<(), EtcdError>;
+    async fn member_promote(&self, req: MemberPromoteRequest) -> Result<(), EtcdError>;
+    fn mark_removed(&self);
+    /// A follower's login attempt, decided by this leader's throttle (`node/login_throttle.rs`).
+    async fn login_attempt(&self, steps: Streaming<LoginAttemptRequest>) -> Result<LoginAttemptReplies, Status>;
+}
 
 pub(crate) struct PeerService {
-    node: Arc<Node>,
+    member: Arc<dyn LocalMember>,
 }
 
 impl PeerService {
-    pub(crate) fn new(node: Arc<Node>) -> Self {
-        PeerService { node }
+    pub(crate) fn new(member: Arc<dyn LocalMember>) -> Self {
+        PeerService { member }
     }
 
     /// Refuses a request from another cluster (`unknown_ok`: a joining member that does not know
@@ -47,12 +77,12 @@ impl PeerService {
     fn check_cluster<T>(&self, request: &Request<T>, unknown_ok: bool) -> Result<(), Status> {
         let header = |name| request.metadata().get(name).and_then(|v| v.to_str().ok()).unwrap_or("");
         let theirs = u64::from_str_radix(header(CLUSTER_ID_HEADER), 16).unwrap_or(0);
-        if theirs == self.node.cluster_id || (unknown_ok && theirs == 0) {
+        if theirs == self.member.cluster_id() || (unknown_ok && theirs == 0) {
             return Ok(());
         }
         let from = header(MEMBER_ID_HEADER).to_string();
         tracing::warn!(
-            local = format!("{:x}", self.node.cluster_id),
+            local = format!("{:x}", self.member.cluster_id()),
             remote = format!("{theirs:x}"),
             from_member = from,
             "request from a member of another cluster refused (cluster ID mismatch)"
@@ -60,14 +90,15 @@ impl PeerService {
         Err(Status::failed_precondition(format!(
             "cluster ID mismatch: member {:x} is in cluster {:x}, the request comes from cluster {theirs:x} \
              (another --initial-cluster-token or --initial-cluster?)",
-            self.node.member_id, self.node.cluster_id
+            self.member.member_id(),
+            self.member.cluster_id()
         )))
     }
 
     /// This member must lead to serve a follower's request (the follower retries with the leader
     /// it learns of next).
     fn require_leader(&self) -> Result<(), Status> {
-        if self.node.is_leader() {
+        if self.member.is_leader() {
             Ok(())
         } else {
             Err(EtcdError::NotLeader.into())
@@ -91,22 +122,22 @@ async fn raft_call<Req: DeserializeOwned, Resp: Serialize, E: Serialize>(
 impl Peer for PeerService {
     async fn append_entries(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_cluster(&request, false)?;
-        raft_call(request, async |req| self.node.raft.append_entries(req).await).await
+        raft_call(request, async |req| self.member.raft().append_entries(req).await).await
     }
 
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_cluster(&request, false)?;
-        raft_call(request, async |req| self.node.raft.vote(req).await).await
+        raft_call(request, async |req| self.member.raft().vote(req).await).await
     }
 
     async fn install_snapshot(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_cluster(&request, false)?;
-        raft_call(request, async |req| self.node.raft.install_snapshot(req).await).await
+        raft_call(request, async |req| self.member.raft().install_snapshot(req).await).await
     }
 
     async fn propose(&self, request: Request<InternalRaftRequest>) -> Result<Response<ProposeResponse>, Status> {
         self.check_cluster(&request, false)?;
-        let (index, result) = self.node.propose_forwarded(request.into_inner()).await?;
+        let (index, result) = self.member.propose_forwarded(request.into_inner()).await?;
         let result = postcard::to_allocvec(&result).map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(ProposeResponse { result, index }))
     }
@@ -114,7 +145,7 @@ impl Peer for PeerService {
     async fn read_index(&self, request: Request<ReadIndexRequest>) -> Result<Response<ReadIndexResponse>, Status> {
         self.check_cluster(&request, false)?;
         self.require_leader()?;
-        Ok(Response::new(ReadIndexResponse { index: self.node.leader_read_index().await? }))
+        Ok(Response::new(ReadIndexResponse { index: self.member.leader_read_index().await? }))
     }
 
     async fn lease_keep_alive(
@@ -124,8 +155,8 @@ impl Peer for PeerService {
         self.check_cluster(&request, false)?;
         self.require_leader()?;
         let id = request.into_inner().id;
-        let ttl = self.node.lessor.renew(id).unwrap_or(0);
-        Ok(Response::new(LeaseKeepAliveResponse { header: self.node.header(0), id, ttl }))
+        let ttl = self.member.lessor().renew(id).unwrap_or(0);
+        Ok(Response::new(LeaseKeepAliveResponse { header: self.member.header(0), id, ttl }))
     }
 
     async fn lease_time_to_live(
@@ -135,20 +166,20 @@ impl Peer for PeerService {
         self.check_cluster(&request, false)?;
         self.require_leader()?;
         let id = request.into_inner().id;
-        let (granted_ttl, ttl) = self.node.lessor.time_to_live(id).unwrap_or((0, -1));
-        Ok(Response::new(LeaseTimeToLiveResponse { header: self.node.header(0), id, ttl, granted_ttl, keys: vec![] }))
+        let (granted_ttl, ttl) = self.member.lessor().time_to_live(id).unwrap_or((0, -1));
+        Ok(Response::new(LeaseTimeToLiveResponse { header: self.member.header(0), id, ttl, granted_ttl, keys: vec![] }))
     }
 
     async fn membership(&self, request: Request<MembershipRequest>) -> Result<Response<MembershipResponse>, Status> {
         self.check_cluster(&request, true)?;
-        let members = membership::members(&membership::current(&self.node.raft));
-        Ok(Response::new(MembershipResponse { cluster_id: self.node.cluster_id, members }))
+        let members = membership::members(&membership::current(self.member.raft()));
+        Ok(Response::new(MembershipResponse { cluster_id: self.member.cluster_id(), members }))
     }
 
     async fn publish(&self, request: Request<PublishRequest>) -> Result<Response<PublishResponse>, Status> {
         self.check_cluster(&request, false)?;
         self.require_leader()?;
-        self.node.publish_member(request.into_inner()).await?;
+        self.member.publish_member(request.into_inner()).await?;
         Ok(Response::new(PublishResponse {}))
     }
 
@@ -157,10 +188,10 @@ impl Peer for PeerService {
         self.require_leader()?;
         let req = request.into_inner();
         let (peer_urls, is_learner) = (req.peer_ur_ls.clone(), req.is_learner);
-        let id = self.node.member_add(req).await?;
+        let id = self.member.member_add(req).await?;
         let member = crate::proto::etcdserverpb::Member { id, peer_ur_ls: peer_urls, is_learner, ..Default::default() };
-        let members = membership::members(&membership::current(&self.node.raft));
-        Ok(Response::new(MemberAddResponse { header: self.node.header(0), member: Some(member), members }))
+        let members = membership::members(&membership::current(self.member.raft()));
+        Ok(Response::new(MemberAddResponse { header: self.member.header(0), member: Some(member), members }))
     }
 
     async fn member_remove(
@@ -169,9 +200,9 @@ impl Peer for PeerService {
     ) -> Result<Response<MemberRemoveResponse>, Status> {
         self.check_cluster(&request, false)?;
         self.require_leader()?;
-        self.node.member_remove(request.into_inner()).await?;
-        let members = membership::members(&membership::current(&self.node.raft));
-        Ok(Response::new(MemberRemoveResponse { header: self.node.header(0), members }))
+        self.member.member_remove(request.into_inner()).await?;
+        let members = membership::members(&membership::current(self.member.raft()));
+        Ok(Response::new(MemberRemoveResponse { header: self.member.header(0), members }))
     }
 
     async fn member_update(
@@ -180,9 +211,9 @@ impl Peer for PeerService {
     ) -> Result<Response<MemberUpdateResponse>, Status> {
         self.check_cluster(&request, false)?;
         self.require_leader()?;
-        self.node.member_update(request.into_inner()).await?;
-        let members = membership::members(&membership::current(&self.node.raft));
-        Ok(Response::new(MemberUpdateResponse { header: self.node.header(0), members }))
+        self.member.member_update(request.into_inner()).await?;
+        let members = membership::members(&membership::current(self.member.raft()));
+        Ok(Response::new(MemberUpdateResponse { header: self.member.header(0), members }))
     }
 
     async fn member_promote(
@@ -191,15 +222,15 @@ impl Peer for PeerService {
     ) -> Result<Response<MemberPromoteResponse>, Status> {
         self.check_cluster(&request, false)?;
         self.require_leader()?;
-        self.node.member_promote(request.into_inner()).await?;
-        let members = membership::members(&membership::current(&self.node.raft));
-        Ok(Response::new(MemberPromoteResponse { header: self.node.header(0), members }))
+        self.member.member_promote(request.into_inner()).await?;
+        let members = membership::members(&membership::current(self.member.raft()));
+        Ok(Response::new(MemberPromoteResponse { header: self.member.header(0), members }))
     }
 
     async fn elections(&self, request: Request<ElectionsRequest>) -> Result<Response<ElectionsResponse>, Status> {
         self.check_cluster(&request, false)?;
         let enabled = request.into_inner().enabled;
-        self.node.raft.runtime_config().elect(enabled);
+        self.member.raft().runtime_config().elect(enabled);
         tracing::info!(enabled, "elections paused or resumed by the leader for a leadership transfer");
         Ok(Response::new(ElectionsResponse {}))
     }
@@ -207,24 +238,23 @@ impl Peer for PeerService {
     async fn campaign(&self, request: Request<CampaignRequest>) -> Result<Response<CampaignResponse>, Status> {
         self.check_cluster(&request, false)?;
         tracing::info!("campaigning for leadership: the leader transfers it here");
-        self.node.raft.trigger().elect().await.map_err(|_| Status::from(EtcdError::Stopped))?;
+        self.member.raft().trigger().elect().await.map_err(|_| Status::from(EtcdError::Stopped))?;
         Ok(Response::new(CampaignResponse {}))
     }
 
     /// A follower's login attempt, decided by this leader's throttle (`node/login_throttle.rs`).
     async fn login_attempt(
         &self,
-        request: Request<tonic::Streaming<LoginAttemptRequest>>,
+        request: Request<Streaming<LoginAttemptRequest>>,
     ) -> Result<Response<LoginAttemptReplies>, Status> {
         self.check_cluster(&request, false)?;
         self.require_leader()?;
-        let replies = crate::node::login_throttle::serve_at_leader(&self.node, request.into_inner()).await?;
-        Ok(Response::new(Box::pin(replies)))
+        Ok(Response::new(self.member.login_attempt(request.into_inner()).await?))
     }
 
     async fn removed(&self, request: Request<RemovedRequest>) -> Result<Response<RemovedResponse>, Status> {
         self.check_cluster(&request, false)?;
-        self.node.mark_removed();
+        self.member.mark_removed();
         Ok(Response::new(RemovedResponse {}))
     }
 }

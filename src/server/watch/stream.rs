@@ -1,0 +1,144 @@
+//! One client's watch stream: reads its requests in order, creates and cancels its watchers (each a
+//! task of its own, `watcher.rs`), answers progress requests, and stops its watchers when the client
+//! is gone. Creation is where a watch is refused: an empty range, a duplicate id, a credential that
+//! does not stand or lacks read permission on the whole range.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::Streaming;
+
+use super::outbox::Outbox;
+use super::watcher::Watcher;
+use crate::auth::permissions::Access;
+use crate::keyrange::KeyRange;
+use crate::node::Node;
+use crate::proto::etcdserverpb::watch_request::RequestUnion;
+use crate::proto::etcdserverpb::{WatchCreateRequest, WatchRequest, WatchResponse};
+use crate::server::stream_credential::StreamCredential;
+
+/// etcd's id for responses that belong to no watcher (progress responses to a progress request).
+const INVALID_WATCH_ID: i64 = -1;
+
+struct Running {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+/// One client stream: reads requests, starts and stops watchers.
+pub(super) struct WatchStream {
+    node: Arc<Node>,
+    who: Result<StreamCredential, String>,
+    out: Outbox,
+    watchers: HashMap<i64, Running>,
+    next_id: i64,
+}
+
+impl WatchStream {
+    pub(super) fn new(node: Arc<Node>, who: Result<StreamCredential, String>, out: Outbox) -> Self {
+        WatchStream { node, who, out, watchers: HashMap::new(), next_id: 0 }
+    }
+
+    pub(super) async fn run(mut self, mut requests: Streaming<WatchRequest>) {
+        while let Some(Ok(req)) = requests.next().await {
+            let sent = match req.request_union {
+                Some(RequestUnion::CreateRequest(create)) => self.create(create).await,
+                Some(RequestUnion::CancelRequest(cancel)) => self.cancel(cancel.watch_id).await,
+                Some(RequestUnion::ProgressRequest(_)) => {
+                    let header = self.node.header(self.node.revision());
+                    self.send(WatchResponse { header, watch_id: INVALID_WATCH_ID, ..Default::default() }).await
+                }
+                None => true,
+            };
+            if !sent {
+                break;
+            }
+        }
+        // A client may half-close its side and keep reading events (etcd keeps sending): watchers
+        // stop only when the client is gone.
+        self.out.closed().await;
+        for (_, running) in self.watchers.drain() {
+            let _ = running.stop.send(());
+            running.task.abort();
+        }
+    }
+
+    async fn send(&self, resp: WatchResponse) -> bool {
+        self.out.send(Ok(resp.into())).await.is_ok()
+    }
+
+    async fn create(&mut self, req: WatchCreateRequest) -> bool {
+        let rev = self.node.revision();
+        let refuse = |reason: &str| WatchResponse {
+            header: self.node.header(rev),
+            watch_id: INVALID_WATCH_ID,
+            created: true,
+            canceled: true,
+            cancel_reason: reason.to_string(),
+            ..Default::default()
+        };
+        // etcd treats an empty key as "\0" (the first possible key).
+        let key = if req.key.is_empty() { vec![0] } else { req.key.clone() };
+        let range = KeyRange::new(&key, &req.range_end);
+        if range.is_empty() || matches!(&range, KeyRange::Span { start, end } if start == end) {
+            return self.send(refuse("mvcc: watcher range is empty")).await;
+        }
+        // Read permission on the whole watched range, at creation. A from-key watch needs a from-key
+        // permission (GHSA-xg4h-6gfc-h4m8), which the interval check enforces.
+        let who = match &self.who {
+            Ok(who) => who.clone(),
+            Err(reason) => return self.send(refuse(reason)).await,
+        };
+        let (checked, check_range) = (who.clone(), range.clone());
+        let permitted = self
+            .node
+            .read(false, move |_, authz| {
+                // A void token refuses the create even with auth off (it was disabled since the stream opened).
+                checked.stands(authz, "watch")?;
+                authz.check(checked.requester(), "watch", Access::Read, &check_range)
+            })
+            .await;
+        if let Err(e) = permitted {
+            return self.send(refuse(&e.go_status_text())).await;
+        }
+        let id = if req.watch_id != 0 {
+            if self.watchers.contains_key(&req.watch_id) {
+                return self.send(refuse("mvcc: duplicate watch ID provided on the WatchStream")).await;
+            }
+            req.watch_id
+        } else {
+            while self.watchers.contains_key(&self.next_id) {
+                self.next_id += 1;
+            }
+            self.next_id += 1;
+            self.next_id - 1
+        };
+        let created =
+            WatchResponse { header: self.node.header(rev), watch_id: id, created: true, ..Default::default() };
+        if !self.send(created).await {
+            return false;
+        }
+        let watcher = Watcher::new(id, range, &req, rev, who, &self.node);
+        let (stop, stopped) = oneshot::channel();
+        let task = watcher.spawn(self.node.clone(), self.out.clone(), stopped);
+        self.watchers.insert(id, Running { stop, task });
+        true
+    }
+
+    async fn cancel(&mut self, id: i64) -> bool {
+        let Some(running) = self.watchers.remove(&id) else { return true };
+        // Wait for the watcher to stop so no event of it can follow the cancel response.
+        let _ = running.stop.send(());
+        let _ = running.task.await;
+        let canceled = WatchResponse {
+            header: self.node.header(self.node.revision()),
+            watch_id: id,
+            canceled: true,
+            ..Default::default()
+        };
+        self.send(canceled).await
+    }
+}
