@@ -18,7 +18,7 @@ mod cluster;
 pub(crate) mod connections;
 pub(crate) mod duration;
 mod error;
-pub(crate) mod file;
+mod file;
 mod listeners;
 mod logging;
 mod tls;

@@ -57,69 +57,11 @@ pub struct ProxyConfig {
 }
 
 impl StartArgs {
+    /// The checked configuration; a refusal names the flags at fault.
     pub fn into_config(self) -> Result<ProxyConfig, String> {
-        let tls_flag = self.cert.is_some() || self.key.is_some() || self.cacert.is_some();
-        let endpoints = self
-            .endpoints
-            .iter()
-            .filter(|e| !e.is_empty())
-            .map(|e| Endpoint::parse(e, tls_flag))
-            .collect::<Result<Vec<_>, _>>()?;
-        if endpoints.is_empty() {
-            return Err("--endpoints names no member".into());
-        }
-        let identity = match (self.cert, self.key) {
-            (Some(cert), Some(key)) => Some((cert, key)),
-            (None, None) => None,
-            _ => return Err("--cert and --key go together".into()),
-        };
-        let client_tls = match (self.cacert, endpoints.iter().any(|e| e.tls)) {
-            (Some(cacert), _) => Some(ClientTlsFiles { identity, cacert }),
-            (None, true) => {
-                return Err("TLS endpoints need --cacert (the CA that signs the members' certificates)".into())
-            }
-            (None, false) if identity.is_some() => {
-                return Err("--cert/--key identify the proxy to TLS endpoints, but every endpoint is http://".into())
-            }
-            (None, false) => None,
-        };
-        if let Some(files) = &client_tls {
-            // Fail at startup, not at the first request, when a file is missing or malformed.
-            files.config()?;
-        }
+        let (endpoints, client_tls) = members(&self)?;
         let listen = parse_listen_addr(&self.listen_addr)?;
-        let listener_tls = match (self.cert_file, self.key_file) {
-            (Some(cert_file), Some(key_file)) => Some(TlsSettings {
-                cert_file,
-                key_file,
-                trusted_ca_file: self.trusted_ca_file.clone(),
-                client_cert_auth: self.client_cert_auth,
-                crl_file: self.client_crl_file.clone(),
-                allowed_cns: Vec::new(),
-                allowed_hostnames: Vec::new(),
-                trusted_proxy_cns: Vec::new(),
-                identity_source: self.client_cert_identity,
-            }),
-            (None, None) => None,
-            _ => return Err("--cert-file and --key-file go together".into()),
-        };
-        if listener_tls.is_none() && (self.trusted_ca_file.is_some() || self.client_crl_file.is_some()) {
-            return Err("--trusted-ca-file and --client-crl-file need a TLS listener (--cert-file, --key-file)".into());
-        }
-        if self.client_cert_auth && (listener_tls.is_none() || self.trusted_ca_file.is_none()) {
-            return Err("--client-cert-auth needs --cert-file, --key-file and --trusted-ca-file".into());
-        }
-        if self.client_cert_identity != IdentitySource::CommonName && !self.client_cert_auth {
-            return Err("--client-cert-identity names clients by certificate: it needs --client-cert-auth".into());
-        }
-        if let Some(tls) = &listener_tls {
-            if matches!(listen, ListenAddr::Unix(_)) {
-                return Err(
-                    "a unix:// --listen-addr is plain text (a sidecar's socket): drop --cert-file/--key-file".into()
-                );
-            }
-            tls.server_config()?;
-        }
+        let listener_tls = listener_tls(&self, &listen)?;
         let mode = if self.client_cert_auth { Mode::ForwardClientCertificates } else { Mode::OwnIdentity };
         let connections = connection_limits(
             self.max_client_connections,
@@ -139,6 +81,76 @@ impl StartArgs {
             log_filter: if self.debug { "debug" } else { "info" },
         })
     }
+}
+
+/// The members (`--endpoints`) and the TLS the proxy speaks to them (`--cert`, `--key`, `--cacert`).
+fn members(args: &StartArgs) -> Result<(Vec<Endpoint>, Option<ClientTlsFiles>), String> {
+    let tls_flag = args.cert.is_some() || args.key.is_some() || args.cacert.is_some();
+    let endpoints = args
+        .endpoints
+        .iter()
+        .filter(|e| !e.is_empty())
+        .map(|e| Endpoint::parse(e, tls_flag))
+        .collect::<Result<Vec<_>, _>>()?;
+    if endpoints.is_empty() {
+        return Err("--endpoints names no member".into());
+    }
+    let identity = match (args.cert.clone(), args.key.clone()) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => return Err("--cert and --key go together".into()),
+    };
+    let client_tls = match (args.cacert.clone(), endpoints.iter().any(|e| e.tls)) {
+        (Some(cacert), _) => Some(ClientTlsFiles { identity, cacert }),
+        (None, true) => return Err("TLS endpoints need --cacert (the CA that signs the members' certificates)".into()),
+        (None, false) if identity.is_some() => {
+            return Err("--cert/--key identify the proxy to TLS endpoints, but every endpoint is http://".into())
+        }
+        (None, false) => None,
+    };
+    if let Some(files) = &client_tls {
+        // Fail at startup, not at the first request, when a file is missing or malformed.
+        files.config()?;
+    }
+    Ok((endpoints, client_tls))
+}
+
+/// The client-facing listener's TLS (`--cert-file`, `--key-file`, `--trusted-ca-file`,
+/// `--client-crl-file`, `--client-cert-auth`; `None`: plain text).
+fn listener_tls(args: &StartArgs, listen: &ListenAddr) -> Result<Option<TlsSettings>, String> {
+    let listener_tls = match (args.cert_file.clone(), args.key_file.clone()) {
+        (Some(cert_file), Some(key_file)) => Some(TlsSettings {
+            cert_file,
+            key_file,
+            trusted_ca_file: args.trusted_ca_file.clone(),
+            client_cert_auth: args.client_cert_auth,
+            crl_file: args.client_crl_file.clone(),
+            allowed_cns: Vec::new(),
+            allowed_hostnames: Vec::new(),
+            trusted_proxy_cns: Vec::new(),
+            identity_source: args.client_cert_identity,
+        }),
+        (None, None) => None,
+        _ => return Err("--cert-file and --key-file go together".into()),
+    };
+    if listener_tls.is_none() && (args.trusted_ca_file.is_some() || args.client_crl_file.is_some()) {
+        return Err("--trusted-ca-file and --client-crl-file need a TLS listener (--cert-file, --key-file)".into());
+    }
+    if args.client_cert_auth && (listener_tls.is_none() || args.trusted_ca_file.is_none()) {
+        return Err("--client-cert-auth needs --cert-file, --key-file and --trusted-ca-file".into());
+    }
+    if args.client_cert_identity != IdentitySource::CommonName && !args.client_cert_auth {
+        return Err("--client-cert-identity names clients by certificate: it needs --client-cert-auth".into());
+    }
+    if let Some(tls) = &listener_tls {
+        if matches!(listen, ListenAddr::Unix(_)) {
+            return Err(
+                "a unix:// --listen-addr is plain text (a sidecar's socket): drop --cert-file/--key-file".into()
+            );
+        }
+        tls.server_config()?;
+    }
+    Ok(listener_tls)
 }
 
 fn parse_listen_addr(text: &str) -> Result<ListenAddr, String> {
