@@ -30,42 +30,8 @@ const OPT_PUBLIC_KEY: &str = "pub-key";
 const OPT_PRIVATE_KEY: &str = "priv-key";
 const OPT_TTL: &str = "ttl";
 
-impl FromStr for SignMethod {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        if let Some(m) = SignMethod::ALL.iter().find(|m| m.as_str() == s) {
-            return Ok(*m);
-        }
-        let supported = SignMethod::ALL.map(SignMethod::as_str).join(", ");
-        match s {
-            "HS256" | "HS384" | "HS512" => Err(format!(
-                "--auth-token: sign-method {s} (HMAC with a shared secret) is not supported by keyward; \
-                 use an asymmetric method: {supported}"
-            )),
-            "" => Err(format!("--auth-token: sign-method is empty; supported: {supported}")),
-            _ => Err(format!("--auth-token: unknown sign-method {s:?}; supported: {supported}")),
-        }
-    }
-}
-
-impl TokenConfig {
-    /// Parses an `--auth-token` value.
-    pub fn parse(s: &str) -> Result<TokenConfig, String> {
-        parse(s)
-    }
-}
-
-impl FromStr for TokenConfig {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        parse(s)
-    }
-}
-
 /// Parses an `--auth-token` value (see the module documentation).
-pub(crate) fn parse(s: &str) -> Result<TokenConfig, String> {
+pub(super) fn parse(s: &str) -> Result<TokenConfig, String> {
     let mut parts = s.split(',');
     let token_type = parts.next().unwrap_or_default();
 
@@ -141,6 +107,40 @@ fn parse_jwt(opts: &[(&str, &str)]) -> Result<JwtOptions, String> {
         ));
     }
     Ok(JwtOptions { public_key, private_key, sign_method, ttl })
+}
+
+impl FromStr for SignMethod {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(m) = SignMethod::ALL.iter().find(|m| m.as_str() == s) {
+            return Ok(*m);
+        }
+        let supported = SignMethod::ALL.map(SignMethod::as_str).join(", ");
+        match s {
+            "HS256" | "HS384" | "HS512" => Err(format!(
+                "--auth-token: sign-method {s} (HMAC with a shared secret) is not supported by keyward; \
+                 use an asymmetric method: {supported}"
+            )),
+            "" => Err(format!("--auth-token: sign-method is empty; supported: {supported}")),
+            _ => Err(format!("--auth-token: unknown sign-method {s:?}; supported: {supported}")),
+        }
+    }
+}
+
+impl TokenConfig {
+    /// Parses an `--auth-token` value.
+    pub fn parse(s: &str) -> Result<TokenConfig, String> {
+        parse(s)
+    }
+}
+
+impl FromStr for TokenConfig {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        parse(s)
+    }
 }
 
 #[cfg(test)]
