@@ -37,13 +37,15 @@ pub mod proto;
 // `src/main.rs`: the command line and the commands it runs.
 pub use backup::migrate::run as migrate;
 pub use backup::snapshot::run as snapshot;
-pub use config::{etcd_style_args, Cli, Command, Config, GrpcProxyCommand};
+pub use cli::go_style::etcd_style_args;
+pub use cli::{Cli, Command, GrpcProxyCommand};
+pub use config::Config;
 pub use logging::{init as init_logging, LogSettings};
 pub use proxy::run as grpc_proxy;
 
 // `keyward-bench`: the TLS connector, the client-port admission its ceiling server measures, and
 // the duration syntax of etcd's flags.
-pub use auth::token_config::parse_go_duration;
+pub use config::duration::parse_go_duration;
 pub use frontend::connection_limits::{admitted_tcp, Admission};
 pub use frontend::tls::client::TlsConnector;
 
@@ -64,7 +66,7 @@ pub async fn serve(config: config::Config) -> anyhow::Result<()> {
     // Bound before raft starts: peers must reach this member for it to join an election.
     let peer_listeners = server::bind_peer(&config.listen_peer).await?;
     for listener in config.listen_peer.iter().filter(|l| !l.tls && !l.addr.ip().is_loopback()) {
-        // Allowed by --peer-allow-plaintext (`config/mod.rs` refuses it otherwise): say what it costs.
+        // Allowed by --peer-allow-plaintext (`config/listeners.rs` refuses it otherwise): say what it costs.
         tracing::warn!(
             url = %listener.url,
             "plain-text peer traffic beyond loopback (--peer-allow-plaintext): anyone who reaches this port can \
@@ -155,7 +157,7 @@ fn announce(config: &config::Config, node: &node::Node) {
             "loaded the configuration file; other command-line flags and ETCD_* variables are ignored"
         ),
         None => {
-            for name in config::unknown_etcd_variables(std::env::vars().map(|(name, _)| name)) {
+            for name in cli::member::unknown_etcd_variables(std::env::vars().map(|(name, _)| name)) {
                 tracing::warn!(variable = %name, "unrecognized environment variable: no keyward flag reads it");
             }
         }

@@ -1,7 +1,6 @@
 //! The flags of keyward's one-shot backup commands — `keyward snapshot save|restore|status` (etcdctl's
-//! and etcdutl's) and `keyward migrate` — as plain clap structs. They import nothing of keyward, so
-//! `config/mod.rs` names them in its `Command` while the commands themselves (`backup/snapshot/`,
-//! `backup/migrate/`, `backup/restore/`) use the member's storage and bootstrap, which import `config`.
+//! and etcdutl's) and `keyward migrate` — as plain clap structs that import nothing of keyward; the
+//! commands themselves (`backup/snapshot/`, `backup/migrate/`, `backup/restore/`) import them.
 
 use std::path::PathBuf;
 

@@ -23,7 +23,7 @@ impl AutoCompaction {
                 // etcd: a bare number is hours.
                 let period = match retention.parse::<u64>() {
                     Ok(hours) => Duration::from_secs(hours.saturating_mul(3600)),
-                    Err(_) => crate::auth::token_config::parse_go_duration(retention)
+                    Err(_) => super::duration::parse_go_duration(retention)
                         .map_err(|e| format!("--auto-compaction-retention {retention:?}: {e}"))?,
                 };
                 Ok((!period.is_zero()).then_some(AutoCompaction::Periodic(period)))

@@ -13,7 +13,7 @@
 //! TLS handshake on a TLS listener) the limit is `FIRST_BYTES_DEADLINE`, so a connection that never
 //! speaks is gone within seconds. A live client that is quiet (an idle watch) still answers the
 //! server's keepalive pings (`--grpc-keepalive-interval`), which counts as traffic: keep the idle
-//! timeout above the keepalive interval plus its timeout (checked at startup).
+//! timeout above the keepalive interval plus its timeout (checked at startup, `config/connections.rs`).
 
 use std::future::Future;
 use std::io;
@@ -66,42 +66,6 @@ impl Default for ConnectionLimits {
 }
 
 impl ConnectionLimits {
-    /// The limits from their flags' values (durations in Go's syntax, as etcd takes them), checked
-    /// as the member and the proxy both need them: errors name the flag.
-    pub fn from_flags(
-        max_connections: usize,
-        idle_timeout: &str,
-        keepalive_interval: &str,
-        keepalive_timeout: &str,
-        max_concurrent_streams: u32,
-    ) -> Result<ConnectionLimits, String> {
-        let duration = |flag: &str, text: &str| {
-            crate::auth::token_config::parse_go_duration(text).map_err(|e| format!("--{flag}: {e}"))
-        };
-        let limits = ConnectionLimits {
-            max_connections,
-            idle_timeout: duration("client-idle-timeout", idle_timeout)?,
-            keepalive_interval: duration("grpc-keepalive-interval", keepalive_interval)?,
-            keepalive_timeout: duration("grpc-keepalive-timeout", keepalive_timeout)?,
-            max_concurrent_streams,
-        };
-        if limits.max_connections == 0 || limits.max_concurrent_streams == 0 {
-            return Err("--max-client-connections and --max-concurrent-streams must be at least 1".into());
-        }
-        if limits.idle_timeout.is_zero() {
-            return Err("--client-idle-timeout must be above 0".into());
-        }
-        if !limits.keepalive_interval.is_zero()
-            && limits.idle_timeout <= limits.keepalive_interval + limits.keepalive_timeout
-        {
-            return Err(format!(
-                "--client-idle-timeout {idle_timeout} must be above --grpc-keepalive-interval + --grpc-keepalive-timeout, \
-                 or quiet live clients (an idle watch) are cut off"
-            ));
-        }
-        Ok(limits)
-    }
-
     /// The server's keepalive ping interval, if pings are on (`--grpc-keepalive-interval` 0: off).
     pub fn ping_interval(&self) -> Option<Duration> {
         (!self.keepalive_interval.is_zero()).then_some(self.keepalive_interval)

@@ -887,7 +887,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-    use crate::config::{Cli, Command};
+    use crate::cli::{Cli, Command};
     use crate::proto::etcdserverpb::PutRequest;
 
     fn config(data_dir: &std::path::Path, extra: &[&str]) -> Config {

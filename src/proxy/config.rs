@@ -1,11 +1,4 @@
-//! `keyward grpc-proxy start` flags, named as etcd's grpc-proxy names them, parsed once into a typed
-//! `ProxyConfig`.
-//!
-//! etcd's grpc-proxy flags keyward takes: `--endpoints`, `--listen-addr`, `--cert`/`--key`/`--cacert`
-//! (the proxy's TLS towards the members), `--cert-file`/`--key-file`/`--trusted-ca-file` and
-//! `--client-crl-file` (the client-facing listener), `--debug`. keyward's own: `--client-cert-auth`,
-//! `--client-cert-identity` and `--max-request-bytes` (the HTTP/JSON gateway's limit). Any other etcd grpc-proxy flag is refused by the parser rather than
-//! silently ignored.
+//! `keyward grpc-proxy start`'s flags (`cli/proxy.rs`) checked once into a typed `ProxyConfig`.
 //!
 //! Whose identity reaches the member (the one rule, also in the README):
 //! - **with `--client-cert-auth`** (forwarding proxy): the listener requires a client certificate
@@ -21,76 +14,13 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 
-use clap::Args;
-
 use super::client_tls::ClientTlsFiles;
 use super::endpoint::Endpoint;
+use crate::cli::proxy::StartArgs;
+use crate::config::connections::connection_limits;
 use crate::frontend::connection_limits::ConnectionLimits;
 use crate::frontend::tls::settings::TlsSettings;
 use crate::identity::certificate::IdentitySource;
-
-#[derive(Args, Debug, Clone)]
-pub struct StartArgs {
-    /// Comma-separated member client URLs (https://host:port, http://host:port, or host:port: TLS
-    /// when --cacert, --cert or --key is given).
-    #[arg(long, default_value = "127.0.0.1:2379", value_delimiter = ',')]
-    pub endpoints: Vec<String>,
-    /// Listen address: host:port, or unix://PATH for a sidecar's socket.
-    #[arg(long, default_value = "127.0.0.1:23790")]
-    pub listen_addr: String,
-    /// Identify secure connections with the members using this TLS certificate file (a sidecar:
-    /// the workload's certificate; re-read when it changes).
-    #[arg(long)]
-    pub cert: Option<PathBuf>,
-    /// Identify secure connections with the members using this TLS key file.
-    #[arg(long)]
-    pub key: Option<PathBuf>,
-    /// Verify certificates of TLS-enabled members using this CA bundle.
-    #[arg(long)]
-    pub cacert: Option<PathBuf>,
-    /// Identify secure connections to the proxy using this TLS certificate file.
-    #[arg(long)]
-    pub cert_file: Option<PathBuf>,
-    /// Identify secure connections to the proxy using this TLS key file.
-    #[arg(long)]
-    pub key_file: Option<PathBuf>,
-    /// Verify client certificates of connections to the proxy using this CA bundle.
-    #[arg(long)]
-    pub trusted_ca_file: Option<PathBuf>,
-    /// Proxy client certificate revocation list file (PEM).
-    #[arg(long)]
-    pub client_crl_file: Option<PathBuf>,
-    /// Require and verify client certificates, and forward each client's certificate to the members
-    /// (keyward-forwarded-client-cert) so that they act as that client. Without it the members see
-    /// the proxy's own certificate (sidecar mode).
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
-    pub client_cert_auth: bool,
-    /// What names the client in its certificate (cn, uri-san or dns-san), for the proxy's logs. The
-    /// member decides the user from the forwarded certificate by its own --client-cert-identity: set
-    /// both alike.
-    #[arg(long, default_value = "cn")]
-    pub client_cert_identity: IdentitySource,
-    /// Largest request the HTTP/JSON gateway accepts, as the members' --max-request-bytes (the
-    /// members enforce their own limit on every call).
-    #[arg(long, default_value_t = 1_572_864)]
-    pub max_request_bytes: usize,
-    /// Client connections the proxy holds at most; more are closed on accept (as the member's flag).
-    #[arg(long, default_value_t = 10_000)]
-    pub max_client_connections: usize,
-    /// A client connection on which the client sends nothing for this long is closed (a live client
-    /// answers the keepalive pings, so keep it above the keepalive interval + timeout).
-    #[arg(long, default_value = "3h")]
-    pub client_idle_timeout: String,
-    /// How often the proxy pings a client connection (0 disables the pings).
-    #[arg(long, default_value = "2h")]
-    pub grpc_keepalive_interval: String,
-    /// How long a ping may go unanswered before the connection is closed.
-    #[arg(long, default_value = "20s")]
-    pub grpc_keepalive_timeout: String,
-    /// Enable debug-level logging.
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
-    pub debug: bool,
-}
 
 /// Where the proxy listens.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -127,71 +57,13 @@ pub struct ProxyConfig {
 }
 
 impl StartArgs {
+    /// The checked configuration; a refusal names the flags at fault.
     pub fn into_config(self) -> Result<ProxyConfig, String> {
-        let tls_flag = self.cert.is_some() || self.key.is_some() || self.cacert.is_some();
-        let endpoints = self
-            .endpoints
-            .iter()
-            .filter(|e| !e.is_empty())
-            .map(|e| Endpoint::parse(e, tls_flag))
-            .collect::<Result<Vec<_>, _>>()?;
-        if endpoints.is_empty() {
-            return Err("--endpoints names no member".into());
-        }
-        let identity = match (self.cert, self.key) {
-            (Some(cert), Some(key)) => Some((cert, key)),
-            (None, None) => None,
-            _ => return Err("--cert and --key go together".into()),
-        };
-        let client_tls = match (self.cacert, endpoints.iter().any(|e| e.tls)) {
-            (Some(cacert), _) => Some(ClientTlsFiles { identity, cacert }),
-            (None, true) => {
-                return Err("TLS endpoints need --cacert (the CA that signs the members' certificates)".into())
-            }
-            (None, false) if identity.is_some() => {
-                return Err("--cert/--key identify the proxy to TLS endpoints, but every endpoint is http://".into())
-            }
-            (None, false) => None,
-        };
-        if let Some(files) = &client_tls {
-            // Fail at startup, not at the first request, when a file is missing or malformed.
-            files.config()?;
-        }
+        let (endpoints, client_tls) = members(&self)?;
         let listen = parse_listen_addr(&self.listen_addr)?;
-        let listener_tls = match (self.cert_file, self.key_file) {
-            (Some(cert_file), Some(key_file)) => Some(TlsSettings {
-                cert_file,
-                key_file,
-                trusted_ca_file: self.trusted_ca_file.clone(),
-                client_cert_auth: self.client_cert_auth,
-                crl_file: self.client_crl_file.clone(),
-                allowed_cns: Vec::new(),
-                allowed_hostnames: Vec::new(),
-                trusted_proxy_cns: Vec::new(),
-                identity_source: self.client_cert_identity,
-            }),
-            (None, None) => None,
-            _ => return Err("--cert-file and --key-file go together".into()),
-        };
-        if listener_tls.is_none() && (self.trusted_ca_file.is_some() || self.client_crl_file.is_some()) {
-            return Err("--trusted-ca-file and --client-crl-file need a TLS listener (--cert-file, --key-file)".into());
-        }
-        if self.client_cert_auth && (listener_tls.is_none() || self.trusted_ca_file.is_none()) {
-            return Err("--client-cert-auth needs --cert-file, --key-file and --trusted-ca-file".into());
-        }
-        if self.client_cert_identity != IdentitySource::CommonName && !self.client_cert_auth {
-            return Err("--client-cert-identity names clients by certificate: it needs --client-cert-auth".into());
-        }
-        if let Some(tls) = &listener_tls {
-            if matches!(listen, ListenAddr::Unix(_)) {
-                return Err(
-                    "a unix:// --listen-addr is plain text (a sidecar's socket): drop --cert-file/--key-file".into()
-                );
-            }
-            tls.server_config()?;
-        }
+        let listener_tls = listener_tls(&self, &listen)?;
         let mode = if self.client_cert_auth { Mode::ForwardClientCertificates } else { Mode::OwnIdentity };
-        let connections = ConnectionLimits::from_flags(
+        let connections = connection_limits(
             self.max_client_connections,
             &self.client_idle_timeout,
             &self.grpc_keepalive_interval,
@@ -209,6 +81,76 @@ impl StartArgs {
             log_filter: if self.debug { "debug" } else { "info" },
         })
     }
+}
+
+/// The members (`--endpoints`) and the TLS the proxy speaks to them (`--cert`, `--key`, `--cacert`).
+fn members(args: &StartArgs) -> Result<(Vec<Endpoint>, Option<ClientTlsFiles>), String> {
+    let tls_flag = args.cert.is_some() || args.key.is_some() || args.cacert.is_some();
+    let endpoints = args
+        .endpoints
+        .iter()
+        .filter(|e| !e.is_empty())
+        .map(|e| Endpoint::parse(e, tls_flag))
+        .collect::<Result<Vec<_>, _>>()?;
+    if endpoints.is_empty() {
+        return Err("--endpoints names no member".into());
+    }
+    let identity = match (args.cert.clone(), args.key.clone()) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => return Err("--cert and --key go together".into()),
+    };
+    let client_tls = match (args.cacert.clone(), endpoints.iter().any(|e| e.tls)) {
+        (Some(cacert), _) => Some(ClientTlsFiles { identity, cacert }),
+        (None, true) => return Err("TLS endpoints need --cacert (the CA that signs the members' certificates)".into()),
+        (None, false) if identity.is_some() => {
+            return Err("--cert/--key identify the proxy to TLS endpoints, but every endpoint is http://".into())
+        }
+        (None, false) => None,
+    };
+    if let Some(files) = &client_tls {
+        // Fail at startup, not at the first request, when a file is missing or malformed.
+        files.config()?;
+    }
+    Ok((endpoints, client_tls))
+}
+
+/// The client-facing listener's TLS (`--cert-file`, `--key-file`, `--trusted-ca-file`,
+/// `--client-crl-file`, `--client-cert-auth`; `None`: plain text).
+fn listener_tls(args: &StartArgs, listen: &ListenAddr) -> Result<Option<TlsSettings>, String> {
+    let listener_tls = match (args.cert_file.clone(), args.key_file.clone()) {
+        (Some(cert_file), Some(key_file)) => Some(TlsSettings {
+            cert_file,
+            key_file,
+            trusted_ca_file: args.trusted_ca_file.clone(),
+            client_cert_auth: args.client_cert_auth,
+            crl_file: args.client_crl_file.clone(),
+            allowed_cns: Vec::new(),
+            allowed_hostnames: Vec::new(),
+            trusted_proxy_cns: Vec::new(),
+            identity_source: args.client_cert_identity,
+        }),
+        (None, None) => None,
+        _ => return Err("--cert-file and --key-file go together".into()),
+    };
+    if listener_tls.is_none() && (args.trusted_ca_file.is_some() || args.client_crl_file.is_some()) {
+        return Err("--trusted-ca-file and --client-crl-file need a TLS listener (--cert-file, --key-file)".into());
+    }
+    if args.client_cert_auth && (listener_tls.is_none() || args.trusted_ca_file.is_none()) {
+        return Err("--client-cert-auth needs --cert-file, --key-file and --trusted-ca-file".into());
+    }
+    if args.client_cert_identity != IdentitySource::CommonName && !args.client_cert_auth {
+        return Err("--client-cert-identity names clients by certificate: it needs --client-cert-auth".into());
+    }
+    if let Some(tls) = &listener_tls {
+        if matches!(listen, ListenAddr::Unix(_)) {
+            return Err(
+                "a unix:// --listen-addr is plain text (a sidecar's socket): drop --cert-file/--key-file".into()
+            );
+        }
+        tls.server_config()?;
+    }
+    Ok(listener_tls)
 }
 
 fn parse_listen_addr(text: &str) -> Result<ListenAddr, String> {
@@ -231,8 +173,9 @@ fn parse_listen_addr(text: &str) -> Result<ListenAddr, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use clap::Parser;
+
+    use super::*;
 
     #[derive(Parser)]
     struct Cli {

@@ -1,5 +1,5 @@
-//! Bounded fuzzing of the flag parser (`config/mod.rs`): proptest in place of `cargo fuzz`, so that every
-//! `cargo test` run (CI included) fuzzes it for a bounded time.
+//! Bounded fuzzing of the flag parser (`cli/member.rs`, `config/`): proptest in place of `cargo fuzz`, so
+//! that every `cargo test` run (CI included) fuzzes it for a bounded time.
 //!
 //! * [`arbitrary_arguments_and_environments`]: argument vectors mixing every real flag name (in the
 //!   `--flag`, `--flag=v`, Go-style `-flag` forms), values from a vocabulary of good and bad ones,

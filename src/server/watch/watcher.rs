@@ -275,7 +275,7 @@ mod tests {
     async fn member(dir: &std::path::Path) -> Arc<Node> {
         use clap::Parser;
 
-        use crate::config::{Cli, Command};
+        use crate::cli::{Cli, Command};
 
         let data_dir = dir.display().to_string();
         let args = ["keyward", "serve", "--data-dir", data_dir.as_str(), "--ballast-bytes", "0"];
