@@ -8,18 +8,13 @@
 // move the allocation to every call site.
 #![allow(clippy::result_large_err)]
 
-pub(crate) mod log_cache;
-pub(crate) mod log_store;
+pub(crate) mod log;
 pub(crate) mod member;
 pub(crate) mod proposer;
 pub(crate) mod relay;
-pub(crate) mod snap_dir;
-pub(crate) mod snapshot_data;
-pub(crate) mod snapshot_file;
 pub(crate) mod state_machine;
 pub(crate) mod thread;
 pub(crate) mod unsynced;
-pub(crate) mod wal;
 
 use std::sync::Arc;
 
@@ -37,7 +32,7 @@ openraft::declare_raft_types!(
         R = BatchResults,
         NodeId = NodeId,
         Node = member::MemberNode,
-        SnapshotData = snapshot_data::SnapshotData,
+        SnapshotData = state_machine::snapshot::data::SnapshotData,
 );
 
 pub(crate) type Raft = openraft::Raft<TypeConfig>;

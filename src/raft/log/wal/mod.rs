@@ -22,7 +22,7 @@
 //!
 //! A segment holds up to 64 MiB, allocated ahead of the records 4 MiB at a time; a write that does
 //! not fit goes to a new segment, whose creation also costs one directory fsync. An in-memory index (log index → segment, offset) serves
-//! reads of older entries; `log_cache.rs` serves the newest without touching the disk.
+//! reads of older entries; `raft/log/cache.rs` serves the newest without touching the disk.
 //!
 //! A write that finds the disk full zeros what it may have written, gets the ballast back and is tried
 //! once more (`space/mod.rs`); if the disk is still full the write fails, which stops the raft core.
@@ -46,8 +46,8 @@ use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{RaftLogReader, StorageIOError, Vote};
 
 use self::segment::{frame, Loc, RecordRef, Segment, State};
-use super::log_cache::LogCache;
-use super::{any_error, blocking, Entry, LogId, NodeId, StorageError, TypeConfig};
+use crate::raft::log::cache::LogCache;
+use crate::raft::{any_error, blocking, Entry, LogId, NodeId, StorageError, TypeConfig};
 use crate::space::Space;
 
 /// A new segment's size.
