@@ -1,5 +1,14 @@
-//! The raft engine's types: what a log entry carries and what applying it returns.
+//! openraft's adapter: the storage openraft runs on, and how requests reach it and answers come back.
 //!
+//! - `log/`: the raft log (`log/wal/`, the live one; `log/legacy.rs`, the LMDB log of older versions,
+//!   read only to migrate it);
+//! - `state_machine/`: the applied state on LMDB, its snapshots, and Defragment;
+//! - `thread.rs`: the OS thread openraft runs on; `proposer.rs`: group commit of client requests;
+//!   `relay.rs`: their answers handed back to the gRPC runtime;
+//! - `member.rs`: what the membership records per member; `unsynced.rs`: whether the kv environment
+//!   must be rebuilt after an operating-system crash.
+//!
+//! This file holds the raft engine's types: what a log entry carries and what applying it returns.
 //! An entry's payload is a batch of etcd's `InternalRaftRequest`s (each a request header + exactly one
 //! operation) proposed together, stored protobuf-encoded so the on-disk log format evolves the way
 //! etcd's wire format does. Applying an entry applies its requests in order and returns one result each.
@@ -79,7 +88,7 @@ pub(crate) fn any_error(err: impl std::fmt::Display) -> openraft::AnyError {
     openraft::AnyError::error(err.to_string())
 }
 
-/// Runs blocking LMDB work off the async threads.
+/// Runs blocking storage work (LMDB, the log's files) off the async threads.
 pub(crate) async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
 ) -> Result<T, StorageError> {

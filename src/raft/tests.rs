@@ -23,10 +23,10 @@ fn segment_log_passes_openraft_storage_suite() -> Result<(), StorageError> {
     Suite::test_all(WalBuilder)
 }
 
-/// The LMDB log of older versions, still read by the migration (`wal/migrate.rs`).
-struct HeedBuilder;
+/// The LMDB log of older versions, still read by the migration (`log/wal/migrate.rs`).
+struct LegacyLogBuilder;
 
-impl StoreBuilder<TypeConfig, LegacyLog, StateMachine, tempfile::TempDir> for HeedBuilder {
+impl StoreBuilder<TypeConfig, LegacyLog, StateMachine, tempfile::TempDir> for LegacyLogBuilder {
     async fn build(&self) -> Result<(tempfile::TempDir, LegacyLog, StateMachine), StorageError> {
         let dir = tempfile::tempdir().expect("temp dir");
         let log = LegacyLog::open(&dir.path().join("raft")).expect("open raft env");
@@ -36,6 +36,6 @@ impl StoreBuilder<TypeConfig, LegacyLog, StateMachine, tempfile::TempDir> for He
 }
 
 #[test]
-fn heed_store_passes_openraft_storage_suite() -> Result<(), StorageError> {
-    Suite::test_all(HeedBuilder)
+fn legacy_lmdb_log_passes_openraft_storage_suite() -> Result<(), StorageError> {
+    Suite::test_all(LegacyLogBuilder)
 }

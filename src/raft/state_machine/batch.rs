@@ -11,11 +11,13 @@ use super::full_retry::ApplyFailure;
 use super::state::{State, APPLIED, MEMBERSHIP};
 use crate::apply::{Effects, Stores};
 use crate::error::EtcdError;
-use crate::proto::etcdserverpb::AlarmType;
+use crate::proto::etcdserverpb::{AlarmType, InternalRaftRequest};
 use crate::raft::{BatchResults, Entry, StoredMembership};
 use crate::space::Full;
 
 impl State {
+    /// Applies `entries` in one write transaction, records the last one's log id as applied, commits,
+    /// and then tells the observer. On `ApplyFailure::Full` nothing of the batch was kept.
     pub(super) fn apply_batch(&self, entries: &[Entry]) -> Result<Vec<BatchResults>, ApplyFailure> {
         #[cfg(test)]
         {
@@ -45,27 +47,7 @@ impl State {
             let entry_results = match &entry.payload {
                 EntryPayload::Blank => Vec::new(),
                 EntryPayload::Normal(batch) => {
-                    let mut entry_results = Vec::with_capacity(batch.0.requests.len());
-                    for req in &batch.0.requests {
-                        entry_results.push(match crate::apply::apply(&stores, &mut txn, req, entry.log_id.index) {
-                            Ok((applied, done)) => {
-                                effects.events.extend(done.events);
-                                effects.granted.extend(done.granted);
-                                effects.revoked.extend(done.revoked);
-                                effects.auth = merge_affected(effects.auth.take(), done.auth);
-                                effects.alarms_changed |= done.alarms_changed;
-                                Ok(applied)
-                            }
-                            // A storage failure leaves the transaction unusable: abort the batch, stop the node.
-                            Err(EtcdError::Internal) => return Err("storage failure while applying".into()),
-                            // Full storage: abort the batch, to be applied again, unchanged, once it fits.
-                            Err(EtcdError::StorageFull { map }) => {
-                                return Err(ApplyFailure::Full(if map { Full::Map } else { Full::Disk }))
-                            }
-                            Err(refused) => Err(refused),
-                        });
-                    }
-                    entry_results
+                    apply_requests(&stores, &mut txn, &batch.0.requests, entry.log_id.index, &mut effects)?
                 }
                 EntryPayload::Membership(membership) => {
                     let stored = StoredMembership::new(Some(entry.log_id), membership.clone());
@@ -108,6 +90,38 @@ impl State {
         }
         Ok(results)
     }
+}
+
+/// Applies the requests of the entry at log index `index`, each in order, adding what each changed to
+/// `effects`: one result each, or the whole batch aborted on a storage failure or full storage.
+fn apply_requests(
+    stores: &Stores,
+    txn: &mut heed::RwTxn,
+    requests: &[InternalRaftRequest],
+    index: u64,
+    effects: &mut Effects,
+) -> Result<BatchResults, ApplyFailure> {
+    let mut entry_results = Vec::with_capacity(requests.len());
+    for req in requests {
+        entry_results.push(match crate::apply::apply(stores, txn, req, index) {
+            Ok((applied, done)) => {
+                effects.events.extend(done.events);
+                effects.granted.extend(done.granted);
+                effects.revoked.extend(done.revoked);
+                effects.auth = merge_affected(effects.auth.take(), done.auth);
+                effects.alarms_changed |= done.alarms_changed;
+                Ok(applied)
+            }
+            // A storage failure leaves the transaction unusable: abort the batch, stop the node.
+            Err(EtcdError::Internal) => return Err("storage failure while applying".into()),
+            // Full storage: abort the batch, to be applied again, unchanged, once it fits.
+            Err(EtcdError::StorageFull { map }) => {
+                return Err(ApplyFailure::Full(if map { Full::Map } else { Full::Disk }))
+            }
+            Err(refused) => Err(refused),
+        });
+    }
+    Ok(entry_results)
 }
 
 /// etcd's mvcc counters for the requests of a committed batch that the store executed

@@ -1,7 +1,8 @@
 //! Full storage: a batch that finds the disk or LMDB's map full is aborted and applied again,
 //! unchanged, until it fits (`space/mod.rs`), so what an entry does never depends on one member's disk.
-//! A full map first grows (`storage::mapping`); a full disk first gives the ballast back; otherwise
-//! apply waits, retrying with backoff, and the member reports unhealthy meanwhile.
+//! A full map first grows (`storage::mapping`); a full disk first gives the ballast back
+//! (`Space::report_full`, which also tells the node); otherwise apply waits, retrying with backoff,
+//! and the member reports unhealthy meanwhile.
 
 use std::time::Duration;
 

@@ -1,5 +1,4 @@
-//! `KvEnv`: the swappable kv environment, the one indirection between every holder of the applied
-//! state and the LMDB environment that Defragment replaces (`defrag.rs`).
+//! `KvEnv`: the swappable kv environment, through which every holder reaches the applied state.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -20,6 +19,15 @@ pub struct KvEnv {
 }
 
 impl KvEnv {
+    /// The environment `state` is on, as the current one.
+    pub(super) fn new(state: State) -> KvEnv {
+        KvEnv {
+            current: RwLock::new(Some(Arc::new(state))),
+            writing: Mutex::new(()),
+            defragmenting: AtomicBool::new(false),
+        }
+    }
+
     /// The applied state on the current environment.
     pub fn current(&self) -> Arc<State> {
         let current = self.current.read().unwrap_or_else(PoisonError::into_inner);

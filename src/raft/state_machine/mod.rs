@@ -17,8 +17,8 @@
 
 use std::fs::File;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{RaftSnapshotBuilder, StorageIOError};
@@ -56,6 +56,7 @@ pub(crate) use self::state::State;
 #[cfg(test)]
 pub(crate) use self::testing::TableRecords;
 
+/// openraft's state machine: the swappable kv environment, and how far apply has got.
 #[derive(Clone)]
 pub struct StateMachine {
     kv: Arc<KvEnv>,
@@ -101,12 +102,7 @@ impl StateMachine {
             writes,
         };
         let state = State::open(kv_dir, carried)?;
-        let kv = KvEnv {
-            current: RwLock::new(Some(Arc::new(state))),
-            writing: Mutex::new(()),
-            defragmenting: AtomicBool::new(false),
-        };
-        Ok(StateMachine { kv: Arc::new(kv), applied: Default::default() })
+        Ok(StateMachine { kv: Arc::new(KvEnv::new(state)), applied: Default::default() })
     }
 
     /// The applied state on the current kv environment.
@@ -115,7 +111,7 @@ impl StateMachine {
     }
 
     /// The index of the last entry applied since this process started (0 before the first apply),
-    /// for the log: an append may overlap a pending apply (`wal/mod.rs`).
+    /// for the log: an append may overlap a pending apply (`raft/log/wal/mod.rs`).
     pub fn applied_index(&self) -> Arc<AtomicU64> {
         self.applied.clone()
     }

@@ -25,14 +25,16 @@ use crate::storage::mapping::{self, Mapping, ReadTxn};
 use crate::storage::table::LongKeys;
 use crate::storage::{self, Db, LmdbEnv, Writes};
 
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Any error: what the state machine's own operations return (openraft's traits wrap it).
+pub(super) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The keys of `sm_meta`: the applied log id, and the membership as of it.
 pub(super) const APPLIED: &[u8] = b"applied";
 pub(super) const MEMBERSHIP: &[u8] = b"membership";
 
 /// The applied state, shared with the read path (which opens its own read transactions on `env`).
 pub struct State {
-    /// Private: every use of the map goes through `mapping`'s pin (`read_txn`, `sync`, ...).
+    /// Not public: every use of the map goes through `mapping`'s pin (`read_txn`, `sync`, ...).
     pub(super) env: LmdbEnv,
     pub(super) mapping: Mapping,
     pub kv: KvStore,

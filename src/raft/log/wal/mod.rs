@@ -217,24 +217,7 @@ impl Wal {
         }
         state.committed = state.committed.max(*lock(&self.inner.committed));
 
-        // Frames back to back; `frames[i]` is (end offset in `buf`, entry's log id if an entry).
-        let mut buf = Vec::new();
-        let mut frames: Vec<(usize, Option<LogId>)> = Vec::new();
-        match &change {
-            Change::Append(entries) => {
-                for entry in entries.iter() {
-                    frame(&RecordRef::Entry(entry), &mut buf)?;
-                    frames.push((buf.len(), Some(entry.log_id)));
-                }
-            }
-            Change::Truncate(from) => {
-                frame(&RecordRef::Truncate { from: *from }, &mut buf)?;
-                frames.push((buf.len(), None));
-            }
-            _ => {}
-        }
-        frame(&RecordRef::State(&state), &mut buf)?;
-        frames.push((buf.len(), None));
+        let (buf, frames) = encode(&change, &state)?;
 
         let mut locs = Vec::new();
         let mut start = 0; // first byte of the next chunk in `buf`
@@ -341,6 +324,29 @@ impl Wal {
             }
         }
     }
+}
+
+/// `change` and then `state` as frames back to back; `frames[i]` is (end offset in the bytes, entry's
+/// log id if an entry).
+fn encode(change: &Change<'_>, state: &State) -> std::io::Result<(Vec<u8>, Vec<(usize, Option<LogId>)>)> {
+    let mut buf = Vec::new();
+    let mut frames: Vec<(usize, Option<LogId>)> = Vec::new();
+    match change {
+        Change::Append(entries) => {
+            for entry in entries.iter() {
+                frame(&RecordRef::Entry(entry), &mut buf)?;
+                frames.push((buf.len(), Some(entry.log_id)));
+            }
+        }
+        Change::Truncate(from) => {
+            frame(&RecordRef::Truncate { from: *from }, &mut buf)?;
+            frames.push((buf.len(), None));
+        }
+        _ => {}
+    }
+    frame(&RecordRef::State(state), &mut buf)?;
+    frames.push((buf.len(), None));
+    Ok((buf, frames))
 }
 
 /// Deletes the segments before the one holding the oldest live entry (or before `keep`, whichever is
