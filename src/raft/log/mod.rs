@@ -7,6 +7,6 @@
 //!   log: only read, once, by `wal/migrate.rs` to move an old data dir's log into `member/wal`.
 //! - `cache.rs`: the newest entries in memory, which both serve openraft's read-back from.
 
-pub(crate) mod cache;
-pub(crate) mod legacy;
+mod cache;
+pub(super) mod legacy;
 pub(crate) mod wal;

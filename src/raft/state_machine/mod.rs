@@ -41,7 +41,7 @@ mod full_retry;
 mod kv_env;
 #[cfg(test)]
 mod mapping_tests;
-pub(crate) mod snapshot;
+pub(super) mod snapshot;
 #[cfg(test)]
 pub(crate) mod snapshot_tests;
 #[cfg(test)]

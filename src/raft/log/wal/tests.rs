@@ -7,7 +7,7 @@ use std::sync::Arc;
 use openraft::storage::RaftLogStorage;
 use openraft::{CommittedLeaderId, EntryPayload, RaftLogReader, Vote};
 
-use super::segment::{self, frame, read_frame, Frame, Record, RecordRef, State};
+use super::segment::{self, frame, read_frame, Frame, Record, RecordRef, State, SYNC_CHUNK};
 use super::*;
 use crate::proto::etcdserverpb::{InternalRaftBatch, InternalRaftRequest, PutRequest};
 use crate::raft::RaftBatch;

@@ -6,7 +6,7 @@
 //! - `build.rs` and `install.rs`: a snapshot built from the applied state, and installed into it.
 
 mod build;
-pub(crate) mod data;
-pub(crate) mod dir;
-pub(crate) mod format;
+pub(in crate::raft) mod data;
+pub(super) mod dir;
+pub(super) mod format;
 mod install;
