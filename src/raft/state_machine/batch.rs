@@ -47,7 +47,7 @@ impl State {
             let entry_results = match &entry.payload {
                 EntryPayload::Blank => Vec::new(),
                 EntryPayload::Normal(batch) => {
-                    apply_requests(&stores, &mut txn, &batch.0.requests, entry.log_id.index, &mut effects)?
+                    apply_entry(&stores, &mut txn, &batch.0.requests, entry.log_id.index, &mut effects)?
                 }
                 EntryPayload::Membership(membership) => {
                     let stored = StoredMembership::new(Some(entry.log_id), membership.clone());
@@ -94,7 +94,7 @@ impl State {
 
 /// Applies the requests of the entry at log index `index`, each in order, adding what each changed to
 /// `effects`: one result each, or the whole batch aborted on a storage failure or full storage.
-fn apply_requests(
+fn apply_entry(
     stores: &Stores,
     txn: &mut heed::RwTxn,
     requests: &[InternalRaftRequest],
