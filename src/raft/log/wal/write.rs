@@ -134,11 +134,13 @@ impl Wal {
     }
 }
 
-/// `change` and then `state` as frames back to back; `frames[i]` is (end offset in the bytes, entry's
-/// log id if an entry).
-fn encode(change: &Change<'_>, state: &State) -> std::io::Result<(Vec<u8>, Vec<(usize, Option<LogId>)>)> {
+/// Where each frame of an encoded write ends in its bytes, with the entry's log id if it is an entry.
+type Frames = Vec<(usize, Option<LogId>)>;
+
+/// `change` and then `state` as frames back to back, and where each ends.
+fn encode(change: &Change<'_>, state: &State) -> std::io::Result<(Vec<u8>, Frames)> {
     let mut buf = Vec::new();
-    let mut frames: Vec<(usize, Option<LogId>)> = Vec::new();
+    let mut frames: Frames = Vec::new();
     match change {
         Change::Append(entries) => {
             for entry in entries.iter() {
