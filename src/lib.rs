@@ -55,8 +55,8 @@ pub use frontend::tls::client::TlsConnector;
 // (`tests/durability.rs`).
 pub use auth::token_config::{JwtOptions, SignMethod, TokenConfig, DEFAULT_JWT_TTL};
 pub use frontend::tls::client::{client_config, lazy_channel};
+pub use raft::log::wal::Wal;
 pub use raft::state_machine::StateMachine;
-pub use raft::wal::Wal;
 pub use raft::{Entry, LogId, RaftBatch};
 
 /// Runs a member until SIGINT or SIGTERM, or until its raft core stops: a stopped core never

@@ -6,7 +6,7 @@
 //! their own, then executes the branch that ran in a write transaction — or, for a read-only Txn, in
 //! that same read transaction. (etcd stops at the first false compare; keyward counts them all.)
 //!
-//! Writes are counted once their batch has committed (`raft/state_machine.rs`: on every member, as
+//! Writes are counted once their batch has committed (`raft/state_machine/batch.rs`: on every member, as
 //! etcd counts at apply, and never twice when a batch is applied again after a full disk); reads
 //! where they are served (`server/kv.rs`).
 

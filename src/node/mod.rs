@@ -146,7 +146,7 @@ impl Node {
             tracing::warn!(error = %e, "cannot put the disk-full ballast in place; will try again later");
         }
         // The segment log in `member/wal`; an LMDB log of an older version is moved into it first.
-        let mut log = crate::raft::wal::migrate::open_member(&member_dir, space.clone()).await?;
+        let mut log = crate::raft::log::wal::migrate::open_member(&member_dir, space.clone()).await?;
         prepare_unsynced_kv(&member_dir)?;
         let sm = StateMachine::open_with(&member_dir.join("kv"), &member_dir.join("snap"), space.clone())?;
         let (state, kv) = (sm.state(), sm.kv_env());

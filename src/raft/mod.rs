@@ -1,5 +1,14 @@
-//! The raft engine's types: what a log entry carries and what applying it returns.
+//! openraft's adapter: the storage openraft runs on, and how requests reach it and answers come back.
 //!
+//! - `log/`: the raft log (`log/wal/`, the live one; `log/legacy.rs`, the LMDB log of older versions,
+//!   read only to migrate it);
+//! - `state_machine/`: the applied state on LMDB, its snapshots, and Defragment;
+//! - `thread.rs`: the OS thread openraft runs on; `proposer.rs`: group commit of client requests;
+//!   `relay.rs`: their answers handed back to the gRPC runtime;
+//! - `member.rs`: what the membership records per member; `unsynced.rs`: whether the kv environment
+//!   must be rebuilt after an operating-system crash.
+//!
+//! This file holds the raft engine's types: what a log entry carries and what applying it returns.
 //! An entry's payload is a batch of etcd's `InternalRaftRequest`s (each a request header + exactly one
 //! operation) proposed together, stored protobuf-encoded so the on-disk log format evolves the way
 //! etcd's wire format does. Applying an entry applies its requests in order and returns one result each.
@@ -8,18 +17,13 @@
 // move the allocation to every call site.
 #![allow(clippy::result_large_err)]
 
-pub(crate) mod log_cache;
-pub(crate) mod log_store;
+pub(crate) mod log;
 pub(crate) mod member;
 pub(crate) mod proposer;
 pub(crate) mod relay;
-pub(crate) mod snap_dir;
-pub(crate) mod snapshot_data;
-pub(crate) mod snapshot_file;
 pub(crate) mod state_machine;
 pub(crate) mod thread;
 pub(crate) mod unsynced;
-pub(crate) mod wal;
 
 use std::sync::Arc;
 
@@ -37,7 +41,7 @@ openraft::declare_raft_types!(
         R = BatchResults,
         NodeId = NodeId,
         Node = member::MemberNode,
-        SnapshotData = snapshot_data::SnapshotData,
+        SnapshotData = state_machine::snapshot::data::SnapshotData,
 );
 
 pub(crate) type Raft = openraft::Raft<TypeConfig>;
@@ -84,7 +88,7 @@ pub(crate) fn any_error(err: impl std::fmt::Display) -> openraft::AnyError {
     openraft::AnyError::error(err.to_string())
 }
 
-/// Runs blocking LMDB work off the async threads.
+/// Runs blocking storage work (LMDB, the log's files) off the async threads.
 pub(crate) async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
 ) -> Result<T, StorageError> {

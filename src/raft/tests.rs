@@ -2,9 +2,9 @@
 
 use openraft::testing::{StoreBuilder, Suite};
 
-use super::log_store::LogStore;
+use super::log::legacy::LegacyLog;
+use super::log::wal::Wal;
 use super::state_machine::StateMachine;
-use super::wal::Wal;
 use super::{StorageError, TypeConfig};
 
 struct WalBuilder;
@@ -23,19 +23,19 @@ fn segment_log_passes_openraft_storage_suite() -> Result<(), StorageError> {
     Suite::test_all(WalBuilder)
 }
 
-/// The LMDB log of older versions, still read by the migration (`wal/migrate.rs`).
-struct HeedBuilder;
+/// The LMDB log of older versions, still read by the migration (`log/wal/migrate.rs`).
+struct LegacyLogBuilder;
 
-impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for HeedBuilder {
-    async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError> {
+impl StoreBuilder<TypeConfig, LegacyLog, StateMachine, tempfile::TempDir> for LegacyLogBuilder {
+    async fn build(&self) -> Result<(tempfile::TempDir, LegacyLog, StateMachine), StorageError> {
         let dir = tempfile::tempdir().expect("temp dir");
-        let log = LogStore::open(&dir.path().join("raft")).expect("open raft env");
+        let log = LegacyLog::open(&dir.path().join("raft")).expect("open raft env");
         let sm = StateMachine::open(&dir.path().join("kv"), &dir.path().join("snap")).expect("open kv env");
         Ok((dir, log, sm))
     }
 }
 
 #[test]
-fn heed_store_passes_openraft_storage_suite() -> Result<(), StorageError> {
-    Suite::test_all(HeedBuilder)
+fn legacy_lmdb_log_passes_openraft_storage_suite() -> Result<(), StorageError> {
+    Suite::test_all(LegacyLogBuilder)
 }

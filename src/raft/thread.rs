@@ -6,7 +6,7 @@
 //! proposer). On the multi-thread runtime each hop could wake another thread, and the log append and
 //! the apply each went to the blocking pool and back; on a virtual machine a parked thread's wake-up
 //! costs tens of microseconds. On one thread those hops are task switches, and the log append
-//! (`wal/mod.rs`) and the apply (`state_machine.rs`) run inline: the thread blocks in `fdatasync` as
+//! (`log/wal/mod.rs`) and the apply (`state_machine/`) run inline: the thread blocks in `fdatasync` as
 //! etcd's raft goroutine does. Two hand-offs still cross threads: the request in, the reply out.
 //!
 //! Blocking it is fine because nothing else runs on it: gRPC serving, the peer connections (their

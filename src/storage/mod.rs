@@ -1,8 +1,11 @@
-//! LMDB environments: the one place keyward opens an environment (and so the one `unsafe` it needs).
+//! LMDB environments: the one place keyward opens an environment. Its two `unsafe` blocks (the flags
+//! and the open, below) and the map's remap in `mapping.rs` are the only `unsafe` code in keyward,
+//! each with a SAFETY comment.
 //!
-//! A member has two environments under `<data-dir>/member/`: `raft/` (log and vote, fsynced on every
-//! append batch) and `kv/` (the state machine: MVCC data, applied log id, membership). Keeping them apart
-//! lets openraft append new entries while earlier ones are being applied.
+//! A member has one environment, `<data-dir>/member/kv/` (the state machine: MVCC data, applied log
+//! id, membership; `raft/state_machine/`). The raft log is not in LMDB: it is segment files in
+//! `member/wal/` (`raft/log/wal/`). Data dirs of older versions also hold `member/raft/`, the log on
+//! LMDB (`raft/log/legacy.rs`), opened once to be migrated into `member/wal/`.
 
 use std::path::Path;
 
@@ -32,8 +35,8 @@ pub(crate) const MAP_SIZE: usize = 64 << 30;
 /// How much a commit waits for the disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Durability {
-    /// Every commit is on disk when it returns (the raft log and vote: an acknowledged write must
-    /// survive power loss).
+    /// Every commit is on disk when it returns (the legacy raft log and vote, `raft/log/legacy.rs`: an
+    /// acknowledged write must survive power loss; and environments opened by tests).
     Full,
     /// Commits are not synced: a commit is in the page cache when it returns, which a process crash
     /// never loses, while an operating-system crash or power loss may lose or tear it (LMDB's

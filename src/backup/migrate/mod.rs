@@ -10,13 +10,13 @@ pub(crate) mod etcd;
 
 use anyhow::anyhow;
 
-use crate::backup::restore::snapshot_file::SnapshotFile;
+use crate::backup::restore::backup_file::BackupFile;
 use crate::backup::restore::NewDataDir;
 use crate::cli::backup::MigrateArgs;
 
 /// Runs `keyward migrate`; the error names the file or flag.
 pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
-    let file = SnapshotFile::check(&args.etcd_snapshot, args.skip_hash_check)?;
+    let file = BackupFile::check(&args.etcd_snapshot, args.skip_hash_check)?;
     let bolt = bolt::Bolt::open(&args.etcd_snapshot, file.db_len).map_err(|e| {
         // LMDB's magic where a keyward backup has it.
         let mut head = [0u8; 20];

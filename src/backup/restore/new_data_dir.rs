@@ -6,7 +6,7 @@
 //! The applied state is whatever the caller put into `member/kv`; `finish` then makes it the state of
 //! a new cluster: the applied log id becomes `(term 0, index)` (as openraft's `initialize` starts a
 //! log at `(term 0, index 0)`), the membership the one of `--initial-cluster`, and the raft log is
-//! empty with everything up to that index purged and committed (one state record of `raft/wal`). So the
+//! empty with everything up to that index purged and committed (one state record of `raft/log/wal`). So the
 //! member never claims an entry it does not have; the first election starts term 1, and openraft
 //! builds a raft snapshot from the applied state at start for any peer that needs one.
 
@@ -20,8 +20,8 @@ use openraft::CommittedLeaderId;
 use super::member_flags;
 use crate::cli::backup::MemberFlags;
 use crate::cluster::bootstrap::NewCluster;
+use crate::raft::log::wal::{segment, Wal};
 use crate::raft::state_machine::{State, StateMachine};
-use crate::raft::wal::{segment, Wal};
 use crate::raft::{LogId, Membership, StoredMembership};
 
 pub(crate) struct NewDataDir {

@@ -11,7 +11,7 @@ use std::io::Read;
 
 use anyhow::{anyhow, bail, Context as _};
 
-use crate::backup::restore::snapshot_file::SnapshotFile;
+use crate::backup::restore::backup_file::BackupFile;
 use crate::backup::restore::NewDataDir;
 use crate::cli::backup::RestoreArgs;
 
@@ -19,7 +19,7 @@ use crate::cli::backup::RestoreArgs;
 const BOLT_MAGIC: [u8; 4] = 0xED0C_DAEDu32.to_le_bytes();
 
 pub(crate) fn run(args: RestoreArgs) -> anyhow::Result<()> {
-    let checked = SnapshotFile::check(&args.file, args.skip_hash_check)?;
+    let checked = BackupFile::check(&args.file, args.skip_hash_check)?;
     let mut source = File::open(&args.file).with_context(|| format!("cannot open snapshot {}", args.file.display()))?;
     let mut head = [0u8; 20];
     if source.read_exact(&mut head).is_ok() && head[16..20] == BOLT_MAGIC {

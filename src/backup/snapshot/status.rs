@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Context as _};
 
-use crate::backup::restore::snapshot_file::SnapshotFile;
+use crate::backup::restore::backup_file::BackupFile;
 use crate::cli::backup::StatusArgs;
 use crate::raft::state_machine::StateMachine;
 
@@ -33,9 +33,9 @@ pub(crate) fn run(args: StatusArgs) -> anyhow::Result<()> {
 }
 
 pub(crate) fn status(path: &std::path::Path) -> anyhow::Result<Status> {
-    let checked = SnapshotFile::check(path, true)?;
+    let checked = BackupFile::check(path, true)?;
     if checked.has_digest {
-        SnapshotFile::check(path, false)?;
+        BackupFile::check(path, false)?;
     }
     if let Ok(bolt) = crate::backup::migrate::bolt::Bolt::open(path, checked.db_len) {
         // An etcd backup (before `keyward migrate`): etcdctl's numbers for it.

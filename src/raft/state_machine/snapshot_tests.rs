@@ -3,21 +3,25 @@
 //! Its request builders serve the node's and the watchers' install tests too.
 
 use std::sync::Mutex;
+use std::time::Duration;
 
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::snapshot::format;
 use super::*;
 use crate::auth::check::Authorizer;
 use crate::auth::permissions::Access;
 use crate::auth::simple::SimpleTokens;
 use crate::auth::token_config::TokenConfig;
+use crate::auth::tokens::Tokens;
 use crate::identity::Requester;
 use crate::keyrange::KeyRange;
+use crate::lease::store::LeaseRecord;
 use crate::proto::authpb::{permission::Type as PermType, Permission};
 use crate::proto::etcdserverpb::alarm_request::AlarmAction;
 use crate::proto::etcdserverpb::{
-    AlarmRequest, AuthEnableRequest, AuthRoleAddRequest, AuthRoleGrantPermissionRequest, AuthUserAddRequest,
+    AlarmRequest, AlarmType, AuthEnableRequest, AuthRoleAddRequest, AuthRoleGrantPermissionRequest, AuthUserAddRequest,
     AuthUserGrantRoleRequest, DeleteRangeRequest, InternalRaftRequest, LeaseCheckpoint, LeaseCheckpointRequest,
     LeaseGrantRequest, PutRequest, RequestHeader,
 };
@@ -241,7 +245,7 @@ async fn a_current_snapshot_of_the_format_before_streaming_is_converted_at_open_
     let mut upgraded = open(b.path());
 
     let converted = std::fs::read(b.path().join("snap/current.snap")).unwrap();
-    assert!(converted.starts_with(snapshot_file::MAGIC));
+    assert!(converted.starts_with(format::MAGIC));
     let current = upgraded.get_current_snapshot().await.unwrap().expect("still a current snapshot");
     assert_eq!(current.meta, meta);
     // This member's applied state was behind its snapshot, so opening installed it.

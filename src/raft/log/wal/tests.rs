@@ -7,7 +7,7 @@ use std::sync::Arc;
 use openraft::storage::RaftLogStorage;
 use openraft::{CommittedLeaderId, EntryPayload, RaftLogReader, Vote};
 
-use super::segment::{self, frame, read_frame, Frame, Record, RecordRef, State};
+use super::segment::{self, frame, read_frame, Frame, Record, RecordRef, State, SYNC_CHUNK};
 use super::*;
 use crate::proto::etcdserverpb::{InternalRaftBatch, InternalRaftRequest, PutRequest};
 use crate::raft::RaftBatch;
@@ -331,13 +331,13 @@ async fn a_record_larger_than_a_segment_gets_a_segment_of_its_own() {
 
 #[tokio::test]
 async fn an_lmdb_log_is_migrated_once_and_set_aside() {
-    use crate::raft::log_store::LogStore;
+    use crate::raft::log::legacy::LegacyLog;
     let member = tempfile::tempdir().unwrap();
     let legacy = member.path().join(migrate::LEGACY_DIR);
     let entries: Vec<Entry> = (0..=2000).map(|i| entry(1 + i / 1000, i, 20)).collect();
     {
-        // Entries as `LogStore` keeps them (big-endian index → postcard entry; `LogStore` has no append
-        // without openraft's callback, which only openraft can make); the rest through `LogStore`,
+        // Entries as `LegacyLog` keeps them (big-endian index → postcard entry; `LegacyLog` has no append
+        // without openraft's callback, which only openraft can make); the rest through `LegacyLog`,
         // which also reads them all back below.
         let (env, [log, _meta]) =
             crate::storage::open(&legacy, ["log", "meta"], crate::storage::Durability::Full).unwrap();
@@ -348,8 +348,8 @@ async fn an_lmdb_log_is_migrated_once_and_set_aside() {
         txn.commit().unwrap();
     }
     {
-        let mut old = LogStore::open(&legacy).unwrap();
-        assert_eq!(old.try_get_log_entries(0..).await.unwrap(), entries, "the fixture reads back through LogStore");
+        let mut old = LegacyLog::open(&legacy).unwrap();
+        assert_eq!(old.try_get_log_entries(0..).await.unwrap(), entries, "the fixture reads back through LegacyLog");
         old.save_vote(&Vote::new(7, 3)).await.unwrap();
         old.set_identity((3, 99)).unwrap();
         old.purge(log_id(1, 10)).await.unwrap();

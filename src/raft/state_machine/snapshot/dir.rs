@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use super::snapshot_file::{self, Meta};
+use super::format::{self, Meta};
 
 const CURRENT: &str = "current.snap";
 const TEMP_SUFFIX: &str = ".tmp";
@@ -60,7 +60,7 @@ impl SnapDir {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        let (meta, _) = snapshot_file::Reader::open(file.try_clone()?)?;
+        let (meta, _) = format::Reader::open(file.try_clone()?)?;
         file.rewind()?;
         Ok(Some((meta, file)))
     }
@@ -105,11 +105,11 @@ impl SnapDir {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(e.into()),
         };
-        if snapshot_file::is_current_version(&mut legacy)? {
+        if format::is_current_version(&mut legacy)? {
             return Ok(());
         }
         let (temp, out) = self.temp("upgrade")?;
-        let meta = snapshot_file::upgrade_legacy(legacy, out)?;
+        let meta = format::upgrade_legacy(legacy, out)?;
         self.replace_current(temp)?;
         tracing::info!(snapshot = %meta.snapshot_id, "converted the current snapshot to the streamed format");
         Ok(())

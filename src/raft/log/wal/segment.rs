@@ -18,7 +18,7 @@ use std::sync::Arc;
 use openraft::Vote;
 use serde::{Deserialize, Serialize};
 
-use super::super::{Entry, LogId, NodeId};
+use crate::raft::{Entry, LogId, NodeId};
 
 /// A frame's header: length and CRC.
 pub(crate) const HEADER: usize = 8;

@@ -27,14 +27,7 @@ pub(crate) struct Recovered {
 
 /// Scans the segments in `dir` (creating the first one if there is none).
 pub(crate) fn scan(dir: &Path, segment_bytes: u64) -> std::io::Result<Recovered> {
-    let mut seqs = Vec::new();
-    for item in std::fs::read_dir(dir)? {
-        let name = item?.file_name();
-        if let Some(seq) = name.to_str().and_then(segment::parse_name) {
-            seqs.push(seq);
-        }
-    }
-    seqs.sort_unstable();
+    let seqs = segment_seqs(dir)?;
     if seqs.is_empty() {
         let first = Segment::create(dir, 0, segment_bytes.min(segment::ALLOCATION_STEP))?;
         crate::storage::data_dir::sync_dir(dir)?;
@@ -102,6 +95,26 @@ pub(crate) fn scan(dir: &Path, segment_bytes: u64) -> std::io::Result<Recovered>
         }
         segments.push(seg);
     }
+    check_gap(dir, dropped_at_gap, &state)?;
+    Ok(Recovered { segments, end, entries, state, state_seq })
+}
+
+/// The sequence numbers of the segment files in `dir`, oldest first.
+fn segment_seqs(dir: &Path) -> std::io::Result<Vec<u64>> {
+    let mut seqs = Vec::new();
+    for item in std::fs::read_dir(dir)? {
+        let name = item?.file_name();
+        if let Some(seq) = name.to_str().and_then(segment::parse_name) {
+            seqs.push(seq);
+        }
+    }
+    seqs.sort_unstable();
+    Ok(seqs)
+}
+
+/// Entries dropped at a gap in the segment sequence (the newest is `dropped_at_gap`) must have been
+/// purged: otherwise a segment is missing.
+fn check_gap(dir: &Path, dropped_at_gap: Option<u64>, state: &State) -> std::io::Result<()> {
     let purged = state.last_purged.map(|p| p.index);
     if let Some(dropped) = dropped_at_gap {
         if purged.is_none_or(|p| dropped > p) {
@@ -114,7 +127,7 @@ pub(crate) fn scan(dir: &Path, segment_bytes: u64) -> std::io::Result<Recovered>
             ));
         }
     }
-    Ok(Recovered { segments, end, entries, state, state_seq })
+    Ok(())
 }
 
 fn bad(frame: &Frame<'_>) -> &'static str {

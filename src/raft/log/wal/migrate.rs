@@ -1,6 +1,6 @@
 //! Opens a member's raft log, moving it first from the LMDB log of older versions if need be.
 //!
-//! Older versions kept the log in `<member>/raft` (LMDB, `log_store.rs`). When `<member>/wal` does
+//! Older versions kept the log in `<member>/raft` (LMDB, `raft/log/legacy.rs`). When `<member>/wal` does
 //! not exist but that environment does, everything it holds — vote, committed id, last purged id,
 //! identity, every entry — is written to `<member>/wal.migrating` (each write synced), which is then
 //! renamed to `<member>/wal`; the directory is synced, and the LMDB directory is renamed aside to
@@ -16,7 +16,7 @@ use openraft::RaftLogReader;
 
 use super::segment::State;
 use super::Wal;
-use crate::raft::log_store::LogStore;
+use crate::raft::log::legacy::LegacyLog;
 use crate::space::Space;
 
 /// The log's directory under the member directory.
@@ -62,7 +62,7 @@ async fn copy(legacy: &Path, temp: &Path) -> std::io::Result<u64> {
     if temp.exists() {
         std::fs::remove_dir_all(temp)?; // a migration a crash interrupted
     }
-    let mut old = LogStore::open(legacy).map_err(|e| std::io::Error::other(format!("{}: {e}", legacy.display())))?;
+    let mut old = LegacyLog::open(legacy).map_err(|e| std::io::Error::other(format!("{}: {e}", legacy.display())))?;
     let log_state = old.get_log_state().await.map_err(io)?;
     let state = State {
         vote: old.read_vote().await.map_err(io)?,

@@ -1,14 +1,15 @@
 //! The newest raft log entries, kept in memory as they are appended.
 //!
 //! openraft reads every committed entry back from the log before applying it, on the raft core task.
-//! Served from LMDB, that read costs a trip to the blocking pool, a decode, and the log's pages mapped
-//! into the process. Entries are applied moments after they are appended, so a short window of the
-//! newest entries answers almost every read; anything older is read from LMDB as before.
+//! Served from disk, that read costs a trip to the blocking pool and a decode (for the legacy LMDB
+//! log, also the log's pages mapped into the process). Entries are applied moments after they are
+//! appended, so a short window of the newest entries answers almost every read; anything older is
+//! read from the log's files. Both logs (`wal/`, `legacy.rs`) keep one.
 
 use std::collections::VecDeque;
 use std::ops::{Bound, RangeBounds};
 
-use super::Entry;
+use crate::raft::Entry;
 
 /// Entries kept: enough to cover what is appended but not yet applied (a few group-committed entries).
 pub(crate) const CAPACITY: usize = 64;

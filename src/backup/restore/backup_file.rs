@@ -1,6 +1,7 @@
-//! A snapshot file's integrity, as etcd checks it: a file whose length is a multiple of 512 plus 32
-//! ends with the SHA-256 of everything before it (etcd's `hasChecksum`); one without it is accepted
-//! only with `--skip-hash-check`, as etcdutl does.
+//! A backup file's integrity (what `etcdctl snapshot save` or `keyward snapshot save` wrote; not a
+//! member's own snapshot, `raft/state_machine/snapshot/format.rs`), as etcd checks it: a file whose
+//! length is a multiple of 512 plus 32 ends with the SHA-256 of everything before it (etcd's
+//! `hasChecksum`); one without it is accepted only with `--skip-hash-check`, as etcdutl does.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -14,21 +15,21 @@ const ALIGN: u64 = 512;
 
 /// The database part of a snapshot file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct SnapshotFile {
+pub(crate) struct BackupFile {
     /// Bytes before the digest (the whole file if it has none).
     pub db_len: u64,
     pub has_digest: bool,
 }
 
-impl SnapshotFile {
+impl BackupFile {
     /// Checks the trailing digest of `path` unless `skip_hash_check`.
-    pub(crate) fn check(path: &Path, skip_hash_check: bool) -> anyhow::Result<SnapshotFile> {
+    pub(crate) fn check(path: &Path, skip_hash_check: bool) -> anyhow::Result<BackupFile> {
         let mut file = File::open(path).with_context(|| format!("cannot open snapshot {}", path.display()))?;
         let len = file.metadata().with_context(|| format!("snapshot {}", path.display()))?.len();
         let has_digest = len >= ALIGN + DIGEST && len % ALIGN == DIGEST;
         let db_len = if has_digest { len - DIGEST } else { len };
         if skip_hash_check {
-            return Ok(SnapshotFile { db_len, has_digest });
+            return Ok(BackupFile { db_len, has_digest });
         }
         if !has_digest {
             bail!(
@@ -56,7 +57,7 @@ impl SnapshotFile {
                 hex(&got)
             ));
         }
-        Ok(SnapshotFile { db_len, has_digest })
+        Ok(BackupFile { db_len, has_digest })
     }
 }
 
@@ -66,7 +67,7 @@ const LMDB_PSIZE_AT: usize = 40;
 const LMDB_LAST_PAGE_AT: usize = 136;
 const LMDB_TXNID_AT: usize = 144;
 
-impl SnapshotFile {
+impl BackupFile {
     /// Checks that the database part is a whole LMDB environment: a meta page with LMDB's magic, and
     /// every page its newest meta page counts inside the file. LMDB maps the file and trusts it: a
     /// truncated file would crash the process (SIGBUS) on the first read past its end, so this is
@@ -136,17 +137,14 @@ mod tests {
         let mut good = db.clone();
         good.extend_from_slice(&Sha256::digest(&db));
         let file = write(&good);
-        assert_eq!(SnapshotFile::check(file.path(), false).unwrap(), SnapshotFile { db_len: 1024, has_digest: true });
+        assert_eq!(BackupFile::check(file.path(), false).unwrap(), BackupFile { db_len: 1024, has_digest: true });
         let mut bad = good.clone();
         bad[10] ^= 1;
-        let err = SnapshotFile::check(write(&bad).path(), false).unwrap_err().to_string();
+        let err = BackupFile::check(write(&bad).path(), false).unwrap_err().to_string();
         assert!(err.contains("expected sha256"), "{err}");
         let truncated = write(&good[..1000]);
-        let err = SnapshotFile::check(truncated.path(), false).unwrap_err().to_string();
+        let err = BackupFile::check(truncated.path(), false).unwrap_err().to_string();
         assert!(err.contains("--skip-hash-check"), "{err}");
-        assert_eq!(
-            SnapshotFile::check(truncated.path(), true).unwrap(),
-            SnapshotFile { db_len: 1000, has_digest: false }
-        );
+        assert_eq!(BackupFile::check(truncated.path(), true).unwrap(), BackupFile { db_len: 1000, has_digest: false });
     }
 }

@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-use super::snap_dir::TempFile;
+use super::dir::TempFile;
 
 #[derive(Debug)]
 pub struct SnapshotData {

@@ -1,5 +1,6 @@
-//! The raft log and vote on LMDB (`<data-dir>/member/raft`), as versions before the segment log
-//! (`raft/wal/`) kept them: now only read, by `raft/wal/migrate.rs`, to move such a log into `member/wal`.
+//! The legacy raft log: the log and vote on LMDB (`<data-dir>/member/raft`), as versions before the
+//! segment log (`raft/log/wal/`) kept them. Not the live log: only read, by `raft/log/wal/migrate.rs`,
+//! to move such a log into `member/wal`.
 //!
 //! Every append batch is one LMDB transaction committed with fsync before openraft is told it is
 //! durable; batches form naturally while the previous commit is in flight (group commit).
@@ -23,8 +24,8 @@ use openraft::{RaftLogReader, StorageIOError, Vote};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::log_cache::LogCache;
-use super::{any_error, blocking, Entry, LogId, NodeId, StorageError, TypeConfig};
+use super::cache::LogCache;
+use crate::raft::{any_error, blocking, Entry, LogId, NodeId, StorageError, TypeConfig};
 use crate::space::Space;
 use crate::storage::{self, Db, LmdbEnv};
 
@@ -34,7 +35,7 @@ const IDENTITY: &[u8] = b"identity";
 const COMMITTED: &[u8] = b"committed";
 
 #[derive(Clone)]
-pub(crate) struct LogStore {
+pub(crate) struct LegacyLog {
     inner: Arc<Inner>,
 }
 
@@ -57,17 +58,17 @@ fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, postcard::Error> {
     postcard::to_allocvec(value)
 }
 
-impl LogStore {
+impl LegacyLog {
     /// Opens the log without a disk-full ballast.
     pub(crate) fn open(dir: &Path) -> Result<Self, heed::Error> {
-        LogStore::open_with(dir, Arc::new(Space::without_ballast()))
+        LegacyLog::open_with(dir, Arc::new(Space::without_ballast()))
     }
 
     /// Opens the log; a write that finds the disk full uses `space`'s ballast.
     pub(crate) fn open_with(dir: &Path, space: Arc<Space>) -> Result<Self, heed::Error> {
         let (env, [log, meta]) = storage::open(dir, ["log", "meta"], storage::Durability::Full)?;
         let inner = Inner { env, log, meta, recent: Default::default(), committed: Default::default(), space };
-        Ok(LogStore { inner: Arc::new(inner) })
+        Ok(LegacyLog { inner: Arc::new(inner) })
     }
 
     /// Runs `write` in a write transaction that also records the latest committed log id, and commits
@@ -120,7 +121,7 @@ impl LogStore {
     }
 }
 
-impl RaftLogReader<TypeConfig> for LogStore {
+impl RaftLogReader<TypeConfig> for LegacyLog {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
         &mut self,
         range: RB,
@@ -158,7 +159,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
     }
 }
 
-impl RaftLogStorage<TypeConfig> for LogStore {
+impl RaftLogStorage<TypeConfig> for LegacyLog {
     type LogReader = Self;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
@@ -279,7 +280,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let committed = Some(LogId::new(CommittedLeaderId::new(1, 1), 3));
         {
-            let mut log = LogStore::open(dir.path()).unwrap();
+            let mut log = LegacyLog::open(dir.path()).unwrap();
             log.save_committed(committed).await.unwrap();
             assert_eq!(log.read_committed().await.unwrap(), committed);
             assert_eq!(log.read_meta::<LogId>(COMMITTED).unwrap(), None, "no commit of its own");
@@ -289,7 +290,7 @@ mod tests {
             log.save_committed(Some(LogId::new(CommittedLeaderId::new(1, 1), 2))).await.unwrap();
             assert_eq!(log.read_committed().await.unwrap(), committed);
         }
-        let mut reopened = LogStore::open(dir.path()).unwrap();
+        let mut reopened = LegacyLog::open(dir.path()).unwrap();
         assert_eq!(reopened.read_committed().await.unwrap(), committed, "read back after a restart");
     }
 }
