@@ -2,8 +2,14 @@
 //! then the node (`node/start.rs`), the metrics and client listeners, until a signal, this member's
 //! removal or a stopped raft core; then an orderly shutdown that leaves the kv environment synced.
 
+use std::future::Future;
+use std::sync::Arc;
+
+use openraft::error::Fatal;
+
 use crate::config::{self, Config};
 use crate::node::Node;
+use crate::raft::NodeId;
 use crate::{auth, cluster, raft, server, signals, space};
 
 /// Runs a member until SIGINT or SIGTERM, or until its raft core stops: a stopped core never
@@ -12,6 +18,45 @@ use crate::{auth, cluster, raft, server, signals, space};
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     // Bound before raft starts: peers must reach this member for it to join an election.
     let peer_listeners = server::bind_peer(&config.listen_peer).await?;
+    warn_about_plain_text_listeners(&config);
+    let node = Node::start(&config).await?;
+    let (peer_stop_tx, peer_stopped) = stop_signal();
+    let peer_server = {
+        let (node, tls, admission) =
+            (node.clone(), config.peer_tls.clone(), cluster::admission::PeerAdmission::of(&config));
+        tokio::spawn(
+            async move { server::serve_peer(node, peer_listeners, tls.as_ref(), admission, peer_stopped).await },
+        )
+    };
+    announce(&config, &node);
+    if let Some(policy) = config.auto_compaction {
+        tokio::spawn(super::jobs::compactor::run(node.clone(), policy));
+    }
+    let (metrics_stop_tx, metrics_stopped) = stop_signal();
+    let metrics_server = {
+        let (node, listeners, tls) = (node.clone(), config.listen_metrics.clone(), config.client_tls.clone());
+        tokio::spawn(async move { server::serve_metrics(node, &listeners, tls.as_ref(), metrics_stopped).await })
+    };
+    let (fatal_tx, mut fatal_rx) = tokio::sync::oneshot::channel();
+    let stop = shutdown_requested(node.clone(), fatal_tx);
+    server::serve(node.clone(), &config.listen_client, config.client_tls.as_ref(), config.connections, stop).await?;
+    let _ = peer_stop_tx.send(());
+    let _ = metrics_stop_tx.send(());
+    if peer_server.is_finished() {
+        // The peer listeners failed while clients were served: say why.
+        peer_server.await??;
+    }
+    if metrics_server.is_finished() {
+        metrics_server.await??;
+    }
+    if let Ok(fatal) = fatal_rx.try_recv() {
+        anyhow::bail!("raft core stopped: {fatal}");
+    }
+    shut_down(&node, &config).await
+}
+
+/// Listener settings that are allowed but cost something: said once, at start.
+fn warn_about_plain_text_listeners(config: &Config) {
     for listener in config.listen_peer.iter().filter(|l| !l.tls && !l.addr.ip().is_loopback()) {
         // Allowed by --peer-allow-plaintext (`config/mod.rs` refuses it otherwise): say what it costs.
         tracing::warn!(
@@ -30,60 +75,35 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             );
         }
     }
-    let node = Node::start(&config).await?;
-    let (peer_stop_tx, peer_stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let peer_server = {
-        let (node, tls, admission) =
-            (node.clone(), config.peer_tls.clone(), cluster::admission::PeerAdmission::of(&config));
-        tokio::spawn(async move {
-            let stopped = async move {
-                let _ = peer_stop_rx.await;
-            };
-            server::serve_peer(node, peer_listeners, tls.as_ref(), admission, stopped).await
-        })
+}
+
+/// A listener's stop: the sender ends the future that the listener's server runs until.
+fn stop_signal() -> (tokio::sync::oneshot::Sender<()>, impl Future<Output = ()>) {
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let stopped = async move {
+        let _ = stop_rx.await;
     };
-    announce(&config, &node);
-    if let Some(policy) = config.auto_compaction {
-        tokio::spawn(super::jobs::compactor::run(node.clone(), policy));
-    }
-    let (metrics_stop_tx, metrics_stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let metrics_server = {
-        let (node, listeners, tls) = (node.clone(), config.listen_metrics.clone(), config.client_tls.clone());
-        tokio::spawn(async move {
-            let stopped = async move {
-                let _ = metrics_stop_rx.await;
-            };
-            server::serve_metrics(node, &listeners, tls.as_ref(), stopped).await
-        })
-    };
-    let (fatal_tx, mut fatal_rx) = tokio::sync::oneshot::channel();
-    let watched = node.clone();
-    let stop = async move {
-        tokio::select! {
-            _ = signals::shutdown() => tracing::info!("shutting down"),
-            _ = watched.removed() => tracing::warn!(
-                "this member has been permanently removed from the cluster; shutting down (its data dir \
-                 must be removed before it can join again)"
-            ),
-            fatal = watched.stopped() => {
-                tracing::error!(error = %fatal, "raft core stopped; exiting so that the member is restarted");
-                let _ = fatal_tx.send(fatal);
-            }
+    (stop_tx, stopped)
+}
+
+/// Resolves when the member must stop serving: SIGINT or SIGTERM, its removal from the cluster, or
+/// its raft core stopping (the reason goes to `fatal`).
+async fn shutdown_requested(node: Arc<Node>, fatal_tx: tokio::sync::oneshot::Sender<Fatal<NodeId>>) {
+    tokio::select! {
+        _ = signals::shutdown() => tracing::info!("shutting down"),
+        _ = node.removed() => tracing::warn!(
+            "this member has been permanently removed from the cluster; shutting down (its data dir \
+             must be removed before it can join again)"
+        ),
+        fatal = node.stopped() => {
+            tracing::error!(error = %fatal, "raft core stopped; exiting so that the member is restarted");
+            let _ = fatal_tx.send(fatal);
         }
-    };
-    server::serve(node.clone(), &config.listen_client, config.client_tls.as_ref(), config.connections, stop).await?;
-    let _ = peer_stop_tx.send(());
-    let _ = metrics_stop_tx.send(());
-    if peer_server.is_finished() {
-        // The peer listeners failed while clients were served: say why.
-        peer_server.await??;
     }
-    if metrics_server.is_finished() {
-        metrics_server.await??;
-    }
-    if let Ok(fatal) = fatal_rx.try_recv() {
-        anyhow::bail!("raft core stopped: {fatal}");
-    }
+}
+
+/// Stops raft, then syncs the kv environment.
+async fn shut_down(node: &Node, config: &Config) -> anyhow::Result<()> {
     node.raft.shutdown().await.map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?;
     // Nothing applies any more: sync the kv environment, and say so (`raft/unsynced.rs`), so that the
     // next start never rebuilds it.
