@@ -61,9 +61,11 @@ pub(crate) struct Node {
     latest: Arc<latest_applied::LatestApplied>,
     pub(crate) member_id: u64,
     pub(crate) cluster_id: u64,
-    pub(crate) name: String,
-    pub(crate) client_urls: Vec<String>,
-    pub(crate) cluster_token: String,
+    /// What this member publishes of itself (`node/jobs/publish.rs`).
+    name: String,
+    client_urls: Vec<String>,
+    /// `--initial-cluster-token`: part of the id a member added here gets (`node/leader.rs`).
+    cluster_token: String,
     /// Dials the other members: raft's transport, and forwarding to the leader (`node/leader.rs`).
     pub(crate) peers: Arc<Peers>,
     /// `--election-timeout`: how much longer every lease lives when a new leader takes over.

@@ -57,11 +57,7 @@ impl Node {
         let (member_id, cluster_id) = place_in_cluster(&mut log, &peers, config).await?;
         // What this member knows was committed: applied before it serves (see `catch_up`).
         let committed_at_start = log.read_committed().await?;
-        let raft_config = Arc::new(raft_config(config)?);
-        // openraft's core, state machine worker and replication tasks run on the raft thread.
-        let raft_thread = RaftThread::start()?;
-        let network = PeerNetwork::new(peers.clone());
-        let raft = raft_thread.run(Raft::new(member_id, raft_config, network, log, sm)).await?;
+        let (raft_thread, raft) = start_raft(config, member_id, &peers, log, sm).await?;
         let sole_voter = initialize(&raft, config, member_id).await?;
         let auth = AuthService::start(config, &state)?;
         let logged = raft.metrics().borrow().last_log_index;
@@ -212,6 +208,22 @@ async fn place_in_cluster(log: &mut Wal, peers: &Peers, config: &Config) -> anyh
     };
     peers.identify(member_id, cluster_id);
     Ok((member_id, cluster_id))
+}
+
+/// Starts openraft with this member's log and state machine.
+async fn start_raft(
+    config: &Config,
+    member_id: NodeId,
+    peers: &Arc<Peers>,
+    log: Wal,
+    sm: StateMachine,
+) -> anyhow::Result<(RaftThread, Raft)> {
+    let raft_config = Arc::new(raft_config(config)?);
+    // openraft's core, state machine worker and replication tasks run on the raft thread.
+    let raft_thread = RaftThread::start()?;
+    let network = PeerNetwork::new(peers.clone());
+    let raft = raft_thread.run(Raft::new(member_id, raft_config, network, log, sm)).await?;
+    Ok((raft_thread, raft))
 }
 
 /// openraft's settings, from the member's flags.
