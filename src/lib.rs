@@ -40,8 +40,8 @@ pub use backup::migrate::run as migrate;
 pub use backup::snapshot::run as snapshot;
 pub use config::{etcd_style_args, Cli, Command, Config, GrpcProxyCommand};
 pub use logging::{init as init_logging, LogSettings};
-pub use node::serve;
 pub use proxy::run as grpc_proxy;
+pub use server::run::serve;
 
 // `keyward-bench`: the TLS connector, the client-port admission its ceiling server measures, and
 // the duration syntax of etcd's flags.

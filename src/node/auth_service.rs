@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use super::Node;
 use crate::auth::audit::AuditLog;
 use crate::auth::check::Origin;
 use crate::auth::throttle::LoginThrottle;
@@ -45,10 +44,16 @@ impl AuthService {
     }
 }
 
-impl Node {
-    /// Records a login's outcome in the audit log, if there is one.
-    pub(crate) fn audit_login<T>(&self, user: &str, origin: Origin, outcome: &Result<T, EtcdError>) {
-        let Some(log) = &self.auth.audit else { return };
+impl AuthService {
+    /// Records a login's outcome in the audit log, if there is one, at `auth_revision`.
+    pub(super) fn audit_login<T>(
+        &self,
+        user: &str,
+        origin: Origin,
+        outcome: &Result<T, EtcdError>,
+        auth_revision: u64,
+    ) {
+        let Some(log) = &self.audit else { return };
         let client = origin.client.map(|a| a.to_string());
         log.record(&crate::auth::audit::Decision {
             time: crate::auth::audit::now(),
@@ -61,7 +66,7 @@ impl Node {
             range_end: None,
             allowed: outcome.is_ok(),
             reason: outcome.as_ref().err().map(ToString::to_string),
-            auth_revision: self.auth_revision(),
+            auth_revision,
             raft_index: None,
         });
     }

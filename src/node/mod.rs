@@ -12,15 +12,16 @@
 //! (etcd's `quotaKVServer`): over it, the request gets "database space exceeded" and the member raises
 //! a NOSPACE alarm through raft (`space/mod.rs`). The node owns the data dir lock for as long as it lives.
 //!
-//! The rest of the folder: `start.rs` (opening a member, step by step), `serve.rs` (the member's run:
-//! its listeners until shutdown), `jobs/` (everything that runs in the background), `leader.rs`
-//! (what must happen on the leader), `latest_applied.rs` and `auth_service.rs` (parts of `Node`).
+//! The rest of the folder: `start.rs` (opening a member, step by step; the member's run around it is
+//! `server/run.rs`), `jobs/` (everything that runs in the background), `leader.rs` (what must happen
+//! on the leader), `writes.rs`, `latest_applied.rs` and `auth_service.rs` (parts of `Node`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::Fatal;
 
+use crate::auth::check::Origin;
 use crate::auth::tokens::Tokens;
 use crate::cluster::peers::Peers;
 use crate::error::EtcdError;
@@ -32,25 +33,23 @@ use crate::raft::{NodeId, Raft};
 use crate::space::Space;
 
 mod auth_service;
-mod jobs;
+pub(crate) mod jobs;
 mod latest_applied;
 mod leader;
 pub(crate) mod login_throttle;
 mod propose;
 mod read;
 mod read_rounds;
-mod serve;
 mod start;
 #[cfg(test)]
 mod tests;
 mod transfer;
-
-pub use serve::serve;
+mod writes;
 
 pub(crate) struct Node {
     pub(crate) raft: Raft,
     /// Writes on their way into raft (`node/propose.rs`).
-    writes: propose::Writes,
+    writes: writes::Writes,
     /// Linearizable reads here share their read index rounds (`node/read_rounds.rs`)...
     read_rounds: read_rounds::ReadRounds,
     /// ...and so do those the leader confirms, for itself and for followers.
@@ -159,6 +158,11 @@ impl Node {
     /// The store's revision after the latest applied batch.
     pub(crate) fn revision(&self) -> i64 {
         self.latest.revision()
+    }
+
+    /// Records a login's outcome in the audit log, if there is one.
+    pub(crate) fn audit_login<T>(&self, user: &str, origin: Origin, outcome: &Result<T, EtcdError>) {
+        self.auth.audit_login(user, origin, outcome, self.auth_revision());
     }
 
     /// Completes a response header with this member's identity and the raft term.

@@ -2,7 +2,6 @@
 //! and proposed through raft on the leader (`node/leader.rs`); the caller gets what applying it
 //! produced. A write over the quota raises this member's NOSPACE alarm instead.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use prost::Message;
@@ -13,37 +12,11 @@ use crate::auth::check::Requester;
 use crate::error::EtcdError;
 use crate::proto::etcdserverpb::alarm_request::AlarmAction;
 use crate::proto::etcdserverpb::{AlarmRequest, AlarmType, InternalRaftRequest, RequestHeader};
-use crate::raft::proposer::Proposer;
-
-/// The node's side of the write path.
-pub(super) struct Writes {
-    proposer: Proposer,
-    next_request_id: AtomicU64,
-    /// A NOSPACE alarm proposal is on its way: concurrent writes at the quota propose only one.
-    raising_nospace: AtomicBool,
-}
-
-impl Writes {
-    pub(super) fn new(proposer: Proposer, member_id: u64) -> Writes {
-        let seed =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        Writes {
-            proposer,
-            // Unique across restarts: member bits, then time, then a counter (as etcd's idutil).
-            next_request_id: AtomicU64::new(((member_id & 0xffff) << 48) | ((seed & 0xff_ffff_ffff) << 8)),
-            raising_nospace: AtomicBool::default(),
-        }
-    }
-
-    pub(super) fn proposer(&self) -> &Proposer {
-        &self.proposer
-    }
-}
 
 impl Node {
     /// A fresh id for a request or a server-chosen lease (positive, as etcd's lease ids are).
     pub(crate) fn next_id(&self) -> i64 {
-        (self.writes.next_request_id.fetch_add(1, Ordering::Relaxed) & (i64::MAX as u64)) as i64
+        self.writes.next_id()
     }
 
     /// Proposes one write through raft on behalf of `who` and returns what applying it produced. The
@@ -114,7 +87,7 @@ impl Node {
         let mine = |a: &crate::proto::etcdserverpb::AlarmMember| {
             a.member_id == self.member_id && a.alarm == AlarmType::Nospace as i32
         };
-        if self.state().active_alarms().iter().any(mine) || self.writes.raising_nospace.swap(true, Ordering::AcqRel) {
+        if self.state().active_alarms().iter().any(mine) || !self.writes.begin_raising_nospace() {
             return;
         }
         let alarm = AlarmRequest {
@@ -126,7 +99,7 @@ impl Node {
         if let Err(e) = self.submit(req, &Requester::Member).await {
             tracing::warn!(error = %e, "raising the NOSPACE alarm failed; the next write over the quota tries again");
         }
-        self.writes.raising_nospace.store(false, Ordering::Release);
+        self.writes.end_raising_nospace();
     }
 }
 

@@ -12,7 +12,7 @@ use openraft::storage::RaftLogStorage;
 
 use super::auth_service::AuthService;
 use super::latest_applied::LatestApplied;
-use super::propose::Writes;
+use super::writes::Writes;
 use super::{jobs, read_rounds, Held, Node};
 use crate::auth::tokens::Tokens;
 use crate::cluster::bootstrap;
@@ -33,7 +33,7 @@ impl Node {
     /// Opens the member's storage, finds its place in the cluster (`cluster/bootstrap.rs`) and starts
     /// raft. A member that is its cluster's only voter is returned once it leads and has applied its
     /// log; otherwise at once — its peers reach it through the peer listener, which the caller starts
-    /// next (`node/serve.rs`), and it catches up in the background.
+    /// next (`server/run.rs`), and it catches up in the background.
     pub(crate) async fn start(config: &Config) -> anyhow::Result<Arc<Node>> {
         // Before any LMDB environment is opened: a second process on this data dir stops here.
         let data_dir = crate::storage::data_dir::lock(&config.data_dir)?;

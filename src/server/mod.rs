@@ -12,6 +12,7 @@ pub(crate) mod maintenance;
 pub(crate) mod peer;
 pub(crate) mod peer_guard;
 pub(crate) mod requester;
+pub(crate) mod run;
 pub(crate) mod stream_credential;
 pub(crate) mod watch;
 pub(crate) mod watch_outbox;

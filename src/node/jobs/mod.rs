@@ -9,14 +9,14 @@
 //! - `raft.rs`: leader changes counted; snapshots built every `--snapshot-count` requests.
 //! - `publish.rs`: this member's name and client URLs published once it has started.
 //! - `compactor.rs`: auto compaction (`--auto-compaction-*`), started by the member's run
-//!   (`node/serve.rs`) when configured.
+//!   (`server/run.rs`) when configured.
 
 use std::sync::Arc;
 
 use super::Node;
 
 pub(super) mod apply_observer;
-pub(super) mod compactor;
+pub(crate) mod compactor;
 mod leases;
 mod publish;
 mod raft;

@@ -1,6 +1,7 @@
 //! The member's run (`keyward serve`): the peer listener first (raft needs it to join an election),
 //! then the node (`node/start.rs`), the metrics and client listeners, until a signal, this member's
 //! removal or a stopped raft core; then an orderly shutdown that leaves the kv environment synced.
+//! It lives with the services it starts: `server/` is above `node/`, which imports nothing of it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -30,7 +31,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     };
     announce(&config, &node);
     if let Some(policy) = config.auto_compaction {
-        tokio::spawn(super::jobs::compactor::run(node.clone(), policy));
+        tokio::spawn(crate::node::jobs::compactor::run(node.clone(), policy));
     }
     let (metrics_stop_tx, metrics_stopped) = stop_signal();
     let metrics_server = {
