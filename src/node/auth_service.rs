@@ -42,9 +42,7 @@ impl AuthService {
             audit,
         })
     }
-}
 
-impl AuthService {
     /// Records a login's outcome in the audit log, if there is one, at `auth_revision`.
     pub(super) fn audit_login<T>(
         &self,

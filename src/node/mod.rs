@@ -48,7 +48,7 @@ mod writes;
 
 pub(crate) struct Node {
     pub(crate) raft: Raft,
-    /// Writes on their way into raft (`node/propose.rs`).
+    /// Writes on their way into raft (`node/writes.rs`, `node/propose.rs`).
     writes: writes::Writes,
     /// Linearizable reads here share their read index rounds (`node/read_rounds.rs`)...
     read_rounds: read_rounds::ReadRounds,
