@@ -1,7 +1,7 @@
 //! Membership as etcd's Cluster API sees it, on top of openraft's membership: the members (voters and
 //! learners) with their peer URLs, and the name and client URLs each started member published.
 //!
-//! Changes run on the leader (a follower forwards them, `node/mod.rs`), with etcd 3.4's checks: peer URLs
+//! Changes run on the leader (a follower forwards them, `node/leader.rs`), with etcd 3.4's checks: peer URLs
 //! are unique; at most one learner; a voter is added or removed only while enough voters have started
 //! to keep a quorum (etcd's `--strict-reconfig-check`, on by default); a learner is promoted only once
 //! it is in sync with the leader. openraft commits each change through joint consensus, and refuses

@@ -1,4 +1,4 @@
-//! `--auto-compaction-mode` and `--auto-compaction-retention` as etcd reads them; `node/compactor.rs` runs
+//! `--auto-compaction-mode` and `--auto-compaction-retention` as etcd reads them; `node/jobs/compactor.rs` runs
 //! the policy.
 
 use std::time::Duration;

@@ -1,14 +1,16 @@
 //! The lease clock: when each lease expires, on this member.
 //!
-//! Grants and revokes reach it from applied entries (`observe`), keep-alives from clients (`renew`).
+//! Grants and revokes reach it from applied entries, a snapshot's lease table when one is installed
+//! (both through the apply observer, `node/jobs/apply_observer.rs`), keep-alives from clients (`renew`).
 //! Renewals are leader-local, as in etcd; remaining TTLs are persisted through periodic checkpoint
 //! entries, so after a restart a lease resumes with the remaining TTL of its last checkpoint.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::store::LeaseRecord;
+use crate::proto::etcdserverpb::{LeaseCheckpoint, LeaseCheckpointRequest};
 
 #[derive(Debug, Clone, Copy)]
 struct Clock {
@@ -40,6 +42,18 @@ impl Lessor {
             let left = if record.remaining_ttl > 0 { record.remaining_ttl } else { record.ttl };
             map.insert(id, Clock { ttl: record.ttl, expiry: now + secs(left), revoking_since: None });
         }
+    }
+
+    /// A snapshot install replaced the lease table with `leases`: leases it no longer holds are
+    /// dropped, the others resume from their last checkpoint (as after a restart).
+    pub(crate) fn follow_installed(&self, leases: Vec<(i64, LeaseRecord)>) {
+        let kept: HashSet<i64> = leases.iter().map(|&(id, _)| id).collect();
+        for (id, _) in self.remaining() {
+            if !kept.contains(&id) {
+                self.revoked(id);
+            }
+        }
+        self.recover(leases);
     }
 
     pub(crate) fn granted(&self, id: i64, ttl: i64) {
@@ -96,6 +110,14 @@ impl Lessor {
         out
     }
 
+    /// The checkpoint entry of every live lease's remaining TTL, so that a restart resumes them where
+    /// they were; none without a lease.
+    pub(crate) fn checkpoint(&self) -> Option<LeaseCheckpointRequest> {
+        let checkpoints: Vec<_> =
+            self.remaining().into_iter().map(|(id, remaining_ttl)| LeaseCheckpoint { id, remaining_ttl }).collect();
+        (!checkpoints.is_empty()).then_some(LeaseCheckpointRequest { checkpoints })
+    }
+
     /// Every live lease's remaining TTL, for a checkpoint entry.
     pub(crate) fn remaining(&self) -> Vec<(i64, i64)> {
         let now = Instant::now();
@@ -140,6 +162,29 @@ mod tests {
         assert!(lessor.take_expired().is_empty());
         let (_, left) = lessor.time_to_live(1).unwrap();
         assert!((10..=11).contains(&left), "{left}");
+    }
+
+    #[test]
+    fn a_checkpoint_carries_every_lease_and_none_is_made_without_one() {
+        let lessor = Lessor::default();
+        assert_eq!(lessor.checkpoint(), None);
+        lessor.granted(2, 10);
+        lessor.granted(1, 20);
+        let checkpoint = lessor.checkpoint().expect("two leases");
+        let ids: Vec<_> = checkpoint.checkpoints.iter().map(|c| c.id).collect();
+        assert_eq!(ids, vec![1, 2]);
+    }
+
+    #[test]
+    fn an_installed_lease_table_replaces_the_clock() {
+        let lessor = Lessor::default();
+        lessor.granted(1, 60);
+        lessor.granted(2, 60);
+        lessor.follow_installed(vec![(2, LeaseRecord { ttl: 60, remaining_ttl: 20, owner: None })]);
+        assert_eq!(lessor.time_to_live(1), None, "a lease the installed table does not hold is dropped");
+        let (ttl, left) = lessor.time_to_live(2).expect("lease 2");
+        assert_eq!(ttl, 60);
+        assert!((19..=20).contains(&left), "resumes from its checkpoint: {left}");
     }
 
     #[test]

@@ -98,7 +98,7 @@ impl Node {
             .on_leader(
                 move || async move {
                     let here = take().ok_or(EtcdError::Internal)?;
-                    self.proposer.propose(here).await.map(|p| (None, p.result))
+                    self.writes.proposer().propose(here).await.map(|p| (None, p.result))
                 },
                 |mut leader| {
                     let req = copy().map(|req| self.forwarded(req));
@@ -129,7 +129,7 @@ impl Node {
             // Leadership moved on meanwhile: the follower asks the leader it learns of next.
             return Err(EtcdError::NotLeader);
         }
-        self.proposer.propose(req).await.map(|p| (p.index, p.result))
+        self.writes.proposer().propose(req).await.map(|p| (p.index, p.result))
     }
 
     /// Waits until this member may serve a linearizable read: a read index confirmed by the leader

@@ -99,7 +99,7 @@ impl Node {
     /// Admits a login attempt of `user` from `source` in the cluster's throttle and waits for its
     /// turn: here if this member leads, else at the leader. "Too many requests" when refused.
     pub(crate) async fn login_attempt(&self, user: &str, source: &Source) -> Result<LoginAttempt, EtcdError> {
-        let throttle = self.login_throttle.clone();
+        let throttle = self.auth.login_throttle.clone();
         let timeout = throttle.limits().max_delay + CHECK_ALLOWANCE;
         let attempt = self
             .on_leader(
@@ -172,7 +172,7 @@ pub(crate) async fn serve_at_leader(
     // The follower sends nothing more before the turn: its stream ending first means its client gave
     // up (the call may be half-closed rather than reset), and the attempt gives its place back.
     let attempt = tokio::select! {
-        attempt = node.login_throttle.attempt(&user, &source) => attempt?,
+        attempt = node.auth.login_throttle.attempt(&user, &source) => attempt?,
         _ = steps.message() => return Err(tonic::Status::cancelled("the login attempt was given up")),
     };
     let waited = attempt.waited();

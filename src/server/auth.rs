@@ -83,7 +83,7 @@ impl AuthService {
                 .await?;
             let Some((user, checked_at)) = found else {
                 // As long as a wrong password takes: the timing must not tell which names exist.
-                password::verify_nobody(req.password.clone(), self.node.bcrypt_cost).await?;
+                password::verify_nobody(req.password.clone(), self.node.auth.bcrypt_cost).await?;
                 log_failed_login(&req.name, "no such user");
                 return Err(EtcdError::AuthFailed);
             };
@@ -91,7 +91,7 @@ impl AuthService {
                 log_failed_login(&req.name, "the user has no password (certificate only)");
                 return Err(EtcdError::NoPasswordUser);
             }
-            let verified = &self.node.verified_passwords;
+            let verified = &self.node.auth.verified_passwords;
             if verified.contains(&req.name, &user.password, &req.password) {
                 crate::metrics::PASSWORD_CHECKS.with_label_values(&["cached"]).inc();
             } else if password::verify(req.password.clone(), user.password.clone()).await? {
@@ -211,7 +211,7 @@ impl Auth for AuthService {
         let no_password = req.options.is_some_and(|o| o.no_password);
         let plaintext = std::mem::take(&mut req.password);
         if !no_password {
-            req.hashed_password = password::hash(plaintext, self.node.bcrypt_cost).await?;
+            req.hashed_password = password::hash(plaintext, self.node.auth.bcrypt_cost).await?;
         }
         let header = self.change(&who, internal(|r| r.auth_user_add = Some(Box::new(req)))).await?;
         Ok(Response::new(AuthUserAddResponse { header }))
@@ -260,7 +260,7 @@ impl Auth for AuthService {
         let who = requester(&self.node, &request)?;
         let mut req = request.into_inner();
         let plaintext = std::mem::take(&mut req.password);
-        req.hashed_password = password::hash(plaintext, self.node.bcrypt_cost).await?;
+        req.hashed_password = password::hash(plaintext, self.node.auth.bcrypt_cost).await?;
         let header = self.change(&who, internal(|r| r.auth_user_change_password = Some(Box::new(req)))).await?;
         Ok(Response::new(AuthUserChangePasswordResponse { header }))
     }

@@ -13,6 +13,7 @@ pub(crate) mod kv;
 pub(crate) mod lease;
 pub(crate) mod maintenance;
 pub(crate) mod requester;
+pub(crate) mod run;
 pub(crate) mod stream_credential;
 pub(crate) mod watch;
 

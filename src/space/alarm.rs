@@ -4,7 +4,7 @@
 //! environment and its snapshots, so every member refuses the same requests while an alarm is active.
 //! Only NOSPACE has an effect (etcd's `applierV3Capped`, see `apply/capped.rs`): puts, txns with a put and
 //! lease grants are refused until it is disarmed. This module owns the table and its encoding, not
-//! the decision when to raise an alarm (`node/mod.rs`, `space/mod.rs`).
+//! the decision when to raise an alarm (`node/propose.rs`, `node/jobs/space.rs`, `space/mod.rs`).
 
 use heed::RoTxn;
 

@@ -37,6 +37,11 @@ impl Ballast {
         self.size > 0 && self.path.exists()
     }
 
+    /// Whether a ballast is wanted (a non-zero size) and not in place: given back, or never created.
+    pub(crate) fn missing(&self) -> bool {
+        self.size() > 0 && !self.present()
+    }
+
     /// Creates the ballast if it is missing and the file system has room for it with as much again to
     /// spare. Returns whether a ballast is in place afterwards.
     pub fn ensure(&self) -> std::io::Result<bool> {

@@ -197,6 +197,27 @@ impl Space {
         }
     }
 
+    /// A member's space at start: the quota as etcd announces it, and the disk-full ballast put in
+    /// place in `member_dir` (if it cannot be yet, the node tries again later).
+    pub(crate) fn open(member_dir: &Path, quota: Quota, ballast_bytes: u64) -> Space {
+        let space = Space::new(quota, Ballast::new(member_dir.join("ballast"), ballast_bytes));
+        match quota {
+            Quota::Bytes(bytes) if bytes > MAX_RECOMMENDED_QUOTA_BYTES => {
+                tracing::warn!(
+                    quota_bytes = bytes,
+                    maximum_recommended_bytes = MAX_RECOMMENDED_QUOTA_BYTES,
+                    "quota exceeds the maximum value"
+                );
+            }
+            Quota::Bytes(bytes) => tracing::info!(quota_bytes = bytes, "enabled backend quota"),
+            Quota::Disabled { .. } => tracing::info!("disabled backend quota"),
+        }
+        if let Err(e) = space.ballast().ensure() {
+            tracing::warn!(error = %e, "cannot put the disk-full ballast in place; will try again later");
+        }
+        space
+    }
+
     /// etcd's default quota and no ballast (tests, tools).
     pub fn without_ballast() -> Space {
         Space::new(Quota::Bytes(DEFAULT_QUOTA_BYTES), Ballast::new(Path::new("").to_path_buf(), 0))

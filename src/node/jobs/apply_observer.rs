@@ -1,0 +1,62 @@
+//! The apply loop's observer: called on the apply thread after each applied batch (or snapshot
+//! install), it keeps what the node derives from the applied state current — the latest revision and
+//! auth state, the lease clock, the count towards the next snapshot — and hands the batch to the
+//! commit broadcast, whose one subscriber is the watch hub (`watch_hub/`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::lease::lessor::Lessor;
+use crate::node::latest_applied::LatestApplied;
+use crate::raft::state_machine::{Committed, State};
+use crate::watch_hub::WatchHub;
+
+/// Committed batches the broadcast holds for a subscriber that falls behind (the watch hub, which
+/// keeps its own backlog bounded in bytes; behind by more, its watchers replay from LMDB).
+const COMMITTED_BACKLOG: usize = 1024;
+
+/// What observing the applied state starts.
+pub(in crate::node) struct Observed {
+    /// The watchers' side of the commit broadcast.
+    pub(in crate::node) watch_hub: Arc<WatchHub>,
+    /// Notified each time `--snapshot-count` requests were applied since the last snapshot.
+    pub(in crate::node) snapshot_due: Arc<tokio::sync::Notify>,
+}
+
+/// Installs the observer on `state` and starts the watch hub, before anything is applied.
+pub(in crate::node) fn observe(
+    state: &State,
+    lessor: Arc<Lessor>,
+    latest: Arc<LatestApplied>,
+    snapshot_count: u64,
+) -> Observed {
+    let (committed, _) = tokio::sync::broadcast::channel(COMMITTED_BACKLOG);
+    // Subscribed before anything is applied: the hub sees every batch from the store's revision on.
+    let watch_hub = WatchHub::start(committed.subscribe(), latest.revision());
+    let snapshot_due = Arc::new(tokio::sync::Notify::new());
+    let due = snapshot_due.clone();
+    let since_snapshot = AtomicU64::new(0);
+    state.observe(Box::new(move |mut batch: Committed| {
+        // Only the apply thread calls this: load and store need not be one atomic step.
+        let applied = since_snapshot.load(Ordering::Relaxed) + batch.requests;
+        if applied >= snapshot_count {
+            due.notify_one();
+        }
+        since_snapshot.store(if applied >= snapshot_count { 0 } else { applied }, Ordering::Relaxed);
+        latest.record(&batch);
+        for &(id, ttl) in &batch.effects.granted {
+            lessor.granted(id, ttl);
+        }
+        for &id in &batch.effects.revoked {
+            lessor.revoked(id);
+        }
+        if let Some(installed) = &mut batch.installed {
+            // A snapshot install: the lease clock follows the installed lease table. Taken out: the
+            // broadcast keeps the last batches.
+            lessor.follow_installed(std::mem::take(&mut installed.leases));
+        }
+        // No subscriber is fine: nobody is watching.
+        let _ = committed.send(Arc::new(batch));
+    }));
+    Observed { watch_hub, snapshot_due }
+}
