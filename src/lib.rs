@@ -51,9 +51,9 @@ pub use frontend::connection_limits::{admitted_tcp, Admission};
 pub use frontend::tls::client::TlsConnector;
 
 // Integration tests that reach below the wire: the token settings the flag fuzzer compares
-// (`tests/fuzz_config.rs`), the peer client (`tests/peer_port.rs`), the state machine whose snapshot
-// memory is measured (`tests/snapshot_memory.rs`) and the raft log read back after a power loss
-// (`tests/durability.rs`).
+// (`tests/it/fuzz_config.rs`), the peer client (`tests/it/peer_port.rs`), the state machine whose snapshot
+// memory is measured (`tests/it/snapshot_memory.rs`) and the raft log read back after a power loss
+// (`tests/it/durability.rs`).
 pub use auth::token_config::{JwtOptions, SignMethod, TokenConfig, DEFAULT_JWT_TTL};
 pub use frontend::tls::client::{client_config, lazy_channel};
 pub use raft::log::wal::Wal;

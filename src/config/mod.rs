@@ -53,7 +53,7 @@ pub struct Config {
     pub heartbeat_interval: std::time::Duration,
     pub election_timeout: std::time::Duration,
     pub max_request_bytes: usize,
-    /// Client connection bounds and HTTP/2 settings (`server/connections.rs`).
+    /// Client connection bounds and HTTP/2 settings (`frontend/connection_limits.rs`).
     pub connections: crate::frontend::connection_limits::ConnectionLimits,
     pub max_txn_ops: usize,
     pub snapshot_count: u64,

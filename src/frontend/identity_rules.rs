@@ -18,8 +18,8 @@ pub(crate) fn identity_rules(tls: Option<&TlsSettings>) -> Result<IdentityRules,
 #[cfg(test)]
 mod tests {
     //! Every check on a forwarded certificate, each with the twin that passes it, and etcd's order of
-    //! who is calling, through the rules a listener's flags set (moved here with `identity_rules` from
-    //! `frontend/identity.rs`). The PKI is made with rcgen at run time.
+    //! who is calling, through the rules a listener's flags set. The PKI is made with rcgen at run
+    //! time.
 
     use std::path::Path;
 

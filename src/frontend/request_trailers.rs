@@ -1,5 +1,5 @@
 //! Request bodies without their trailers: what every listener hands on, so that metadata is the
-//! request's headers and nothing else (`metadata.rs`).
+//! request's headers and nothing else (`identity/metadata.rs`).
 //!
 //! Why: for a unary or server-streaming call, tonic reads the request's trailers after the message and
 //! merges them into the metadata, replacing header values of the same name. A client that put

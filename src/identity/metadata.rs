@@ -6,7 +6,7 @@
 //!
 //! - **Headers only.** Metadata is the request's headers. Request trailers never count: tonic would
 //!   merge a unary call's request trailers into its metadata, replacing the header values, so every
-//!   listener drops them before tonic sees the request (`request_trailers.rs`, applied to every
+//!   listener drops them before tonic sees the request (`frontend/request_trailers.rs`, applied to every
 //!   listener of a member in `server/mod.rs`, and by the proxy to every call it forwards). gRPC
 //!   clients send no request trailers; nothing legitimate is lost.
 //! - **A client sends no `keyward-` name.** Those are spoken between keyward processes only. The

@@ -163,7 +163,7 @@ impl<W: std::io::Write> std::io::Write for OneLineWriter<W> {
     }
 }
 
-/// etcd's zap encoder: `{"level":"info","ts":"…","caller":"file.rs:12","msg":"…",…fields}`.
+/// etcd's zap encoder: `{"level":"info","ts":"…","caller":"mvcc/kv.rs:12","msg":"…",…fields}`.
 struct ZapJson;
 
 impl<S, N> FormatEvent<S, N> for ZapJson

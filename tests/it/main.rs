@@ -24,6 +24,7 @@ mod cluster;
 mod connections;
 mod defrag;
 mod deploy;
+mod doc_paths;
 mod durability;
 mod etcd_config;
 mod etcdctl_endpoints;
