@@ -2,10 +2,11 @@
 //!
 //! etcd encodes all three in a `(key, range_end)` pair; this type decides which one once, at the edge.
 
+#[cfg(test)]
 use std::cmp::Ordering;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum KeyRange {
+pub(crate) enum KeyRange {
     /// Exactly one key (`range_end` empty).
     Single(Vec<u8>),
     /// `[start, end)`; empty when `end <= start`.
@@ -15,7 +16,7 @@ pub enum KeyRange {
 }
 
 impl KeyRange {
-    pub fn new(key: &[u8], range_end: &[u8]) -> Self {
+    pub(crate) fn new(key: &[u8], range_end: &[u8]) -> Self {
         match range_end {
             [] => KeyRange::Single(key.to_vec()),
             [0] => KeyRange::From(key.to_vec()),
@@ -23,7 +24,7 @@ impl KeyRange {
         }
     }
 
-    pub fn start(&self) -> &[u8] {
+    pub(crate) fn start(&self) -> &[u8] {
         match self {
             KeyRange::Single(k) | KeyRange::From(k) => k,
             KeyRange::Span { start, .. } => start,
@@ -31,7 +32,7 @@ impl KeyRange {
     }
 
     /// The exclusive upper bound, or `None` when the range runs to the end of the key space.
-    pub fn end(&self) -> Option<std::borrow::Cow<'_, [u8]>> {
+    pub(crate) fn end(&self) -> Option<std::borrow::Cow<'_, [u8]>> {
         match self {
             KeyRange::Single(k) => {
                 let mut next = k.clone();
@@ -43,7 +44,7 @@ impl KeyRange {
         }
     }
 
-    pub fn contains(&self, key: &[u8]) -> bool {
+    pub(crate) fn contains(&self, key: &[u8]) -> bool {
         match self {
             KeyRange::Single(k) => k == key,
             KeyRange::Span { start, end } => start.as_slice() <= key && key < end.as_slice(),
@@ -51,8 +52,9 @@ impl KeyRange {
         }
     }
 
+    #[cfg(test)]
     /// Whether two ranges share at least one key.
-    pub fn intersects(&self, other: &KeyRange) -> bool {
+    pub(crate) fn intersects(&self, other: &KeyRange) -> bool {
         let (a_start, a_end) = (self.start(), self.end());
         let (b_start, b_end) = (other.start(), other.end());
         let below = |start: &[u8], end: &Option<std::borrow::Cow<'_, [u8]>>| match end {
@@ -62,7 +64,7 @@ impl KeyRange {
         below(a_start, &b_end) && below(b_start, &a_end) && !self.is_empty() && !other.is_empty()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         matches!(self, KeyRange::Span { start, end } if end <= start)
     }
 }

@@ -51,11 +51,18 @@ pub use frontend::connection_limits::{admitted_tcp, Admission};
 pub use frontend::tls::client::TlsConnector;
 
 // Integration tests that reach below the wire: the token settings the flag fuzzer compares
-// (`tests/it/fuzz_config.rs`), the peer client (`tests/it/peer_port.rs`), the state machine whose snapshot
-// memory is measured (`tests/it/snapshot_memory.rs`) and the raft log read back after a power loss
-// (`tests/it/durability.rs`).
+// (`tests/it/fuzz_config.rs`), the peer client (`tests/it/peer_port.rs`), the state machine whose
+// snapshot memory is measured through openraft's traits (`tests/it/snapshot_memory.rs`; only `open`
+// is its own), and the raft log's last purged index after a power loss (`tests/it/durability.rs`,
+// `raft_log_last_purged_index` below).
 pub use auth::token_config::{JwtOptions, SignMethod, TokenConfig, DEFAULT_JWT_TTL};
 pub use frontend::tls::client::{client_config, lazy_channel};
-pub use raft::log::wal::Wal;
 pub use raft::state_machine::StateMachine;
 pub use raft::{Entry, LogId, RaftBatch};
+
+/// The last log index the raft log in `wal_dir` has purged (compacted into a snapshot), 0 for none;
+/// opening the log may cut a torn tail. For `tests/it/durability.rs`, which reads it after a power
+/// loss: the log itself stays private.
+pub fn raft_log_last_purged_index(wal_dir: &std::path::Path) -> std::io::Result<u64> {
+    Ok(raft::log::wal::Wal::open(wal_dir)?.state().last_purged.map_or(0, |id| id.index))
+}

@@ -14,7 +14,7 @@ use crate::proto::mvccpb::Event;
 /// What an applied entry changed, for the observers told after the transaction commits
 /// (watchers, the lease clock, the auth state).
 #[derive(Debug, Default, Clone)]
-pub struct Effects {
+pub(crate) struct Effects {
     pub events: Vec<Event>,
     pub granted: Vec<(i64, i64)>,
     pub revoked: Vec<i64>,

@@ -30,7 +30,7 @@ pub struct AuditConfig {
 
 /// One auth decision.
 #[derive(Debug, Serialize)]
-pub struct Decision<'a> {
+pub(crate) struct Decision<'a> {
     pub time: String,
     pub member: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -50,7 +50,7 @@ pub struct Decision<'a> {
     pub raft_index: Option<u64>,
 }
 
-pub struct AuditLog {
+pub(crate) struct AuditLog {
     config: AuditConfig,
     member: String,
     file: Mutex<Open>,
@@ -63,18 +63,18 @@ struct Open {
 
 impl AuditLog {
     /// Opens (appends to) the log; `member` names this member in every line.
-    pub fn open(config: AuditConfig, member: String) -> Result<AuditLog, String> {
+    pub(crate) fn open(config: AuditConfig, member: String) -> Result<AuditLog, String> {
         let file = open_append(&config.path)?;
         let size = file.metadata().map(|m| m.len()).unwrap_or(0);
         Ok(AuditLog { config, member, file: Mutex::new(Open { file, size }) })
     }
 
-    pub fn member(&self) -> &str {
+    pub(crate) fn member(&self) -> &str {
         &self.member
     }
 
     /// Writes one decision as a JSON line (rotating first if the file is full).
-    pub fn record(&self, decision: &Decision<'_>) {
+    pub(crate) fn record(&self, decision: &Decision<'_>) {
         let mut line = match serde_json::to_vec(decision) {
             Ok(line) => line,
             Err(e) => return failed(&format!("encode: {e}")),

@@ -14,7 +14,7 @@ use super::permissions::PermissionSet;
 /// Whose permissions an auth mutation changed: the cache entries it invalidates, and the live watchers
 /// whose read permission must be checked again. The store's mutations report it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Affected {
+pub(crate) enum Affected {
     Nobody,
     Users(Vec<String>),
     Everyone,
@@ -22,7 +22,7 @@ pub enum Affected {
 
 /// What a user may do: everything (root) or what its roles' merged permissions allow.
 #[derive(Debug)]
-pub enum UserPermissions {
+pub(crate) enum UserPermissions {
     Root,
     Granted(PermissionSet),
 }
@@ -30,13 +30,13 @@ pub enum UserPermissions {
 /// What a check needs of one user: its permissions, and since when its credentials stand (tokens
 /// issued before are void; `AuthStore::token_valid`).
 #[derive(Debug)]
-pub struct CachedUser {
+pub(crate) struct CachedUser {
     pub credentials_revision: u64,
     pub permissions: UserPermissions,
 }
 
 #[derive(Default)]
-pub struct PermissionCache {
+pub(crate) struct PermissionCache {
     entries: Mutex<HashMap<String, (u64, Arc<CachedUser>)>>,
 }
 
@@ -46,16 +46,16 @@ impl PermissionCache {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn get(&self, user: &str, revision: u64) -> Option<Arc<CachedUser>> {
+    pub(crate) fn get(&self, user: &str, revision: u64) -> Option<Arc<CachedUser>> {
         self.lock().get(user).filter(|(at, _)| *at == revision).map(|(_, p)| p.clone())
     }
 
-    pub fn insert(&self, user: &str, revision: u64, permissions: Arc<CachedUser>) {
+    pub(crate) fn insert(&self, user: &str, revision: u64, permissions: Arc<CachedUser>) {
         self.lock().insert(user.to_string(), (revision, permissions));
     }
 
     /// Moves unaffected entries built at `from` to `to`; drops the rest.
-    pub fn advance(&self, from: u64, to: u64, affected: &Affected) {
+    pub(crate) fn advance(&self, from: u64, to: u64, affected: &Affected) {
         let mut entries = self.lock();
         entries.retain(|user, (at, _)| {
             let keep = *at == from
@@ -72,7 +72,7 @@ impl PermissionCache {
     }
 
     /// Forgets everything (snapshot install).
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         self.lock().clear();
     }
 }

@@ -76,7 +76,7 @@ struct Verified {
 }
 
 /// Issues and verifies JWTs. All methods take `&self`; share it in an `Arc`.
-pub struct JwtTokens {
+pub(crate) struct JwtTokens {
     sign_method: SignMethod,
     algorithm: Algorithm,
     ttl: Duration,
@@ -253,7 +253,7 @@ fn validation(alg: Algorithm) -> Validation {
 impl JwtTokens {
     /// Reads the key files named in `opts` and checks that they fit the sign method and each other.
     /// The error is a message for the operator, naming the file and the problem.
-    pub fn new(opts: &JwtOptions) -> Result<JwtTokens, String> {
+    pub(crate) fn new(opts: &JwtOptions) -> Result<JwtTokens, String> {
         let alg = algorithm_of(opts.sign_method)?;
         if opts.ttl < Duration::from_secs(1) {
             return Err("--auth-token: jwt ttl must be at least 1s".into());
@@ -313,16 +313,13 @@ impl JwtTokens {
         Ok(())
     }
 
-    pub fn sign_method(&self) -> SignMethod {
+    #[cfg(test)]
+    pub(crate) fn sign_method(&self) -> SignMethod {
         self.sign_method
     }
 
-    pub fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
     /// True when only a public key was given: tokens can be verified but not issued.
-    pub fn is_verify_only(&self) -> bool {
+    pub(crate) fn is_verify_only(&self) -> bool {
         self.encoding_key.is_none()
     }
 
@@ -330,7 +327,7 @@ impl JwtTokens {
     ///
     /// In verify-only mode this fails, as etcd's `ErrVerifyOnly` ("auth: token signing attempted with
     /// verify-only key"), here as `EtcdError::Unsupported` with that text.
-    pub fn sign(&self, username: &str, revision: u64) -> Result<String, EtcdError> {
+    pub(crate) fn sign(&self, username: &str, revision: u64) -> Result<String, EtcdError> {
         let exp = SystemTime::now()
             .checked_add(self.ttl)
             .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
@@ -355,7 +352,7 @@ impl JwtTokens {
     }
 
     /// Checks a token and returns its (username, revision). Every failure is `InvalidAuthToken`.
-    pub fn verify(&self, token: &str) -> Result<(String, u64), EtcdError> {
+    pub(crate) fn verify(&self, token: &str) -> Result<(String, u64), EtcdError> {
         self.verify_at(token, unix_now())
     }
 

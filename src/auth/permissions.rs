@@ -53,7 +53,7 @@ use crate::proto::authpb::{permission::Type as PermType, Permission};
 
 /// The kind of access a request needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Access {
+pub(crate) enum Access {
     /// Range, watch, and the read side of a txn's compares and gets.
     Read,
     /// Put, delete-range, and the write side of a txn.
@@ -116,13 +116,13 @@ impl Interval {
 /// Invariant: every interval is non-empty and `intervals[i].end < intervals[i + 1].start`, so the key
 /// `intervals[i].end` is never covered and union coverage equals containment in one interval.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct IntervalSet {
+pub(crate) struct IntervalSet {
     intervals: Vec<Interval>,
 }
 
 impl IntervalSet {
     /// Merges any number of key ranges (in any order, overlapping or not) into a set. O(n log n).
-    pub fn from_ranges<R: Borrow<KeyRange>>(ranges: impl IntoIterator<Item = R>) -> Self {
+    pub(crate) fn from_ranges<R: Borrow<KeyRange>>(ranges: impl IntoIterator<Item = R>) -> Self {
         let mut pieces: Vec<Interval> = ranges.into_iter().filter_map(|range| Interval::of(range.borrow())).collect();
         pieces.sort_unstable_by(|a, b| a.start.cmp(&b.start));
 
@@ -146,7 +146,7 @@ impl IntervalSet {
     ///
     /// An inverted or empty span (`end <= start`) is covered iff its start key is (see the module docs); a
     /// from-key range only by an unbounded interval starting at or before its key.
-    pub fn covers(&self, range: &KeyRange) -> bool {
+    pub(crate) fn covers(&self, range: &KeyRange) -> bool {
         match range {
             KeyRange::Single(key) => self.containing(key).is_some(),
             KeyRange::Span { start, end } if end <= start => self.containing(start).is_some(),
@@ -155,18 +155,21 @@ impl IntervalSet {
         }
     }
 
+    #[cfg(test)]
     /// Whether the set grants no key at all.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.intervals.is_empty()
     }
 
+    #[cfg(test)]
     /// The number of merged intervals.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.intervals.len()
     }
 
+    #[cfg(test)]
     /// The merged intervals in key order, as `(start, end)`; `end` is `None` when unbounded.
-    pub fn iter(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> + '_ {
         self.intervals.iter().map(|iv| {
             let end = match &iv.end {
                 End::Key(end) => Some(end.as_slice()),
@@ -192,14 +195,14 @@ impl<R: Borrow<KeyRange>> FromIterator<R> for IntervalSet {
 
 /// Everything one user may read and write: the permissions of all of their roles, merged.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct PermissionSet {
+pub(crate) struct PermissionSet {
     pub read: IntervalSet,
     pub write: IntervalSet,
 }
 
 impl PermissionSet {
     /// READ grants go to the read set, WRITE to the write set, READWRITE to both; unknown types are ignored.
-    pub fn from_permissions<'a>(perms: impl IntoIterator<Item = &'a Permission>) -> Self {
+    pub(crate) fn from_permissions<'a>(perms: impl IntoIterator<Item = &'a Permission>) -> Self {
         let (mut read, mut write) = (Vec::new(), Vec::new());
         for perm in perms {
             let Ok(perm_type) = PermType::try_from(perm.perm_type) else {
@@ -219,7 +222,7 @@ impl PermissionSet {
     }
 
     /// Whether `access` to every key of `range` is granted. O(log n).
-    pub fn allows(&self, access: Access, range: &KeyRange) -> bool {
+    pub(crate) fn allows(&self, access: Access, range: &KeyRange) -> bool {
         match access {
             Access::Read => self.read.covers(range),
             Access::Write => self.write.covers(range),

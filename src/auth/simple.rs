@@ -19,7 +19,7 @@ struct Entry {
     expires: Instant,
 }
 
-pub struct SimpleTokens {
+pub(crate) struct SimpleTokens {
     ttl: Duration,
     tokens: Mutex<HashMap<String, Entry>>,
 }
@@ -28,7 +28,7 @@ pub struct SimpleTokens {
 const PREFIX_LEN: usize = 16;
 
 impl SimpleTokens {
-    pub fn new(ttl: Duration) -> Self {
+    pub(crate) fn new(ttl: Duration) -> Self {
         SimpleTokens { ttl, tokens: Mutex::new(HashMap::new()) }
     }
 
@@ -37,26 +37,26 @@ impl SimpleTokens {
     }
 
     /// The random part of a new token, chosen by the API layer before proposing.
-    pub fn prefix() -> String {
+    pub(crate) fn prefix() -> String {
         const LETTERS: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
         let mut rng = rand::rng();
         (0..PREFIX_LEN).map(|_| LETTERS[rng.random_range(0..LETTERS.len())] as char).collect()
     }
 
     /// What the Authenticate entry carries for `prefix`: its SHA-256, in hex.
-    pub fn digest(prefix: &str) -> String {
+    pub(crate) fn digest(prefix: &str) -> String {
         use sha2::Digest;
         sha2::Sha256::digest(prefix.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
     }
 
     /// The token a client gets for `prefix`, issued by the entry at `index`.
-    pub fn token(prefix: &str, index: u64) -> String {
+    pub(crate) fn token(prefix: &str, index: u64) -> String {
         format!("{prefix}.{index}")
     }
 
     /// Records the token whose prefix has `digest`, issued at `index` (apply phase). Expired tokens
     /// are swept at the same time.
-    pub fn assign(&self, digest: &str, index: u64, user: &str, revision: u64) {
+    pub(crate) fn assign(&self, digest: &str, index: u64, user: &str, revision: u64) {
         let now = Instant::now();
         let mut tokens = self.lock();
         tokens.retain(|_, e| e.expires > now);
@@ -65,7 +65,7 @@ impl SimpleTokens {
     }
 
     /// The token's user and revision; using a token extends its life by the TTL.
-    pub fn info(&self, token: &str) -> Option<(String, u64)> {
+    pub(crate) fn info(&self, token: &str) -> Option<(String, u64)> {
         let (prefix, index) = token.rsplit_once('.')?;
         let key = format!("{}.{index}", Self::digest(prefix));
         let now = Instant::now();
@@ -79,17 +79,17 @@ impl SimpleTokens {
         Some((entry.user.clone(), entry.revision))
     }
 
-    pub fn invalidate_user(&self, user: &str) {
+    pub(crate) fn invalidate_user(&self, user: &str) {
         self.lock().retain(|_, e| e.user != user);
     }
 
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         self.lock().clear();
     }
 
     /// Keeps only the tokens for which `valid(user, issued at)` holds (after a snapshot install: see
     /// `State::rebuild_after_install`).
-    pub fn retain(&self, mut valid: impl FnMut(&str, u64) -> bool) {
+    pub(crate) fn retain(&self, mut valid: impl FnMut(&str, u64) -> bool) {
         self.lock().retain(|_, e| valid(&e.user, e.revision));
     }
 }

@@ -28,7 +28,7 @@ const REVISION: &[u8] = b"revision";
 /// The auth revision of the last disable: every token issued before it is void.
 const DISABLED_AT: &[u8] = b"disabled_at";
 
-pub struct AuthStore {
+pub(crate) struct AuthStore {
     users: Table,
     roles: Table,
     meta: Db,
@@ -43,9 +43,9 @@ fn corrupt() -> EtcdError {
 }
 
 impl AuthStore {
-    pub const TABLES: [&'static str; 3] = ["auth_users", "auth_roles", "auth_meta"];
+    pub(crate) const TABLES: [&'static str; 3] = ["auth_users", "auth_roles", "auth_meta"];
 
-    pub fn new([users, roles, meta]: [Db; 3], long: LongKeys) -> Self {
+    pub(crate) fn new([users, roles, meta]: [Db; 3], long: LongKeys) -> Self {
         AuthStore {
             users: Table::new(users, long),
             roles: Table::new(roles, long),
@@ -55,16 +55,16 @@ impl AuthStore {
         }
     }
 
-    pub fn tables(&self) -> [Db; 3] {
+    pub(crate) fn tables(&self) -> [Db; 3] {
         [self.users.main_db(), self.roles.main_db(), self.meta]
     }
 
-    pub fn enabled(&self, txn: &RoTxn) -> Result<bool, EtcdError> {
+    pub(crate) fn enabled(&self, txn: &RoTxn) -> Result<bool, EtcdError> {
         Ok(self.meta.get(txn, ENABLED)? == Some(&[1][..]))
     }
 
     /// The auth revision; a fresh store is at 1, as etcd's.
-    pub fn revision(&self, txn: &RoTxn) -> Result<u64, EtcdError> {
+    pub(crate) fn revision(&self, txn: &RoTxn) -> Result<u64, EtcdError> {
         match self.meta.get(txn, REVISION)? {
             None => Ok(1),
             Some(bytes) => Ok(u64::from_be_bytes(bytes.try_into().map_err(|_| corrupt())?)),
@@ -72,7 +72,7 @@ impl AuthStore {
     }
 
     /// Tokens issued before this auth revision are void, whoever they belong to (0: none yet).
-    pub fn tokens_valid_from(&self, txn: &RoTxn) -> Result<u64, EtcdError> {
+    pub(crate) fn tokens_valid_from(&self, txn: &RoTxn) -> Result<u64, EtcdError> {
         match self.meta.get(txn, DISABLED_AT)? {
             None => Ok(0),
             Some(bytes) => Ok(u64::from_be_bytes(bytes.try_into().map_err(|_| corrupt())?)),
@@ -81,21 +81,21 @@ impl AuthStore {
 
     /// Whether a token of `name` issued at auth revision `issued` still stands: the user exists,
     /// its credentials are the ones the token was issued for, and auth was not disabled since.
-    pub fn token_valid(&self, txn: &RoTxn, name: &str, issued: u64) -> Result<bool, EtcdError> {
+    pub(crate) fn token_valid(&self, txn: &RoTxn, name: &str, issued: u64) -> Result<bool, EtcdError> {
         let Some(user) = self.user(txn, name)? else { return Ok(false) };
         Ok(issued >= user.credentials_revision && issued >= self.tokens_valid_from(txn)?)
     }
 
-    pub fn user(&self, txn: &RoTxn, name: &str) -> Result<Option<User>, EtcdError> {
+    pub(crate) fn user(&self, txn: &RoTxn, name: &str) -> Result<Option<User>, EtcdError> {
         self.users.get(txn, name.as_bytes())?.map(|b| User::decode(b).map_err(|_| corrupt())).transpose()
     }
 
-    pub fn role(&self, txn: &RoTxn, name: &str) -> Result<Option<Role>, EtcdError> {
+    pub(crate) fn role(&self, txn: &RoTxn, name: &str) -> Result<Option<Role>, EtcdError> {
         self.roles.get(txn, name.as_bytes())?.map(|b| Role::decode(b).map_err(|_| corrupt())).transpose()
     }
 
     /// All user names in byte order (etcd lists them sorted).
-    pub fn user_names(&self, txn: &RoTxn) -> Result<Vec<String>, EtcdError> {
+    pub(crate) fn user_names(&self, txn: &RoTxn) -> Result<Vec<String>, EtcdError> {
         let mut out = Vec::new();
         for item in self.users.iter(txn)? {
             let (name, _) = item?;
@@ -104,7 +104,7 @@ impl AuthStore {
         Ok(out)
     }
 
-    pub fn role_names(&self, txn: &RoTxn) -> Result<Vec<String>, EtcdError> {
+    pub(crate) fn role_names(&self, txn: &RoTxn) -> Result<Vec<String>, EtcdError> {
         let mut out = Vec::new();
         for item in self.roles.iter(txn)? {
             let (name, _) = item?;
@@ -141,7 +141,7 @@ impl AuthStore {
         Ok(affected)
     }
 
-    pub fn enable(&self, txn: &mut RwTxn) -> Result<Affected, EtcdError> {
+    pub(crate) fn enable(&self, txn: &mut RwTxn) -> Result<Affected, EtcdError> {
         if self.enabled(txn)? {
             return Ok(Affected::Nobody);
         }
@@ -154,7 +154,7 @@ impl AuthStore {
         Ok(Affected::Everyone)
     }
 
-    pub fn disable(&self, txn: &mut RwTxn) -> Result<Affected, EtcdError> {
+    pub(crate) fn disable(&self, txn: &mut RwTxn) -> Result<Affected, EtcdError> {
         if !self.enabled(txn)? {
             return Ok(Affected::Nobody);
         }
@@ -164,7 +164,7 @@ impl AuthStore {
         Ok(affected)
     }
 
-    pub fn user_add(
+    pub(crate) fn user_add(
         &self,
         txn: &mut RwTxn,
         name: &str,
@@ -190,7 +190,7 @@ impl AuthStore {
         self.commit_revision(txn, Affected::Users(vec![name.to_string()]))
     }
 
-    pub fn user_delete(&self, txn: &mut RwTxn, name: &str) -> Result<Affected, EtcdError> {
+    pub(crate) fn user_delete(&self, txn: &mut RwTxn, name: &str) -> Result<Affected, EtcdError> {
         if self.enabled(txn)? && name == ROOT_USER {
             return Err(EtcdError::InvalidAuthMgmt);
         }
@@ -201,7 +201,7 @@ impl AuthStore {
         self.commit_revision(txn, Affected::Users(vec![name.to_string()]))
     }
 
-    pub fn user_change_password(
+    pub(crate) fn user_change_password(
         &self,
         txn: &mut RwTxn,
         name: &str,
@@ -214,7 +214,7 @@ impl AuthStore {
         self.commit_revision(txn, Affected::Users(vec![name.to_string()]))
     }
 
-    pub fn user_grant_role(&self, txn: &mut RwTxn, name: &str, role: &str) -> Result<Affected, EtcdError> {
+    pub(crate) fn user_grant_role(&self, txn: &mut RwTxn, name: &str, role: &str) -> Result<Affected, EtcdError> {
         let mut user = self.user(txn, name)?.ok_or(EtcdError::UserNotFound)?;
         // The root role need not exist as a record: granting it makes a user root.
         if role != ROOT_ROLE && self.role(txn, role)?.is_none() {
@@ -230,7 +230,7 @@ impl AuthStore {
         }
     }
 
-    pub fn user_revoke_role(&self, txn: &mut RwTxn, name: &str, role: &str) -> Result<Affected, EtcdError> {
+    pub(crate) fn user_revoke_role(&self, txn: &mut RwTxn, name: &str, role: &str) -> Result<Affected, EtcdError> {
         if self.enabled(txn)? && name == ROOT_USER && role == ROOT_ROLE {
             return Err(EtcdError::InvalidAuthMgmt);
         }
@@ -244,7 +244,7 @@ impl AuthStore {
         self.commit_revision(txn, Affected::Users(vec![name.to_string()]))
     }
 
-    pub fn role_add(&self, txn: &mut RwTxn, name: &str) -> Result<Affected, EtcdError> {
+    pub(crate) fn role_add(&self, txn: &mut RwTxn, name: &str) -> Result<Affected, EtcdError> {
         if name.is_empty() {
             return Err(EtcdError::RoleEmpty);
         }
@@ -256,7 +256,7 @@ impl AuthStore {
         self.commit_revision(txn, Affected::Nobody)
     }
 
-    pub fn role_delete(&self, txn: &mut RwTxn, name: &str) -> Result<Affected, EtcdError> {
+    pub(crate) fn role_delete(&self, txn: &mut RwTxn, name: &str) -> Result<Affected, EtcdError> {
         if self.enabled(txn)? && name == ROOT_ROLE {
             return Err(EtcdError::InvalidAuthMgmt);
         }
@@ -273,7 +273,12 @@ impl AuthStore {
         self.commit_revision(txn, Affected::Users(affected))
     }
 
-    pub fn role_grant_permission(&self, txn: &mut RwTxn, name: &str, perm: Permission) -> Result<Affected, EtcdError> {
+    pub(crate) fn role_grant_permission(
+        &self,
+        txn: &mut RwTxn,
+        name: &str,
+        perm: Permission,
+    ) -> Result<Affected, EtcdError> {
         let mut role = self.role(txn, name)?.ok_or(EtcdError::RoleNotFound)?;
         match role.key_permission.iter_mut().find(|p| p.key == perm.key && p.range_end == perm.range_end) {
             Some(existing) => existing.perm_type = perm.perm_type,
@@ -290,7 +295,7 @@ impl AuthStore {
         )
     }
 
-    pub fn role_revoke_permission(
+    pub(crate) fn role_revoke_permission(
         &self,
         txn: &mut RwTxn,
         name: &str,
@@ -315,15 +320,15 @@ impl AuthStore {
 /// Writing another store's auth state as it stands (`keyward migrate`): no mutation semantics, no
 /// revision bumps, so the records, the enabled flag and the revision are exactly the source's.
 impl AuthStore {
-    pub fn import_user(&self, txn: &mut RwTxn, user: &User) -> Result<(), EtcdError> {
+    pub(crate) fn import_user(&self, txn: &mut RwTxn, user: &User) -> Result<(), EtcdError> {
         self.put_user(txn, user)
     }
 
-    pub fn import_role(&self, txn: &mut RwTxn, role: &Role) -> Result<(), EtcdError> {
+    pub(crate) fn import_role(&self, txn: &mut RwTxn, role: &Role) -> Result<(), EtcdError> {
         self.put_role(txn, role)
     }
 
-    pub fn import_state(&self, txn: &mut RwTxn, enabled: bool, revision: u64) -> Result<(), EtcdError> {
+    pub(crate) fn import_state(&self, txn: &mut RwTxn, enabled: bool, revision: u64) -> Result<(), EtcdError> {
         self.meta.put(txn, ENABLED, &[u8::from(enabled)])?;
         self.meta.put(txn, REVISION, &revision.to_be_bytes())?;
         Ok(())

@@ -9,13 +9,13 @@ use super::token_config::TokenConfig;
 use crate::error::EtcdError;
 use crate::identity::TokenResolver;
 
-pub enum Tokens {
+pub(crate) enum Tokens {
     Simple(SimpleTokens),
     Jwt(Box<JwtTokens>),
 }
 
 impl Tokens {
-    pub fn new(config: &TokenConfig, simple_ttl: Duration) -> Result<Self, String> {
+    pub(crate) fn new(config: &TokenConfig, simple_ttl: Duration) -> Result<Self, String> {
         Ok(match config {
             TokenConfig::Simple => Tokens::Simple(SimpleTokens::new(simple_ttl)),
             TokenConfig::Jwt(options) => Tokens::Jwt(Box::new(JwtTokens::new(options)?)),
@@ -23,14 +23,14 @@ impl Tokens {
     }
 
     /// The user and auth revision a token stands for.
-    pub fn resolve(&self, token: &str) -> Result<(String, u64), EtcdError> {
+    pub(crate) fn resolve(&self, token: &str) -> Result<(String, u64), EtcdError> {
         match self {
             Tokens::Simple(simple) => simple.info(token).ok_or(EtcdError::InvalidAuthToken),
             Tokens::Jwt(jwt) => jwt.verify(token),
         }
     }
 
-    pub fn simple(&self) -> Option<&SimpleTokens> {
+    pub(crate) fn simple(&self) -> Option<&SimpleTokens> {
         match self {
             Tokens::Simple(simple) => Some(simple),
             Tokens::Jwt(_) => None,

@@ -14,7 +14,7 @@ use crate::storage::table::{LongKeys, Table};
 use crate::storage::Db;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeaseRecord {
+pub(crate) struct LeaseRecord {
     pub ttl: i64,
     /// Remaining TTL at the last checkpoint; 0 when never checkpointed.
     pub remaining_ttl: i64,
@@ -26,7 +26,7 @@ pub struct LeaseRecord {
 
 impl LeaseRecord {
     /// A lease of `ttl` seconds, never checkpointed, granted by `owner`.
-    pub fn granted(ttl: i64, owner: Option<String>) -> LeaseRecord {
+    pub(crate) fn granted(ttl: i64, owner: Option<String>) -> LeaseRecord {
         LeaseRecord { ttl, remaining_ttl: 0, owner }
     }
 
@@ -40,7 +40,7 @@ impl LeaseRecord {
     }
 }
 
-pub struct LeaseStore {
+pub(crate) struct LeaseStore {
     leases: Db,
     keys: Table,
 }
@@ -61,24 +61,24 @@ fn corrupt() -> EtcdError {
 }
 
 impl LeaseStore {
-    pub const TABLES: [&'static str; 2] = ["leases", "lease_keys"];
+    pub(crate) const TABLES: [&'static str; 2] = ["leases", "lease_keys"];
 
-    pub fn new([leases, keys]: [Db; 2], long: LongKeys) -> Self {
+    pub(crate) fn new([leases, keys]: [Db; 2], long: LongKeys) -> Self {
         LeaseStore { leases, keys: Table::new(keys, long) }
     }
 
-    pub fn tables(&self) -> [Db; 2] {
+    pub(crate) fn tables(&self) -> [Db; 2] {
         [self.leases, self.keys.main_db()]
     }
 
-    pub fn get(&self, txn: &RoTxn, id: i64) -> Result<Option<LeaseRecord>, EtcdError> {
+    pub(crate) fn get(&self, txn: &RoTxn, id: i64) -> Result<Option<LeaseRecord>, EtcdError> {
         match self.leases.get(txn, &id_key(id))? {
             None => Ok(None),
             Some(bytes) => LeaseRecord::decode(bytes).map(Some),
         }
     }
 
-    pub fn all(&self, txn: &RoTxn) -> Result<Vec<(i64, LeaseRecord)>, EtcdError> {
+    pub(crate) fn all(&self, txn: &RoTxn) -> Result<Vec<(i64, LeaseRecord)>, EtcdError> {
         let mut out = Vec::new();
         for item in self.leases.iter(txn)? {
             let (id, bytes) = item?;
@@ -88,13 +88,13 @@ impl LeaseStore {
         Ok(out)
     }
 
-    pub fn put(&self, txn: &mut RwTxn, id: i64, record: &LeaseRecord) -> Result<(), EtcdError> {
+    pub(crate) fn put(&self, txn: &mut RwTxn, id: i64, record: &LeaseRecord) -> Result<(), EtcdError> {
         let bytes = postcard::to_allocvec(record).map_err(|_| EtcdError::Internal)?;
         Ok(self.leases.put(txn, &id_key(id), &bytes)?)
     }
 
     /// Removes the lease and its attachment records (not the keys themselves).
-    pub fn remove(&self, txn: &mut RwTxn, id: i64) -> Result<(), EtcdError> {
+    pub(crate) fn remove(&self, txn: &mut RwTxn, id: i64) -> Result<(), EtcdError> {
         self.leases.delete(txn, &id_key(id))?;
         let (from, to) = (id_key(id), id_key(id.wrapping_add(1)));
         let bounds = (Bound::Included(&from[..]), if id == -1 { Bound::Unbounded } else { Bound::Excluded(&to[..]) });
@@ -102,7 +102,7 @@ impl LeaseStore {
         Ok(())
     }
 
-    pub fn attached_keys(&self, txn: &RoTxn, id: i64) -> Result<Vec<Vec<u8>>, EtcdError> {
+    pub(crate) fn attached_keys(&self, txn: &RoTxn, id: i64) -> Result<Vec<Vec<u8>>, EtcdError> {
         let prefix = id_key(id);
         let mut out = Vec::new();
         for item in self.keys.prefix(txn, &prefix)? {
@@ -112,11 +112,11 @@ impl LeaseStore {
         Ok(out)
     }
 
-    pub fn attach(&self, txn: &mut RwTxn, id: i64, key: &[u8]) -> Result<(), EtcdError> {
+    pub(crate) fn attach(&self, txn: &mut RwTxn, id: i64, key: &[u8]) -> Result<(), EtcdError> {
         Ok(self.keys.put(txn, &attachment(id, key), &[])?)
     }
 
-    pub fn detach(&self, txn: &mut RwTxn, id: i64, key: &[u8]) -> Result<(), EtcdError> {
+    pub(crate) fn detach(&self, txn: &mut RwTxn, id: i64, key: &[u8]) -> Result<(), EtcdError> {
         self.keys.delete(txn, &attachment(id, key))?;
         Ok(())
     }

@@ -16,7 +16,7 @@ pub(crate) const EVENTS_FIELD: u32 = 11;
 
 /// The two forms a watcher may send: with the previous key-value (`prev_kv` watchers), or without.
 #[derive(Debug, Default, Clone)]
-pub struct EncodedEvents {
+pub(crate) struct EncodedEvents {
     plain: OnceLock<Vec<Bytes>>,
     with_prev: OnceLock<Vec<Bytes>>,
 }
@@ -25,7 +25,7 @@ impl EncodedEvents {
     /// Each of `events` encoded as one element of `WatchResponse.events` (the field's key, the
     /// length, the `mvccpb.Event` message), in order. `events` must be the batch's own events, the
     /// same on every call.
-    pub fn get(&self, events: &[Event], prev_kv: bool) -> &[Bytes] {
+    pub(crate) fn get(&self, events: &[Event], prev_kv: bool) -> &[Bytes] {
         let encode = |event: &Event| {
             let mut field = Vec::with_capacity(prost::encoding::message::encoded_len(EVENTS_FIELD, event));
             prost::encoding::message::encode(EVENTS_FIELD, event, &mut field);

@@ -16,7 +16,7 @@ use crate::error::EtcdError;
 
 /// etcd's `HashKV` result: the hash, plus the compacted revision the hash started from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KvHash {
+pub(crate) struct KvHash {
     pub hash: u32,
     pub compact_rev: i64,
 }
@@ -25,7 +25,7 @@ impl ReadView<'_> {
     /// etcd's `Hash`: CRC-32C over every record of every kv table, table by table in key order (each
     /// table's name, then each key and value). The state machine's own bookkeeping (applied log id,
     /// membership) is not kv data and is left out, as etcd leaves out its consistent index.
-    pub fn hash_all(&self) -> Result<u32, EtcdError> {
+    pub(crate) fn hash_all(&self) -> Result<u32, EtcdError> {
         let [live, revs, index, meta] = KvStore::TABLES;
         // Keys are hashed whole, as the tables hold them logically, whatever their length (keys past
         // LMDB's limit are stored in chunks; see `storage/table.rs`).
@@ -43,7 +43,7 @@ impl ReadView<'_> {
     ///
     /// Errors as etcd's: a revision at or below the compacted one is `Compacted` (note: at, unlike
     /// Range), one above the current revision is `FutureRev`.
-    pub fn hash_kv(&self, requested: i64) -> Result<KvHash, EtcdError> {
+    pub(crate) fn hash_kv(&self, requested: i64) -> Result<KvHash, EtcdError> {
         if requested > 0 && requested <= self.compact_rev {
             return Err(EtcdError::Compacted);
         }

@@ -13,7 +13,13 @@ use crate::proto::mvccpb::KeyValue;
 
 impl KvStore {
     /// Records `kv` (a put, or with `deleted` a deletion of `kv.key`) at revision `at`.
-    pub fn import_change(&self, txn: &mut RwTxn, at: Revision, kv: &KeyValue, deleted: bool) -> Result<(), EtcdError> {
+    pub(crate) fn import_change(
+        &self,
+        txn: &mut RwTxn,
+        at: Revision,
+        kv: &KeyValue,
+        deleted: bool,
+    ) -> Result<(), EtcdError> {
         let (tag, record) = if deleted {
             // keyward's tombstone: the key and the revision of the deletion, as `WriteTxn::delete_range`.
             (TAG_TOMBSTONE, KeyValue { key: kv.key.clone(), mod_revision: at.main, ..Default::default() })
@@ -35,7 +41,7 @@ impl KvStore {
 
     /// Sets the current revision and, when the source had compacted, compacts at its revision with
     /// keyward's own compaction (which also finishes one the source had only scheduled).
-    pub fn import_finish(&self, txn: &mut RwTxn, current: i64, compacted: Option<i64>) -> Result<(), EtcdError> {
+    pub(crate) fn import_finish(&self, txn: &mut RwTxn, current: i64, compacted: Option<i64>) -> Result<(), EtcdError> {
         self.meta.put(txn, CURRENT_REV, &current.max(1).to_be_bytes())?;
         match compacted {
             Some(rev) if rev > 0 => {

@@ -8,7 +8,7 @@
 //! are adjacent and sorted, and no key's versions interleave with a longer key sharing its prefix.
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Revision {
+pub(crate) struct Revision {
     pub main: i64,
     pub sub: i64,
 }
@@ -16,18 +16,18 @@ pub struct Revision {
 pub(crate) const REVISION_LEN: usize = 16;
 
 impl Revision {
-    pub fn new(main: i64, sub: i64) -> Self {
+    pub(crate) fn new(main: i64, sub: i64) -> Self {
         Revision { main, sub }
     }
 
-    pub fn to_bytes(self) -> [u8; REVISION_LEN] {
+    pub(crate) fn to_bytes(self) -> [u8; REVISION_LEN] {
         let mut out = [0u8; REVISION_LEN];
         out[..8].copy_from_slice(&(self.main as u64).to_be_bytes());
         out[8..].copy_from_slice(&(self.sub as u64).to_be_bytes());
         out
     }
 
-    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Option<Self> {
         let bytes: &[u8; REVISION_LEN] = bytes.try_into().ok()?;
         let main = u64::from_be_bytes(bytes[..8].try_into().ok()?);
         let sub = u64::from_be_bytes(bytes[8..].try_into().ok()?);

@@ -30,7 +30,7 @@ pub(super) const COMPACT_REV: &[u8] = b"compact_rev";
 pub(super) const TAG_TOMBSTONE: u8 = 0;
 pub(super) const TAG_PUT: u8 = 1;
 
-pub struct KvStore {
+pub(crate) struct KvStore {
     pub(super) live: Table,
     pub(super) revs: Db,
     pub(super) index: Table,
@@ -39,7 +39,7 @@ pub struct KvStore {
 
 /// The keys a range found, plus how many matched in total (etcd reports the total even with a limit).
 #[derive(Debug, Default)]
-pub struct RangeResult {
+pub(crate) struct RangeResult {
     pub kvs: Vec<KeyValue>,
     pub count: usize,
     /// The store's revision the read saw (not the requested historical one), as etcd reports it.
@@ -47,14 +47,14 @@ pub struct RangeResult {
 }
 
 impl KvStore {
-    pub const TABLES: [&'static str; 4] = ["kv_live", "kv_revs", "kv_index", "kv_meta"];
+    pub(crate) const TABLES: [&'static str; 4] = ["kv_live", "kv_revs", "kv_index", "kv_meta"];
 
-    pub fn new([live, revs, index, meta]: [Db; 4], long: LongKeys) -> Self {
+    pub(crate) fn new([live, revs, index, meta]: [Db; 4], long: LongKeys) -> Self {
         KvStore { live: Table::new(live, long), revs, index: Table::new(index, long), meta }
     }
 
     /// A consistent view at the revision committed in `txn`.
-    pub fn view<'a>(&'a self, txn: &'a RoTxn<'a>) -> Result<ReadView<'a>, EtcdError> {
+    pub(crate) fn view<'a>(&'a self, txn: &'a RoTxn<'a>) -> Result<ReadView<'a>, EtcdError> {
         let rev = self.read_meta(txn, CURRENT_REV)?.unwrap_or(1);
         Ok(ReadView {
             store: self,
@@ -65,7 +65,7 @@ impl KvStore {
         })
     }
 
-    pub fn begin<'a, 'e>(&'a self, txn: &'a mut RwTxn<'e>) -> Result<WriteTxn<'a, 'e>, EtcdError> {
+    pub(crate) fn begin<'a, 'e>(&'a self, txn: &'a mut RwTxn<'e>) -> Result<WriteTxn<'a, 'e>, EtcdError> {
         let (begin_rev, compact_rev) = {
             let view = self.view(txn)?;
             (view.rev, view.compact_rev)
@@ -75,14 +75,14 @@ impl KvStore {
 
     /// Every table's own database, for snapshots and `Hash` (the remainders of long keys are in the
     /// environment's `long_keys` database, which the state machine adds once for all stores).
-    pub fn tables(&self) -> [Db; 4] {
+    pub(crate) fn tables(&self) -> [Db; 4] {
         [self.live.main_db(), self.revs, self.index.main_db(), self.meta]
     }
 
     /// A store in its own environment at `dir`, with long keys split into `chunk`-byte pieces (a tiny
     /// chunk makes short test keys exercise the long-key layout).
     #[cfg(test)]
-    pub fn open_for_tests(dir: &std::path::Path, chunk: usize) -> heed::Result<(crate::storage::LmdbEnv, Self)> {
+    pub(crate) fn open_for_tests(dir: &std::path::Path, chunk: usize) -> heed::Result<(crate::storage::LmdbEnv, Self)> {
         use crate::storage::{self, Durability};
         let [live, revs, index, meta] = Self::TABLES;
         let (env, [live, revs, index, meta, long]) =
@@ -114,7 +114,7 @@ pub(super) fn decode_change(bytes: &[u8]) -> Result<(u8, KeyValue), EtcdError> {
 }
 
 /// Reads at one revision of the store: either a read transaction or a write transaction in progress.
-pub struct ReadView<'a> {
+pub(crate) struct ReadView<'a> {
     pub(super) store: &'a KvStore,
     pub(super) txn: &'a RoTxn<'a>,
     /// The newest revision visible in this view.
@@ -124,7 +124,7 @@ pub struct ReadView<'a> {
 
 impl ReadView<'_> {
     /// Checks a requested revision (0 = current) the way etcd does and returns the one to read at.
-    pub fn resolve(&self, requested: i64) -> Result<i64, EtcdError> {
+    pub(crate) fn resolve(&self, requested: i64) -> Result<i64, EtcdError> {
         if requested > self.rev {
             return Err(EtcdError::FutureRev);
         }
@@ -137,7 +137,7 @@ impl ReadView<'_> {
 
     /// Keys in `range` as of `requested` (0 = current). `limit` 0 means no limit; the count is always the
     /// total number of keys in the range.
-    pub fn range(
+    pub(crate) fn range(
         &self,
         range: &KeyRange,
         requested: i64,
@@ -218,10 +218,11 @@ impl ReadView<'_> {
         emit(newest, result)
     }
 
+    #[cfg(test)]
     /// The changes with revision `>= from` to keys in `range`, in revision order (watch replay), and
     /// the revision to continue from. `max_revisions` (0 = no limit) bounds how many distinct revisions
     /// are scanned; a revision's changes are never split.
-    pub fn changes_since(
+    pub(crate) fn changes_since(
         &self,
         from: i64,
         range: &KeyRange,
@@ -233,7 +234,7 @@ impl ReadView<'_> {
     /// `changes_since`, stopping also at the first revision boundary past `max_bytes` of keys and
     /// values in range (at least one revision is read): a watcher replaying large values holds a
     /// bounded amount of them at a time.
-    pub fn changes_since_within(
+    pub(crate) fn changes_since_within(
         &self,
         from: i64,
         range: &KeyRange,
@@ -272,7 +273,7 @@ impl ReadView<'_> {
 }
 
 /// The changes of one raft entry, applied at one new revision.
-pub struct WriteTxn<'a, 'e> {
+pub(crate) struct WriteTxn<'a, 'e> {
     store: &'a KvStore,
     txn: &'a mut RwTxn<'e>,
     begin_rev: i64,
@@ -285,21 +286,17 @@ pub struct WriteTxn<'a, 'e> {
 
 impl<'e> WriteTxn<'_, 'e> {
     /// What this transaction sees: the store before it plus its own changes.
-    pub fn view(&self) -> ReadView<'_> {
+    pub(crate) fn view(&self) -> ReadView<'_> {
         ReadView { store: self.store, txn: self.txn, rev: self.rev(), compact_rev: self.compact_rev }
     }
 
     /// The revision reads in this transaction see: the new one once anything changed.
-    pub fn rev(&self) -> i64 {
+    pub(crate) fn rev(&self) -> i64 {
         if self.changes > 0 {
             self.begin_rev + 1
         } else {
             self.begin_rev
         }
-    }
-
-    pub fn raw(&mut self) -> &mut RwTxn<'e> {
-        self.txn
     }
 
     fn record(&mut self, kv: &KeyValue, tag: u8) -> Result<(), EtcdError> {
@@ -314,7 +311,7 @@ impl<'e> WriteTxn<'_, 'e> {
     }
 
     /// Writes `key = value` at the new revision and returns that revision.
-    pub fn put(&mut self, key: &[u8], value: Vec<u8>, lease: i64) -> Result<i64, EtcdError> {
+    pub(crate) fn put(&mut self, key: &[u8], value: Vec<u8>, lease: i64) -> Result<i64, EtcdError> {
         let rev = self.begin_rev + 1;
         let prev = self.store.live.get(self.txn, key)?.map(decode_kv).transpose()?;
         let kv = KeyValue {
@@ -332,7 +329,7 @@ impl<'e> WriteTxn<'_, 'e> {
     }
 
     /// Deletes every existing key in `range`; returns what was deleted and the revision after.
-    pub fn delete_range(&mut self, range: &KeyRange) -> Result<(Vec<KeyValue>, i64), EtcdError> {
+    pub(crate) fn delete_range(&mut self, range: &KeyRange) -> Result<(Vec<KeyValue>, i64), EtcdError> {
         let existing = self.view().range(range, 0, 0, false)?.kvs;
         let rev = self.begin_rev + 1;
         for prev in &existing {
@@ -351,7 +348,7 @@ impl<'e> WriteTxn<'_, 'e> {
 
     /// Discards history below `rev`: afterwards each key keeps only its newest version at or before `rev`
     /// (none if that version is a deletion). Reads below `rev` then fail with `Compacted`.
-    pub fn compact(&mut self, rev: i64) -> Result<(), EtcdError> {
+    pub(crate) fn compact(&mut self, rev: i64) -> Result<(), EtcdError> {
         if rev <= self.compact_rev {
             return Err(EtcdError::Compacted);
         }
@@ -400,7 +397,7 @@ impl<'e> WriteTxn<'_, 'e> {
     }
 
     /// Records the new current revision (if anything changed) and hands back what happened.
-    pub fn finish(self) -> Result<(i64, Vec<Event>), EtcdError> {
+    pub(crate) fn finish(self) -> Result<(i64, Vec<Event>), EtcdError> {
         let rev = self.rev();
         if self.changes > 0 {
             self.store.meta.put(self.txn, CURRENT_REV, &rev.to_be_bytes())?;

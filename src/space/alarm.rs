@@ -13,7 +13,7 @@ use crate::storage::Db;
 
 /// One record per (alarm, member); the value is empty. The key starts with the alarm type, so the
 /// members with one alarm are a prefix.
-pub struct AlarmStore {
+pub(crate) struct AlarmStore {
     alarms: Db,
 }
 
@@ -31,18 +31,18 @@ fn decode(key: &[u8]) -> Option<AlarmMember> {
 }
 
 impl AlarmStore {
-    pub const TABLES: [&'static str; 1] = ["alarms"];
+    pub(crate) const TABLES: [&'static str; 1] = ["alarms"];
 
-    pub fn new([alarms]: [Db; 1]) -> Self {
+    pub(crate) fn new([alarms]: [Db; 1]) -> Self {
         AlarmStore { alarms }
     }
 
-    pub fn tables(&self) -> Vec<Db> {
+    pub(crate) fn tables(&self) -> Vec<Db> {
         vec![self.alarms]
     }
 
     /// The alarms of type `alarm`, or all of them for `AlarmType::None` (as etcd's `Get`).
-    pub fn list(&self, txn: &RoTxn, alarm: i32) -> heed::Result<Vec<AlarmMember>> {
+    pub(crate) fn list(&self, txn: &RoTxn, alarm: i32) -> heed::Result<Vec<AlarmMember>> {
         let decoded = |item: heed::Result<(&[u8], &[u8])>| item.map(|(k, _)| decode(k));
         let members: Vec<Option<AlarmMember>> = if alarm == AlarmType::None as i32 {
             self.alarms.iter(txn)?.map(decoded).collect::<heed::Result<_>>()?
@@ -55,7 +55,7 @@ impl AlarmStore {
 
     /// Whether any member has raised `alarm`. Asked for every put while applying: with no alarm at
     /// all (the usual case) the table's record count answers without a cursor.
-    pub fn active(&self, txn: &RoTxn, alarm: AlarmType) -> heed::Result<bool> {
+    pub(crate) fn active(&self, txn: &RoTxn, alarm: AlarmType) -> heed::Result<bool> {
         if self.alarms.stat(txn)?.entries == 0 {
             return Ok(false);
         }
@@ -63,7 +63,12 @@ impl AlarmStore {
     }
 
     /// Records `alarm` for `member_id`; returns the alarm and whether it was new.
-    pub fn activate(&self, txn: &mut heed::RwTxn, member_id: u64, alarm: i32) -> heed::Result<(AlarmMember, bool)> {
+    pub(crate) fn activate(
+        &self,
+        txn: &mut heed::RwTxn,
+        member_id: u64,
+        alarm: i32,
+    ) -> heed::Result<(AlarmMember, bool)> {
         let k = key(alarm, member_id);
         let new = self.alarms.get(txn, &k)?.is_none();
         if new {
@@ -73,7 +78,12 @@ impl AlarmStore {
     }
 
     /// Clears `alarm` for `member_id`; returns it if it was set.
-    pub fn deactivate(&self, txn: &mut heed::RwTxn, member_id: u64, alarm: i32) -> heed::Result<Option<AlarmMember>> {
+    pub(crate) fn deactivate(
+        &self,
+        txn: &mut heed::RwTxn,
+        member_id: u64,
+        alarm: i32,
+    ) -> heed::Result<Option<AlarmMember>> {
         let existed = self.alarms.delete(txn, &key(alarm, member_id))?;
         Ok(existed.then_some(AlarmMember { member_id, alarm }))
     }

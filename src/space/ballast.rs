@@ -16,7 +16,7 @@ use crate::storage::data_dir;
 /// Default size: a few thousand typical batches, and small next to any real disk.
 pub(crate) const DEFAULT_BALLAST_BYTES: u64 = 64 << 20;
 
-pub struct Ballast {
+pub(crate) struct Ballast {
     path: PathBuf,
     size: u64,
     /// Serialises create and release (apply thread, log writes, the recreate task).
@@ -25,15 +25,15 @@ pub struct Ballast {
 
 impl Ballast {
     /// A ballast of `size` bytes at `path` (0 = none). Nothing is created yet: see `ensure`.
-    pub fn new(path: PathBuf, size: u64) -> Ballast {
+    pub(crate) fn new(path: PathBuf, size: u64) -> Ballast {
         Ballast { path, size, lock: Mutex::new(()) }
     }
 
-    pub fn size(&self) -> u64 {
+    pub(crate) fn size(&self) -> u64 {
         self.size
     }
 
-    pub fn present(&self) -> bool {
+    pub(crate) fn present(&self) -> bool {
         self.size > 0 && self.path.exists()
     }
 
@@ -44,7 +44,7 @@ impl Ballast {
 
     /// Creates the ballast if it is missing and the file system has room for it with as much again to
     /// spare. Returns whether a ballast is in place afterwards.
-    pub fn ensure(&self) -> std::io::Result<bool> {
+    pub(crate) fn ensure(&self) -> std::io::Result<bool> {
         let _held = self.lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if self.size == 0 {
             return Ok(false);
@@ -74,7 +74,7 @@ impl Ballast {
     }
 
     /// Deletes the ballast to make room; returns whether there was one to delete.
-    pub fn release(&self) -> bool {
+    pub(crate) fn release(&self) -> bool {
         let _held = self.lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         match std::fs::remove_file(&self.path) {
             Ok(()) => {

@@ -105,7 +105,7 @@ fn txn_cost(ops: &[RequestOp]) -> u64 {
 
 /// Which limit a write ran into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Full {
+pub(crate) enum Full {
     /// The file system is full (ENOSPC) or the user's disk quota is used up (EDQUOT).
     Disk,
     /// LMDB's map (the address space reserved at open) is used up; a restart reserves more.
@@ -176,7 +176,7 @@ pub(crate) fn pages_in_use(env: &LmdbEnv, dbs: &[Db], txn: &RoTxn<heed::WithoutT
 
 /// A member's space state, shared by the API layer (quota checks), the state machine (size in use,
 /// storage-full retries), the raft log (storage-full retry) and the node (raising the alarm).
-pub struct Space {
+pub(crate) struct Space {
     quota: Quota,
     ballast: Ballast,
     in_use: AtomicU64,
@@ -187,7 +187,7 @@ pub struct Space {
 }
 
 impl Space {
-    pub fn new(quota: Quota, ballast: Ballast) -> Space {
+    pub(crate) fn new(quota: Quota, ballast: Ballast) -> Space {
         Space {
             quota,
             ballast,
@@ -219,30 +219,30 @@ impl Space {
     }
 
     /// etcd's default quota and no ballast (tests, tools).
-    pub fn without_ballast() -> Space {
+    pub(crate) fn without_ballast() -> Space {
         Space::new(Quota::Bytes(DEFAULT_QUOTA_BYTES), Ballast::new(Path::new("").to_path_buf(), 0))
     }
 
-    pub fn quota(&self) -> Quota {
+    pub(crate) fn quota(&self) -> Quota {
         self.quota
     }
 
-    pub fn ballast(&self) -> &Ballast {
+    pub(crate) fn ballast(&self) -> &Ballast {
         &self.ballast
     }
 
     /// The kv database's size in use after the latest applied batch.
-    pub fn in_use(&self) -> u64 {
+    pub(crate) fn in_use(&self) -> u64 {
         self.in_use.load(Ordering::Relaxed)
     }
 
-    pub fn set_in_use(&self, bytes: u64) {
+    pub(crate) fn set_in_use(&self, bytes: u64) {
         self.in_use.store(bytes, Ordering::Relaxed);
     }
 
     /// etcd's `backendQuota.Available`: a request that costs nothing always fits; one that costs
     /// fits while the size in use plus its cost stays below the quota.
-    pub fn admits(&self, cost: u64) -> bool {
+    pub(crate) fn admits(&self, cost: u64) -> bool {
         match self.quota {
             _ if cost == 0 => true,
             Quota::Disabled { .. } => true,
@@ -251,30 +251,34 @@ impl Space {
     }
 
     /// Whether apply is waiting for storage space.
-    pub fn stalled(&self) -> bool {
+    pub(crate) fn stalled(&self) -> bool {
         self.stalled.load(Ordering::Relaxed)
     }
 
-    pub fn set_stalled(&self, stalled: bool) {
+    pub(crate) fn set_stalled(&self, stalled: bool) {
         self.stalled.store(stalled, Ordering::Relaxed);
     }
 
     /// A write to `storage` found it full. The node is told (it raises NOSPACE); a full disk gets the
     /// ballast back. Returns whether space was made, so that the write is worth retrying at once.
-    pub fn report_full(&self, kind: Full, storage: &Path) -> bool {
+    pub(crate) fn report_full(&self, kind: Full, storage: &Path) -> bool {
         tracing::warn!(storage = %storage.display(), full = ?kind, "storage full");
         self.full.notify_one();
         kind == Full::Disk && self.ballast.release()
     }
 
     /// Resolves after a write found storage full.
-    pub async fn full_reported(&self) {
+    pub(crate) async fn full_reported(&self) {
         self.full.notified().await
     }
 
     /// Runs a write to the environment in `dir`; if storage is full and giving back the ballast made
     /// room, runs it once more.
-    pub fn write_or_make_room<T>(&self, dir: &Path, mut write: impl FnMut() -> heed::Result<T>) -> heed::Result<T> {
+    pub(crate) fn write_or_make_room<T>(
+        &self,
+        dir: &Path,
+        mut write: impl FnMut() -> heed::Result<T>,
+    ) -> heed::Result<T> {
         match write() {
             Err(e) => match full_kind_at(&e, dir) {
                 Some(kind) if self.report_full(kind, dir) => write(),

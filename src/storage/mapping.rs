@@ -47,7 +47,7 @@ const TMPFS_MAGIC: i64 = 0x0102_1994;
 
 /// How an environment's pages reach its file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Writes {
+pub(crate) enum Writes {
     /// Copied and written with `pwrite` at commit; the map is address space only.
     Copied,
     /// Written in place in the map (`MDB_WRITEMAP`), which never exceeds the reserved blocks.
@@ -57,7 +57,7 @@ pub enum Writes {
 impl Writes {
     /// `Mapped` where the file system of `dir` writes reserved blocks in place and reserves blocks
     /// (checked by reserving one in a scratch file), else `Copied`.
-    pub fn for_dir(dir: &Path) -> Writes {
+    pub(crate) fn for_dir(dir: &Path) -> Writes {
         // `f_type`'s integer type differs between architectures.
         #[allow(clippy::unnecessary_cast)]
         let in_place = rustix::fs::statfs(dir)
@@ -168,7 +168,7 @@ pub(crate) struct Grown {
 pub(crate) type Pin<'a> = RwLockReadGuard<'a, ()>;
 
 /// A read transaction that holds the map pinned for as long as it lives.
-pub struct ReadTxn<'a> {
+pub(crate) struct ReadTxn<'a> {
     // Declared first: dropped (ended) before the pin is released.
     txn: RoTxn<'a, WithoutTls>,
     _pin: Pin<'a>,
@@ -196,11 +196,6 @@ impl Mapping {
         };
         let page_size = u64::from(env.unnamed_database_stat().page_size);
         Ok(Mapping { pin: RwLock::new(()), reserve, page_size })
-    }
-
-    /// LMDB's page size for this environment.
-    pub(crate) fn page_size(&self) -> u64 {
-        self.page_size
     }
 
     pub(crate) fn writes(&self) -> Writes {

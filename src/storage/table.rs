@@ -39,26 +39,26 @@ const NEXT_GROUP: &[u8] = b"\0\0\0\0\0\0\0\0next_group";
 
 /// The shared database of an environment that holds the remainders of long keys for all its tables.
 #[derive(Clone, Copy)]
-pub struct LongKeys {
+pub(crate) struct LongKeys {
     db: Db,
     chunk: usize,
 }
 
 impl LongKeys {
-    pub const TABLE: &'static str = "long_keys";
+    pub(crate) const TABLE: &'static str = "long_keys";
 
-    pub fn new(db: Db) -> Self {
+    pub(crate) fn new(db: Db) -> Self {
         LongKeys { db, chunk: CHUNK }
     }
 
     /// A tiny chunk makes tests reach every level of the structure with short keys.
     #[cfg(test)]
-    pub fn with_chunk(db: Db, chunk: usize) -> Self {
+    pub(crate) fn with_chunk(db: Db, chunk: usize) -> Self {
         assert!((1..=CHUNK).contains(&chunk));
         LongKeys { db, chunk }
     }
 
-    pub fn db(&self) -> Db {
+    pub(crate) fn db(&self) -> Db {
         self.db
     }
 }

@@ -6,7 +6,7 @@ use crate::lease::store::LeaseRecord;
 
 /// What one applied batch changed, told to the observer after the batch's transaction commits.
 #[derive(Debug, Default, Clone)]
-pub struct Committed {
+pub(crate) struct Committed {
     /// The store's revision after the batch.
     pub revision: i64,
     /// The store's revision before it: a watcher that has delivered up to here misses nothing.
@@ -27,7 +27,7 @@ pub struct Committed {
 
 /// What a snapshot install tells the observer beyond the revision and the auth state.
 #[derive(Debug, Default, Clone)]
-pub struct Installed {
+pub(crate) struct Installed {
     /// Every lease of the installed state, for the lease clock.
     pub leases: Vec<(i64, LeaseRecord)>,
 }

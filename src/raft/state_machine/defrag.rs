@@ -35,7 +35,7 @@ const CLOSE_DEADLINE: Duration = Duration::from_secs(30);
 
 /// What a defragment did.
 #[derive(Debug, Clone, Copy)]
-pub struct Defragmented {
+pub(crate) struct Defragmented {
     /// `data.mdb`'s size before and after.
     pub before: u64,
     pub after: u64,
@@ -54,7 +54,7 @@ impl Drop for InFlight<'_> {
 impl KvEnv {
     /// Replaces the kv environment with a compacting copy of itself (see the module doc). Blocks:
     /// call it off the async reactor. On an error the old environment is serving, unchanged.
-    pub fn defragment(&self) -> Result<Defragmented, BoxError> {
+    pub(crate) fn defragment(&self) -> Result<Defragmented, BoxError> {
         let started = Instant::now();
         let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
         self.defragmenting.store(true, Ordering::Relaxed);

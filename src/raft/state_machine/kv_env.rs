@@ -9,7 +9,7 @@ use super::state::State;
 /// indirection Defragment swaps (`defrag.rs`). A reader takes the current `State`, an `Arc`, so a read
 /// in flight keeps its environment open until it ends; writers (apply, snapshot installs) also hold
 /// `writing`, which Defragment takes to pause them.
-pub struct KvEnv {
+pub(crate) struct KvEnv {
     /// `None` only while Defragment, holding the write lock, closes one environment and opens the
     /// next: no reader can see it.
     pub(super) current: RwLock<Option<Arc<State>>>,
@@ -29,7 +29,7 @@ impl KvEnv {
     }
 
     /// The applied state on the current environment.
-    pub fn current(&self) -> Arc<State> {
+    pub(crate) fn current(&self) -> Arc<State> {
         let current = self.current.read().unwrap_or_else(PoisonError::into_inner);
         // Invariant: `None` only under Defragment's write lock (see `current`).
         current.clone().expect("the kv environment is open outside a defragment's swap")
@@ -52,7 +52,7 @@ impl KvEnv {
     }
 
     /// Whether a defragment is running.
-    pub fn defragmenting(&self) -> bool {
+    pub(crate) fn defragmenting(&self) -> bool {
         self.defragmenting.load(std::sync::atomic::Ordering::Relaxed)
     }
 }

@@ -72,18 +72,18 @@ impl StateMachine {
 
     /// Opens the state machine for an offline tool (`keyward snapshot`, `migrate`): written with
     /// copied writes, so its map never has to grow (`storage::mapping`).
-    pub fn open_offline(kv_dir: &Path, snap_dir: &Path) -> Result<Self, heed::Error> {
+    pub(crate) fn open_offline(kv_dir: &Path, snap_dir: &Path) -> Result<Self, heed::Error> {
         StateMachine::open_writing(kv_dir, snap_dir, Arc::new(Space::without_ballast()), Some(Writes::Copied))
     }
 
     /// Opens the state machine; `space` sets the quota (and with it the map size) and the ballast.
-    pub fn open_with(kv_dir: &Path, snap_dir: &Path, space: Arc<Space>) -> Result<Self, heed::Error> {
+    pub(crate) fn open_with(kv_dir: &Path, snap_dir: &Path, space: Arc<Space>) -> Result<Self, heed::Error> {
         StateMachine::open_writing(kv_dir, snap_dir, space, None)
     }
 
     /// `open_with`, with the environment written as `writes` says instead of as its file system
     /// allows (for tests of each way).
-    pub fn open_writing(
+    pub(crate) fn open_writing(
         kv_dir: &Path,
         snap_dir: &Path,
         space: Arc<Space>,
@@ -106,18 +106,18 @@ impl StateMachine {
     }
 
     /// The applied state on the current kv environment.
-    pub fn state(&self) -> Arc<State> {
+    pub(crate) fn state(&self) -> Arc<State> {
         self.kv.current()
     }
 
     /// The index of the last entry applied since this process started (0 before the first apply),
     /// for the log: an append may overlap a pending apply (`raft/log/wal/mod.rs`).
-    pub fn applied_index(&self) -> Arc<AtomicU64> {
+    pub(crate) fn applied_index(&self) -> Arc<AtomicU64> {
         self.applied.clone()
     }
 
     /// The swappable kv environment, for the node to hold.
-    pub fn kv_env(&self) -> Arc<KvEnv> {
+    pub(crate) fn kv_env(&self) -> Arc<KvEnv> {
         self.kv.clone()
     }
 }

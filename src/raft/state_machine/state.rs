@@ -33,7 +33,7 @@ pub(super) const APPLIED: &[u8] = b"applied";
 pub(super) const MEMBERSHIP: &[u8] = b"membership";
 
 /// The applied state, shared with the read path (which opens its own read transactions on `env`).
-pub struct State {
+pub(crate) struct State {
     /// Not public: every use of the map goes through `mapping`'s pin (`read_txn`, `sync`, ...).
     pub(super) env: LmdbEnv,
     pub(super) mapping: Mapping,
@@ -149,17 +149,17 @@ impl State {
 
 impl State {
     /// Sets who is told about each committed batch (once; later calls are ignored).
-    pub fn observe(&self, observer: Observer) {
+    pub(crate) fn observe(&self, observer: Observer) {
         let _ = self.observer.set(observer);
     }
 
     /// Sets the token provider Authenticate entries issue simple tokens into (once).
-    pub fn use_tokens(&self, tokens: Arc<Tokens>) {
+    pub(crate) fn use_tokens(&self, tokens: Arc<Tokens>) {
         let _ = self.tokens.set(tokens);
     }
 
     /// Every replicated table, in snapshot order.
-    pub fn tables(&self) -> Vec<Db> {
+    pub(crate) fn tables(&self) -> Vec<Db> {
         let tables = self.kv.tables().into_iter().chain(self.leases.tables()).chain(self.auth.tables());
         tables.chain(self.alarms.tables()).chain([self.long.db()]).collect()
     }
@@ -167,7 +167,7 @@ impl State {
     /// etcd's `Hash`: every replicated table — the kv store (its keys hashed whole, `mvcc/hash.rs`),
     /// then leases, users, roles, the auth revision and alarms as stored — so members that applied the
     /// same entries agree, and a member whose auth state diverged (etcd #11651) does not.
-    pub fn hash_all(&self, txn: &heed::RoTxn) -> Result<u32, EtcdError> {
+    pub(crate) fn hash_all(&self, txn: &heed::RoTxn) -> Result<u32, EtcdError> {
         let mut crc = self.kv.view(txn)?.hash_all()?;
         let rest = self.leases.tables().into_iter().chain(self.auth.tables()).chain(self.alarms.tables());
         for db in rest.chain([self.long.db()]) {
@@ -180,18 +180,18 @@ impl State {
     }
 
     /// Every alarm active as of the latest commit.
-    pub fn active_alarms(&self) -> Arc<Vec<AlarmMember>> {
+    pub(crate) fn active_alarms(&self) -> Arc<Vec<AlarmMember>> {
         self.active_alarms.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// Whether a NOSPACE alarm is active as of the latest commit.
-    pub fn nospace(&self) -> bool {
+    pub(crate) fn nospace(&self) -> bool {
         self.active_alarms().iter().any(|a| a.alarm == AlarmType::Nospace as i32)
     }
 
     /// Records `applied` and `membership` as the applied state, whatever it was (`keyward snapshot
     /// restore` and `keyward migrate` make a new cluster's data dir from another cluster's tables).
-    pub fn restart_at(&self, applied: LogId, membership: StoredMembership) -> Result<(), BoxError> {
+    pub(crate) fn restart_at(&self, applied: LogId, membership: StoredMembership) -> Result<(), BoxError> {
         let mut txn = self.env.write_txn()?;
         self.meta.put(&mut txn, APPLIED, &postcard::to_allocvec(&Some(applied))?)?;
         self.meta.put(&mut txn, MEMBERSHIP, &postcard::to_allocvec(&membership)?)?;
@@ -201,7 +201,7 @@ impl State {
     }
 
     /// The applied log id recorded in the tables (the source cluster's, before `restart_at`).
-    pub fn applied_log_id(&self) -> Result<Option<LogId>, BoxError> {
+    pub(crate) fn applied_log_id(&self) -> Result<Option<LogId>, BoxError> {
         Ok(self.applied_state()?.0)
     }
 
@@ -219,46 +219,43 @@ impl State {
         Ok(())
     }
 
-    pub fn page_size(&self) -> u64 {
-        self.mapping.page_size()
-    }
-
     /// A read transaction on the applied state, holding the map pinned (`storage::mapping`).
-    pub fn read_txn(&self) -> heed::Result<ReadTxn<'_>> {
+    pub(crate) fn read_txn(&self) -> heed::Result<ReadTxn<'_>> {
         self.mapping.read_txn(&self.env)
     }
 
     /// A write transaction, for offline tools (`keyward migrate`) on an environment opened with
     /// copied writes, whose map does not need to grow. Apply writes through `apply_batch`.
-    pub fn offline_write_txn(&self) -> heed::Result<heed::RwTxn<'_>> {
+    pub(crate) fn offline_write_txn(&self) -> heed::Result<heed::RwTxn<'_>> {
         debug_assert_eq!(self.mapping.writes(), Writes::Copied, "a mapped environment grows in apply only");
         self.env.write_txn()
     }
 
     /// Flushes every commit to disk.
-    pub fn sync(&self) -> heed::Result<()> {
+    pub(crate) fn sync(&self) -> heed::Result<()> {
         let _pin = self.mapping.pin();
         self.env.force_sync()
     }
 
     /// The size of `data.mdb`: with mapped writes, every byte reserved for it.
-    pub fn disk_size(&self) -> heed::Result<u64> {
+    pub(crate) fn disk_size(&self) -> heed::Result<u64> {
         self.env.real_disk_size()
     }
 
     /// Writes a copy of the environment to `file`, as `compaction` says (`etcdctl snapshot save`).
-    pub fn copy_to_file(&self, file: &mut File, compaction: heed::CompactionOption) -> heed::Result<()> {
+    pub(crate) fn copy_to_file(&self, file: &mut File, compaction: heed::CompactionOption) -> heed::Result<()> {
         let _pin = self.mapping.pin();
         self.env.copy_to_file(file, compaction).map(drop)
     }
 
     /// The environment's directory.
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         self.env.path()
     }
 
+    #[cfg(test)]
     /// How this environment's pages reach its file.
-    pub fn writes(&self) -> Writes {
+    pub(crate) fn writes(&self) -> Writes {
         self.mapping.writes()
     }
 

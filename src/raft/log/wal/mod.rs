@@ -54,7 +54,7 @@ use crate::space::Space;
 pub(crate) const SEGMENT_BYTES: u64 = 64 << 20;
 
 #[derive(Clone)]
-pub struct Wal {
+pub(crate) struct Wal {
     inner: Arc<Inner>,
 }
 
@@ -120,12 +120,12 @@ fn heed_to_io(e: heed::Error) -> std::io::Error {
 
 impl Wal {
     /// Opens the log in `dir` without a disk-full ballast (tests, tools).
-    pub fn open(dir: &Path) -> std::io::Result<Self> {
+    pub(crate) fn open(dir: &Path) -> std::io::Result<Self> {
         Wal::open_with(dir, Arc::new(Space::without_ballast()))
     }
 
     /// Opens (or creates) the log in `dir`; a write that finds the disk full uses `space`'s ballast.
-    pub fn open_with(dir: &Path, space: Arc<Space>) -> std::io::Result<Self> {
+    pub(crate) fn open_with(dir: &Path, space: Arc<Space>) -> std::io::Result<Self> {
         Wal::open_sized(dir, space, SEGMENT_BYTES)
     }
 
@@ -156,17 +156,17 @@ impl Wal {
 
     /// This member's `(member_id, cluster_id)` if it has bootstrapped or joined before: chosen once and
     /// kept, so that a later change of flags cannot change the raft node id under existing raft state.
-    pub fn identity(&self) -> Result<Option<(u64, u64)>, StorageError> {
+    pub(crate) fn identity(&self) -> Result<Option<(u64, u64)>, StorageError> {
         Ok(lock(&self.inner.index).state.identity)
     }
 
     /// Records this member's `(member_id, cluster_id)` at bootstrap or when it joins.
-    pub fn set_identity(&self, ids: (u64, u64)) -> Result<(), StorageError> {
+    pub(crate) fn set_identity(&self, ids: (u64, u64)) -> Result<(), StorageError> {
         self.write(Change::Identity(ids)).map_err(|e| StorageIOError::write(any_error(e)).into())
     }
 
     /// The durable state (vote, committed, last purged, identity).
-    pub fn state(&self) -> State {
+    pub(crate) fn state(&self) -> State {
         lock(&self.inner.index).state.clone()
     }
 
@@ -183,7 +183,7 @@ impl Wal {
 
     /// Lets appends overlap applies: `applied` is the state machine's last applied index
     /// (`StateMachine::applied_index`).
-    pub fn overlap_with_apply(&self, applied: Arc<AtomicU64>) {
+    pub(crate) fn overlap_with_apply(&self, applied: Arc<AtomicU64>) {
         let _ = self.inner.applied.set(applied);
     }
 

@@ -52,7 +52,7 @@ pub(crate) enum RecordRef<'a> {
 /// Everything but the entries, rewritten at the end of every write (about 60 bytes): the newest one
 /// found at recovery is the state, and the active segment always holds one (see `mod.rs`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct State {
+pub(crate) struct State {
     pub vote: Option<Vote<NodeId>>,
     pub committed: Option<LogId>,
     pub last_purged: Option<LogId>,
