@@ -5,6 +5,9 @@
 //! gateway) → `node` (proposes writes through raft, serves reads) → `raft` (openraft log and state
 //! machine on LMDB) → `apply` (one committed entry → effects) → `mvcc` (the revisioned store). `proxy`
 //! is `keyward grpc-proxy`: it shares `frontend` and `identity` and has no store.
+//!
+//! Every folder in a paragraph, and the imports no layer may make: `docs/architecture.md` ("The tree",
+//! "Layers", checked by `tests/it/module_cycles.rs`). The lints: `Cargo.toml`'s `[lints]`.
 
 mod apply;
 mod auth;
