@@ -10,9 +10,9 @@ use crate::auth::throttle::Limits;
 use crate::auth::token_config::TokenConfig;
 use crate::cli::member::ServeArgs;
 
-/// `--auth-token`.
+/// `--auth-token`. The parser's messages already start with the flag's name.
 pub(super) fn auth_token(flag: &str) -> Result<TokenConfig, ConfigError> {
-    auth_token::parse(flag).map_err(|e| invalid(format!("--auth-token: {e}")))
+    auth_token::parse(flag).map_err(invalid)
 }
 
 /// `--bcrypt-cost`, within bcrypt's range.

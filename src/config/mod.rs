@@ -215,6 +215,17 @@ mod tests {
         assert_eq!(config.election_timeout, std::time::Duration::from_secs(1));
     }
 
+    /// Each `--auth-token` refusal names the flag once (it once read `--auth-token: --auth-token: ...`).
+    #[test]
+    fn auth_token_errors_name_the_flag_once() {
+        for flag in ["jwt,sign-method=XX", "jwt,ttl=abc,priv-key=k,sign-method=RS256", "simple,ttl=1s", "bogus", "jwt"]
+        {
+            let e = parse(&["--auth-token", flag]).unwrap_err();
+            assert!(e.starts_with("--auth-token: "), "{flag}: {e}");
+            assert_eq!(e.matches("--auth-token:").count(), 1, "{flag}: {e}");
+        }
+    }
+
     #[test]
     fn a_multi_member_initial_cluster_keeps_its_order_and_each_members_urls() {
         let config = parse(&[

@@ -45,7 +45,8 @@ impl Node {
         let (state, kv) = (sm.state(), sm.kv_env());
         let lessor = Arc::new(Lessor::default());
         let tokens = Arc::new(
-            Tokens::new(&config.auth_token, config.auth_token_ttl).map_err(|e| anyhow::anyhow!("--auth-token: {e}"))?,
+            // The key files' messages already start with `--auth-token:`.
+            Tokens::new(&config.auth_token, config.auth_token_ttl).map_err(|e| anyhow::anyhow!(e))?,
         );
         state.use_tokens(tokens.clone());
         let identity = crate::frontend::identity_rules::identity_rules(config.client_tls.as_ref())
