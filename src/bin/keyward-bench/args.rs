@@ -133,6 +133,10 @@ pub(crate) enum Workload {
         #[arg(long, default_value = "127.0.0.1:2379")]
         listen: std::net::SocketAddr,
     },
+    /// One linearizable get and one put every --every, each on its own connection, until
+    /// --until-file exists or --duration is up; reports each one's longest wait, counted from when the
+    /// request was due (`probe.rs`).
+    Probe(crate::probe::ProbeArgs),
     /// Local bcrypt verification throughput at a cost, on --clients threads (no server involved).
     Bcrypt {
         /// bcrypt cost.
@@ -211,6 +215,7 @@ pub(crate) fn validate(args: &BenchArgs) -> Result<(), String> {
         Workload::Watch { streams, watchers_per_stream, .. } if *streams == 0 || *watchers_per_stream == 0 => {
             Err("--streams and --watchers-per-stream must be at least 1".into())
         }
+        Workload::Probe(probe) => crate::probe::validate(args, probe),
         Workload::Authenticate if args.user.is_none() => Err("authenticate needs --user".into()),
         Workload::Bcrypt { cost } if !(4..=31).contains(cost) => Err(format!("bcrypt cost {cost} is out of [4, 31]")),
         _ => Ok(()),
