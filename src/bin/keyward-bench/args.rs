@@ -265,6 +265,23 @@ mod tests {
     }
 
     #[test]
+    fn probe_options_parse_beside_the_global_ones() {
+        let args = parse(&["--key", "k", "--cert", "c", "probe", "--every", "50ms", "--until-file", "/tmp/stop", "--probe-key", "p"]);
+        assert_eq!(args.key, Some(PathBuf::from("k")), "--key stays the TLS key");
+        let Workload::Probe(probe) = &args.workload else { panic!("not probe") };
+        assert_eq!(
+            (probe.every, probe.until_file.as_deref(), probe.key.as_str()),
+            (Duration::from_millis(50), Some(std::path::Path::new("/tmp/stop")), "p")
+        );
+        assert_eq!(validate(&args), Ok(()));
+        let args = parse(&["probe"]);
+        assert_eq!(validate(&args), Err("probe needs --until-file or --duration".into()));
+        assert_eq!(validate(&parse(&["probe", "--duration", "2s"])), Ok(()));
+        use clap::Parser;
+        assert!(TestCli::try_parse_from(["bench", "probe", "--every", "0s", "--duration", "1s"]).is_err());
+    }
+
+    #[test]
     fn durations_parse_like_go() {
         assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
         assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));

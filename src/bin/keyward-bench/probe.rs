@@ -33,7 +33,7 @@ pub(crate) struct ProbeArgs {
     #[arg(long)]
     pub until_file: Option<PathBuf>,
     /// The key read and written (its value is the tick number).
-    #[arg(long = "probe-key", default_value = "keyward-bench/probe")]
+    #[arg(id = "probe_key", long = "probe-key", default_value = "keyward-bench/probe")]
     pub key: String,
     /// A request not answered after this long counts as an error (with this long as its wait).
     #[arg(long, value_parser = crate::args::parse_duration, default_value = "60s")]
