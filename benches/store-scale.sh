@@ -160,6 +160,20 @@ record_probe() {
     record "$1-errors" "$2" count "$4: probe errors" "$errors"
 }
 
+# timed ID KIND LABEL NAME COMMAND... : records how long COMMAND took to return (its output in
+# $tmp/NAME.out); a failure is recorded as text with its message, so no failed operation reads as a time
+timed() {
+    local id="$1" kind="$2" label="$3" name="$4" t0 took
+    shift 4
+    t0=$(now_ns)
+    if "$@" > "$tmp/$name.out" 2>&1; then
+        record "$id" "$kind" s "$label" "$(seconds_since "$t0")"
+    else
+        took="$(seconds_since "$t0")"
+        record "$id" "$kind" text "$label" "failed after $took s: $(tail -1 "$tmp/$name.out")"
+    fi
+}
+
 # record_space ID KIND EP DIR WHAT
 record_space() {
     local st
@@ -198,10 +212,8 @@ single() {
     record f4-anon "$kind" bytes "restart with 2×KEYS: RssAnon when ready" "$(proc_bytes RssAnon "$pid")"
 
     probe_start "$ep" "del-$kind"
-    t0=$(now_ns)
-    etcdctl --endpoints "$ep" --command-timeout 1h del --prefix s/ > "$tmp/del-$kind.out" 2>&1 \
-        || echo "  del: FAILED: $(tail -1 "$tmp/del-$kind.out")" >&2
-    record f3-time "$kind" s "del --prefix of 2×KEYS: time to return" "$(seconds_since "$t0")"
+    timed f3-time "$kind" "del --prefix of 2×KEYS: time to return" "del-$kind" \
+        etcdctl --endpoints "$ep" --command-timeout 1h del --prefix s/
     record f3-count "$kind" count "del --prefix of 2×KEYS: keys deleted" "$(head -1 "$tmp/del-$kind.out")"
     probe_stop "del-$kind"
     record_probe f3 "$kind" "del-$kind" "del --prefix of 2×KEYS"
@@ -248,9 +260,8 @@ compact() {
     rev="$(status_field "$ep" header.revision)"
     probe_start "$ep" "compact-$kind"
     t0=$(now_ns)
-    etcdctl --endpoints "$ep" --command-timeout 1h compact "$rev" > "$tmp/compact-$kind.out" 2>&1 \
-        || echo "  compact: FAILED: $(tail -1 "$tmp/compact-$kind.out")" >&2
-    record f2-return "$kind" s "compact of all older revisions: time to return" "$(seconds_since "$t0")"
+    timed f2-return "$kind" "compact of all older revisions: time to return" "compact-$kind" \
+        etcdctl --endpoints "$ep" --command-timeout 1h compact "$rev"
     record f2-settled "$kind" s "compact: until dbSizeInUse stops dropping (no drop for ${SETTLE} s)" "$(settle "$ep" "$t0")"
     probe_stop "compact-$kind"
     record_probe f2 "$kind" "compact-$kind" "compact, until dbSizeInUse stops dropping"
@@ -260,10 +271,8 @@ compact() {
     load "$ep" s/c/ "$KEYS" "$VAL" "pass4-$kind"
     rev="$(status_field "$ep" header.revision)"
     probe_start "$ep" "physical-$kind"
-    t0=$(now_ns)
-    etcdctl --endpoints "$ep" --command-timeout 1h compact --physical "$rev" > "$tmp/physical-$kind.out" 2>&1 \
-        || echo "  compact --physical: FAILED: $(tail -1 "$tmp/physical-$kind.out")" >&2
-    record f2p-return "$kind" s "4th write, compact --physical of it: time to return" "$(seconds_since "$t0")"
+    timed f2p-return "$kind" "4th write, compact --physical of it: time to return" "physical-$kind" \
+        etcdctl --endpoints "$ep" --command-timeout 1h compact --physical "$rev"
     probe_stop "physical-$kind"
     record_probe f2p "$kind" "physical-$kind" "compact --physical"
     kill "$pid"; wait "$pid" 2>/dev/null

@@ -266,7 +266,9 @@ mod tests {
 
     #[test]
     fn probe_options_parse_beside_the_global_ones() {
-        let args = parse(&["--key", "k", "--cert", "c", "probe", "--every", "50ms", "--until-file", "/tmp/stop", "--probe-key", "p"]);
+        let argv: Vec<&str> =
+            "--key k --cert c probe --every 50ms --until-file /tmp/stop --probe-key p".split(' ').collect();
+        let args = parse(&argv);
         assert_eq!(args.key, Some(PathBuf::from("k")), "--key stays the TLS key");
         let Workload::Probe(probe) = &args.workload else { panic!("not probe") };
         assert_eq!(

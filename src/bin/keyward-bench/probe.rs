@@ -256,6 +256,8 @@ mod tests {
         assert_eq!(json["get"]["max_ms"], 5.0);
         assert_eq!(json["put"]["max_ms"], 1500.0);
         assert_eq!(json["max_ms"], 1500.0);
-        assert!(to_text(TICK, Duration::from_secs(2), &get, &put).contains("put: 1 ok, 0 errors, longest wait 1500.000 ms"));
+        assert!(
+            to_text(TICK, Duration::from_secs(2), &get, &put).contains("put: 1 ok, 0 errors, longest wait 1500.000 ms")
+        );
     }
 }
