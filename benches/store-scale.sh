@@ -41,6 +41,7 @@ set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 
 while [ $# -gt 0 ]; do
+    option="$1"
     case "$1" in
         --*=*) name="${1%%=*}"; value="${1#*=}"; shift ;;
         --*) [ $# -ge 2 ] || { echo "store-scale.sh: $1 needs a value" >&2; exit 2; }; name="$1"; value="$2"; shift 2 ;;
@@ -50,7 +51,7 @@ while [ $# -gt 0 ]; do
     case "$name" in
         KEYS | VAL | CLUSTER_VAL | KEY_SIZE | CLIENTS | CONNS | QUOTA | BEHIND | SNAPSHOT_COUNT | SETTLE | CATCHUP_TIMEOUT | OUT | STEPS | ETCD)
             printf -v "$name" '%s' "$value" ;;
-        *) echo "store-scale.sh: unknown option --${1#--} ($name)" >&2; exit 2 ;;
+        *) echo "store-scale.sh: unknown option $option" >&2; exit 2 ;;
     esac
 done
 
@@ -79,11 +80,12 @@ for tool in jq python3 etcdctl curl; do command -v "$tool" >/dev/null || die "$t
 for n in KEYS VAL CLUSTER_VAL KEY_SIZE CLIENTS CONNS BEHIND SNAPSHOT_COUNT SETTLE CATCHUP_TIMEOUT; do
     [[ "${!n}" =~ ^[0-9]+$ ]] && [ "${!n}" -gt 0 ] || die "$n=${!n}: a positive whole number"
 done
+[[ "$QUOTA" =~ ^[0-9]+([KMG]iB)?$ ]] || die "QUOTA=$QUOTA: bytes, or a number with KiB, MiB or GiB"
 case "$QUOTA" in
     *GiB) QUOTA_BYTES=$(( ${QUOTA%GiB} << 30 )) ;;
     *MiB) QUOTA_BYTES=$(( ${QUOTA%MiB} << 20 )) ;;
     *KiB) QUOTA_BYTES=$(( ${QUOTA%KiB} << 10 )) ;;
-    *) [[ "$QUOTA" =~ ^[0-9]+$ ]] || die "QUOTA=$QUOTA: bytes, or a number with KiB, MiB or GiB"; QUOTA_BYTES="$QUOTA" ;;
+    *) QUOTA_BYTES="$QUOTA" ;;
 esac
 [ -x "$KW" ] && [ -x "$KWB" ] || die "build first: cargo build --release --bins (needs $KW and $KWB)"
 
