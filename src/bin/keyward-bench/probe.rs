@@ -16,29 +16,11 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use tokio::task::JoinHandle;
 
-use crate::args::{BenchArgs, OutputFormat};
+use crate::args::{BenchArgs, OutputFormat, ProbeArgs};
 use crate::conn::{connect_all, describe, Conn};
 use crate::report::Percentiles;
 use crate::workloads::{exec, Clients, Op};
 use keyward::proto::etcdserverpb::{PutRequest, RangeRequest};
-
-/// The probe's options (`keyward-bench probe --help`).
-#[derive(clap::Args, Debug, Clone)]
-pub(crate) struct ProbeArgs {
-    /// Interval between ticks: each tick is due one get and one put.
-    #[arg(long, value_parser = crate::args::parse_duration, default_value = "100ms")]
-    pub every: Duration,
-    /// Stop when this file exists (checked at every tick; a request in flight is waited for, so its
-    /// wait is counted in full). With --duration, stops at whichever comes first.
-    #[arg(long)]
-    pub until_file: Option<PathBuf>,
-    /// The key read and written (its value is the tick number).
-    #[arg(id = "probe_key", long = "probe-key", default_value = "keyward-bench/probe")]
-    pub key: String,
-    /// A request not answered after this long counts as an error (with this long as its wait).
-    #[arg(long, value_parser = crate::args::parse_duration, default_value = "60s")]
-    pub request_timeout: Duration,
-}
 
 /// What one of the two probing clients saw.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -47,7 +29,8 @@ struct ProbeLog {
     errors: u64,
     /// Every request's wait from its due time, answered or failed (microseconds).
     waits_us: Vec<u32>,
-    /// When the longest wait's request was due, since the start.
+    /// The longest wait so far (microseconds) and when its request was due, since the start.
+    worst_us: u32,
     worst_due: Duration,
     skipped_ticks: u64,
     /// The first error's message, if any.
@@ -57,8 +40,8 @@ struct ProbeLog {
 impl ProbeLog {
     fn record(&mut self, due: Duration, wait: Duration, error: Option<String>) {
         let us = u32::try_from(wait.as_micros()).unwrap_or(u32::MAX);
-        if self.waits_us.iter().all(|&w| w < us) {
-            self.worst_due = due;
+        if self.waits_us.is_empty() || us > self.worst_us {
+            (self.worst_us, self.worst_due) = (us, due);
         }
         self.waits_us.push(us);
         match error {
@@ -89,16 +72,6 @@ fn next_tick(served: u64, every: Duration, done_after: Duration) -> (u64, u64) {
     } else {
         (latest_due, latest_due - served - 1)
     }
-}
-
-pub(crate) fn validate(args: &BenchArgs, probe: &ProbeArgs) -> Result<(), String> {
-    if probe.until_file.is_none() && args.duration.is_none() {
-        return Err("probe needs --until-file or --duration".into());
-    }
-    if probe.every.is_zero() {
-        return Err("--every must be positive".into());
-    }
-    Ok(())
 }
 
 /// Probes until the stop file appears or --duration is up, then prints the report.
