@@ -80,23 +80,12 @@ case "$LOAD" in
         ;;
 esac
 
-tmp="$(mktemp -d "${TMPDIR:-/tmp}/keyward-compare.XXXXXX")"
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-    done
-    if [ "${KEEP_TMP:-0}" = 1 ]; then echo "kept $tmp" >&2; else rm -rf "$tmp"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# shellcheck source=benches/lib/servers.sh
+. "$root/benches/lib/servers.sh"
+bench_tmp compare
 
 # half 5s -> 2.5s (seconds only)
 half() { python3 -c 'import sys; print("%gs" % (float(sys.argv[1].rstrip("s")) / 2))' "$1"; }
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
 
 results="$tmp/results.tsv"   # config cell server throughput p50 p90 p99 max ok errors load
 : > "$results"
@@ -110,21 +99,11 @@ declare -A PID EP
 start() {
     local kind="$1" config="$2" scheme="$3"
     shift 3
-    local port peer dir
+    local port peer
     port="$(free_port)"
     peer="$(free_port)"
-    dir="$tmp/$config-$kind"
-    local flags=(--name bench --data-dir "$dir"
-        --listen-client-urls "$scheme://127.0.0.1:$port" --advertise-client-urls "$scheme://127.0.0.1:$port"
-        --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer"
-        --initial-cluster "bench=http://127.0.0.1:$peer" --bcrypt-cost 10 --log-level warn "$@")
-    if [ "$kind" = keyward ]; then
-        "$KW" serve "${flags[@]}" > "$dir.log" 2>&1 &
-    else
-        "$ETCD" "${flags[@]}" > "$dir.log" 2>&1 &
-    fi
-    PID[$kind]=$!
-    pids+=("$!")
+    launch "$kind" bench "$tmp/$config-$kind" "$scheme" "$port" "$peer" "bench=http://127.0.0.1:$peer" --bcrypt-cost 10 "$@"
+    PID[$kind]=$LAUNCHED
     EP[$kind]="$scheme://127.0.0.1:$port"
 }
 
@@ -168,19 +147,9 @@ start_cluster() {
     done
     CPIDS[$kind]=""
     for i in 1 2 3; do
-        local dir="$tmp/$config-m$i-$kind"
-        local flags=(--name "m$i" --data-dir "$dir"
-            --listen-client-urls "http://127.0.0.1:${client[$i]}" --advertise-client-urls "http://127.0.0.1:${client[$i]}"
-            --listen-peer-urls "http://127.0.0.1:${peer[$i]}" --initial-advertise-peer-urls "http://127.0.0.1:${peer[$i]}"
-            --initial-cluster "$initial" --initial-cluster-state new --initial-cluster-token "bench-$kind"
-            --bcrypt-cost 10 --log-level warn "$@")
-        if [ "$kind" = keyward ]; then
-            "$KW" serve "${flags[@]}" > "$dir.log" 2>&1 &
-        else
-            "$ETCD" "${flags[@]}" > "$dir.log" 2>&1 &
-        fi
-        pids+=("$!")
-        CPIDS[$kind]+="$! "
+        launch "$kind" "m$i" "$tmp/$config-m$i-$kind" http "${client[$i]}" "${peer[$i]}" "$initial" \
+            --initial-cluster-state new --initial-cluster-token "bench-$kind" --bcrypt-cost 10 "$@"
+        CPIDS[$kind]+="$LAUNCHED "
     done
     PID[$kind]="${CPIDS[$kind]%% *}"
     EP[$kind]="$endpoints"

@@ -29,35 +29,15 @@ for tool in jq python3; do command -v "$tool" >/dev/null || die "$tool is needed
 [ -x "$ETCD" ] || die "no etcd at $ETCD"
 [ -x "$KW" ] && [ -x "$KWB" ] || die "build first: cargo build --release"
 
-tmp="$(mktemp -d "${TMPDIR:-/tmp}/keyward-idle.XXXXXX")"
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-    done
-    if [ "${KEEP_TMP:-0}" = 1 ]; then echo "kept $tmp" >&2; else rm -rf "$tmp"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+# shellcheck source=benches/lib/servers.sh
+. "$root/benches/lib/servers.sh"
+bench_tmp idle
 
 declare -A EP
 for kind in keyward etcd; do
     port="$(free_port)"
     peer="$(free_port)"
-    flags=(--name bench --data-dir "$tmp/$kind"
-        --listen-client-urls "http://127.0.0.1:$port" --advertise-client-urls "http://127.0.0.1:$port"
-        --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer"
-        --initial-cluster "bench=http://127.0.0.1:$peer" --log-level warn)
-    if [ "$kind" = keyward ]; then
-        "$KW" serve "${flags[@]}" > "$tmp/$kind.log" 2>&1 &
-    else
-        "$ETCD" "${flags[@]}" > "$tmp/$kind.log" 2>&1 &
-    fi
-    pids+=("$!")
+    launch "$kind" bench "$tmp/$kind" http "$port" "$peer" "bench=http://127.0.0.1:$peer"
     EP[$kind]="http://127.0.0.1:$port"
 done
 for kind in keyward etcd; do

@@ -133,12 +133,34 @@ pub(crate) enum Workload {
         #[arg(long, default_value = "127.0.0.1:2379")]
         listen: std::net::SocketAddr,
     },
+    /// One linearizable get and one put every --every, each on its own connection, until
+    /// --until-file exists or --duration is up; reports each one's longest wait, counted from when the
+    /// request was due (`probe.rs`).
+    Probe(ProbeArgs),
     /// Local bcrypt verification throughput at a cost, on --clients threads (no server involved).
     Bcrypt {
         /// bcrypt cost.
         #[arg(long, default_value_t = 10)]
         cost: u32,
     },
+}
+
+/// The probe's options (`keyward-bench probe --help`).
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct ProbeArgs {
+    /// Interval between ticks: each tick is due one get and one put.
+    #[arg(long, value_parser = parse_duration, default_value = "100ms")]
+    pub every: Duration,
+    /// Stop when this file exists (checked at every tick; a request in flight is waited for, so its
+    /// wait is counted in full). With --duration, stops at whichever comes first.
+    #[arg(long)]
+    pub until_file: Option<PathBuf>,
+    /// The key read and written (its value is the tick number).
+    #[arg(id = "probe_key", long = "probe-key", default_value = "keyward-bench/probe")]
+    pub key: String,
+    /// A request not answered after this long counts as an error (with this long as its wait).
+    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    pub request_timeout: Duration,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -211,6 +233,9 @@ pub(crate) fn validate(args: &BenchArgs) -> Result<(), String> {
         Workload::Watch { streams, watchers_per_stream, .. } if *streams == 0 || *watchers_per_stream == 0 => {
             Err("--streams and --watchers-per-stream must be at least 1".into())
         }
+        Workload::Probe(probe) if probe.until_file.is_none() && args.duration.is_none() => {
+            Err("probe needs --until-file or --duration".into())
+        }
         Workload::Authenticate if args.user.is_none() => Err("authenticate needs --user".into()),
         Workload::Bcrypt { cost } if !(4..=31).contains(cost) => Err(format!("bcrypt cost {cost} is out of [4, 31]")),
         _ => Ok(()),
@@ -257,6 +282,25 @@ mod tests {
         );
         let args = parse(&["--user", "u:p", "authenticate"]);
         assert_eq!(credentials(&args), Some(("u".into(), "p".into())));
+    }
+
+    #[test]
+    fn probe_options_parse_beside_the_global_ones() {
+        let argv: Vec<&str> =
+            "--key k --cert c probe --every 50ms --until-file /tmp/stop --probe-key p".split(' ').collect();
+        let args = parse(&argv);
+        assert_eq!(args.key, Some(PathBuf::from("k")), "--key stays the TLS key");
+        let Workload::Probe(probe) = &args.workload else { panic!("not probe") };
+        assert_eq!(
+            (probe.every, probe.until_file.as_deref(), probe.key.as_str()),
+            (Duration::from_millis(50), Some(std::path::Path::new("/tmp/stop")), "p")
+        );
+        assert_eq!(validate(&args), Ok(()));
+        let args = parse(&["probe"]);
+        assert_eq!(validate(&args), Err("probe needs --until-file or --duration".into()));
+        assert_eq!(validate(&parse(&["probe", "--duration", "2s"])), Ok(()));
+        use clap::Parser;
+        assert!(TestCli::try_parse_from(["bench", "probe", "--every", "0s", "--duration", "1s"]).is_err());
     }
 
     #[test]

@@ -9,14 +9,17 @@
 //! the errors by message are printed as text or, with `-w json`, as one JSON object.
 //!
 //! Workloads: `put`, `range` (`--consistency l|s`), `txn-put`, `watch` (events per second delivered
-//! to N watchers), `authenticate`; any of them with `--idle-watchers` open and idle meanwhile; plus two helpers for `benches/compare.sh`: `setup-auth` (users,
-//! roles, many grants, auth enable) and `bcrypt` (local bcrypt throughput, no server); and
-//! `ceiling-server`, a Put-only server on keyward's front end with nothing behind it (`ceiling.rs`).
+//! to N watchers), `authenticate`; any of them with `--idle-watchers` open and idle meanwhile; plus
+//! helpers for the scripts in `benches/`: `setup-auth` (users, roles, many grants, auth enable) and
+//! `bcrypt` (local bcrypt throughput, no server) for `compare.sh`; `probe` (a get and a put every
+//! tick, reporting the longest wait of each: `probe.rs`) for `store-scale.sh`; and `ceiling-server`,
+//! a Put-only server on keyward's front end with nothing behind it (`ceiling.rs`).
 
 mod args;
 mod ceiling;
 mod conn;
 mod idle_watchers;
+mod probe;
 mod report;
 mod setup;
 mod workloads;
@@ -65,6 +68,7 @@ fn run(args: BenchArgs) -> ExitCode {
                 setup::setup_auth(&args, root_password, new_users, *enable).await.map(|()| None)
             }
             Workload::CeilingServer { listen } => ceiling::serve(*listen).await.map(|()| None),
+            Workload::Probe(probe) => probe::run(&args, probe).await.map(|()| None),
             _ => workloads::run(&args).await.map(Some),
         }
     });

@@ -97,7 +97,8 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<Summary> {
         Workload::Watch { .. }
         | Workload::SetupAuth { .. }
         | Workload::Bcrypt { .. }
-        | Workload::CeilingServer { .. } => {
+        | Workload::CeilingServer { .. }
+        | Workload::Probe(_) => {
             unreachable!("not a load: dispatched in main")
         }
     };
@@ -175,13 +176,13 @@ impl Budget {
 }
 
 /// The generated clients of one bench client, on its connection.
-struct Clients {
+pub(crate) struct Clients {
     kv: KvClient<Channel>,
     auth: AuthClient<Channel>,
 }
 
 impl Clients {
-    fn new(channel: &Channel) -> Clients {
+    pub(crate) fn new(channel: &Channel) -> Clients {
         Clients {
             kv: KvClient::new(channel.clone()).max_decoding_message_size(usize::MAX),
             auth: AuthClient::new(channel.clone()),
@@ -191,7 +192,7 @@ impl Clients {
 
 /// Sends one request with the connection's token; a stale or unknown token is renewed once and the
 /// request retried (the latency then includes both attempts).
-async fn exec(conn: &Conn, clients: &mut Clients, op: &Op) -> Result<(), Status> {
+pub(crate) async fn exec(conn: &Conn, clients: &mut Clients, op: &Op) -> Result<(), Status> {
     fn with_token<T>(conn: &Conn, message: T) -> (Request<T>, u64) {
         let mut request = Request::new(message);
         let generation = conn.attach(request.metadata_mut());
