@@ -40,7 +40,13 @@ pub(crate) const MIN_RESERVE: u64 = 4 << 20;
 const GRANULE: u64 = 1 << 20;
 /// After a commit, the reservation grows once pages past this share of it are in use, so that a
 /// batch rarely meets `MDB_MAP_FULL` and has to run twice.
-const GROW_EARLY_AT: (u64, u64) = (3, 4);
+const GROW_EARLY_AT: (u64, u64) = (5, 6);
+/// A reservation grows by this share of itself (at least `MIN_RESERVE`). With `GROW_EARLY_AT`, the
+/// file (`dbSize`, as etcd's is its file) is at most (1 + 1/6) / (5/6) = 1.4 times the pages LMDB
+/// has handed out (its last page number, free pages among them) once past a few tens of MiB. A
+/// quarter at three quarters, before, allowed 1.67 (measured: a 779 MB file for 526 MB of pages, of
+/// which 2 MB free).
+const GROW_BY: u64 = 6;
 
 const EXT4_SUPER_MAGIC: i64 = 0xEF53;
 const TMPFS_MAGIC: i64 = 0x0102_1994;
@@ -253,8 +259,8 @@ impl Mapping {
         if from >= reserve.ceiling {
             return Ok(None);
         }
-        // A quarter more (at least `MIN_RESERVE`); nearer a full disk, as little as one granule.
-        let mut step = round_up((from / 4).max(MIN_RESERVE).max(at_least.saturating_sub(from)));
+        // A sixth more (at least `MIN_RESERVE`); nearer a full disk, as little as one granule.
+        let mut step = round_up((from / GROW_BY).max(MIN_RESERVE).max(at_least.saturating_sub(from)));
         let to = loop {
             let to = (from + step).min(reserve.ceiling);
             if to <= reserve.allocated.load(Ordering::Acquire) {

@@ -49,8 +49,11 @@ const MAX_VARINT_LEN: u32 = 10;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Writes a snapshot of `tables` as of `txn`, described by `meta`, to `file` and syncs it.
-pub(crate) fn write(file: File, meta: &Meta, tables: &[Db], txn: &RoTxn<WithoutTls>) -> Result<(), BoxError> {
+/// Writes a snapshot of `tables` as of `txn`, described by `meta`, to `file`, and returns the file with
+/// every byte handed to the kernel but not synced: the caller syncs it after ending `txn`, so that the
+/// read transaction (which keeps LMDB from reusing the pages freed meanwhile) does not wait for the
+/// disk.
+pub(crate) fn write(file: File, meta: &Meta, tables: &[Db], txn: &RoTxn<WithoutTls>) -> Result<File, BoxError> {
     let mut out = Checksummed::new(BufWriter::with_capacity(IO_BUFFER, file));
     write_header(&mut out, meta)?;
     write_varint(&mut out, tables.len() as u64)?;
@@ -191,7 +194,7 @@ pub(crate) fn upgrade_legacy(legacy: File, out: File) -> Result<Meta, BoxError> 
     if copied != data_len {
         return Err(corrupt("legacy snapshot is truncated").into());
     }
-    finish_writing(out)?;
+    finish_writing(out)?.sync_all()?;
     Ok(meta)
 }
 
@@ -239,14 +242,13 @@ fn write_varint(out: &mut impl Write, mut value: u64) -> io::Result<()> {
     }
 }
 
-/// Appends the checksum of everything written, then flushes and syncs the file.
-fn finish_writing(out: Checksummed<BufWriter<File>>) -> Result<(), BoxError> {
+/// Appends the checksum of everything written and flushes the file (to the kernel: not synced).
+fn finish_writing(out: Checksummed<BufWriter<File>>) -> Result<File, BoxError> {
     let crc = out.crc;
     let mut out = out.inner;
     out.write_all(&crc.to_le_bytes())?;
     out.flush()?;
-    out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-    Ok(())
+    Ok(out.into_inner().map_err(|e| e.into_error())?)
 }
 
 fn corrupt(what: &str) -> io::Error {
