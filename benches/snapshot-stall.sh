@@ -11,7 +11,12 @@
 # Usage: benches/snapshot-stall.sh
 # Environment: TOTAL (default 1000000), SNAPSHOT_COUNT (default 200000), KW (keyward binary, default
 #   target/release/keyward), KWB (keyward-bench, default target/release/keyward-bench), ETCD, ETCDCTL,
-#   KINDS (default "keyward etcd"), KEEP_TMP=1.
+#   KINDS (default "keyward etcd"), RANDOM_KEYS=1 (keys drawn at random from the key space instead of in
+#   order: more pages freed by every write), KEEP_TMP=1.
+# For keyward it also prints each "snapshot built" log line (how long the dump's read transaction
+# lasted, how many pages writes took past the file's last page meanwhile) and, from a copy of
+# data.mdb after the load (`mdb_stat`, lmdb-utils), the pages LMDB has handed out and how many of
+# them are free.
 set -uo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -84,8 +89,10 @@ for kind in $KINDS; do
     pids+=("$sampler")
 
     began=$(date +%s.%N)
+    order=(--sequential-keys)
+    [ "${RANDOM_KEYS:-0}" = 1 ] && order=()
     "$KWB" --endpoints "$ep" --conns 10 --clients 100 put --total "$TOTAL" --key-space "$TOTAL" \
-        --sequential-keys --key-size 16 --val-size 100 > "$tmp/$kind.load" 2>&1
+        "${order[@]}" --key-size 16 --val-size 100 > "$tmp/$kind.load" 2>&1
     ended=$(date +%s.%N)
     sleep 2 # the last snapshot's aftermath
     kill -TERM "$probe"
@@ -98,6 +105,14 @@ for kind in $KINDS; do
     grep -E "^ *(Requests/sec|Total|Slowest|99%)|[Ee]rror" "$tmp/$kind.load" | head -8 | sed 's/^/  load: /'
     grep -E "probes" "$tmp/$kind.probe" | sed "s/^/  $kind probe /"
     echo "  $kind after the load: dbSize $size, dbSizeInUse $in_use, ratio $(python3 -c "print('%.2f' % ($size / max($in_use, 1)))"), data dir $(du -sb "$dir" | cut -f1)"
+    if [ "$kind" = keyward ]; then
+        grep "snapshot built" "$dir.log" | sed 's/^.*snapshot built/    snapshot built/' | cut -c1-200
+        if command -v mdb_stat > /dev/null; then
+            mkdir -p "$tmp/copy" && cp "$dir/member/kv/data.mdb" "$tmp/copy/data.mdb"
+            mdb_stat -n -e -f "$tmp/copy/data.mdb" | grep -E "Number of pages used|Free pages" | sed 's/^ */    mdb_stat: /'
+            rm -rf "$tmp/copy"
+        fi
+    fi
     echo "  $kind slow probes (> 200 ms):"
     grep -E "ms at .*unix" "$tmp/$kind.probe" | head -40 | sed 's/^/    /'
     echo "  $kind sizes (s since start, dbSize, dbSizeInUse), every 5th sample:"

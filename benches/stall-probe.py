@@ -28,7 +28,7 @@ class Probe:
         self.name, self.endpoint, self.path, self.body = name, endpoint, path, body
         self.interval, self.report_over, self.start = interval, report_over, start
         self.count = self.errors = 0
-        self.longest = (0.0, 0.0)  # (latency, started at, seconds since start)
+        self.longest = (0.0, 0.0)  # (latency, when it started: seconds since the probe started)
         self.conn = None
 
     def once(self):

@@ -54,7 +54,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// read transaction (which keeps LMDB from reusing the pages freed meanwhile) does not wait for the
 /// disk.
 pub(crate) fn write(file: File, meta: &Meta, tables: &[Db], txn: &RoTxn<WithoutTls>) -> Result<File, BoxError> {
-    let mut out = Checksummed::new(BufWriter::with_capacity(IO_BUFFER, file));
+    let mut out = writer(file);
     write_header(&mut out, meta)?;
     write_varint(&mut out, tables.len() as u64)?;
     for db in tables {
@@ -188,7 +188,7 @@ pub(crate) fn upgrade_legacy(legacy: File, out: File) -> Result<Meta, BoxError> 
         input.read_exact(&mut byte)?;
         Ok(byte[0])
     })?;
-    let mut out = Checksummed::new(BufWriter::with_capacity(IO_BUFFER, out));
+    let mut out = writer(out);
     write_header(&mut out, &meta)?;
     let copied = io::copy(&mut input.by_ref().take(data_len), &mut out)?;
     if copied != data_len {
@@ -242,13 +242,19 @@ fn write_varint(out: &mut impl Write, mut value: u64) -> io::Result<()> {
     }
 }
 
+/// A snapshot file being written: buffered, then checksummed a whole buffer at a time (a record's
+/// four small writes each checksummed cost more than the buffering).
+type Writer = BufWriter<Checksummed<File>>;
+
+fn writer(file: File) -> Writer {
+    BufWriter::with_capacity(IO_BUFFER, Checksummed::new(file))
+}
+
 /// Appends the checksum of everything written and flushes the file (to the kernel: not synced).
-fn finish_writing(out: Checksummed<BufWriter<File>>) -> Result<File, BoxError> {
-    let crc = out.crc;
-    let mut out = out.inner;
-    out.write_all(&crc.to_le_bytes())?;
-    out.flush()?;
-    Ok(out.into_inner().map_err(|e| e.into_error())?)
+fn finish_writing(out: Writer) -> Result<File, BoxError> {
+    let Checksummed { inner: mut file, crc } = out.into_inner().map_err(|e| e.into_error())?;
+    file.write_all(&crc.to_le_bytes())?;
+    Ok(file)
 }
 
 fn corrupt(what: &str) -> io::Error {
@@ -360,7 +366,7 @@ mod tests {
     fn a_length_past_the_end_of_the_file_is_refused_before_anything_is_allocated() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("snap");
-        let mut out = Checksummed::new(BufWriter::new(File::create(&path).unwrap()));
+        let mut out = writer(File::create(&path).unwrap());
         write_header(&mut out, &Meta::default()).unwrap();
         // One table, one record whose key claims almost 2^63 bytes.
         for value in [1, 1, u64::MAX >> 1] {
