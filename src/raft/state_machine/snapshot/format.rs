@@ -53,13 +53,25 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// every byte handed to the kernel but not synced: the caller syncs it after ending `txn`, so that the
 /// read transaction (which keeps LMDB from reusing the pages freed meanwhile) does not wait for the
 /// disk.
-pub(crate) fn write(file: File, meta: &Meta, tables: &[Db], txn: &RoTxn<WithoutTls>) -> Result<File, BoxError> {
+///
+/// `give_way` is asked every `GIVE_WAY_EVERY` records: if it says so, the write stops with `GaveWay`
+/// (the file is incomplete), so that the caller can end `txn` and start over.
+pub(crate) fn write(
+    file: File,
+    meta: &Meta,
+    tables: &[Db],
+    txn: &RoTxn<WithoutTls>,
+    give_way: &dyn Fn() -> bool,
+) -> Result<File, BoxError> {
     let mut out = writer(file);
     write_header(&mut out, meta)?;
     write_varint(&mut out, tables.len() as u64)?;
     for db in tables {
         write_varint(&mut out, db.len(txn)?)?;
-        for item in db.iter(txn)? {
+        for (n, item) in db.iter(txn)?.enumerate() {
+            if n % GIVE_WAY_EVERY == 0 && give_way() {
+                return Err(GaveWay.into());
+            }
             let (key, value) = item?;
             write_bytes(&mut out, key)?;
             write_bytes(&mut out, value)?;
@@ -67,6 +79,21 @@ pub(crate) fn write(file: File, meta: &Meta, tables: &[Db], txn: &RoTxn<WithoutT
     }
     finish_writing(out)
 }
+
+/// How often `write` asks whether to give way (an atomic load: cheap against a record's writes).
+const GIVE_WAY_EVERY: usize = 256;
+
+/// `write` stopped because it was asked to give way; the file is incomplete.
+#[derive(Debug)]
+pub(crate) struct GaveWay;
+
+impl std::fmt::Display for GaveWay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the snapshot dump gave way before it was complete")
+    }
+}
+
+impl std::error::Error for GaveWay {}
 
 /// Reads a snapshot file from its start: the metadata first, then the records (`load`).
 pub(crate) struct Reader {
@@ -316,7 +343,7 @@ mod tests {
         let (env, tables) = tables_with_records(&dir.path().join("env"));
         let path = dir.path().join("snap");
         let meta = Meta { snapshot_id: "s".into(), ..Default::default() };
-        write(File::create(&path).unwrap(), &meta, &tables, &env.read_txn().unwrap()).unwrap();
+        write(File::create(&path).unwrap(), &meta, &tables, &env.read_txn().unwrap(), &|| false).unwrap();
 
         let txn = env.read_txn().unwrap();
         let records: Vec<Vec<(serde_bytes::ByteBuf, serde_bytes::ByteBuf)>> = tables
