@@ -38,7 +38,8 @@ pub(crate) fn sync(file: &File) -> io::Result<u64> {
 fn write_back(file: &File, offset: u64, len: u64) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-    let (offset, len) = (i64::try_from(offset).map_err(io::Error::other)?, i64::try_from(len).map_err(io::Error::other)?);
+    let (offset, len) =
+        (i64::try_from(offset).map_err(io::Error::other)?, i64::try_from(len).map_err(io::Error::other)?);
     // SAFETY: `sync_file_range` reads no memory of this process: it takes an open descriptor (borrowed
     // from `file`, which outlives the call) and integers.
     #[allow(unsafe_code)]
