@@ -1,6 +1,6 @@
 //! LMDB environments: the one place keyward opens an environment. Its two `unsafe` blocks (the flags
-//! and the open, below) and the map's remap in `mapping.rs` are the only `unsafe` code in keyward,
-//! each with a SAFETY comment.
+//! and the open, below), the map's remap in `mapping.rs` and `sync_file_range` in `paced_sync.rs` are
+//! the only `unsafe` code in keyward, each with a SAFETY comment.
 //!
 //! A member has one environment, `<data-dir>/member/kv/` (the state machine: MVCC data, applied log
 //! id, membership; `raft/state_machine/`). The raft log is not in LMDB: it is segment files in
@@ -15,6 +15,7 @@ use heed::{CommitOrAbort, Database, Env, EnvFlags, EnvOpenOptions, WithoutTls};
 pub(crate) mod compacted;
 pub(crate) mod data_dir;
 pub(crate) mod mapping;
+pub(crate) mod paced_sync;
 pub(crate) mod table;
 
 pub(crate) use mapping::Writes;

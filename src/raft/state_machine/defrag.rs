@@ -157,17 +157,17 @@ mod tests {
         }
     }
 
-    /// A state machine holding 400 keys of 8 KiB, 360 of them deleted and compacted away.
+    /// A state machine holding 800 keys of 8 KiB, 720 of them deleted and compacted away.
     fn mostly_freed(dir: &Path) -> StateMachine {
         let sm = StateMachine::open(&dir.join("kv"), &dir.join("snap")).unwrap();
         let state = sm.state();
-        state.apply_requests(1, (0..400).map(|i| put(format!("k{i:03}"), vec![7; 8 << 10])).collect());
-        let deletes = (0..400).filter(|i| i % 10 != 0).map(|i| InternalRaftRequest {
+        state.apply_requests(1, (0..800).map(|i| put(format!("k{i:03}"), vec![7; 8 << 10])).collect());
+        let deletes = (0..800).filter(|i| i % 10 != 0).map(|i| InternalRaftRequest {
             delete_range: Some(Box::new(DeleteRangeRequest { key: format!("k{i:03}").into(), ..Default::default() })),
             ..Default::default()
         });
         let compact = InternalRaftRequest {
-            compaction: Some(Box::new(CompactionRequest { revision: 761, physical: false })),
+            compaction: Some(Box::new(CompactionRequest { revision: 1521, physical: false })),
             ..Default::default()
         };
         state.apply_requests(2, deletes.chain([compact]).collect());

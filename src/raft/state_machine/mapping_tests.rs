@@ -5,6 +5,7 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use super::snapshot::format;
 use super::snapshot_tests::put;
 use super::*;
 use crate::proto::etcdserverpb::InternalRaftRequest;
@@ -131,6 +132,61 @@ fn a_remap_waits_for_the_reader_holding_the_map() {
     let txn = state.read_txn().unwrap();
     let req = crate::proto::etcdserverpb::RangeRequest { key: b"k".to_vec(), ..Default::default() };
     assert_eq!(crate::mvcc::kv::range(&state.kv.view(&txn).unwrap(), &req).unwrap().kvs[0].value, b"after");
+}
+
+/// A snapshot's dump holds the map for as long as it reads; when apply meets a full map meanwhile,
+/// it waits for the remap (`Mapping::grow`) and says so, and the dump gives way at once (`GaveWay`)
+/// instead of stalling apply for the rest of its length. Without the signal the dump would go on
+/// and this would fail.
+#[test]
+fn a_snapshot_dump_gives_way_to_a_remap_that_apply_waits_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = open_mapped(dir.path());
+    state.apply_requests(1, puts("a/", 600, 100));
+    let reserved = assert_fully_reserved(&state);
+
+    let txn = state.read_txn().unwrap(); // the dump's transaction, holding the map
+    assert!(!state.mapping.remap_waiting());
+    let (applied, done) = mpsc::channel();
+    let writer = {
+        let state = state.clone();
+        std::thread::spawn(move || {
+            state.apply_requests(2, puts("fill/", 8, 1 << 20));
+            applied.send(()).unwrap();
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !state.mapping.remap_waiting() {
+        assert!(std::time::Instant::now() < deadline, "apply never waited to remap");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (temp, file) = state.snaps.temp("test").unwrap();
+    let meta = format::Meta::default();
+    let dumped = format::write(file, &meta, &state.tables(), &txn, &|| state.mapping.remap_waiting());
+    assert!(dumped.is_err_and(|e| e.is::<format::GaveWay>()), "the dump did not give way");
+    drop(txn);
+    done.recv().unwrap();
+    writer.join().unwrap();
+    assert!(!state.mapping.remap_waiting());
+    assert!(assert_fully_reserved(&state) > reserved);
+    drop(temp);
+}
+
+/// A dump that gave way starts over in a new transaction on an emptied file, at most
+/// `MAX_GIVE_WAY` times, then holds on: the snapshot is complete and installs the same tables.
+#[test]
+fn a_snapshot_that_gave_way_starts_over_and_is_complete() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let source = open_mapped(a.path());
+    source.apply_requests(1, puts("a/", 1000, 100));
+    source.mapping.pretend_remap_waiting(true); // never cleared: every dump is asked to give way
+    let (meta, file) = source.build_snapshot().unwrap();
+    source.mapping.pretend_remap_waiting(false);
+    let target = StateMachine::open(&b.path().join("kv"), &b.path().join("snap")).unwrap().state();
+    target.install_snapshot(&meta, file, None).unwrap();
+    assert_eq!(target.table_records(), source.table_records());
+    let temps = std::fs::read_dir(a.path().join("snap")).unwrap().filter_map(Result::ok);
+    assert_eq!(temps.filter(|e| e.file_name().to_string_lossy().ends_with(".tmp")).count(), 0);
 }
 
 #[test]

@@ -235,6 +235,8 @@ struct Disk {
     interrupted_sync: Option<u64>,
     file_syncs: u64,
     dir_syncs: u64,
+    /// Syncs served per file inode ([`FaultFs::file_syncs_of`]).
+    syncs_per_file: HashMap<u64, u64>,
 }
 
 const ROOT: u64 = 1;
@@ -275,6 +277,7 @@ impl Disk {
             interrupted_sync: None,
             file_syncs: 0,
             dir_syncs: 0,
+            syncs_per_file: HashMap::new(),
         }
     }
 
@@ -549,6 +552,7 @@ impl Disk {
             return Err(Errno::EIO);
         }
         self.file_syncs += 1;
+        *self.syncs_per_file.entry(ino).or_default() += 1;
         match &mut self.inode_mut(ino)?.body {
             Body::File { current, durable, dirty } => {
                 for index in std::mem::take(dirty) {
@@ -886,6 +890,17 @@ impl FaultFs {
     /// and persists nothing, and so does every request after it. See [`FaultFs::stopped`].
     pub(crate) fn stop_at_next_sync(&self) {
         lock(&self.disk).stop_at_sync = true;
+    }
+
+    /// How many times the file now at `path` (relative to the mount point) has been synced, 0 if
+    /// there is none.
+    pub(crate) fn file_syncs_of(&self, path: &Path) -> u64 {
+        let disk = lock(&self.disk);
+        let wanted = Path::new("/").join(path);
+        disk.syncs_per_file
+            .iter()
+            .find(|(&ino, _)| Path::new(&path_of(&disk, ROOT, ino, String::new())) == wanted)
+            .map_or(0, |(_, &syncs)| syncs)
     }
 
     /// Whether the power is out (every request fails).

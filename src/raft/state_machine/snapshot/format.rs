@@ -49,14 +49,29 @@ const MAX_VARINT_LEN: u32 = 10;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Writes a snapshot of `tables` as of `txn`, described by `meta`, to `file` and syncs it.
-pub(crate) fn write(file: File, meta: &Meta, tables: &[Db], txn: &RoTxn<WithoutTls>) -> Result<(), BoxError> {
-    let mut out = Checksummed::new(BufWriter::with_capacity(IO_BUFFER, file));
+/// Writes a snapshot of `tables` as of `txn`, described by `meta`, to `file`, and returns the file with
+/// every byte handed to the kernel but not synced: the caller syncs it after ending `txn`, so that the
+/// read transaction (which keeps LMDB from reusing the pages freed meanwhile) does not wait for the
+/// disk.
+///
+/// `give_way` is asked every `GIVE_WAY_EVERY` records: if it says so, the write stops with `GaveWay`
+/// (the file is incomplete), so that the caller can end `txn` and start over.
+pub(crate) fn write(
+    file: File,
+    meta: &Meta,
+    tables: &[Db],
+    txn: &RoTxn<WithoutTls>,
+    give_way: &dyn Fn() -> bool,
+) -> Result<File, BoxError> {
+    let mut out = writer(file);
     write_header(&mut out, meta)?;
     write_varint(&mut out, tables.len() as u64)?;
     for db in tables {
         write_varint(&mut out, db.len(txn)?)?;
-        for item in db.iter(txn)? {
+        for (n, item) in db.iter(txn)?.enumerate() {
+            if n % GIVE_WAY_EVERY == 0 && give_way() {
+                return Err(GaveWay.into());
+            }
             let (key, value) = item?;
             write_bytes(&mut out, key)?;
             write_bytes(&mut out, value)?;
@@ -64,6 +79,21 @@ pub(crate) fn write(file: File, meta: &Meta, tables: &[Db], txn: &RoTxn<WithoutT
     }
     finish_writing(out)
 }
+
+/// How often `write` asks whether to give way (an atomic load: cheap against a record's writes).
+const GIVE_WAY_EVERY: usize = 256;
+
+/// `write` stopped because it was asked to give way; the file is incomplete.
+#[derive(Debug)]
+pub(crate) struct GaveWay;
+
+impl std::fmt::Display for GaveWay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the snapshot dump gave way before it was complete")
+    }
+}
+
+impl std::error::Error for GaveWay {}
 
 /// Reads a snapshot file from its start: the metadata first, then the records (`load`).
 pub(crate) struct Reader {
@@ -185,13 +215,13 @@ pub(crate) fn upgrade_legacy(legacy: File, out: File) -> Result<Meta, BoxError> 
         input.read_exact(&mut byte)?;
         Ok(byte[0])
     })?;
-    let mut out = Checksummed::new(BufWriter::with_capacity(IO_BUFFER, out));
+    let mut out = writer(out);
     write_header(&mut out, &meta)?;
     let copied = io::copy(&mut input.by_ref().take(data_len), &mut out)?;
     if copied != data_len {
         return Err(corrupt("legacy snapshot is truncated").into());
     }
-    finish_writing(out)?;
+    finish_writing(out)?.sync_all()?;
     Ok(meta)
 }
 
@@ -239,14 +269,19 @@ fn write_varint(out: &mut impl Write, mut value: u64) -> io::Result<()> {
     }
 }
 
-/// Appends the checksum of everything written, then flushes and syncs the file.
-fn finish_writing(out: Checksummed<BufWriter<File>>) -> Result<(), BoxError> {
-    let crc = out.crc;
-    let mut out = out.inner;
-    out.write_all(&crc.to_le_bytes())?;
-    out.flush()?;
-    out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-    Ok(())
+/// A snapshot file being written: buffered, then checksummed a whole buffer at a time (a record's
+/// four small writes each checksummed cost more than the buffering).
+type Writer = BufWriter<Checksummed<File>>;
+
+fn writer(file: File) -> Writer {
+    BufWriter::with_capacity(IO_BUFFER, Checksummed::new(file))
+}
+
+/// Appends the checksum of everything written and flushes the file (to the kernel: not synced).
+fn finish_writing(out: Writer) -> Result<File, BoxError> {
+    let Checksummed { inner: mut file, crc } = out.into_inner().map_err(|e| e.into_error())?;
+    file.write_all(&crc.to_le_bytes())?;
+    Ok(file)
 }
 
 fn corrupt(what: &str) -> io::Error {
@@ -308,7 +343,7 @@ mod tests {
         let (env, tables) = tables_with_records(&dir.path().join("env"));
         let path = dir.path().join("snap");
         let meta = Meta { snapshot_id: "s".into(), ..Default::default() };
-        write(File::create(&path).unwrap(), &meta, &tables, &env.read_txn().unwrap()).unwrap();
+        write(File::create(&path).unwrap(), &meta, &tables, &env.read_txn().unwrap(), &|| false).unwrap();
 
         let txn = env.read_txn().unwrap();
         let records: Vec<Vec<(serde_bytes::ByteBuf, serde_bytes::ByteBuf)>> = tables
@@ -358,7 +393,7 @@ mod tests {
     fn a_length_past_the_end_of_the_file_is_refused_before_anything_is_allocated() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("snap");
-        let mut out = Checksummed::new(BufWriter::new(File::create(&path).unwrap()));
+        let mut out = writer(File::create(&path).unwrap());
         write_header(&mut out, &Meta::default()).unwrap();
         // One table, one record whose key claims almost 2^63 bytes.
         for value in [1, 1, u64::MAX >> 1] {
