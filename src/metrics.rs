@@ -295,6 +295,16 @@ pub(crate) static SNAPSHOT_RECEIVE_SUCCESS: LazyLock<IntCounterVec> = LazyLock::
     counter_vec("etcd_network_snapshot_receive_success", "Total number of successful snapshot receives", "From")
 });
 
+/// Bytes of snapshot chunks written by this member, resent ones included: against the size of the
+/// snapshots received, what restarts from byte 0 cost.
+pub(crate) static SNAPSHOT_RECEIVED_BYTES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "keyward_network_snapshot_received_bytes_total",
+        "Bytes of snapshot chunks received from the leader, chunks received again included.",
+        "From",
+    )
+});
+
 /// Snapshots whose receipt or install failed, or that were abandoned half-received for another.
 pub(crate) static SNAPSHOT_RECEIVE_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec("etcd_network_snapshot_receive_failures", "Total number of snapshot receive failures", "From")

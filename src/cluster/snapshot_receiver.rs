@@ -94,6 +94,7 @@ impl SnapshotReceiver {
             let subject = ErrorSubject::Snapshot(Some(req.meta.signature()));
             return Err(RaftError::Fatal(Fatal::StorageError(StorageError::from_io_error(subject, ErrorVerb::Write, e))));
         }
+        metrics::SNAPSHOT_RECEIVED_BYTES.with_label_values(&[&current.from]).inc_by(req.data.len() as u64);
         current.received = current.received.max(req.offset + req.data.len() as u64);
         if !req.done {
             return Ok(InstallSnapshotResponse { vote: my_vote });

@@ -75,6 +75,15 @@ enum Step {
     Retry(String),
 }
 
+/// The follower's answer to the probe.
+enum Holds {
+    Yes,
+    /// It does not, or cannot say.
+    No,
+    /// The follower has seen a higher vote: the transfer ends with it, and openraft steps down.
+    HigherVote(openraft::Vote<NodeId>),
+}
+
 impl PeerConnection {
     /// Sends `snapshot` unless the follower already holds what it covers; see the module doc.
     pub(super) async fn send_snapshot(
@@ -88,10 +97,14 @@ impl PeerConnection {
         let Snapshot { meta, snapshot: mut data } = snapshot;
         let to = format!("{:x}", self.target);
         let size = data.seek(SeekFrom::End(0)).await.map_err(|e| read_error(&meta, e))?;
-        if let Some(vote) = self.holds(vote, &meta, &option).await {
-            tracing::info!(peer = to, snapshot = %meta.snapshot_id, "the follower already holds what the snapshot covers: not sent");
-            metrics::SNAPSHOT_SEND_SKIPPED.with_label_values(&[&to]).inc();
-            return Ok(SnapshotResponse::new(vote));
+        match self.holds(vote, &meta, &option).await {
+            Holds::Yes => {
+                tracing::info!(peer = to, snapshot = %meta.snapshot_id, "the follower already holds what the snapshot covers: not sent");
+                metrics::SNAPSHOT_SEND_SKIPPED.with_label_values(&[&to]).inc();
+                return Ok(SnapshotResponse::new(vote));
+            }
+            Holds::HigherVote(higher) => return Ok(SnapshotResponse::new(higher)),
+            Holds::No => {}
         }
         let started = Instant::now();
         let resume = self.resume.take().filter(|r| r.snapshot_id == meta.snapshot_id && r.offset < size);
@@ -127,12 +140,13 @@ impl PeerConnection {
                     return Ok(response);
                 }
                 Step::Restart => match self.holds(vote, &meta, &option).await {
-                    Some(vote) => {
+                    Holds::Yes => {
                         tracing::info!(peer = to, snapshot = %meta.snapshot_id, "the follower holds the snapshot already");
                         metrics::SNAPSHOT_SEND_SUCCESS.with_label_values(&[&to]).inc();
                         return Ok(SnapshotResponse::new(vote));
                     }
-                    None => {
+                    Holds::HigherVote(higher) => return Ok(SnapshotResponse::new(higher)),
+                    Holds::No => {
                         tracing::info!(peer = to, snapshot = %meta.snapshot_id, offset, "the follower has none of the snapshot: sending it from the start");
                         offset = 0;
                         continue;
@@ -142,10 +156,14 @@ impl PeerConnection {
             };
             // A last chunk unanswered may still have been installed: the probe says.
             if done {
-                if let Some(vote) = self.holds(vote, &meta, &option).await {
-                    tracing::info!(peer = to, snapshot = %meta.snapshot_id, "the last chunk was not answered, but the follower holds the snapshot");
-                    metrics::SNAPSHOT_SEND_SUCCESS.with_label_values(&[&to]).inc();
-                    return Ok(SnapshotResponse::new(vote));
+                match self.holds(vote, &meta, &option).await {
+                    Holds::Yes => {
+                        tracing::info!(peer = to, snapshot = %meta.snapshot_id, "the last chunk was not answered, but the follower holds the snapshot");
+                        metrics::SNAPSHOT_SEND_SUCCESS.with_label_values(&[&to]).inc();
+                        return Ok(SnapshotResponse::new(vote));
+                    }
+                    Holds::HigherVote(higher) => return Ok(SnapshotResponse::new(higher)),
+                    Holds::No => {}
                 }
             }
             failures += 1;
@@ -198,15 +216,14 @@ impl PeerConnection {
     }
 
     /// Whether the follower holds the log up to the snapshot's last entry (in its log, or committed),
-    /// asked with an AppendEntries that carries no entry: `Some` of the vote to answer with (the
-    /// follower's, if higher: openraft then steps down), `None` if it does not or cannot say.
+    /// asked with an AppendEntries that carries no entry.
     async fn holds(
         &self,
         vote: openraft::Vote<NodeId>,
         meta: &openraft::SnapshotMeta<NodeId, crate::raft::member::MemberNode>,
         option: &RPCOption,
-    ) -> Option<openraft::Vote<NodeId>> {
-        let last = meta.last_log_id?;
+    ) -> Holds {
+        let Some(last) = meta.last_log_id else { return Holds::No };
         let probe = AppendEntriesRequest::<TypeConfig> { vote, prev_log_id: Some(last), entries: vec![], leader_commit: None };
         // Answered by the follower's raft core, not its disk: a second beyond openraft's timeout.
         let deadline = option.hard_ttl() + Duration::from_secs(1);
@@ -214,16 +231,18 @@ impl PeerConnection {
         let call =
             self.call::<_, AppendEntriesResponse<NodeId>, RaftError<NodeId>>(Rpc::AppendEntries, &probe, &call_option);
         match tokio::time::timeout(deadline, call).await {
-            Ok(Ok(AppendEntriesResponse::Success)) => Some(vote),
-            Ok(Ok(AppendEntriesResponse::HigherVote(higher))) => Some(higher),
-            _ => None,
+            Ok(Ok(AppendEntriesResponse::Success)) => Holds::Yes,
+            Ok(Ok(AppendEntriesResponse::HigherVote(higher))) => Holds::HigherVote(higher),
+            _ => Holds::No,
         }
     }
 }
 
-/// A chunk's deadline: openraft's per-RPC timeout, plus its bytes at the floor rate.
+/// A chunk's deadline: openraft's per-RPC timeout and a second (a member just restarted answers its
+/// first chunk only once its state machine opens the file to receive into), plus its bytes at the
+/// floor rate.
 fn chunk_deadline(option: &RPCOption, len: usize) -> Duration {
-    option.hard_ttl() + at_rate(len as u64, TRANSFER_RATE_FLOOR)
+    option.hard_ttl() + Duration::from_secs(1) + at_rate(len as u64, TRANSFER_RATE_FLOOR)
 }
 
 /// The last chunk's deadline also covers the install of the whole snapshot of `size` bytes.
@@ -258,7 +277,7 @@ mod tests {
     #[test]
     fn the_last_chunk_waits_for_the_install_of_the_whole_snapshot() {
         let option = RPCOption::new(Duration::from_millis(200));
-        assert_eq!(chunk_deadline(&option, 4 << 20), Duration::from_millis(700));
+        assert_eq!(chunk_deadline(&option, 4 << 20), Duration::from_millis(1_700));
         // 2.38 GB: the install measured 26.7 s, the deadline leaves ten times that.
         let deadline = last_chunk_deadline(&option, 2_380_000_000);
         assert!(deadline > Duration::from_secs(267), "{deadline:?}");
