@@ -77,7 +77,11 @@ impl PeerConnection {
             return Err(unreachable(format!("member {:x} has no peer URL", self.target)));
         };
         let payload = postcard::to_allocvec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let mut client = self.peers.client(url).map_err(|s| unreachable(s.message().to_string()))?;
+        let client = match rpc {
+            Rpc::InstallSnapshot => self.peers.snapshot_client(url),
+            Rpc::AppendEntries | Rpc::Vote => self.peers.client(url),
+        };
+        let mut client = client.map_err(|s| unreachable(s.message().to_string()))?;
         let request = self.peers.request(RaftMessage { payload }, Some(option.hard_ttl()));
         let answer = match rpc {
             Rpc::AppendEntries => client.append_entries(request).await,

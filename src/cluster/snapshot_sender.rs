@@ -67,8 +67,10 @@ pub(super) struct Resume {
 enum Step {
     /// The follower has the bytes up to here; continue.
     Continue(u64),
-    /// The transfer is over: the snapshot is installed (or the follower answered a higher vote).
+    /// The transfer is over: the snapshot is installed.
     Done(SnapshotResponse<NodeId>),
+    /// The follower has seen a higher vote: the transfer ends with it, and openraft steps down.
+    HigherVote(openraft::Vote<NodeId>),
     /// The follower has none of it (it restarted, or installed it and the answer was lost).
     Restart,
     /// Nothing was learnt: the chunk goes again after a pause.
@@ -139,6 +141,10 @@ impl PeerConnection {
                     metrics::SNAPSHOT_SEND_SUCCESS.with_label_values(&[&to]).inc();
                     return Ok(response);
                 }
+                Step::HigherVote(higher) => {
+                    tracing::info!(peer = to, snapshot = %meta.snapshot_id, vote = %higher, "the follower has seen a higher vote: transfer ended");
+                    return Ok(SnapshotResponse::new(higher));
+                }
                 Step::Restart => match self.holds(vote, &meta, &option).await {
                     Holds::Yes => {
                         tracing::info!(peer = to, snapshot = %meta.snapshot_id, "the follower holds the snapshot already");
@@ -193,7 +199,8 @@ impl PeerConnection {
         answer: Result<openraft::raft::InstallSnapshotResponse<NodeId>, ChunkError>,
     ) -> Result<Step, SendError> {
         Ok(match answer {
-            Ok(response) if response.vote > vote || request.done => Step::Done(SnapshotResponse::new(response.vote)),
+            Ok(response) if response.vote > vote => Step::HigherVote(response.vote),
+            Ok(response) if request.done => Step::Done(SnapshotResponse::new(response.vote)),
             Ok(_) => Step::Continue(request.offset + request.data.len() as u64),
             // The follower has another part than this one: continue where it is.
             Err(RPCError::RemoteError(RemoteError {

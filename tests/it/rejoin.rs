@@ -47,10 +47,12 @@ async fn a_member_behind_a_large_store_comes_back_with_one_snapshot_transfer() {
     let mb: usize = std::env::var("KEYWARD_REJOIN_VALUES_MB").ok().and_then(|v| v.parse().ok()).unwrap_or(640);
     let value_bytes = 512 << 10;
     let values = (mb << 20) / value_bytes;
-    // One snapshot while loading; then two more while the member is down, the second purging the
-    // log past it.
+    // One snapshot while loading; then more while the member is down, purging the log past it. 7,000
+    // puts: past etcd's 5,000 entries kept for slow followers too, so the same run against etcd
+    // (by hand) also needs a snapshot.
     let snapshot_count = values * 2 / 3;
-    let scenario = Scenario { values, value_bytes, puts_while_down: snapshot_count * 2 + 100, snapshot_count };
+    let puts_while_down = (snapshot_count * 2 + 100).max(7_000);
+    let scenario = Scenario { values, value_bytes, puts_while_down, snapshot_count };
     rejoin(scenario).await;
 }
 
@@ -74,10 +76,11 @@ async fn rejoin(scenario: Scenario) {
     let last_revision = last.header().expect("header").revision();
 
     let restarting = Instant::now();
-    blocking(|| cluster.members[down].restart());
+    // Not `restart`, which waits for `endpoint health` 30 s at most: catching up is what is timed.
+    blocking(|| cluster.members[down].spawn());
     let rejoined = &cluster.members[down];
-    let caught_up = wait_for_revision(rejoined, last_revision).await;
-    eprintln!("restarted member ready after {caught_up:?} ({:?} from its restart)", restarting.elapsed());
+    wait_for_revision(rejoined, last_revision).await;
+    eprintln!("restarted member caught up {:?} after its restart", restarting.elapsed());
 
     // It holds what the others hold.
     let mut there = common::auth::connect(&rejoined.client_url).await;
@@ -90,25 +93,35 @@ async fn rejoin(scenario: Scenario) {
     let sent: f64 = up.iter().map(|&i| metric_sum(&cluster.members[i], "etcd_network_snapshot_send_success")).sum();
     let skipped: f64 =
         up.iter().map(|&i| metric_sum(&cluster.members[i], "keyward_network_snapshot_send_skipped_total")).sum();
-    let received = metric_sum(rejoined, "etcd_network_snapshot_receive_success");
-    let begun = rejoined.log().matches("receiving a snapshot").count();
-    let failed_chunks: usize = up.iter().map(|&i| cluster.members[i].log().matches("snapshot chunk failed").count()).sum();
     let snapshot_lines = |m: &Member, what: &str| -> Vec<String> {
         m.log().lines().filter(|l| l.contains(what)).map(str::to_string).collect()
     };
+    let received = metric_sum(rejoined, "etcd_network_snapshot_receive_success");
+    let received_bytes = metric_sum(rejoined, "keyward_network_snapshot_received_bytes_total");
+    let begun = rejoined.log().matches("receiving a snapshot").count();
+    // The size of the snapshot installed, as the receiver logs it.
+    let installed: Vec<f64> = snapshot_lines(rejoined, "installing a snapshot received")
+        .iter()
+        .filter_map(|l| l.split(" size=").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    let failed_chunks: usize = up.iter().map(|&i| cluster.members[i].log().matches("snapshot chunk failed").count()).sum();
     let sizes: Vec<String> = up.iter().flat_map(|&i| snapshot_lines(&cluster.members[i], "sending a snapshot")).collect();
     let story = || {
         let sender = up.iter().flat_map(|&i| snapshot_lines(&cluster.members[i], "snapshot")).collect::<Vec<_>>();
         format!("senders:\n{}\nreceiver:\n{}", sender.join("\n"), snapshot_lines(rejoined, "snapshot").join("\n"))
     };
     eprintln!(
-        "transfers: sent {sent}, skipped {skipped}, received {received}, begun at byte 0 {begun}; failed chunks \
-         on the leader {failed_chunks}; {}",
+        "transfers: sent {sent}, skipped {skipped}, received {received} ({received_bytes} bytes for snapshots of \
+         {installed:?} bytes installed), begun at byte 0 {begun}; failed chunks on the leader {failed_chunks}; {}",
         sizes.join(" | ")
     );
     assert_eq!(received, 1.0, "the restarted member received one snapshot:\n{}", story());
-    assert_eq!(begun, 1, "one transfer begun at byte 0:\n{}", story());
     assert_eq!(sent, 1.0, "one snapshot sent:\n{}", story());
+    // Chunks sent again (a lost answer, a transfer resumed) are few; a transfer restarted from byte 0
+    // would send the whole snapshot again. (A transfer begun and left for a newer snapshot, on a leader
+    // change, may have sent a part of another one before.)
+    assert_eq!(installed.len(), 1, "one snapshot installed:\n{}", story());
+    assert!(received_bytes < 2.0 * installed[0], "{received_bytes} bytes received for one snapshot:\n{}", story());
 }
 
 /// `n` values of `bytes` bytes each under `value/`, eight puts at a time.
@@ -128,9 +141,9 @@ async fn put_values(client: &Client, n: usize, bytes: usize) {
     }
 }
 
-/// How long until `member` serves `revision` from its own state (a serializable read); panics after
-/// ten minutes.
-async fn wait_for_revision(member: &Member, revision: i64) -> Duration {
+/// Waits until `member` serves `revision` from its own state (a serializable read); panics after ten
+/// minutes.
+async fn wait_for_revision(member: &Member, revision: i64) {
     let started = Instant::now();
     let mut client: Option<Client> = None;
     loop {
@@ -140,7 +153,7 @@ async fn wait_for_revision(member: &Member, revision: i64) -> Duration {
         if let Some(c) = client.as_mut() {
             if let Ok(r) = c.get("down/last", Some(GetOptions::new().with_serializable())).await {
                 if r.header().is_some_and(|h| h.revision() >= revision) && r.count() == 1 {
-                    return started.elapsed();
+                    return;
                 }
             }
         }
