@@ -4,11 +4,13 @@
 //!
 //! The chunks of one snapshot (same metadata, so same bytes: a snapshot id names one build) go into
 //! the temp file openraft's `begin_receiving_snapshot` gives (`raft/state_machine/snapshot/data.rs`),
-//! each written at its own offset after an explicit seek, so a chunk sent again (its answer was lost,
-//! or its call dropped mid-write) lands where it belongs. The file is kept between calls: a chunk
-//! beyond what was received is answered `SnapshotMismatch` with the offset received so far, where
-//! the leader continues (`snapshot_sender.rs`) — a transfer interrupted mid-way resumes. A chunk of
-//! another snapshot must start at 0, and replaces the one being received.
+//! each written at its offset after an explicit seek (a call dropped mid-write may have left the file
+//! anywhere). The file is kept between calls, and the follower says where the transfer stands: a
+//! chunk at any other offset than the end of what was received (one sent again after its answer was
+//! lost, or a new attempt starting over at 0) is answered `SnapshotMismatch` with that offset, where
+//! the leader continues (`snapshot_sender.rs`) — a transfer interrupted mid-way resumes, across
+//! attempts and leader terms. A chunk of another snapshot must start at 0, and replaces the one
+//! being received. Each chunk also renews the leader's lease here (`heard_from_leader`).
 //!
 //! The last chunk installs the snapshot in a task of its own, which holds the receiver until it is
 //! done: a leader that gave up on the call and sends the chunk again waits for the install instead of
@@ -21,7 +23,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use openraft::error::{Fatal, InstallSnapshotError, RaftError, SnapshotMismatch};
-use openraft::raft::{InstallSnapshotRequest, InstallSnapshotResponse};
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, InstallSnapshotResponse};
 use openraft::{ErrorSubject, ErrorVerb, Snapshot, SnapshotSegmentId, StorageError, Vote};
 use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 
@@ -56,11 +58,13 @@ impl SnapshotReceiver {
         raft: &Raft,
         req: InstallSnapshotRequest<TypeConfig>,
     ) -> Result<InstallSnapshotResponse<NodeId>, ReceiveError> {
-        let my_vote = raft.with_raft_state(|state| *state.vote_ref()).await.map_err(RaftError::Fatal)?;
+        let (my_vote, committed) =
+            raft.with_raft_state(|state| (*state.vote_ref(), state.committed)).await.map_err(RaftError::Fatal)?;
         // A stale leader's chunk is not written (openraft's own receiver checks the same).
         if matches!(req.vote.partial_cmp(&my_vote), None | Some(std::cmp::Ordering::Less)) {
             return Ok(InstallSnapshotResponse { vote: my_vote });
         }
+        heard_from_leader(raft, req.vote, committed).await?;
         let mut receiving = self.receiving.clone().lock_owned().await;
         let current = receiving.as_ref().is_some_and(|r| r.meta == req.meta);
         if !current {
@@ -83,7 +87,9 @@ impl SnapshotReceiver {
         let Some(current) = receiving.as_mut() else {
             return Err(mismatch(&req, 0));
         };
-        if req.offset > current.received {
+        // The follower says where the transfer stands: a chunk sent again whose first answer was lost,
+        // or a new attempt (a new leader term) starting over at 0, continues from there.
+        if req.offset != current.received {
             return Err(mismatch(&req, current.received));
         }
         if let Err(e) = write_at(&mut current.data, req.offset, &req.data).await {
@@ -95,7 +101,7 @@ impl SnapshotReceiver {
             return Err(RaftError::Fatal(Fatal::StorageError(StorageError::from_io_error(subject, ErrorVerb::Write, e))));
         }
         metrics::SNAPSHOT_RECEIVED_BYTES.with_label_values(&[&current.from]).inc_by(req.data.len() as u64);
-        current.received = current.received.max(req.offset + req.data.len() as u64);
+        current.received = req.offset + req.data.len() as u64;
         if !req.done {
             return Ok(InstallSnapshotResponse { vote: my_vote });
         }
@@ -110,6 +116,23 @@ impl SnapshotReceiver {
             installed
         });
         install.await.unwrap_or_else(|e| Err(RaftError::Fatal(Fatal::StorageError(install_panicked(&req.meta, e)))))
+    }
+}
+
+/// A chunk from the leader is word from the leader, as etcd's MsgSnap is: told to the raft core as an
+/// AppendEntries of nothing after this member's committed entry (in every leader's log), which
+/// renews the leader's lease here. Without it a member busy receiving a snapshot, whose heartbeats
+/// were late, campaigned, and each election ended the transfer.
+async fn heard_from_leader(
+    raft: &Raft,
+    vote: Vote<NodeId>,
+    committed: Option<openraft::LogId<NodeId>>,
+) -> Result<(), ReceiveError> {
+    let heartbeat = AppendEntriesRequest { vote, prev_log_id: committed, entries: vec![], leader_commit: None };
+    match raft.append_entries(heartbeat).await {
+        Ok(_) => Ok(()),
+        Err(RaftError::Fatal(fatal)) => Err(RaftError::Fatal(fatal)),
+        Err(RaftError::APIError(never)) => match never {},
     }
 }
 
