@@ -21,8 +21,8 @@ use serde::Serialize;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::membership;
-use super::snapshot_receiver::SnapshotReceiver;
 use super::peers::{CLUSTER_ID_HEADER, MEMBER_ID_HEADER};
+use super::snapshot_receiver::SnapshotReceiver;
 use crate::apply::Applied;
 use crate::error::EtcdError;
 use crate::lease::lessor::Lessor;

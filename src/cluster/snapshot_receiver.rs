@@ -98,7 +98,11 @@ impl SnapshotReceiver {
                 discard(failed.data);
             }
             let subject = ErrorSubject::Snapshot(Some(req.meta.signature()));
-            return Err(RaftError::Fatal(Fatal::StorageError(StorageError::from_io_error(subject, ErrorVerb::Write, e))));
+            return Err(RaftError::Fatal(Fatal::StorageError(StorageError::from_io_error(
+                subject,
+                ErrorVerb::Write,
+                e,
+            ))));
         }
         metrics::SNAPSHOT_RECEIVED_BYTES.with_label_values(&[&current.from]).inc_by(req.data.len() as u64);
         current.received = req.offset + req.data.len() as u64;

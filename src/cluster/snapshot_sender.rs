@@ -211,7 +211,12 @@ impl PeerConnection {
                 if at == 0 || mismatch.expect.id != request.meta.snapshot_id || at > size {
                     return Ok(Step::Restart);
                 }
-                tracing::info!(peer = format!("{:x}", self.target), offset = request.offset, resume_at = at, "the follower continues the snapshot elsewhere");
+                tracing::info!(
+                    peer = format!("{:x}", self.target),
+                    offset = request.offset,
+                    resume_at = at,
+                    "the follower continues the snapshot elsewhere"
+                );
                 Step::Continue(at)
             }
             Err(RPCError::RemoteError(RemoteError { target, target_node, source: RaftError::Fatal(fatal) })) => {
@@ -231,7 +236,8 @@ impl PeerConnection {
         option: &RPCOption,
     ) -> Holds {
         let Some(last) = meta.last_log_id else { return Holds::No };
-        let probe = AppendEntriesRequest::<TypeConfig> { vote, prev_log_id: Some(last), entries: vec![], leader_commit: None };
+        let probe =
+            AppendEntriesRequest::<TypeConfig> { vote, prev_log_id: Some(last), entries: vec![], leader_commit: None };
         // Answered by the follower's raft core, not its disk: a second beyond openraft's timeout.
         let deadline = option.hard_ttl() + Duration::from_secs(1);
         let call_option = RPCOption::new(deadline);

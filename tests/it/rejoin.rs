@@ -104,8 +104,10 @@ async fn rejoin(scenario: Scenario) {
         .iter()
         .filter_map(|l| l.split(" size=").nth(1)?.split(' ').next()?.parse().ok())
         .collect();
-    let failed_chunks: usize = up.iter().map(|&i| cluster.members[i].log().matches("snapshot chunk failed").count()).sum();
-    let sizes: Vec<String> = up.iter().flat_map(|&i| snapshot_lines(&cluster.members[i], "sending a snapshot")).collect();
+    let failed_chunks: usize =
+        up.iter().map(|&i| cluster.members[i].log().matches("snapshot chunk failed").count()).sum();
+    let sizes: Vec<String> =
+        up.iter().flat_map(|&i| snapshot_lines(&cluster.members[i], "sending a snapshot")).collect();
     let story = || {
         let sender = up.iter().flat_map(|&i| snapshot_lines(&cluster.members[i], "snapshot")).collect::<Vec<_>>();
         format!("senders:\n{}\nreceiver:\n{}", sender.join("\n"), snapshot_lines(rejoined, "snapshot").join("\n"))
