@@ -119,7 +119,10 @@ impl SnapshotReceiver {
             drop(receiving);
             installed
         });
-        install.await.unwrap_or_else(|e| Err(RaftError::Fatal(Fatal::StorageError(install_panicked(&req.meta, e)))))
+        match install.await {
+            Ok(answer) => answer,
+            Err(e) => Err(RaftError::Fatal(Fatal::StorageError(install_panicked(&req.meta, e)))),
+        }
     }
 }
 

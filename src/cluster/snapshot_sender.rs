@@ -75,6 +75,8 @@ enum Step {
     Restart,
     /// Nothing was learnt: the chunk goes again after a pause.
     Retry(String),
+    /// The follower failed for good (openraft's `Fatal`): the attempt ends with it.
+    Failed(Box<SendError>),
 }
 
 /// The follower's answer to the probe.
@@ -126,7 +128,7 @@ impl PeerConnection {
                 answer = call => answer,
             };
             let step = match answer {
-                Ok(answer) => self.step(vote, &request, size, answer)?,
+                Ok(answer) => self.step(vote, &request, size, answer),
                 Err(_) => Step::Retry(format!("no answer within {deadline:?}")),
             };
             let reason = match step {
@@ -159,6 +161,7 @@ impl PeerConnection {
                     }
                 },
                 Step::Retry(reason) => reason,
+                Step::Failed(error) => return Err(*error),
             };
             // A last chunk unanswered may still have been installed: the probe says.
             if done {
@@ -197,8 +200,8 @@ impl PeerConnection {
         request: &InstallSnapshotRequest<TypeConfig>,
         size: u64,
         answer: Result<openraft::raft::InstallSnapshotResponse<NodeId>, ChunkError>,
-    ) -> Result<Step, SendError> {
-        Ok(match answer {
+    ) -> Step {
+        match answer {
             Ok(response) if response.vote > vote => Step::HigherVote(response.vote),
             Ok(response) if request.done => Step::Done(SnapshotResponse::new(response.vote)),
             Ok(_) => Step::Continue(request.offset + request.data.len() as u64),
@@ -209,7 +212,7 @@ impl PeerConnection {
             })) => {
                 let at = mismatch.expect.offset;
                 if at == 0 || mismatch.expect.id != request.meta.snapshot_id || at > size {
-                    return Ok(Step::Restart);
+                    return Step::Restart;
                 }
                 tracing::info!(
                     peer = format!("{:x}", self.target),
@@ -221,10 +224,10 @@ impl PeerConnection {
             }
             Err(RPCError::RemoteError(RemoteError { target, target_node, source: RaftError::Fatal(fatal) })) => {
                 metrics::SNAPSHOT_SEND_FAILURES.with_label_values(&[&format!("{:x}", self.target)]).inc();
-                return Err(RemoteError { target, target_node, source: fatal }.into());
+                Step::Failed(Box::new(RemoteError { target, target_node, source: fatal }.into()))
             }
             Err(e) => Step::Retry(e.to_string()),
-        })
+        }
     }
 
     /// Whether the follower holds the log up to the snapshot's last entry (in its log, or committed),
