@@ -25,7 +25,6 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::peers::Peers;
-use super::snapshot_sender::Resume;
 use crate::proto::keywardpb::RaftMessage;
 use crate::raft::member::MemberNode;
 use crate::raft::{NodeId, TypeConfig};
@@ -46,8 +45,9 @@ pub(crate) struct PeerConnection {
     peers: Arc<Peers>,
     pub(super) target: NodeId,
     url: Option<String>,
-    /// How far the last snapshot transfer to this peer got.
-    pub(super) resume: Option<Resume>,
+    /// How far the last snapshot transfer to this peer got (`snapshot_sender.rs`): the next attempt
+    /// at the same snapshot starts there.
+    pub(super) resume: Option<(openraft::SnapshotId, u64)>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {

@@ -30,7 +30,7 @@ use openraft::error::{
 };
 use openraft::network::RPCOption;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, SnapshotResponse};
-use openraft::{AnyError, ErrorSubject, ErrorVerb, OptionalSend, Snapshot, SnapshotId, StorageError};
+use openraft::{AnyError, ErrorSubject, ErrorVerb, OptionalSend, Snapshot, StorageError};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use super::network::{PeerConnection, Rpc};
@@ -55,13 +55,6 @@ const DEFAULT_CHUNK_SIZE: usize = 4 << 20;
 type SnapshotData = <TypeConfig as openraft::RaftTypeConfig>::SnapshotData;
 type SendError = StreamingError<TypeConfig, Fatal<NodeId>>;
 type ChunkError = RPCError<NodeId, crate::raft::member::MemberNode, RaftError<NodeId, InstallSnapshotError>>;
-
-/// How far the last transfer to a peer got: the next attempt at the same snapshot starts there.
-#[derive(Default)]
-pub(super) struct Resume {
-    snapshot_id: SnapshotId,
-    offset: u64,
-}
 
 /// What the answer to one chunk means for the transfer.
 enum Step {
@@ -111,8 +104,8 @@ impl PeerConnection {
             Holds::No => {}
         }
         let started = Instant::now();
-        let resume = self.resume.take().filter(|r| r.snapshot_id == meta.snapshot_id && r.offset < size);
-        let mut offset = resume.map_or(0, |r| r.offset);
+        let resume = self.resume.take().filter(|(id, offset)| *id == meta.snapshot_id && *offset < size);
+        let mut offset = resume.map_or(0, |(_, offset)| offset);
         tracing::info!(peer = to, snapshot = %meta.snapshot_id, size, offset, "sending a snapshot");
         let chunk_size = option.snapshot_chunk_size().unwrap_or(DEFAULT_CHUNK_SIZE);
         let mut failures = 0;
@@ -134,7 +127,7 @@ impl PeerConnection {
             let reason = match step {
                 Step::Continue(next) => {
                     offset = next;
-                    self.resume = Some(Resume { snapshot_id: meta.snapshot_id.clone(), offset });
+                    self.resume = Some((meta.snapshot_id.clone(), offset));
                     failures = 0;
                     continue;
                 }
