@@ -263,6 +263,53 @@ pub(crate) static TLS_HANDSHAKE_FAILURES: LazyLock<IntCounterVec> = LazyLock::ne
     )
 });
 
+fn counter_vec(name: &str, help: &str, label: &str) -> IntCounterVec {
+    register(
+        IntCounterVec::new(Opts::new(name, help), &[label])
+            .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+}
+
+/// Snapshots sent to a member (`To`, its id in hex) and installed there (`cluster/snapshot_sender.rs`).
+pub(crate) static SNAPSHOT_SEND_SUCCESS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec("etcd_network_snapshot_send_success", "Total number of successful snapshot sends", "To")
+});
+
+/// Snapshot transfers given up (openraft's replication starts another, which resumes this one).
+pub(crate) static SNAPSHOT_SEND_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec("etcd_network_snapshot_send_failures", "Total number of snapshot send failures", "To")
+});
+
+/// Snapshots not sent: the member already held what they cover.
+pub(crate) static SNAPSHOT_SEND_SKIPPED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "keyward_network_snapshot_send_skipped_total",
+        "Snapshot transfers not made: the member already held the log the snapshot covers.",
+        "To",
+    )
+});
+
+/// Snapshots received whole from the leader (`From`), installed or already covered
+/// (`cluster/snapshot_receiver.rs`).
+pub(crate) static SNAPSHOT_RECEIVE_SUCCESS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec("etcd_network_snapshot_receive_success", "Total number of successful snapshot receives", "From")
+});
+
+/// Bytes of snapshot chunks written by this member, resent ones included: against the size of the
+/// snapshots received, what restarts from byte 0 cost.
+pub(crate) static SNAPSHOT_RECEIVED_BYTES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "keyward_network_snapshot_received_bytes_total",
+        "Bytes of snapshot chunks received from the leader, chunks received again included.",
+        "From",
+    )
+});
+
+/// Snapshots whose receipt or install failed, or that were abandoned half-received for another.
+pub(crate) static SNAPSHOT_RECEIVE_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec("etcd_network_snapshot_receive_failures", "Total number of snapshot receive failures", "From")
+});
+
 /// Peer requests refused because their caller is not a member (`cluster/peer_guard.rs`), by reason.
 pub(crate) static PEER_REQUESTS_REFUSED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(

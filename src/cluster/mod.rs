@@ -3,7 +3,8 @@
 //! - `ids.rs`: member and cluster ids derived from the same flags on every member.
 //! - `admission.rs`: who is a member on the peer port (the rule `peer_guard.rs` applies).
 //! - `peers.rs`: dialing peers (one gRPC channel per peer, mTLS with the `--peer-*` flags).
-//! - `network.rs`: openraft's transport over those channels.
+//! - `network.rs`: openraft's transport over those channels; snapshots go by `snapshot_sender.rs` on
+//!   the leader and `snapshot_receiver.rs` on the follower.
 //! - `peer_service.rs`: the serving side, on the peer listener that `server/mod.rs` binds; it calls
 //!   the member through `LocalMember` (implemented in `node/for_peers.rs`).
 //! - `peer_guard.rs`: the gate every peer request passes first (members only, by `admission.rs`).
@@ -22,3 +23,5 @@ pub(crate) mod network;
 pub(crate) mod peer_guard;
 pub(crate) mod peer_service;
 pub(crate) mod peers;
+mod snapshot_receiver;
+mod snapshot_sender;

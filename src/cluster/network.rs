@@ -4,17 +4,23 @@
 //! hands it to its raft core and returns the core's answer, or the core's error, the same way
 //! (`peer_service.rs`). A peer that cannot be dialed is reported `Unreachable`, on which openraft
 //! backs off (`backoff`) before retrying, and logged once per interval with the reason. Snapshots go
-//! in chunks of `snapshot_max_chunk_size` (openraft's chunked transport), one call per chunk.
+//! in chunks of `snapshot_max_chunk_size`, one call per chunk, by keyward's own sender
+//! (`snapshot_sender.rs`: deadlines that cover the install, resumed transfers, none to a follower
+//! that already holds what the snapshot covers) and receiver (`snapshot_receiver.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::error::{
+    Fatal, InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError,
+    Unreachable,
+};
 use openraft::network::{Backoff, RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
-    VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, SnapshotResponse,
+    VoteRequest, VoteResponse,
 };
+use openraft::{OptionalSend, Snapshot, Vote};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -37,28 +43,31 @@ impl PeerNetwork {
 /// The connection to one peer, as openraft uses it.
 pub(crate) struct PeerConnection {
     peers: Arc<Peers>,
-    target: NodeId,
+    pub(super) target: NodeId,
     url: Option<String>,
+    /// How far the last snapshot transfer to this peer got (`snapshot_sender.rs`): the next attempt
+    /// at the same snapshot starts there.
+    pub(super) resume: Option<(openraft::SnapshotId, u64)>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     type Network = PeerConnection;
 
     async fn new_client(&mut self, target: NodeId, node: &MemberNode) -> PeerConnection {
-        PeerConnection { peers: self.peers.clone(), target, url: node.peer_url().map(str::to_string) }
+        PeerConnection { peers: self.peers.clone(), target, url: node.peer_url().map(str::to_string), resume: None }
     }
 }
 
 /// Which peer RPC carries a raft message.
 #[derive(Clone, Copy)]
-enum Rpc {
+pub(super) enum Rpc {
     AppendEntries,
     Vote,
     InstallSnapshot,
 }
 
 impl PeerConnection {
-    async fn call<Req: Serialize, Resp: DeserializeOwned, E: std::error::Error + DeserializeOwned>(
+    pub(super) async fn call<Req: Serialize, Resp: DeserializeOwned, E: std::error::Error + DeserializeOwned>(
         &self,
         rpc: Rpc,
         req: &Req,
@@ -68,7 +77,11 @@ impl PeerConnection {
             return Err(unreachable(format!("member {:x} has no peer URL", self.target)));
         };
         let payload = postcard::to_allocvec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let mut client = self.peers.client(url).map_err(|s| unreachable(s.message().to_string()))?;
+        let client = match rpc {
+            Rpc::InstallSnapshot => self.peers.snapshot_client(url),
+            Rpc::AppendEntries | Rpc::Vote => self.peers.client(url),
+        };
+        let mut client = client.map_err(|s| unreachable(s.message().to_string()))?;
         let request = self.peers.request(RaftMessage { payload }, Some(option.hard_ttl()));
         let answer = match rpc {
             Rpc::AppendEntries => client.append_entries(request).await,
@@ -125,6 +138,17 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
     ) -> Result<InstallSnapshotResponse<NodeId>, RPCError<NodeId, MemberNode, RaftError<NodeId, InstallSnapshotError>>>
     {
         self.call(Rpc::InstallSnapshot, &rpc, &option).await
+    }
+
+    /// keyward's sender (`snapshot_sender.rs`), not openraft's default.
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote<NodeId>,
+        snapshot: Snapshot<TypeConfig>,
+        cancel: impl std::future::Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<NodeId>, StreamingError<TypeConfig, Fatal<NodeId>>> {
+        self.send_snapshot(vote, snapshot, cancel, option).await
     }
 
     async fn vote(

@@ -22,6 +22,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::membership;
 use super::peers::{CLUSTER_ID_HEADER, MEMBER_ID_HEADER};
+use super::snapshot_receiver::SnapshotReceiver;
 use crate::apply::Applied;
 use crate::error::EtcdError;
 use crate::lease::lessor::Lessor;
@@ -65,11 +66,13 @@ pub(crate) trait LocalMember: Send + Sync + 'static {
 
 pub(crate) struct PeerService {
     member: Arc<dyn LocalMember>,
+    /// The snapshot the leader is sending this member, between its chunks.
+    snapshots: SnapshotReceiver,
 }
 
 impl PeerService {
     pub(crate) fn new(member: Arc<dyn LocalMember>) -> Self {
-        PeerService { member }
+        PeerService { member, snapshots: SnapshotReceiver::default() }
     }
 
     /// Refuses a request from another cluster (`unknown_ok`: a joining member that does not know
@@ -132,7 +135,7 @@ impl Peer for PeerService {
 
     async fn install_snapshot(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_cluster(&request, false)?;
-        raft_call(request, async |req| self.member.raft().install_snapshot(req).await).await
+        raft_call(request, async |req| self.snapshots.receive(self.member.raft(), req).await).await
     }
 
     async fn propose(&self, request: Request<InternalRaftRequest>) -> Result<Response<ProposeResponse>, Status> {

@@ -47,6 +47,7 @@ pub(crate) struct Peers {
     member_id: AtomicU64,
     /// 0 while a joining member does not know its cluster yet.
     cluster_id: AtomicU64,
+    /// One connection per peer URL, and one more per peer for snapshot chunks (`snapshot_client`).
     channels: Mutex<HashMap<String, Channel>>,
     /// The runtime the connections' tasks run on: the one `new` was called on, never the raft thread,
     /// which blocks in log syncs (`raft/thread.rs`).
@@ -81,15 +82,26 @@ impl Peers {
 
     /// A client for the peer at `url`; connects on first use.
     pub(crate) fn client(&self, url: &str) -> Result<PeerClient<Channel>, tonic::Status> {
+        self.client_on(url, url.to_string())
+    }
+
+    /// A client for snapshot chunks to the peer at `url`, on a connection of its own (as etcd sends
+    /// snapshots apart from its message streams): megabytes of chunks in flight on the raft
+    /// connection would hold up heartbeats behind them, and the follower would campaign.
+    pub(crate) fn snapshot_client(&self, url: &str) -> Result<PeerClient<Channel>, tonic::Status> {
+        self.client_on(url, format!("{url} (snapshots)"))
+    }
+
+    fn client_on(&self, url: &str, connection: String) -> Result<PeerClient<Channel>, tonic::Status> {
         let mut channels = self.channels.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let channel = match channels.get(url) {
+        let channel = match channels.get(&connection) {
             Some(channel) => channel.clone(),
             None => {
                 // The channel spawns its connection task on the runtime entered here.
                 let _main = self.runtime.enter();
                 let channel = crate::frontend::tls::client::lazy_channel(url, self.tls.as_ref(), CONNECT_TIMEOUT)
                     .map_err(tonic::Status::invalid_argument)?;
-                channels.insert(url.to_string(), channel.clone());
+                channels.insert(connection, channel.clone());
                 channel
             }
         };

@@ -42,6 +42,7 @@ mod migrate;
 mod module_cycles;
 mod peer_port;
 mod proxy;
+mod rejoin;
 mod restore;
 mod snapshot_memory;
 mod space;

@@ -92,9 +92,10 @@ pub(crate) mod etcd_errors {
 // binaries and environment
 // ---------------------------------------------------------------------------
 
-/// Path of the keyward binary under test (built by cargo for integration tests).
+/// Path of the keyward binary under test: the one cargo built for the integration tests, or
+/// `KEYWARD_HARNESS_KEYWARD` (e.g. a release build, for the tests that measure).
 pub(crate) fn keyward_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_keyward"))
+    PathBuf::from(std::env::var("KEYWARD_HARNESS_KEYWARD").unwrap_or_else(|_| env!("CARGO_BIN_EXE_keyward").into()))
 }
 
 pub(crate) fn etcd_bin() -> PathBuf {

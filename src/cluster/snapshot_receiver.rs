@@ -1,0 +1,201 @@
+//! The follower's side of a snapshot transfer (the InstallSnapshot RPC), in place of openraft's
+//! `Raft::install_snapshot`, whose receiver starts over at any gap and drops a snapshot half-installed
+//! when the leader's deadline drops the call.
+//!
+//! The chunks of one snapshot (same metadata, so same bytes: a snapshot id names one build) go into
+//! the temp file openraft's `begin_receiving_snapshot` gives (`raft/state_machine/snapshot/data.rs`),
+//! each written at its offset after an explicit seek (a call dropped mid-write may have left the file
+//! anywhere). The file is kept between calls, and the follower says where the transfer stands: a
+//! chunk at any other offset than the end of what was received (one sent again after its answer was
+//! lost, or a new attempt starting over at 0) is answered `SnapshotMismatch` with that offset, where
+//! the leader continues (`snapshot_sender.rs`) — a transfer interrupted mid-way resumes, across
+//! attempts and leader terms. A chunk of another snapshot must start at 0, and replaces the one
+//! being received. Each chunk also renews the leader's lease here (`heard_from_leader`).
+//!
+//! The last chunk installs the snapshot in a task of its own, which holds the receiver until it is
+//! done: a leader that gave up on the call and sends the chunk again waits for the install instead of
+//! finding nothing. A snapshot this member already covers (its committed log reaches the snapshot's
+//! last entry: it installed it from an earlier transfer whose answer was lost) is not installed, and
+//! its file is removed off the async threads.
+
+use std::io::SeekFrom;
+use std::sync::Arc;
+use std::time::Instant;
+
+use openraft::error::{Fatal, InstallSnapshotError, RaftError, SnapshotMismatch};
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, InstallSnapshotResponse};
+use openraft::{ErrorSubject, ErrorVerb, Snapshot, SnapshotSegmentId, StorageError, Vote};
+use tokio::io::{AsyncSeekExt, AsyncWriteExt};
+
+use crate::metrics;
+use crate::raft::member::MemberNode;
+use crate::raft::{NodeId, Raft, TypeConfig};
+
+type SnapshotData = <TypeConfig as openraft::RaftTypeConfig>::SnapshotData;
+type SnapshotMeta = openraft::SnapshotMeta<NodeId, MemberNode>;
+type ReceiveError = RaftError<NodeId, InstallSnapshotError>;
+
+/// The snapshot being received, if any, kept between InstallSnapshot calls.
+#[derive(Default)]
+pub(crate) struct SnapshotReceiver {
+    receiving: Arc<tokio::sync::Mutex<Option<Receiving>>>,
+}
+
+struct Receiving {
+    meta: SnapshotMeta,
+    data: Box<SnapshotData>,
+    /// Every byte before this one is in `data`.
+    received: u64,
+    /// The leader sending it, in hex (the metrics' `From`).
+    from: String,
+    started: Instant,
+}
+
+impl SnapshotReceiver {
+    /// Takes one chunk of a snapshot from the leader; the last one installs it.
+    pub(crate) async fn receive(
+        &self,
+        raft: &Raft,
+        req: InstallSnapshotRequest<TypeConfig>,
+    ) -> Result<InstallSnapshotResponse<NodeId>, ReceiveError> {
+        let (my_vote, committed) =
+            raft.with_raft_state(|state| (*state.vote_ref(), state.committed)).await.map_err(RaftError::Fatal)?;
+        // A stale leader's chunk is not written (openraft's own receiver checks the same).
+        if matches!(req.vote.partial_cmp(&my_vote), None | Some(std::cmp::Ordering::Less)) {
+            return Ok(InstallSnapshotResponse { vote: my_vote });
+        }
+        heard_from_leader(raft, req.vote, committed).await?;
+        let mut receiving = self.receiving.clone().lock_owned().await;
+        let current = receiving.as_ref().is_some_and(|r| r.meta == req.meta);
+        if !current {
+            if req.offset != 0 {
+                return Err(mismatch(&req, 0));
+            }
+            if let Some(abandoned) = receiving.take() {
+                tracing::warn!(snapshot = %abandoned.meta.snapshot_id, received = abandoned.received, "a snapshot half-received is abandoned for another");
+                metrics::SNAPSHOT_RECEIVE_FAILURES.with_label_values(&[&abandoned.from]).inc();
+                discard(abandoned.data);
+            }
+            let data = raft.begin_receiving_snapshot().await.map_err(|e| match e {
+                RaftError::Fatal(fatal) => RaftError::Fatal(fatal),
+                RaftError::APIError(never) => match never {},
+            })?;
+            let from = req.vote.leader_id().voted_for().map_or_else(String::new, |id| format!("{id:x}"));
+            tracing::info!(snapshot = %req.meta.snapshot_id, from, "receiving a snapshot");
+            *receiving = Some(Receiving { meta: req.meta.clone(), data, received: 0, from, started: Instant::now() });
+        }
+        let Some(current) = receiving.as_mut() else {
+            return Err(mismatch(&req, 0));
+        };
+        // The follower says where the transfer stands: a chunk sent again whose first answer was lost,
+        // or a new attempt (a new leader term) starting over at 0, continues from there.
+        if req.offset != current.received {
+            return Err(mismatch(&req, current.received));
+        }
+        if let Err(e) = write_at(&mut current.data, req.offset, &req.data).await {
+            metrics::SNAPSHOT_RECEIVE_FAILURES.with_label_values(&[&current.from]).inc();
+            if let Some(failed) = receiving.take() {
+                discard(failed.data);
+            }
+            let subject = ErrorSubject::Snapshot(Some(req.meta.signature()));
+            return Err(RaftError::Fatal(Fatal::StorageError(StorageError::from_io_error(
+                subject,
+                ErrorVerb::Write,
+                e,
+            ))));
+        }
+        metrics::SNAPSHOT_RECEIVED_BYTES.with_label_values(&[&current.from]).inc_by(req.data.len() as u64);
+        current.received = req.offset + req.data.len() as u64;
+        if !req.done {
+            return Ok(InstallSnapshotResponse { vote: my_vote });
+        }
+        let Some(received) = receiving.take() else {
+            return Err(mismatch(&req, 0));
+        };
+        let (raft, vote) = (raft.clone(), req.vote);
+        // Holds `receiving` until installed, even if the leader's deadline drops this call.
+        let install = tokio::spawn(async move {
+            let installed = install(&raft, vote, received).await;
+            drop(receiving);
+            installed
+        });
+        match install.await {
+            Ok(answer) => answer,
+            Err(e) => Err(RaftError::Fatal(Fatal::StorageError(install_panicked(&req.meta, e)))),
+        }
+    }
+}
+
+/// A chunk from the leader is word from the leader, as etcd's MsgSnap is: told to the raft core as an
+/// AppendEntries of nothing after this member's committed entry (in every leader's log), which
+/// renews the leader's lease here. Without it a member busy receiving a snapshot, whose heartbeats
+/// were late, campaigned, and each election ended the transfer.
+async fn heard_from_leader(
+    raft: &Raft,
+    vote: Vote<NodeId>,
+    committed: Option<openraft::LogId<NodeId>>,
+) -> Result<(), ReceiveError> {
+    let heartbeat = AppendEntriesRequest { vote, prev_log_id: committed, entries: vec![], leader_commit: None };
+    match raft.append_entries(heartbeat).await {
+        Ok(_) => Ok(()),
+        Err(RaftError::Fatal(fatal)) => Err(RaftError::Fatal(fatal)),
+        Err(RaftError::APIError(never)) => match never {},
+    }
+}
+
+/// Installs a snapshot received whole, unless this member already covers it.
+async fn install(
+    raft: &Raft,
+    vote: Vote<NodeId>,
+    received: Receiving,
+) -> Result<InstallSnapshotResponse<NodeId>, ReceiveError> {
+    let Receiving { meta, data, received: size, from, started } = received;
+    let (my_vote, committed) =
+        raft.with_raft_state(|state| (*state.vote_ref(), state.committed)).await.map_err(RaftError::Fatal)?;
+    metrics::SNAPSHOT_RECEIVE_SUCCESS.with_label_values(&[&from]).inc();
+    if meta.last_log_id <= committed {
+        tracing::info!(snapshot = %meta.snapshot_id, committed = ?committed, "a snapshot received is already covered: not installed");
+        discard(data);
+        return Ok(InstallSnapshotResponse { vote: my_vote });
+    }
+    tracing::info!(snapshot = %meta.snapshot_id, size, received_in = ?started.elapsed(), "installing a snapshot received");
+    let installing = Instant::now();
+    let answer = raft.install_full_snapshot(vote, Snapshot { meta: meta.clone(), snapshot: data }).await;
+    match answer {
+        Ok(response) => {
+            tracing::info!(snapshot = %meta.snapshot_id, installed_in = ?installing.elapsed(), "snapshot installed");
+            Ok(response.into())
+        }
+        Err(fatal) => {
+            metrics::SNAPSHOT_RECEIVE_FAILURES.with_label_values(&[&from]).inc();
+            Err(RaftError::Fatal(fatal))
+        }
+    }
+}
+
+/// Writes `bytes` at `offset`, seeking first whatever the file's position: a call dropped mid-write
+/// may have left it anywhere.
+async fn write_at(data: &mut SnapshotData, offset: u64, bytes: &[u8]) -> std::io::Result<()> {
+    data.seek(SeekFrom::Start(offset)).await?;
+    data.write_all(bytes).await?;
+    data.flush().await
+}
+
+/// Drops a snapshot file (removing a multi-GB file takes a while) on a blocking thread.
+fn discard(data: Box<SnapshotData>) {
+    tokio::task::spawn_blocking(move || drop(data));
+}
+
+/// The answer to a chunk at the wrong offset: where this member expects the next one.
+fn mismatch(req: &InstallSnapshotRequest<TypeConfig>, expect: u64) -> ReceiveError {
+    let segment = |offset| SnapshotSegmentId { id: req.meta.snapshot_id.clone(), offset };
+    RaftError::APIError(InstallSnapshotError::SnapshotMismatch(SnapshotMismatch {
+        expect: segment(expect),
+        got: segment(req.offset),
+    }))
+}
+
+fn install_panicked(meta: &SnapshotMeta, e: tokio::task::JoinError) -> StorageError<NodeId> {
+    let subject = ErrorSubject::Snapshot(Some(meta.signature()));
+    StorageError::from_io_error(subject, ErrorVerb::Write, std::io::Error::other(e.to_string()))
+}
