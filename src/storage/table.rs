@@ -644,6 +644,23 @@ mod tests {
             let want: Vec<_> = model.iter().filter(|(k, _)| k.starts_with(&prefix)).map(|(k, v)| (k.clone(), v.clone())).collect();
             let got: Vec<_> = table.prefix(&wtxn, &prefix).unwrap().map(|e| e.map(|(k, v)| (k.into_owned(), v.to_vec()))).collect::<Result<_, _>>().unwrap();
             prop_assert_eq!(got, want);
+            // The last key under each prefix of every key (and of none), found by seeking.
+            let mut prefixes: Vec<Vec<u8>> = vec![vec![0xff; chunk + 2], vec![b'a'; chunk + 1]];
+            for k in model.keys().chain(ops.iter().filter_map(|op| match op { Op::Delete(k) => Some(k), _ => None })) {
+                prefixes.extend((1..=k.len()).map(|n| k[..n].to_vec()));
+            }
+            for prefix in &prefixes {
+                let want = model.iter().rev().find(|(k, _)| k.starts_with(prefix)).map(|(k, v)| (k.clone(), v.clone()));
+                let got = table.last_with_prefix(&wtxn, prefix).unwrap().map(|(k, v)| (k.into_owned(), v.to_vec()));
+                prop_assert_eq!(got, want, "last_with_prefix({:?})", prefix);
+            }
+            if chunk == 2 {
+                // Clearing the table leaves nothing of it in either database (but the group counter).
+                table.clear(&mut wtxn).unwrap();
+                prop_assert_eq!(table.main.len(&wtxn).unwrap(), 0);
+                prop_assert!(table.long.db.len(&wtxn).unwrap() <= 1);
+                return Ok(());
+            }
             // Removing every key leaves both databases as they started (only the group counter remains).
             let all: Vec<Vec<u8>> = model.keys().cloned().collect();
             for k in &all {

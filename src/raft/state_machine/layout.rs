@@ -80,3 +80,133 @@ impl SkippedLive {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::*;
+    use crate::keyrange::KeyRange;
+    use crate::proto::mvccpb::KeyValue;
+    use crate::raft::state_machine::snapshot::format;
+    use crate::raft::state_machine::snapshot_tests::{delete, put};
+    use crate::raft::state_machine::testing::TableRecords;
+    use crate::raft::state_machine::StateMachine;
+
+    fn open(dir: &std::path::Path) -> StateMachine {
+        StateMachine::open(&dir.join("kv"), &dir.join("snap")).expect("open")
+    }
+
+    /// Short keys, and keys past LMDB's 511 bytes (one and two levels of groups in `long_keys`), one
+    /// of each deleted again.
+    fn fill(state: &State) {
+        let keys: Vec<Vec<u8>> = vec![b"a".to_vec(), b"b".to_vec(), vec![b'l'; 600], vec![b'm'; 1500], vec![b'n'; 700]];
+        for (i, key) in keys.iter().enumerate() {
+            let results = state.apply_requests(2 + i as u64, vec![put(key, format!("value {i}").as_bytes(), 0)]);
+            assert!(results.iter().all(Result::is_ok), "{results:?}");
+        }
+        for (i, key) in [b"b".to_vec(), vec![b'n'; 700]].iter().enumerate() {
+            let results = state.apply_requests(10 + i as u64, vec![delete(key)]);
+            assert!(results.iter().all(Result::is_ok), "{results:?}");
+        }
+    }
+
+    fn current(state: &State) -> Vec<KeyValue> {
+        let txn = state.read_txn().unwrap();
+        state.kv.view(&txn).unwrap().range(&KeyRange::new(b"\0", b"\0"), 0, 0, false).unwrap().kvs
+    }
+
+    /// Every table's records, but the group counter of `long_keys` (the last table), which counts the
+    /// groups ever allocated, those of `kv_live` included.
+    fn records_but_the_group_counter(state: &State) -> TableRecords {
+        let mut records = state.table_records();
+        if let Some(long) = records.last_mut() {
+            long.retain(|(key, _)| !key.starts_with(&[0; 8]));
+        }
+        records
+    }
+
+    /// Makes the tables what layout 1 held for the same entries: `kv_live` holding each current
+    /// key-value (long keys in groups, as `Table` stores them), and no layout recorded.
+    fn downgrade(state: &State) {
+        let kvs = current(state);
+        let mut txn = state.env.write_txn().unwrap();
+        for kv in &kvs {
+            state.legacy_live.put(&mut txn, &kv.key, &kv.encode_to_vec()).unwrap();
+        }
+        state.meta.delete(&mut txn, LAYOUT).unwrap();
+        txn.commit().unwrap();
+        let txn = state.read_txn().unwrap();
+        assert_eq!(state.legacy_live.main_db().len(&txn).unwrap(), 3, "a, the 600- and the 1500-byte key");
+    }
+
+    /// The kv tables' part of `Hash` (the whole `Hash` also covers `long_keys`, whose group counter
+    /// counts `kv_live`'s groups too), and `HashKV`.
+    fn kv_hashes(state: &State) -> (u32, crate::mvcc::hash::KvHash) {
+        let txn = state.read_txn().unwrap();
+        let view = state.kv.view(&txn).unwrap();
+        (view.hash_all().unwrap(), view.hash_kv(0).unwrap())
+    }
+
+    fn layout(state: &State) -> Option<u32> {
+        let txn = state.read_txn().unwrap();
+        state.read_meta(&txn, LAYOUT).unwrap()
+    }
+
+    /// Fails without the migration: `kv_live` keeps its records and `long_keys` the groups of them.
+    #[test]
+    fn a_data_dir_of_layout_1_opens_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let (records, kvs, hash) = {
+            let sm = open(dir.path());
+            let state = sm.state();
+            assert_eq!(layout(&state), Some(CURRENT), "a new data dir is of the current layout");
+            fill(&state);
+            let hash = kv_hashes(&state);
+            let before = (records_but_the_group_counter(&state), current(&state), hash);
+            downgrade(&state);
+            assert_ne!(records_but_the_group_counter(&state), before.0, "kv_live's long keys are in long_keys");
+            before
+        };
+        let sm = open(dir.path());
+        let state = sm.state();
+        assert_eq!(layout(&state), Some(CURRENT));
+        assert_eq!(state.legacy_live.main_db().len(&state.read_txn().unwrap()).unwrap(), 0, "kv_live emptied");
+        assert_eq!(records_but_the_group_counter(&state), records, "nothing of kv_live is left in long_keys");
+        assert_eq!(current(&state), kvs);
+        assert_eq!(kv_hashes(&state), hash, "Hash of the kv tables and HashKV unchanged");
+        // A layout newer than this version's is refused, not misread.
+        let mut txn = state.env.write_txn().unwrap();
+        state.meta.put(&mut txn, LAYOUT, &postcard::to_allocvec(&(CURRENT + 1)).unwrap()).unwrap();
+        txn.commit().unwrap();
+        drop((state, sm));
+        let refused = StateMachine::open(&dir.path().join("kv"), &dir.path().join("snap")).err().map(|e| e.to_string());
+        assert!(refused.as_deref().is_some_and(|e| e.contains("layout 3")), "{refused:?}");
+    }
+
+    /// A snapshot a member of layout 1 built (its tables, `kv_live` first) installs on a member of
+    /// layout 2 as the same state: fails without the skip (one table too many) and without removing
+    /// the groups (`long_keys` would differ).
+    #[test]
+    fn a_snapshot_of_layout_1_installs_as_layout_2() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (source, target) = (open(a.path()), open(b.path()));
+        let source = source.state();
+        fill(&source);
+        let (records, kvs) = (records_but_the_group_counter(&source), current(&source));
+        downgrade(&source);
+        let (meta, _) = source.build_snapshot().unwrap();
+        let legacy = a.path().join("layout-1.snap");
+        {
+            let txn = source.read_txn().unwrap();
+            let tables: Vec<_> = [source.legacy_live.main_db()].into_iter().chain(source.tables()).collect();
+            format::write(std::fs::File::create(&legacy).unwrap(), &meta, &tables, &txn).unwrap();
+        }
+        let target = target.state();
+        target.install_snapshot(&meta, std::fs::File::open(&legacy).unwrap(), None).unwrap();
+        assert_eq!(records_but_the_group_counter(&target), records);
+        assert_eq!(current(&target), kvs);
+        assert_eq!(target.legacy_live.main_db().len(&target.read_txn().unwrap()).unwrap(), 0);
+        assert_eq!(layout(&target), Some(CURRENT));
+    }
+}
