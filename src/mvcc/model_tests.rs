@@ -36,9 +36,17 @@ const TAG_PUT: u8 = 1;
 /// `(key, range_end)`, with an empty end for a single key and `"\0"` for "every key from `key` on".
 #[derive(Clone, Debug)]
 enum WriteOp {
-    Put { key: Vec<u8>, value: Vec<u8>, lease: i64 },
+    Put {
+        key: Vec<u8>,
+        value: Vec<u8>,
+        lease: i64,
+    },
     /// `keep`: the request asked for the deleted key-values (`prev_kv`).
-    Delete { key: Vec<u8>, end: Vec<u8>, keep: bool },
+    Delete {
+        key: Vec<u8>,
+        end: Vec<u8>,
+        keep: bool,
+    },
 }
 
 /// One step of a test case. Revisions are chosen with selectors that are mapped onto the store's state
@@ -367,7 +375,8 @@ impl Harness {
                         expected_events.push(event(EventType::Delete, tombstone, Some(prev.clone())));
                     }
                     let rev = if expected_events.is_empty() { begin } else { new_rev };
-                    let deleted = Deleted { count: doomed.len(), prev_kvs: if *keep { doomed } else { Vec::new() }, rev };
+                    let deleted =
+                        Deleted { count: doomed.len(), prev_kvs: if *keep { doomed } else { Vec::new() }, rev };
                     prop_assert_eq!(got, Ok(deleted), "delete_range {:?} at revision {}", op, begin);
                 }
             }
@@ -503,7 +512,8 @@ impl Harness {
         for (i, (key, at, tag)) in index.iter().enumerate() {
             let newest = index.get(i + 1).is_none_or(|(next, _, _)| next != key);
             if newest && tag.as_slice() == [TAG_PUT] {
-                let bytes = self.store.revs.get(txn, &at.to_bytes()).map_err(db)?.ok_or_else(|| fail("revision", at))?;
+                let bytes =
+                    self.store.revs.get(txn, &at.to_bytes()).map_err(db)?.ok_or_else(|| fail("revision", at))?;
                 current_keys.push((key.clone(), decode_change(bytes).map_err(|e| fail("change record", e))?.1));
             }
         }

@@ -399,11 +399,7 @@ impl<'e> WriteTxn<'_, 'e> {
                 if keep {
                     deleted.prev_kvs.push(prev.clone());
                 }
-                self.events.push(Event {
-                    r#type: EventType::Delete as i32,
-                    kv: Some(tombstone),
-                    prev_kv: Some(prev),
-                });
+                self.events.push(Event { r#type: EventType::Delete as i32, kv: Some(tombstone), prev_kv: Some(prev) });
             }
             if !full {
                 break;

@@ -283,8 +283,7 @@ impl Table {
                 Some(next) => self.long.db.get_lower_than(txn, &next.to_be_bytes())?,
                 None => self.long.db.last(txn)?,
             };
-            let (raw, value) =
-                found.filter(|(raw, _)| raw.starts_with(&from)).ok_or_else(|| corrupt("empty group"))?;
+            let (raw, value) = found.filter(|(raw, _)| raw.starts_with(&from)).ok_or_else(|| corrupt("empty group"))?;
             let rest = &raw[GROUP_ID_LEN..];
             if rest.len() <= chunk {
                 key.extend_from_slice(rest);

@@ -184,6 +184,29 @@ mod tests {
         assert!(refused.as_deref().is_some_and(|e| e.contains("layout 3")), "{refused:?}");
     }
 
+    /// A backup of a layout-1 member (`etcdctl snapshot save`: a copy of its environment) opens as
+    /// `keyward snapshot restore` opens it (`open_offline`) at layout 2, with the same keys.
+    #[test]
+    fn a_backup_of_layout_1_restores_as_layout_2() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (records, kvs) = {
+            let source = open(a.path());
+            let source = source.state();
+            fill(&source);
+            let before = (records_but_the_group_counter(&source), current(&source));
+            downgrade(&source);
+            std::fs::create_dir_all(b.path().join("kv")).unwrap();
+            let mut backup = std::fs::File::create(b.path().join("kv").join("data.mdb")).unwrap();
+            source.copy_to_file(&mut backup, heed::CompactionOption::Disabled).unwrap();
+            before
+        };
+        let restored = StateMachine::open_offline(&b.path().join("kv"), &b.path().join("snap")).unwrap().state();
+        assert_eq!(layout(&restored), Some(CURRENT));
+        assert_eq!(restored.legacy_live.main_db().len(&restored.read_txn().unwrap()).unwrap(), 0);
+        assert_eq!(records_but_the_group_counter(&restored), records);
+        assert_eq!(current(&restored), kvs);
+    }
+
     /// A snapshot a member of layout 1 built (its tables, `kv_live` first) installs on a member of
     /// layout 2 as the same state: fails without the skip (one table too many) and without removing
     /// the groups (`long_keys` would differ).
