@@ -249,11 +249,7 @@ impl Table {
 
     /// The greatest key that starts with `prefix`, with its value: one seek in the table's database
     /// (and one per level of groups it descends), however many keys share the prefix.
-    pub(crate) fn last_with_prefix<'t>(
-        &self,
-        txn: &'t RoTxn,
-        prefix: &[u8],
-    ) -> heed::Result<Option<(Cow<'t, [u8]>, &'t [u8])>> {
+    pub(crate) fn last_with_prefix<'t>(&self, txn: &'t RoTxn, prefix: &[u8]) -> heed::Result<Option<Entry<'t>>> {
         let chunk = self.chunk();
         if prefix.is_empty() || prefix.len() > chunk {
             // Within one group (or the whole table): walked, as rare as keys this long.
@@ -382,6 +378,9 @@ impl Table {
 }
 
 type LmdbRange<'t> = RoRange<'t, Bytes, Bytes>;
+
+/// A key (whole, rebuilt from its chunks if it is long) and its value.
+pub(crate) type Entry<'t> = (Cow<'t, [u8]>, &'t [u8]);
 
 fn group_id(bytes: &[u8]) -> heed::Result<u64> {
     let bytes: [u8; GROUP_ID_LEN] = bytes.try_into().map_err(|_| corrupt("group id"))?;

@@ -140,6 +140,9 @@ impl Reader {
     }
 }
 
+/// Where `load` hands a record it does not write (a key and its value).
+pub(crate) type SkippedRecord<'a> = dyn FnMut(&[u8], &[u8]) -> heed::Result<()> + 'a;
+
 /// Replaces the contents of `tables` with the snapshot's records, in `txn`; fails, leaving `txn` to be
 /// aborted, if the file is malformed or its checksum does not match. Memory: one record at a time.
 ///
@@ -149,7 +152,7 @@ pub(crate) fn load(
     mut reader: Reader,
     tables: &[Db],
     txn: &mut RwTxn,
-    skipped: &mut dyn FnMut(&[u8], &[u8]) -> heed::Result<()>,
+    skipped: &mut SkippedRecord,
 ) -> Result<(), BoxError> {
     let count = reader.count()?;
     let legacy = count == tables.len() as u64 + 1;
