@@ -45,7 +45,7 @@ pub(super) fn revoke(
 ) -> Result<(Applied, Effects), EtcdError> {
     let (_, mut effects) = write_kv(stores, txn, &[], |w, _| {
         for key in keys {
-            w.delete_range(&KeyRange::Single(key.clone()))?;
+            w.delete_range(&KeyRange::Single(key.clone()), false)?;
         }
         Ok(Applied::Nothing)
     })?;

@@ -23,14 +23,15 @@ pub(crate) struct KvHash {
 
 impl ReadView<'_> {
     /// etcd's `Hash`: CRC-32C over every record of every kv table, table by table in key order (each
-    /// table's name, then each key and value). The state machine's own bookkeeping (applied log id,
-    /// membership) is not kv data and is left out, as etcd leaves out its consistent index.
+    /// table's name, then each key and value): `kv_revs`, `kv_index`, `kv_meta` (since layout 2,
+    /// which stores each value once, `kv_live` is no longer a table, and no longer hashed). The state
+    /// machine's own bookkeeping (applied log id, membership, layout) is not kv data and is left out,
+    /// as etcd leaves out its consistent index.
     pub(crate) fn hash_all(&self) -> Result<u32, EtcdError> {
-        let [live, revs, index, meta] = KvStore::TABLES;
+        let [revs, index, meta] = KvStore::TABLES;
         // Keys are hashed whole, as the tables hold them logically, whatever their length (keys past
         // LMDB's limit are stored in chunks; see `storage/table.rs`).
-        let crc = hash_records(0, live, self.store.live.iter(self.txn)?)?;
-        let crc = hash_records(crc, revs, self.store.revs.iter(self.txn)?)?;
+        let crc = hash_records(0, revs, self.store.revs.iter(self.txn)?)?;
         let crc = hash_records(crc, index, self.store.index.iter(self.txn)?)?;
         hash_records(crc, meta, self.store.meta.iter(self.txn)?)
     }
@@ -52,7 +53,7 @@ impl ReadView<'_> {
         }
         let rev = if requested > 0 { requested } else { self.rev };
         let upper = Revision::new(rev.saturating_add(1), 0).to_bytes();
-        let mut crc = crc32c_append(0, KvStore::TABLES[1].as_bytes());
+        let mut crc = crc32c_append(0, KvStore::TABLES[0].as_bytes());
         for entry in self.store.revs.range(self.txn, &(Bound::Unbounded, Bound::Excluded(&upper[..])))? {
             let (k, v) = entry?;
             crc = crc32c_append(crc32c_append(crc, k), v);
@@ -209,7 +210,7 @@ mod tests {
             w.put(b"b", b"2".to_vec(), 0).unwrap();
         }); // rev 3
         write(&env, &kv, |w| {
-            w.delete_range(&KeyRange::Single(b"a".to_vec())).unwrap();
+            w.delete_range(&KeyRange::Single(b"a".to_vec()), false).unwrap();
         }); // rev 4
         assert_eq!(hashes(&env, &kv, 2).unwrap().1, kv2, "old revision stable");
         assert_eq!(hashes(&env, &kv, 1).unwrap().1.hash, kv0.hash);

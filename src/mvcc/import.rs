@@ -1,7 +1,8 @@
 //! Writing another store's history into the tables as it was (`keyward migrate`): each change at its
 //! own revision, with the create and mod revisions, version and lease it had, instead of a new
 //! revision as `WriteTxn` assigns. Changes must come in revision order (an etcd `key` bucket's order),
-//! so the last change of a key is its live value.
+//! so the last change of a key is its current value (the newest entry of its index, as `WriteTxn`
+//! writes it: the value is stored once, in `kv_revs`).
 
 use heed::RwTxn;
 use prost::Message;
@@ -31,11 +32,6 @@ impl KvStore {
         record.encode(&mut change).map_err(|_| EtcdError::Internal)?;
         self.revs.put(txn, &at.to_bytes(), &change)?;
         self.index.put(txn, &history_key(&record.key, at), &[tag])?;
-        if deleted {
-            self.live.delete(txn, &record.key)?;
-        } else {
-            self.live.put(txn, &record.key, &record.encode_to_vec())?;
-        }
         Ok(())
     }
 

@@ -108,10 +108,6 @@ pub(crate) fn put(txn: &mut WriteTxn, req: &PutRequest) -> Result<PutResponse, E
 }
 
 pub(crate) fn delete_range(txn: &mut WriteTxn, req: &DeleteRangeRequest) -> Result<DeleteRangeResponse, EtcdError> {
-    let (deleted, rev) = txn.delete_range(&KeyRange::new(&req.key, &req.range_end))?;
-    Ok(DeleteRangeResponse {
-        header: header(rev),
-        deleted: deleted.len() as i64,
-        prev_kvs: if req.prev_kv { deleted } else { Vec::new() },
-    })
+    let deleted = txn.delete_range(&KeyRange::new(&req.key, &req.range_end), req.prev_kv)?;
+    Ok(DeleteRangeResponse { header: header(deleted.rev), deleted: deleted.count as i64, prev_kvs: deleted.prev_kvs })
 }

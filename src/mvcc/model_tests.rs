@@ -5,8 +5,9 @@
 //! watch replays runs against a fresh `KvStore` on LMDB and against an in-memory model that keeps a full
 //! snapshot of the key space for every revision plus the log of every change. Every result is compared:
 //! returned revisions, deleted key-values, events, read kvs/count/revision and error variants. After every
-//! write and compaction the tables themselves are compared too: the live keys, exactly the history etcd
-//! retains (so compaction neither loses nor leaks any), and an index that mirrors it.
+//! write and compaction the tables themselves are compared too: exactly the history etcd retains (so
+//! compaction neither loses nor leaks any), an index that mirrors it, and the current keys as each
+//! key's newest index entry (the store keeps no other copy of them).
 //!
 //! Keys are drawn from the bytes `0x00, 0x01, 'a', 'b', 0xff` so that keys containing the escape byte
 //! `0x00`, keys ending in `0xff` (prefix ends) and keys that are prefixes of other keys are all frequent.
@@ -18,7 +19,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError};
 
 use super::revision::{split_history_key, Revision};
-use super::store::{decode_change, KvStore};
+use super::store::{decode_change, Deleted, KvStore};
 use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
 use crate::proto::mvccpb::{event::EventType, Event, KeyValue};
@@ -35,8 +36,17 @@ const TAG_PUT: u8 = 1;
 /// `(key, range_end)`, with an empty end for a single key and `"\0"` for "every key from `key` on".
 #[derive(Clone, Debug)]
 enum WriteOp {
-    Put { key: Vec<u8>, value: Vec<u8>, lease: i64 },
-    Delete { key: Vec<u8>, end: Vec<u8> },
+    Put {
+        key: Vec<u8>,
+        value: Vec<u8>,
+        lease: i64,
+    },
+    /// `keep`: the request asked for the deleted key-values (`prev_kv`).
+    Delete {
+        key: Vec<u8>,
+        end: Vec<u8>,
+        keep: bool,
+    },
 }
 
 /// One step of a test case. Revisions are chosen with selectors that are mapped onto the store's state
@@ -112,7 +122,7 @@ fn write_op() -> impl Strategy<Value = WriteOp> {
     prop_oneof![
         3 => (write_key(), prop::collection::vec(any::<u8>(), 0..3), 0i64..3)
             .prop_map(|(key, value, lease)| WriteOp::Put { key, value, lease }),
-        2 => range().prop_map(|(key, end)| WriteOp::Delete { key, end }),
+        2 => (range(), any::<bool>()).prop_map(|((key, end), keep)| WriteOp::Delete { key, end, keep }),
     ]
 }
 
@@ -123,7 +133,7 @@ fn txn_ops() -> impl Strategy<Value = Vec<WriteOp>> {
         let deleted: Vec<(Vec<u8>, Vec<u8>)> = ops
             .iter()
             .filter_map(|op| match op {
-                WriteOp::Delete { key, end } => Some((key.clone(), end.clone())),
+                WriteOp::Delete { key, end, .. } => Some((key.clone(), end.clone())),
                 WriteOp::Put { .. } => None,
             })
             .collect();
@@ -355,8 +365,8 @@ impl Harness {
                     expected_events.push(event(EventType::Put, kv, prev));
                     prop_assert_eq!(got, Ok(new_rev), "put {:?} at revision {}", op, begin);
                 }
-                WriteOp::Delete { key, end } => {
-                    let got = w.delete_range(&KeyRange::new(key, end));
+                WriteOp::Delete { key, end, keep } => {
+                    let got = w.delete_range(&KeyRange::new(key, end), *keep);
                     let doomed: Vec<KeyValue> =
                         state.values().filter(|kv| in_range(key, end, &kv.key)).cloned().collect();
                     for prev in &doomed {
@@ -365,7 +375,9 @@ impl Harness {
                         expected_events.push(event(EventType::Delete, tombstone, Some(prev.clone())));
                     }
                     let rev = if expected_events.is_empty() { begin } else { new_rev };
-                    prop_assert_eq!(got, Ok((doomed, rev)), "delete_range {:?} at revision {}", op, begin);
+                    let deleted =
+                        Deleted { count: doomed.len(), prev_kvs: if *keep { doomed } else { Vec::new() }, rev };
+                    prop_assert_eq!(got, Ok(deleted), "delete_range {:?} at revision {}", op, begin);
                 }
             }
         }
@@ -463,16 +475,6 @@ impl Harness {
     /// leaks history), and a history index that mirrors them.
     fn check_tables(&self, txn: &heed::RoTxn) -> Result<(), TestCaseError> {
         let db = |e| fail("table", e);
-        let mut live = Vec::new();
-        for entry in self.store.live.iter(txn).map_err(db)? {
-            let (key, bytes) = entry.map_err(db)?;
-            let kv = <KeyValue as prost::Message>::decode(bytes).map_err(|e| fail("live record", e))?;
-            live.push((key.to_vec(), kv));
-        }
-        let current = &self.model.snapshots[self.model.current() as usize];
-        let expected: Vec<_> = current.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        prop_assert_eq!(live, expected, "kv_live");
-
         let mut revs = Vec::new();
         for entry in self.store.revs.iter(txn).map_err(db)? {
             let (at, bytes) = entry.map_err(db)?;
@@ -502,7 +504,22 @@ impl Harness {
             })
             .collect();
         expected.sort();
-        prop_assert_eq!(index, expected, "kv_index, compacted at {}", self.model.compact_rev);
+        prop_assert_eq!(&index, &expected, "kv_index, compacted at {}", self.model.compact_rev);
+
+        // The current keys, as reads see them without `kv_live`: each key's newest index entry, a put
+        // whose record in `kv_revs` is the key-value.
+        let mut current_keys = Vec::new();
+        for (i, (key, at, tag)) in index.iter().enumerate() {
+            let newest = index.get(i + 1).is_none_or(|(next, _, _)| next != key);
+            if newest && tag.as_slice() == [TAG_PUT] {
+                let bytes =
+                    self.store.revs.get(txn, &at.to_bytes()).map_err(db)?.ok_or_else(|| fail("revision", at))?;
+                current_keys.push((key.clone(), decode_change(bytes).map_err(|e| fail("change record", e))?.1));
+            }
+        }
+        let current = &self.model.snapshots[self.model.current() as usize];
+        let expected: Vec<_> = current.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        prop_assert_eq!(current_keys, expected, "current keys (newest index entries)");
         Ok(())
     }
 
@@ -583,6 +600,6 @@ fn empty_start_key_ranges_read_from_the_first_key() {
 
     let mut wtxn = h.env.write_txn().unwrap();
     let mut w = h.store.begin(&mut wtxn).unwrap();
-    let deleted = w.delete_range(&KeyRange::new(b"", b"\x01")).map(|(kvs, rev)| (kvs.len(), rev));
-    assert_eq!(deleted, Ok((1, 4)), "delete_range(\"\", \"\\x01\")");
+    let deleted = w.delete_range(&KeyRange::new(b"", b"\x01"), true).map(|d| (d.count, d.prev_kvs.len(), d.rev));
+    assert_eq!(deleted, Ok((1, 1, 4)), "delete_range(\"\", \"\\x01\")");
 }

@@ -1,14 +1,19 @@
 //! The multi-version key-value store on LMDB: what each revision of each key was.
 //!
 //! Tables (all in the `kv` environment):
-//! - `kv_live`:  key → current `KeyValue` (only keys that exist now; serves every read at the current revision)
-//! - `kv_revs`:  revision → tag + `KeyValue` (every change, in order: history reads, watch replay, compaction)
-//! - `kv_index`: escape(key) ++ revision → tag (finds a key's version at an older revision)
+//! - `kv_revs`:  revision → tag + `KeyValue` (every change, in order: the one place a value is stored)
+//! - `kv_index`: escape(key) ++ revision → tag (each key's versions in order: its newest entry is the
+//!   key as it is now, absent if that entry is a tombstone)
 //! - `kv_meta`:  current and compacted revision
 //!
-//! `kv_live` and `kv_index` are keyed by etcd keys, which may be as long as a request: they are
-//! [`Table`]s, which keep LMDB's byte order for keys of any length (`storage/table.rs`). `kv_revs` is
-//! keyed by revision (16 bytes) and holds the key in its value, where LMDB has no size limit.
+//! A read at the current revision is a read of each key's newest index entry, then of that revision
+//! in `kv_revs`: a single key is one seek in the index and one get in `kv_revs`, a range one walk of
+//! the index. Until layout 2 a third table, `kv_live` (key → current `KeyValue`), held every current
+//! value a second time; `raft/state_machine/layout.rs` empties it in data dirs of that layout.
+//!
+//! `kv_index` is keyed by etcd keys, which may be as long as a request: it is a [`Table`], which keeps
+//! LMDB's byte order for keys of any length (`storage/table.rs`). `kv_revs` is keyed by revision
+//! (16 bytes) and holds the key in its value, where LMDB has no size limit.
 //!
 //! All writes of one raft entry happen in one LMDB write transaction (`WriteTxn`), which the state machine
 //! commits together with the applied log id.
@@ -18,7 +23,7 @@ use std::ops::Bound;
 use heed::{RoTxn, RwTxn};
 use prost::Message;
 
-use super::revision::{history_bound, history_key, history_prefix, split_history_key, Revision};
+use super::revision::{history_bound, history_key, history_prefix, split_history_key, Revision, REVISION_LEN};
 use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
 use crate::proto::mvccpb::{event::EventType, Event, KeyValue};
@@ -31,7 +36,6 @@ pub(super) const TAG_TOMBSTONE: u8 = 0;
 pub(super) const TAG_PUT: u8 = 1;
 
 pub(crate) struct KvStore {
-    pub(super) live: Table,
     pub(super) revs: Db,
     pub(super) index: Table,
     pub(super) meta: Db,
@@ -47,10 +51,12 @@ pub(crate) struct RangeResult {
 }
 
 impl KvStore {
-    pub(crate) const TABLES: [&'static str; 4] = ["kv_live", "kv_revs", "kv_index", "kv_meta"];
+    pub(crate) const TABLES: [&'static str; 3] = ["kv_revs", "kv_index", "kv_meta"];
+    /// The table of current values that layouts before 2 kept beside `kv_revs` (see the module doc).
+    pub(crate) const LEGACY_LIVE: &'static str = "kv_live";
 
-    pub(crate) fn new([live, revs, index, meta]: [Db; 4], long: LongKeys) -> Self {
-        KvStore { live: Table::new(live, long), revs, index: Table::new(index, long), meta }
+    pub(crate) fn new([revs, index, meta]: [Db; 3], long: LongKeys) -> Self {
+        KvStore { revs, index: Table::new(index, long), meta }
     }
 
     /// A consistent view at the revision committed in `txn`.
@@ -75,8 +81,8 @@ impl KvStore {
 
     /// Every table's own database, for snapshots and `Hash` (the remainders of long keys are in the
     /// environment's `long_keys` database, which the state machine adds once for all stores).
-    pub(crate) fn tables(&self) -> [Db; 4] {
-        [self.live.main_db(), self.revs, self.index.main_db(), self.meta]
+    pub(crate) fn tables(&self) -> [Db; 3] {
+        [self.revs, self.index.main_db(), self.meta]
     }
 
     /// A store in its own environment at `dir`, with long keys split into `chunk`-byte pieces (a tiny
@@ -84,10 +90,10 @@ impl KvStore {
     #[cfg(test)]
     pub(crate) fn open_for_tests(dir: &std::path::Path, chunk: usize) -> heed::Result<(crate::storage::LmdbEnv, Self)> {
         use crate::storage::{self, Durability};
-        let [live, revs, index, meta] = Self::TABLES;
-        let (env, [live, revs, index, meta, long]) =
-            storage::open(dir, [live, revs, index, meta, LongKeys::TABLE], Durability::Full)?;
-        Ok((env, KvStore::new([live, revs, index, meta], LongKeys::with_chunk(long, chunk))))
+        let [revs, index, meta] = Self::TABLES;
+        let (env, [revs, index, meta, long]) =
+            storage::open(dir, [revs, index, meta, LongKeys::TABLE], Durability::Full)?;
+        Ok((env, KvStore::new([revs, index, meta], LongKeys::with_chunk(long, chunk))))
     }
 
     fn read_meta(&self, txn: &RoTxn, name: &[u8]) -> Result<Option<i64>, EtcdError> {
@@ -146,76 +152,94 @@ impl ReadView<'_> {
     ) -> Result<RangeResult, EtcdError> {
         let rev = self.resolve(requested)?;
         let mut result = RangeResult { rev: self.rev, ..Default::default() };
-        let wants = |result: &RangeResult| !count_only && (limit == 0 || result.kvs.len() < limit);
         if range.is_empty() {
             return Ok(result);
         }
-        if rev == self.rev {
-            if let KeyRange::Single(key) = range {
-                if let Some(bytes) = self.store.live.get(self.txn, key)? {
-                    result.count = 1;
-                    if wants(&result) {
-                        result.kvs.push(decode_kv(bytes)?);
-                    }
-                }
-                return Ok(result);
-            }
-            let end = range.end();
-            let end = end.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
-            for entry in self.store.live.range(self.txn, Bound::Included(range.start()), end)? {
-                let (_, bytes) = entry?;
-                result.count += 1;
+        let wants = |result: &RangeResult| !count_only && (limit == 0 || result.kvs.len() < limit);
+        if let (true, KeyRange::Single(key)) = (rev == self.rev, range) {
+            // The current value of one key: its newest index entry, then that revision's record.
+            if let Some((at, TAG_PUT)) = self.newest(key)? {
+                result.count = 1;
                 if wants(&result) {
-                    result.kvs.push(decode_kv(bytes)?);
+                    result.kvs.push(self.kv_at(at)?);
                 }
             }
             return Ok(result);
         }
-        self.range_history(range, rev, &mut result, wants)?;
+        self.each_key(range, rev, Bound::Unbounded, |_, at| {
+            result.count += 1;
+            if wants(&result) {
+                result.kvs.push(self.kv_at(at)?);
+            }
+            Ok(true)
+        })?;
         Ok(result)
     }
 
-    /// A read below the current revision: for each key, its newest version at or before `rev`.
-    fn range_history(
+    /// The newest index entry of `key` (at any revision this view sees): its revision and tag.
+    pub(super) fn newest(&self, key: &[u8]) -> Result<Option<(Revision, u8)>, EtcdError> {
+        let Some((raw, tag)) = self.store.index.last_with_prefix(self.txn, &history_prefix(key))? else {
+            return Ok(None);
+        };
+        let at = raw.len().checked_sub(REVISION_LEN).and_then(|i| Revision::from_bytes(&raw[i..]));
+        let at = at.ok_or_else(|| corrupt("history key"))?;
+        Ok(Some((at, *tag.first().ok_or_else(|| corrupt("history tag"))?)))
+    }
+
+    /// The key-value a put recorded at revision `at`.
+    pub(super) fn kv_at(&self, at: Revision) -> Result<KeyValue, EtcdError> {
+        let bytes = self.store.revs.get(self.txn, &at.to_bytes())?.ok_or_else(|| corrupt("missing revision"))?;
+        Ok(decode_change(bytes)?.1)
+    }
+
+    /// Calls `visit` with each key in `range` that exists as of `rev` and the revision of its version
+    /// then, in key order, walking the index once from `after` (an index key: the walk starts past it)
+    /// or the range's start; stops early when `visit` returns false.
+    pub(super) fn each_key(
         &self,
         range: &KeyRange,
         rev: i64,
-        result: &mut RangeResult,
-        wants: impl Fn(&RangeResult) -> bool,
+        after: Bound<&[u8]>,
+        mut visit: impl FnMut(Vec<u8>, Revision) -> Result<bool, EtcdError>,
     ) -> Result<(), EtcdError> {
         let start = history_bound(range.start());
+        let start = match after {
+            Bound::Unbounded => Bound::Included(&start[..]),
+            after => after,
+        };
         let end = range.end().map(|end| history_bound(&end));
         let end = end.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
-        // The newest version seen so far of the key being walked: (key, revision, is a put).
-        let mut newest: Option<(Vec<u8>, Revision, bool)> = None;
-        let emit = |found: Option<(Vec<u8>, Revision, bool)>, result: &mut RangeResult| -> Result<(), EtcdError> {
-            if let Some((_, at, true)) = found {
-                result.count += 1;
-                if wants(result) {
-                    let bytes =
-                        self.store.revs.get(self.txn, &at.to_bytes())?.ok_or_else(|| corrupt("missing revision"))?;
-                    result.kvs.push(decode_change(bytes)?.1);
-                }
-            }
-            Ok(())
-        };
-        for entry in self.store.index.range(self.txn, Bound::Included(&start), end)? {
+        // The key being walked, escaped as the index holds it; whether it is in `range`; and its
+        // newest version at or before `rev` so far (revision, is a put). A key's entries are adjacent
+        // and in revision order, so the last one at or before `rev` decides.
+        let mut walking: Vec<u8> = Vec::new();
+        let mut key = Vec::new();
+        let mut in_range = false;
+        let mut newest: Option<(Revision, bool)> = None;
+        for entry in self.store.index.range(self.txn, start, end)? {
             let (raw, tag) = entry?;
-            let (key, at) = split_history_key(&raw).ok_or_else(|| corrupt("history key"))?;
-            if !range.contains(&key) {
-                continue;
+            let split = raw.len().checked_sub(REVISION_LEN).ok_or_else(|| corrupt("history key"))?;
+            let (escaped, at) = raw.split_at(split);
+            if escaped != walking.as_slice() {
+                if let Some((at, true)) = newest.take() {
+                    if !visit(std::mem::take(&mut key), at)? {
+                        return Ok(());
+                    }
+                }
+                walking.clear();
+                walking.extend_from_slice(escaped);
+                key = split_history_key(&raw).ok_or_else(|| corrupt("history key"))?.0;
+                in_range = range.contains(&key);
             }
-            let same_key = newest.as_ref().is_some_and(|(k, _, _)| *k == key);
-            if !same_key {
-                emit(newest.take(), result)?;
-            }
-            if at.main <= rev {
-                newest = Some((key, at, tag.first() == Some(&TAG_PUT)));
-            } else if !same_key {
-                newest = None;
+            let at = Revision::from_bytes(at).ok_or_else(|| corrupt("revision"))?;
+            if in_range && at.main <= rev {
+                newest = Some((at, tag.first() == Some(&TAG_PUT)));
             }
         }
-        emit(newest, result)
+        if let Some((at, true)) = newest {
+            visit(key, at)?;
+        }
+        Ok(())
     }
 
     #[cfg(test)]
@@ -272,6 +296,19 @@ impl ReadView<'_> {
     }
 }
 
+/// What `WriteTxn::delete_range` deleted.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Deleted {
+    pub count: usize,
+    /// The deleted key-values, when asked for.
+    pub prev_kvs: Vec<KeyValue>,
+    /// The store's revision after the delete.
+    pub rev: i64,
+}
+
+/// How many keys `delete_range` finds in one walk of the index.
+const DELETE_BATCH: usize = 1024;
+
 /// The changes of one raft entry, applied at one new revision.
 pub(crate) struct WriteTxn<'a, 'e> {
     store: &'a KvStore,
@@ -313,7 +350,13 @@ impl<'e> WriteTxn<'_, 'e> {
     /// Writes `key = value` at the new revision and returns that revision.
     pub(crate) fn put(&mut self, key: &[u8], value: Vec<u8>, lease: i64) -> Result<i64, EtcdError> {
         let rev = self.begin_rev + 1;
-        let prev = self.store.live.get(self.txn, key)?.map(decode_kv).transpose()?;
+        let prev = {
+            let view = self.view();
+            match view.newest(key)? {
+                Some((at, TAG_PUT)) => Some(view.kv_at(at)?),
+                _ => None,
+            }
+        };
         let kv = KeyValue {
             key: key.to_vec(),
             create_revision: prev.as_ref().map_or(rev, |p| p.create_revision),
@@ -322,28 +365,48 @@ impl<'e> WriteTxn<'_, 'e> {
             value,
             lease,
         };
-        self.store.live.put(self.txn, key, &kv.encode_to_vec())?;
         self.record(&kv, TAG_PUT)?;
         self.events.push(Event { r#type: EventType::Put as i32, kv: Some(kv), prev_kv: prev });
         Ok(rev)
     }
 
-    /// Deletes every existing key in `range`; returns what was deleted and the revision after.
-    pub(crate) fn delete_range(&mut self, range: &KeyRange) -> Result<(Vec<KeyValue>, i64), EtcdError> {
-        let existing = self.view().range(range, 0, 0, false)?.kvs;
-        let rev = self.begin_rev + 1;
-        for prev in &existing {
-            self.store.live.delete(self.txn, &prev.key)?;
-            let tombstone = KeyValue { key: prev.key.clone(), mod_revision: rev, ..Default::default() };
-            self.record(&tombstone, TAG_TOMBSTONE)?;
-            self.events.push(Event {
-                r#type: EventType::Delete as i32,
-                kv: Some(tombstone),
-                prev_kv: Some(prev.clone()),
-            });
+    /// Deletes every existing key in `range`. Each deleted key-value is held once, in its event (which
+    /// watchers and the lease attachments read); `keep` also returns them, for a request that asked
+    /// for them (`prev_kv`). The keys are found `DELETE_BATCH` at a time, so no list of every key in
+    /// the range is held beside the events.
+    pub(crate) fn delete_range(&mut self, range: &KeyRange, keep: bool) -> Result<Deleted, EtcdError> {
+        let mut deleted = Deleted::default();
+        // The index key the next batch starts after: past every entry of the last key deleted,
+        // its new tombstone included.
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let mut batch = Vec::new();
+            let view = self.view();
+            let rev = view.rev;
+            let from = after.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+            view.each_key(range, rev, from, |key, at| {
+                batch.push((key, at));
+                Ok(batch.len() < DELETE_BATCH)
+            })?;
+            let Some((last, _)) = batch.last() else { break };
+            after = Some(history_key(last, Revision::new(i64::MAX, i64::MAX)));
+            let full = batch.len() == DELETE_BATCH;
+            for (key, at) in batch {
+                let prev = self.view().kv_at(at)?;
+                let tombstone = KeyValue { key, mod_revision: self.begin_rev + 1, ..Default::default() };
+                self.record(&tombstone, TAG_TOMBSTONE)?;
+                deleted.count += 1;
+                if keep {
+                    deleted.prev_kvs.push(prev.clone());
+                }
+                self.events.push(Event { r#type: EventType::Delete as i32, kv: Some(tombstone), prev_kv: Some(prev) });
+            }
+            if !full {
+                break;
+            }
         }
-        let rev = self.rev();
-        Ok((existing, rev))
+        deleted.rev = self.rev();
+        Ok(deleted)
     }
 
     /// Discards history below `rev`: afterwards each key keeps only its newest version at or before `rev`

@@ -61,6 +61,37 @@ impl LongKeys {
     pub(crate) fn db(&self) -> Db {
         self.db
     }
+
+    /// The group a record of a table's own database opens, if the record is a marker (a key of
+    /// exactly `chunk + 1` bytes; every key stored as itself is at most `chunk` bytes).
+    pub(crate) fn marker_group(&self, raw: &[u8], value: &[u8]) -> heed::Result<Option<u64>> {
+        if raw.len() == self.chunk + 1 {
+            Ok(Some(group_id(value)?))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Removes group `id` and every group nested in it: the remainders of a table's long keys, once
+    /// the table itself is gone.
+    pub(crate) fn remove_group(&self, txn: &mut RwTxn, id: u64) -> heed::Result<()> {
+        let mut pending = vec![id];
+        while let Some(id) = pending.pop() {
+            let from = id.to_be_bytes();
+            let mut doomed = Vec::new();
+            for entry in self.db.prefix_iter(txn, &from)? {
+                let (raw, value) = entry?;
+                if let Some(inner) = self.marker_group(&raw[GROUP_ID_LEN..], value)? {
+                    pending.push(inner);
+                }
+                doomed.push(raw.to_vec());
+            }
+            for raw in doomed {
+                self.db.delete(txn, &raw)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Where one level of the structure lives: the table's own database, or a group in `long_keys`.
@@ -216,6 +247,65 @@ impl Table {
         self.range(txn, Bound::Included(prefix), end)
     }
 
+    /// The greatest key that starts with `prefix`, with its value: one seek in the table's database
+    /// (and one per level of groups it descends), however many keys share the prefix.
+    pub(crate) fn last_with_prefix<'t>(&self, txn: &'t RoTxn, prefix: &[u8]) -> heed::Result<Option<Entry<'t>>> {
+        let chunk = self.chunk();
+        if prefix.is_empty() || prefix.len() > chunk {
+            // Within one group (or the whole table): walked, as rare as keys this long.
+            let mut last = None;
+            for entry in self.prefix(txn, prefix)? {
+                last = Some(entry?);
+            }
+            return Ok(last);
+        }
+        let found = match prefix_end(prefix) {
+            Some(upper) => self.main.get_lower_than(txn, &upper)?,
+            None => self.main.last(txn)?,
+        };
+        let Some((raw, value)) = found.filter(|(raw, _)| raw.starts_with(prefix)) else {
+            return Ok(None);
+        };
+        if raw.len() <= chunk {
+            return Ok(Some((Cow::Borrowed(raw), value)));
+        }
+        // A marker (`head ++ 0x00`): every key of its group starts with `head`, so with `prefix`, and
+        // sorts after every other key below the bound; the greatest is the group's last.
+        let mut key = raw[..chunk].to_vec();
+        let mut id = group_id(value)?;
+        loop {
+            let from = id.to_be_bytes();
+            let found = match id.checked_add(1) {
+                Some(next) => self.long.db.get_lower_than(txn, &next.to_be_bytes())?,
+                None => self.long.db.last(txn)?,
+            };
+            let (raw, value) = found.filter(|(raw, _)| raw.starts_with(&from)).ok_or_else(|| corrupt("empty group"))?;
+            let rest = &raw[GROUP_ID_LEN..];
+            if rest.len() <= chunk {
+                key.extend_from_slice(rest);
+                return Ok(Some((Cow::Owned(key), value)));
+            }
+            key.extend_from_slice(&rest[..chunk]);
+            id = group_id(value)?;
+        }
+    }
+
+    /// Empties the table, the groups of its long keys in `long_keys` included: what a table no longer
+    /// used leaves behind is nothing (`raft/state_machine/layout.rs`).
+    pub(crate) fn clear(&self, txn: &mut RwTxn) -> heed::Result<()> {
+        let mut groups = Vec::new();
+        for entry in self.main.iter(txn)? {
+            let (raw, value) = entry?;
+            if let Some(id) = self.long.marker_group(raw, value)? {
+                groups.push(id);
+            }
+        }
+        for id in groups {
+            self.long.remove_group(txn, id)?;
+        }
+        self.main.clear(txn)
+    }
+
     /// Every key, in order.
     pub(crate) fn iter<'t>(&self, txn: &'t RoTxn) -> heed::Result<Range<'t>> {
         self.range(txn, Bound::Unbounded, Bound::Unbounded)
@@ -288,6 +378,9 @@ impl Table {
 }
 
 type LmdbRange<'t> = RoRange<'t, Bytes, Bytes>;
+
+/// A key (whole, rebuilt from its chunks if it is long) and its value.
+pub(crate) type Entry<'t> = (Cow<'t, [u8]>, &'t [u8]);
 
 fn group_id(bytes: &[u8]) -> heed::Result<u64> {
     let bytes: [u8; GROUP_ID_LEN] = bytes.try_into().map_err(|_| corrupt("group id"))?;
@@ -549,6 +642,23 @@ mod tests {
             let want: Vec<_> = model.iter().filter(|(k, _)| k.starts_with(&prefix)).map(|(k, v)| (k.clone(), v.clone())).collect();
             let got: Vec<_> = table.prefix(&wtxn, &prefix).unwrap().map(|e| e.map(|(k, v)| (k.into_owned(), v.to_vec()))).collect::<Result<_, _>>().unwrap();
             prop_assert_eq!(got, want);
+            // The last key under each prefix of every key (and of none), found by seeking.
+            let mut prefixes: Vec<Vec<u8>> = vec![vec![0xff; chunk + 2], vec![b'a'; chunk + 1]];
+            for k in model.keys().chain(ops.iter().filter_map(|op| match op { Op::Delete(k) => Some(k), _ => None })) {
+                prefixes.extend((1..=k.len()).map(|n| k[..n].to_vec()));
+            }
+            for prefix in &prefixes {
+                let want = model.iter().rev().find(|(k, _)| k.starts_with(prefix)).map(|(k, v)| (k.clone(), v.clone()));
+                let got = table.last_with_prefix(&wtxn, prefix).unwrap().map(|(k, v)| (k.into_owned(), v.to_vec()));
+                prop_assert_eq!(got, want, "last_with_prefix({:?})", prefix);
+            }
+            if chunk == 2 {
+                // Clearing the table leaves nothing of it in either database (but the group counter).
+                table.clear(&mut wtxn).unwrap();
+                prop_assert_eq!(table.main.len(&wtxn).unwrap(), 0);
+                prop_assert!(table.long.db.len(&wtxn).unwrap() <= 1);
+                return Ok(());
+            }
             // Removing every key leaves both databases as they started (only the group counter remains).
             let all: Vec<Vec<u8>> = model.keys().cloned().collect();
             for k in &all {

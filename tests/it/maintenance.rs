@@ -115,9 +115,10 @@ fn mask_snapshot_log(dir: &Path, text: &str) -> String {
 }
 
 /// Opens an LMDB file (read-only, in a temp copy) and returns the names of its named databases and
-/// the keys of `kv_live`.
+/// the keys `kv_index` holds versions of (each entry is the escaped key, a `0x00 0x00` terminator and
+/// a 16-byte revision), once each.
 #[allow(unsafe_code)] // opening LMDB is unsafe in heed (the SAFETY comment below)
-fn lmdb_tables_and_live_keys(db_bytes: &[u8]) -> (Vec<String>, Vec<Vec<u8>>) {
+fn lmdb_tables_and_indexed_keys(db_bytes: &[u8]) -> (Vec<String>, Vec<Vec<u8>>) {
     use heed::types::Bytes;
     use heed::{CommitOrAbort, EnvOpenOptions};
     let dir = tempfile::tempdir().unwrap();
@@ -127,11 +128,11 @@ fn lmdb_tables_and_live_keys(db_bytes: &[u8]) -> (Vec<String>, Vec<Vec<u8>>) {
     // SAFETY: a private copy of the file in a fresh temp dir, opened once by this test only.
     let env = unsafe { options.open(dir.path()) }.expect("the snapshot opens as an LMDB environment");
     let rtxn = env.read_txn().unwrap();
-    let (main, live) = env
+    let (main, index) = env
         .open_databases_and_commit(rtxn, |dbo, rtxn| -> Result<_, heed::Error> {
             let main = dbo.open_database::<Bytes, Bytes>(rtxn, None)?;
-            let live = dbo.open_database::<Bytes, Bytes>(rtxn, Some("kv_live"))?;
-            Ok(CommitOrAbort::<_, ()>::Commit((main, live)))
+            let index = dbo.open_database::<Bytes, Bytes>(rtxn, Some("kv_index"))?;
+            Ok(CommitOrAbort::<_, ()>::Commit((main, index)))
         })
         .unwrap()
         .unwrap_commit();
@@ -142,10 +143,14 @@ fn lmdb_tables_and_live_keys(db_bytes: &[u8]) -> (Vec<String>, Vec<Vec<u8>>) {
         .unwrap()
         .map(|e| String::from_utf8_lossy(e.unwrap().0).into_owned())
         .collect();
-    let keys = match live {
-        Some(live) => live.iter(&rtxn).unwrap().map(|e| e.unwrap().0.to_vec()).collect(),
+    let mut keys: Vec<Vec<u8>> = match index {
+        Some(index) => index.iter(&rtxn).unwrap().map(|e| e.unwrap().0.to_vec()).collect(),
         None => Vec::new(),
     };
+    for key in &mut keys {
+        key.truncate(key.len() - 18);
+    }
+    keys.dedup();
     (names, keys)
 }
 
@@ -250,8 +255,8 @@ fn snapshot_save() {
     }
     if sc.candidate.kind == Kind::Keyward {
         let bytes = std::fs::read(sc.candidate.dir().path().join("backup.db")).unwrap();
-        let (names, keys) = lmdb_tables_and_live_keys(&bytes[..bytes.len() - 32]);
-        for table in ["kv_live", "kv_revs", "kv_index", "kv_meta", "sm_meta"] {
+        let (names, keys) = lmdb_tables_and_indexed_keys(&bytes[..bytes.len() - 32]);
+        for table in ["kv_revs", "kv_index", "kv_meta", "sm_meta"] {
             assert!(names.iter().any(|n| n == table), "table {table} missing from {names:?}");
         }
         assert_eq!(keys, vec![b"a".to_vec(), b"b".to_vec()]);
@@ -362,7 +367,7 @@ async fn client_fields() {
     let db: Vec<u8> = chunks.into_iter().flat_map(|(_, b)| b).collect();
     assert_eq!(sha256(&db), digest[..]);
     if Kind::under_test() == Kind::Keyward {
-        let (names, keys) = lmdb_tables_and_live_keys(&db);
+        let (names, keys) = lmdb_tables_and_indexed_keys(&db);
         assert!(names.iter().any(|n| n == "kv_revs"), "{names:?}");
         assert_eq!(keys, vec![b"a".to_vec()]);
     }

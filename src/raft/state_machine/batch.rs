@@ -105,7 +105,12 @@ fn apply_entry(
     for req in requests {
         entry_results.push(match crate::apply::apply(stores, txn, req, index) {
             Ok((applied, done)) => {
-                effects.events.extend(done.events);
+                if effects.events.is_empty() {
+                    // Moved, not copied: a delete of a million keys has a million events.
+                    effects.events = done.events;
+                } else {
+                    effects.events.extend(done.events);
+                }
                 effects.granted.extend(done.granted);
                 effects.revoked.extend(done.revoked);
                 effects.auth = merge_affected(effects.auth.take(), done.auth);

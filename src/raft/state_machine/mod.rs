@@ -5,6 +5,7 @@
 //! - `kv_env.rs`: `KvEnv`, the swappable environment every holder reaches the applied state through
 //!   (Defragment, `defrag.rs`, replaces it while the member runs);
 //! - `state.rs`: `State`, the applied state on one environment, shared with the read path;
+//!   `layout.rs`: the kv tables' layout version, and the migration of an older data dir at open;
 //! - `batch.rs`: one batch of entries applied in one write transaction; `committed.rs`: what the
 //!   observer is told after each commit;
 //! - `full_retry.rs`: a batch that finds storage full (the disk, or LMDB's map) is aborted and
@@ -39,6 +40,7 @@ mod committed;
 pub(crate) mod defrag;
 mod full_retry;
 mod kv_env;
+mod layout;
 #[cfg(test)]
 mod mapping_tests;
 pub(super) mod snapshot;

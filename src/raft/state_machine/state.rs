@@ -22,13 +22,14 @@ use crate::raft::{LogId, StoredMembership};
 use crate::space::alarm::AlarmStore;
 use crate::space::Space;
 use crate::storage::mapping::{self, Mapping, ReadTxn};
-use crate::storage::table::LongKeys;
+use crate::storage::table::{LongKeys, Table};
 use crate::storage::{self, Db, LmdbEnv, Writes};
 
 /// Any error: what the state machine's own operations return (openraft's traits wrap it).
 pub(super) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The keys of `sm_meta`: the applied log id, and the membership as of it.
+/// The keys of `sm_meta`: the applied log id, and the membership as of it (the layout's version is
+/// `layout.rs`'s).
 pub(super) const APPLIED: &[u8] = b"applied";
 pub(super) const MEMBERSHIP: &[u8] = b"membership";
 
@@ -48,6 +49,8 @@ pub(crate) struct State {
     /// (`/health`, `/metrics`, the quota check).
     pub(super) active_alarms: RwLock<Arc<Vec<AlarmMember>>>,
     pub(super) meta: Db,
+    /// `kv_live`, which layouts before 2 kept (`layout.rs`): empty once the state is open.
+    pub(super) legacy_live: Table,
     /// What this environment's `State` hands on to the one that replaces it (`defrag.rs`).
     pub(super) tokens: Arc<OnceLock<Arc<Tokens>>>,
     pub(super) snaps: Arc<SnapDir>,
@@ -76,12 +79,11 @@ pub(super) struct Carried {
 impl State {
     /// Opens the environment at `kv_dir` and the state on it.
     pub(super) fn open(kv_dir: &Path, carried: Carried) -> Result<State, heed::Error> {
-        let [live, revs, index, kv_meta] = KvStore::TABLES;
+        let [revs, index, kv_meta] = KvStore::TABLES;
         let [leases, lease_keys] = LeaseStore::TABLES;
         let [users, roles, auth_meta] = AuthStore::TABLES;
         let [alarms] = AlarmStore::TABLES;
         let names = [
-            live,
             revs,
             index,
             kv_meta,
@@ -93,6 +95,7 @@ impl State {
             alarms,
             LongKeys::TABLE,
             "sm_meta",
+            KvStore::LEGACY_LIVE,
         ];
         let existing = std::fs::metadata(kv_dir.join("data.mdb")).map_or(0, |m| m.len());
         let ceiling = crate::space::map_size(carried.space.quota(), existing);
@@ -102,12 +105,13 @@ impl State {
         let (env, dbs) = storage::open_with(kv_dir, names, storage::Durability::Deferred, writes, map_size as usize)?;
         let mapping = Mapping::new(kv_dir, &env, writes, ceiling as u64)?;
         tracing::info!(dir = %kv_dir.display(), ?writes, reserved = mapping.reserved(), "kv environment opened");
-        let [live, revs, index, kv_meta, leases, lease_keys, users, roles, auth_meta, alarms, long_keys, meta] = dbs;
+        let [revs, index, kv_meta, leases, lease_keys, users, roles, auth_meta, alarms, long_keys, meta, legacy_live] =
+            dbs;
         let long = LongKeys::new(long_keys);
         let state = State {
             env,
             mapping,
-            kv: KvStore::new([live, revs, index, kv_meta], long),
+            kv: KvStore::new([revs, index, kv_meta], long),
             leases: LeaseStore::new([leases, lease_keys], long),
             auth: AuthStore::new([users, roles, auth_meta], long),
             alarms: AlarmStore::new([alarms]),
@@ -115,6 +119,7 @@ impl State {
             long,
             active_alarms: Default::default(),
             meta,
+            legacy_live: Table::new(legacy_live, long),
             tokens: carried.tokens,
             snaps: carried.snaps,
             observer: carried.observer,
@@ -123,6 +128,7 @@ impl State {
             #[cfg(test)]
             inject_failure: Default::default(),
         };
+        state.migrate_layout().map_err(|e| heed::Error::Io(std::io::Error::other(e)))?;
         state.install_current_if_newer().map_err(|e| heed::Error::Io(std::io::Error::other(e)))?;
         {
             let txn = state.read_txn()?;

@@ -170,14 +170,33 @@ impl Reader {
     }
 }
 
+/// Where `load` hands a record it does not write (a key and its value).
+pub(crate) type SkippedRecord<'a> = dyn FnMut(&[u8], &[u8]) -> heed::Result<()> + 'a;
+
 /// Replaces the contents of `tables` with the snapshot's records, in `txn`; fails, leaving `txn` to be
 /// aborted, if the file is malformed or its checksum does not match. Memory: one record at a time.
-pub(crate) fn load(mut reader: Reader, tables: &[Db], txn: &mut RwTxn) -> Result<(), BoxError> {
+///
+/// A file with one table more than `tables` is of the kv layout before 2 (`layout.rs`), whose first
+/// table was `kv_live`: its records are handed to `skipped` instead of being written.
+pub(crate) fn load(
+    mut reader: Reader,
+    tables: &[Db],
+    txn: &mut RwTxn,
+    skipped: &mut SkippedRecord,
+) -> Result<(), BoxError> {
     let count = reader.count()?;
-    if count != tables.len() as u64 {
+    let legacy = count == tables.len() as u64 + 1;
+    if count != tables.len() as u64 && !legacy {
         return Err(corrupt(&format!("{count} tables where this version has {}", tables.len())).into());
     }
     let (mut key, mut value) = (Vec::new(), Vec::new());
+    if legacy {
+        for _ in 0..reader.count()? {
+            reader.bytes(&mut key)?;
+            reader.bytes(&mut value)?;
+            skipped(&key, &value)?;
+        }
+    }
     for db in tables {
         db.clear(txn)?;
         for _ in 0..reader.count()? {
@@ -364,7 +383,7 @@ mod tests {
         let (read_meta, reader) = Reader::open(File::open(&path).unwrap()).unwrap();
         assert_eq!(read_meta, meta);
         let mut wtxn = env2.write_txn().unwrap();
-        load(reader, &[a, b, c], &mut wtxn).unwrap();
+        load(reader, &[a, b, c], &mut wtxn, &mut |_, _| panic!("no table is skipped")).unwrap();
         wtxn.commit().unwrap();
         let rtxn = env2.read_txn().unwrap();
         for (db, original) in [a, b, c].iter().zip(&tables) {

@@ -1,0 +1,235 @@
+//! The layout of the kv tables in a data dir, and the migration from the older one, run once as the
+//! state opens.
+//!
+//! - Layout 1 (no version recorded in `sm_meta`): `kv_live` held each existing key's current
+//!   `KeyValue`, a second copy of its newest record in `kv_revs`.
+//! - Layout 2: each value is stored once, in `kv_revs`; current reads go through `kv_index`
+//!   (`mvcc/store.rs`). `kv_live` is empty: its database stays in data dirs that had it (LMDB frees
+//!   its pages; removing the name itself would take heed's `unsafe` `remove`).
+//!
+//! The migration empties `kv_live` (with the groups its long keys had in `long_keys`) and records the
+//! version, in one write transaction, synced: a crash before the commit leaves layout 1 whole, to be
+//! migrated at the next open; after it, layout 2. Snapshots of layout 1 carry `kv_live`'s records:
+//! installing one skips them (`snapshot/format.rs`) and removes the groups they named
+//! (`skip_legacy_live`), so an installed state is layout 2 as well.
+
+use super::state::{BoxError, State};
+use crate::storage::table::LongKeys;
+
+/// The `sm_meta` key of the layout's version.
+const LAYOUT: &[u8] = b"layout";
+/// The layout this version writes.
+const CURRENT: u32 = 2;
+
+impl State {
+    /// Brings the tables to the current layout if they are of an older one; refuses a newer one.
+    pub(super) fn migrate_layout(&self) -> Result<(), BoxError> {
+        let recorded = {
+            let txn = self.read_txn()?;
+            self.read_meta::<u32>(&txn, LAYOUT)?
+        };
+        match recorded {
+            Some(CURRENT) => return Ok(()),
+            Some(newer) if newer > CURRENT => {
+                return Err(format!("the kv tables have layout {newer}; this keyward reads layout {CURRENT}").into())
+            }
+            _ => {}
+        }
+        let started = std::time::Instant::now();
+        let mut txn = self.env.write_txn()?;
+        let live = self.legacy_live.main_db().len(&txn)?;
+        self.legacy_live.clear(&mut txn)?;
+        self.meta.put(&mut txn, LAYOUT, &postcard::to_allocvec(&CURRENT)?)?;
+        txn.commit()?;
+        self.sync()?;
+        if live > 0 {
+            tracing::info!(
+                from = recorded.unwrap_or(1),
+                to = CURRENT,
+                dropped = live,
+                elapsed = ?started.elapsed(),
+                "kv tables migrated: kv_live emptied, each value stored once"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The groups in `long_keys` that a layout-1 snapshot's `kv_live` records open, collected while its
+/// records are skipped, to be removed once `long_keys` is loaded.
+#[derive(Default)]
+pub(super) struct SkippedLive {
+    groups: Vec<u64>,
+}
+
+impl SkippedLive {
+    /// Notes one skipped `kv_live` record.
+    pub(super) fn skip(&mut self, long: &LongKeys, key: &[u8], value: &[u8]) -> heed::Result<()> {
+        if let Some(id) = long.marker_group(key, value)? {
+            self.groups.push(id);
+        }
+        Ok(())
+    }
+
+    /// Removes the groups the skipped records opened, and records the current layout, in `txn`.
+    pub(super) fn finish(self, state: &State, txn: &mut heed::RwTxn) -> Result<(), BoxError> {
+        for id in self.groups {
+            state.long.remove_group(txn, id)?;
+        }
+        state.meta.put(txn, LAYOUT, &postcard::to_allocvec(&CURRENT)?)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::*;
+    use crate::keyrange::KeyRange;
+    use crate::proto::mvccpb::KeyValue;
+    use crate::raft::state_machine::snapshot::format;
+    use crate::raft::state_machine::snapshot_tests::{delete, put};
+    use crate::raft::state_machine::testing::TableRecords;
+    use crate::raft::state_machine::StateMachine;
+
+    fn open(dir: &std::path::Path) -> StateMachine {
+        StateMachine::open(&dir.join("kv"), &dir.join("snap")).expect("open")
+    }
+
+    /// Short keys, and keys past LMDB's 511 bytes (one and two levels of groups in `long_keys`), one
+    /// of each deleted again.
+    fn fill(state: &State) {
+        let keys: Vec<Vec<u8>> = vec![b"a".to_vec(), b"b".to_vec(), vec![b'l'; 600], vec![b'm'; 1500], vec![b'n'; 700]];
+        for (i, key) in keys.iter().enumerate() {
+            let results = state.apply_requests(2 + i as u64, vec![put(key, format!("value {i}").as_bytes(), 0)]);
+            assert!(results.iter().all(Result::is_ok), "{results:?}");
+        }
+        for (i, key) in [b"b".to_vec(), vec![b'n'; 700]].iter().enumerate() {
+            let results = state.apply_requests(10 + i as u64, vec![delete(key)]);
+            assert!(results.iter().all(Result::is_ok), "{results:?}");
+        }
+    }
+
+    fn current(state: &State) -> Vec<KeyValue> {
+        let txn = state.read_txn().unwrap();
+        state.kv.view(&txn).unwrap().range(&KeyRange::new(b"\0", b"\0"), 0, 0, false).unwrap().kvs
+    }
+
+    /// Every table's records, but the group counter of `long_keys` (the last table), which counts the
+    /// groups ever allocated, those of `kv_live` included.
+    fn records_but_the_group_counter(state: &State) -> TableRecords {
+        let mut records = state.table_records();
+        if let Some(long) = records.last_mut() {
+            long.retain(|(key, _)| !key.starts_with(&[0; 8]));
+        }
+        records
+    }
+
+    /// Makes the tables what layout 1 held for the same entries: `kv_live` holding each current
+    /// key-value (long keys in groups, as `Table` stores them), and no layout recorded.
+    fn downgrade(state: &State) {
+        let kvs = current(state);
+        let mut txn = state.env.write_txn().unwrap();
+        for kv in &kvs {
+            state.legacy_live.put(&mut txn, &kv.key, &kv.encode_to_vec()).unwrap();
+        }
+        state.meta.delete(&mut txn, LAYOUT).unwrap();
+        txn.commit().unwrap();
+        let txn = state.read_txn().unwrap();
+        assert_eq!(state.legacy_live.main_db().len(&txn).unwrap(), 3, "a, the 600- and the 1500-byte key");
+    }
+
+    /// The kv tables' part of `Hash` (the whole `Hash` also covers `long_keys`, whose group counter
+    /// counts `kv_live`'s groups too), and `HashKV`.
+    fn kv_hashes(state: &State) -> (u32, crate::mvcc::hash::KvHash) {
+        let txn = state.read_txn().unwrap();
+        let view = state.kv.view(&txn).unwrap();
+        (view.hash_all().unwrap(), view.hash_kv(0).unwrap())
+    }
+
+    fn layout(state: &State) -> Option<u32> {
+        let txn = state.read_txn().unwrap();
+        state.read_meta(&txn, LAYOUT).unwrap()
+    }
+
+    /// Fails without the migration: `kv_live` keeps its records and `long_keys` the groups of them.
+    #[test]
+    fn a_data_dir_of_layout_1_opens_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let (records, kvs, hash) = {
+            let sm = open(dir.path());
+            let state = sm.state();
+            assert_eq!(layout(&state), Some(CURRENT), "a new data dir is of the current layout");
+            fill(&state);
+            let hash = kv_hashes(&state);
+            let before = (records_but_the_group_counter(&state), current(&state), hash);
+            downgrade(&state);
+            assert_ne!(records_but_the_group_counter(&state), before.0, "kv_live's long keys are in long_keys");
+            before
+        };
+        let sm = open(dir.path());
+        let state = sm.state();
+        assert_eq!(layout(&state), Some(CURRENT));
+        assert_eq!(state.legacy_live.main_db().len(&state.read_txn().unwrap()).unwrap(), 0, "kv_live emptied");
+        assert_eq!(records_but_the_group_counter(&state), records, "nothing of kv_live is left in long_keys");
+        assert_eq!(current(&state), kvs);
+        assert_eq!(kv_hashes(&state), hash, "Hash of the kv tables and HashKV unchanged");
+        // A layout newer than this version's is refused, not misread.
+        let mut txn = state.env.write_txn().unwrap();
+        state.meta.put(&mut txn, LAYOUT, &postcard::to_allocvec(&(CURRENT + 1)).unwrap()).unwrap();
+        txn.commit().unwrap();
+        drop((state, sm));
+        let refused = StateMachine::open(&dir.path().join("kv"), &dir.path().join("snap")).err().map(|e| e.to_string());
+        assert!(refused.as_deref().is_some_and(|e| e.contains("layout 3")), "{refused:?}");
+    }
+
+    /// A backup of a layout-1 member (`etcdctl snapshot save`: a copy of its environment) opens as
+    /// `keyward snapshot restore` opens it (`open_offline`) at layout 2, with the same keys.
+    #[test]
+    fn a_backup_of_layout_1_restores_as_layout_2() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (records, kvs) = {
+            let source = open(a.path());
+            let source = source.state();
+            fill(&source);
+            let before = (records_but_the_group_counter(&source), current(&source));
+            downgrade(&source);
+            std::fs::create_dir_all(b.path().join("kv")).unwrap();
+            let mut backup = std::fs::File::create(b.path().join("kv").join("data.mdb")).unwrap();
+            source.copy_to_file(&mut backup, heed::CompactionOption::Disabled).unwrap();
+            before
+        };
+        let restored = StateMachine::open_offline(&b.path().join("kv"), &b.path().join("snap")).unwrap().state();
+        assert_eq!(layout(&restored), Some(CURRENT));
+        assert_eq!(restored.legacy_live.main_db().len(&restored.read_txn().unwrap()).unwrap(), 0);
+        assert_eq!(records_but_the_group_counter(&restored), records);
+        assert_eq!(current(&restored), kvs);
+    }
+
+    /// A snapshot a member of layout 1 built (its tables, `kv_live` first) installs on a member of
+    /// layout 2 as the same state: fails without the skip (one table too many) and without removing
+    /// the groups (`long_keys` would differ).
+    #[test]
+    fn a_snapshot_of_layout_1_installs_as_layout_2() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (source, target) = (open(a.path()), open(b.path()));
+        let source = source.state();
+        fill(&source);
+        let (records, kvs) = (records_but_the_group_counter(&source), current(&source));
+        downgrade(&source);
+        let (meta, _) = source.build_snapshot().unwrap();
+        let legacy = a.path().join("layout-1.snap");
+        {
+            let txn = source.read_txn().unwrap();
+            let tables: Vec<_> = [source.legacy_live.main_db()].into_iter().chain(source.tables()).collect();
+            format::write(std::fs::File::create(&legacy).unwrap(), &meta, &tables, &txn).unwrap();
+        }
+        let target = target.state();
+        target.install_snapshot(&meta, std::fs::File::open(&legacy).unwrap(), None).unwrap();
+        assert_eq!(records_but_the_group_counter(&target), records);
+        assert_eq!(current(&target), kvs);
+        assert_eq!(target.legacy_live.main_db().len(&target.read_txn().unwrap()).unwrap(), 0);
+        assert_eq!(layout(&target), Some(CURRENT));
+    }
+}
