@@ -4,7 +4,8 @@
 //! - `kv_live`:  key → current `KeyValue` (only keys that exist now; serves every read at the current revision)
 //! - `kv_revs`:  revision → tag + `KeyValue` (every change, in order: history reads, watch replay, compaction)
 //! - `kv_index`: escape(key) ++ revision → tag (finds a key's version at an older revision)
-//! - `kv_meta`:  current and compacted revision
+//! - `kv_meta`:  current and compacted revision, and how far the removal of compacted versions got
+//!   (`compaction.rs`)
 //!
 //! `kv_live` and `kv_index` are keyed by etcd keys, which may be as long as a request: they are
 //! [`Table`]s, which keep LMDB's byte order for keys of any length (`storage/table.rs`). `kv_revs` is
@@ -18,7 +19,7 @@ use std::ops::Bound;
 use heed::{RoTxn, RwTxn};
 use prost::Message;
 
-use super::revision::{history_bound, history_key, history_prefix, split_history_key, Revision};
+use super::revision::{history_bound, history_key, split_history_key, Revision};
 use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
 use crate::proto::mvccpb::{event::EventType, Event, KeyValue};
@@ -98,7 +99,7 @@ impl KvStore {
     }
 }
 
-fn corrupt(what: &str) -> EtcdError {
+pub(super) fn corrupt(what: &str) -> EtcdError {
     tracing::error!(what, "corrupt record in the kv store");
     EtcdError::Internal
 }
@@ -253,6 +254,12 @@ impl ReadView<'_> {
             if at.main > self.rev {
                 break;
             }
+            let (tag, kv) = decode_change(bytes)?;
+            // Replay from the compacted revision itself meets what pending removal has not removed yet:
+            // skipped as if removed, so replay never depends on how far removal got.
+            if at.main <= self.compact_rev && !self.kept_by_compaction(at, &kv.key, tag)? {
+                continue;
+            }
             if last_main != Some(at.main) {
                 if (max_revisions != 0 && revisions == max_revisions) || read_bytes >= max_bytes {
                     return Ok((events, at.main));
@@ -260,7 +267,6 @@ impl ReadView<'_> {
                 last_main = Some(at.main);
                 revisions += 1;
             }
-            let (tag, kv) = decode_change(bytes)?;
             if !range.contains(&kv.key) {
                 continue;
             }
@@ -274,10 +280,11 @@ impl ReadView<'_> {
 
 /// The changes of one raft entry, applied at one new revision.
 pub(crate) struct WriteTxn<'a, 'e> {
-    store: &'a KvStore,
-    txn: &'a mut RwTxn<'e>,
+    pub(super) store: &'a KvStore,
+    pub(super) txn: &'a mut RwTxn<'e>,
     begin_rev: i64,
-    compact_rev: i64,
+    /// The compacted revision (`compaction.rs` schedules a new one).
+    pub(super) compact_rev: i64,
     /// Changes made so far; also the sub-revision of the next one.
     changes: i64,
     /// What happened, in order, for watchers.
@@ -344,56 +351,6 @@ impl<'e> WriteTxn<'_, 'e> {
         }
         let rev = self.rev();
         Ok((existing, rev))
-    }
-
-    /// Discards history below `rev`: afterwards each key keeps only its newest version at or before `rev`
-    /// (none if that version is a deletion). Reads below `rev` then fail with `Compacted`.
-    pub(crate) fn compact(&mut self, rev: i64) -> Result<(), EtcdError> {
-        if rev <= self.compact_rev {
-            return Err(EtcdError::Compacted);
-        }
-        if rev > self.rev() {
-            return Err(EtcdError::FutureRev);
-        }
-        let from = Revision::new(self.compact_rev + 1, 0).to_bytes();
-        let to = Revision::new(rev + 1, 0).to_bytes();
-        let mut changed = Vec::new();
-        for entry in self.store.revs.range(self.txn, &(Bound::Included(&from[..]), Bound::Excluded(&to[..])))? {
-            let (at, bytes) = entry?;
-            let at = Revision::from_bytes(at).ok_or_else(|| corrupt("revision key"))?;
-            let (tag, kv) = decode_change(bytes)?;
-            changed.push((at, kv.key, tag));
-        }
-        for (at, key, tag) in changed {
-            // Only the newest version at or before `rev` decides; older ones are removed with it.
-            let after = history_key(&key, Revision::new(at.main, at.sub + 1));
-            let limit = history_key(&key, Revision::new(rev + 1, 0));
-            let superseded = self
-                .store
-                .index
-                .range(self.txn, Bound::Included(&after), Bound::Excluded(&limit))?
-                .next()
-                .transpose()?
-                .is_some();
-            if superseded {
-                continue;
-            }
-            let prefix = history_prefix(&key);
-            let upto = history_key(&key, if tag == TAG_TOMBSTONE { Revision::new(at.main, at.sub + 1) } else { at });
-            let mut doomed = Vec::new();
-            for entry in self.store.index.range(self.txn, Bound::Included(&prefix), Bound::Excluded(&upto))? {
-                let (raw, _) = entry?;
-                doomed.push(raw.into_owned());
-            }
-            for raw in doomed {
-                let (_, old) = split_history_key(&raw).ok_or_else(|| corrupt("history key"))?;
-                self.store.index.delete(self.txn, &raw)?;
-                self.store.revs.delete(self.txn, &old.to_bytes())?;
-            }
-        }
-        self.store.meta.put(self.txn, COMPACT_REV, &rev.to_be_bytes())?;
-        self.compact_rev = rev;
-        Ok(())
     }
 
     /// Records the new current revision (if anything changed) and hands back what happened.
