@@ -111,9 +111,9 @@ impl KvStore {
                 stopped_early = true;
                 break;
             }
-            next = at;
             step.examined += 1;
             if superseded(self, txn, &key, at, target)? {
+                next = Revision::new(at.main, at.sub + 1);
                 continue;
             }
             // The key's versions older than this one (and this one, when it is a deletion).
@@ -129,6 +129,7 @@ impl KvStore {
             }
             if !finished_key {
                 // More of this key's versions than the budget: the next step examines it again.
+                next = at;
                 stopped_early = true;
                 break;
             }
