@@ -61,9 +61,14 @@ impl WriteTxn<'_, '_> {
             return Err(EtcdError::FutureRev);
         }
         if next_to_examine(self.store, self.txn)?.is_none() {
-            // Nothing pending: everything up to the previous compaction is already removed.
-            let start = Revision::new(self.compact_rev + 1, 0);
-            self.store.meta.put(self.txn, COMPACT_NEXT, &start.to_bytes())?;
+            // Nothing pending: everything up to the previous compaction is already removed, and
+            // removal starts after it (unless no change lies in between: then there is none to do).
+            let (start, end) = (Revision::new(self.compact_rev + 1, 0), Revision::new(rev + 1, 0));
+            let (from, to) = (start.to_bytes(), end.to_bytes());
+            let bounds = (Bound::Included(&from[..]), Bound::Excluded(&to[..]));
+            if self.store.revs.range(self.txn, &bounds)?.next().transpose()?.is_some() {
+                self.store.meta.put(self.txn, COMPACT_NEXT, &from)?;
+            }
         }
         self.store.meta.put(self.txn, COMPACT_REV, &rev.to_be_bytes())?;
         self.compact_rev = rev;
