@@ -16,7 +16,10 @@ fn open(dir: &Path) -> StateMachine {
 }
 
 fn compaction(revision: i64) -> InternalRaftRequest {
-    InternalRaftRequest { compaction: Some(Box::new(CompactionRequest { revision, physical: false })), ..Default::default() }
+    InternalRaftRequest {
+        compaction: Some(Box::new(CompactionRequest { revision, physical: false })),
+        ..Default::default()
+    }
 }
 
 /// Ten keys written three times each (entries 1–30, revisions 2–31), then compacted at 31 (entry 31).
