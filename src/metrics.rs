@@ -55,6 +55,33 @@ pub(crate) static DEFRAG_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     )
 });
 
+/// One background step removing compacted versions (`mvcc/compaction.rs`): how long it held the
+/// write path, as etcd's compaction batch holds its backend's lock.
+pub(crate) static COMPACTION_PAUSE_MS: LazyLock<Histogram> = LazyLock::new(|| {
+    histogram(
+        "etcd_debugging_mvcc_db_compaction_pause_duration_milliseconds",
+        "Bucketed histogram of db compaction pause duration.",
+        exponential_buckets(1.0, 2.0, 20).unwrap_or_else(|e| unreachable!("static buckets: {e}")),
+    )
+});
+
+/// From the first removal step of a compaction to its last.
+pub(crate) static COMPACTION_TOTAL_MS: LazyLock<Histogram> = LazyLock::new(|| {
+    histogram(
+        "etcd_debugging_mvcc_db_compaction_total_duration_milliseconds",
+        "Bucketed histogram of db compaction total duration.",
+        exponential_buckets(100.0, 2.0, 14).unwrap_or_else(|e| unreachable!("static buckets: {e}")),
+    )
+});
+
+/// Versions removed by compaction (etcd counts the keys its batches delete from the backend).
+pub(crate) static COMPACTION_KEYS: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(
+        IntCounter::new("etcd_debugging_mvcc_db_compaction_keys_total", "Total number of db keys compacted.")
+            .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
 pub(crate) static LEADER_CHANGES: LazyLock<IntCounter> = LazyLock::new(|| {
     register(
         IntCounter::new("etcd_server_leader_changes_seen_total", "The number of leader changes seen.")
@@ -555,6 +582,10 @@ fn register_every_family() {
     for histogram in [&WAL_FSYNC_SECONDS, &BACKEND_COMMIT_SECONDS, &DEFRAG_SECONDS, &BACKEND_SNAPSHOT_SECONDS] {
         LazyLock::force(histogram);
     }
+    for histogram in [&COMPACTION_PAUSE_MS, &COMPACTION_TOTAL_MS] {
+        LazyLock::force(histogram);
+    }
+    LazyLock::force(&COMPACTION_KEYS);
     for counter in [&GRPC_RECEIVED_BYTES, &GRPC_SENT_BYTES, &HEALTH_SUCCESS, &HEALTH_FAILURES] {
         LazyLock::force(counter);
     }

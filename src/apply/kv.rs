@@ -45,16 +45,18 @@ pub(super) fn txn(stores: &Stores, txn: &mut RwTxn, t: &TxnRequest) -> Result<(A
     write_kv(stores, txn, &lease_ids, |w, leases| Ok(Applied::Txn(mvcc::txn::txn(w, t, leases)?)))
 }
 
-/// A compaction, once permitted.
+/// A compaction, once permitted: scheduled only, the versions it made unreachable are removed in the
+/// background (`mvcc/compaction.rs`).
 pub(super) fn compact(
     stores: &Stores,
     txn: &mut RwTxn,
     compaction: &CompactionRequest,
 ) -> Result<(Applied, Effects), EtcdError> {
-    write_kv(stores, txn, &[], |w, _| {
+    let (applied, effects) = write_kv(stores, txn, &[], |w, _| {
         w.compact(compaction.revision)?;
         Ok(Applied::Compaction(CompactionResponse { header: kv::header(w.rev()) }))
-    })
+    })?;
+    Ok((applied, Effects { compacted: true, ..effects }))
 }
 
 /// The leases named by puts anywhere in a transaction.

@@ -22,6 +22,8 @@ pub(crate) struct Effects {
     pub auth: Option<Affected>,
     /// An alarm was raised or cleared.
     pub alarms_changed: bool,
+    /// A compaction was scheduled: its removal runs in the background (`node/jobs/compaction.rs`).
+    pub compacted: bool,
 }
 
 /// What applying one request produced for its proposer (serialised into openraft's apply results, so

@@ -11,7 +11,7 @@ use std::ops::Bound;
 use crc32c::crc32c_append;
 
 use super::revision::Revision;
-use super::store::{KvStore, ReadView};
+use super::store::{decode_change, KvStore, ReadView};
 use crate::error::EtcdError;
 
 /// etcd's `HashKV` result: the hash, plus the compacted revision the hash started from.
@@ -27,6 +27,11 @@ impl ReadView<'_> {
     /// which stores each value once, `kv_live` is no longer a table, and no longer hashed). The state
     /// machine's own bookkeeping (applied log id, membership, layout) is not kv data and is left out,
     /// as etcd leaves out its consistent index.
+    ///
+    /// It hashes the tables as they are: while the removal of compacted versions is pending
+    /// (`mvcc/compaction.rs`), members that removed more or less of them differ, as etcd's `Hash`
+    /// (of the whole bbolt file) differs while its members compact; they agree again once each has
+    /// finished. `HashKV` does not depend on removal's progress.
     pub(crate) fn hash_all(&self) -> Result<u32, EtcdError> {
         let [revs, index, meta] = KvStore::TABLES;
         // Keys are hashed whole, as the tables hold them logically, whatever their length (keys past
@@ -38,9 +43,10 @@ impl ReadView<'_> {
 
     /// etcd's `HashKV` (`hashByRev`): CRC-32C over the key-value history up to `requested` (0 = the
     /// current revision): every change with a revision in `(compact_rev, rev]`, plus the versions
-    /// compaction kept at or below `compact_rev`. keyward compacts synchronously, so `kv_revs` holds
-    /// exactly those, and the hash is every `kv_revs` record at or below `rev`. A hash at an old revision
-    /// therefore does not change with later writes (only with a later compaction, as in etcd).
+    /// compaction keeps at or below `compact_rev` — exactly the `kv_revs` records at or below `rev` that
+    /// a finished removal leaves (`mvcc/compaction.rs`), whether or not removal has finished on this
+    /// member, so members agree while each removes at its own pace. A hash at an old revision therefore
+    /// does not change with later writes (only with a later compaction, as in etcd).
     ///
     /// Errors as etcd's: a revision at or below the compacted one is `Compacted` (note: at, unlike
     /// Range), one above the current revision is `FutureRev`.
@@ -53,9 +59,18 @@ impl ReadView<'_> {
         }
         let rev = if requested > 0 { requested } else { self.rev };
         let upper = Revision::new(rev.saturating_add(1), 0).to_bytes();
-        let mut crc = crc32c_append(0, KvStore::TABLES[0].as_bytes());
+        // Once removal finished, every record at or below the compacted revision is one it keeps.
+        let pending = self.removal_pending()?;
+        let mut crc = crc32c_append(0, KvStore::REVS.as_bytes());
         for entry in self.store.revs.range(self.txn, &(Bound::Unbounded, Bound::Excluded(&upper[..])))? {
             let (k, v) = entry?;
+            let at = Revision::from_bytes(k).ok_or(EtcdError::Internal)?;
+            if pending && at.main <= self.compact_rev {
+                let (tag, kv) = decode_change(v)?;
+                if !self.kept_by_compaction(at, &kv.key, tag)? {
+                    continue;
+                }
+            }
             crc = crc32c_append(crc32c_append(crc, k), v);
         }
         Ok(KvHash { hash: crc, compact_rev: self.compact_rev })

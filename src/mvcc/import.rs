@@ -36,7 +36,8 @@ impl KvStore {
     }
 
     /// Sets the current revision and, when the source had compacted, compacts at its revision with
-    /// keyward's own compaction (which also finishes one the source had only scheduled).
+    /// keyward's own compaction, removal included (which also finishes one the source had only
+    /// scheduled).
     pub(crate) fn import_finish(&self, txn: &mut RwTxn, current: i64, compacted: Option<i64>) -> Result<(), EtcdError> {
         self.meta.put(txn, CURRENT_REV, &current.max(1).to_be_bytes())?;
         match compacted {
@@ -44,6 +45,8 @@ impl KvStore {
                 let mut write = self.begin(txn)?;
                 write.compact(rev)?;
                 write.finish()?;
+                // Offline: remove what the compaction made unreachable at once.
+                self.finish_compaction(txn)?;
             }
             _ => {}
         }

@@ -1,6 +1,7 @@
 //! Multi-version concurrency control: revisions, the store on LMDB, and etcd's KV request semantics
 //! (range, put, delete, txn, compact) on top of it.
 
+pub(crate) mod compaction;
 pub(crate) mod counts;
 pub(crate) mod encoded_events;
 pub(crate) mod hash;

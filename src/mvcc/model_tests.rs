@@ -3,11 +3,15 @@
 //! A random sequence of writes (single puts and deletes, multi-operation write transactions), compactions
 //! (valid and invalid), range reads (current, historical, compacted and future revisions, with limits) and
 //! watch replays runs against a fresh `KvStore` on LMDB and against an in-memory model that keeps a full
-//! snapshot of the key space for every revision plus the log of every change. Every result is compared:
-//! returned revisions, deleted key-values, events, read kvs/count/revision and error variants. After every
-//! write and compaction the tables themselves are compared too: exactly the history etcd retains (so
-//! compaction neither loses nor leaks any), an index that mirrors it, and the current keys as each
-//! key's newest index entry (the store keeps no other copy of them).
+//! snapshot of the key space for every revision plus the log of every change. A compaction only schedules
+//! the removal of what it made unreachable; partial removal steps (`mvcc/compaction.rs`) of random sizes
+//! are interleaved with everything else, and the model knows nothing of them: every result must be the
+//! same however far removal got. Every result is compared: returned revisions, deleted key-values,
+//! events, read kvs/count/revision, `HashKV` and error variants. After every write, compaction and step
+//! the tables themselves are compared too: the history etcd retains (exactly, once removal finished;
+//! while it is pending, at least that and nothing that never happened), an index that mirrors it, and
+//! the current keys as each key's newest index entry (the store keeps no other copy of them). Each case
+//! ends by finishing removal and checking the tables hold exactly the retained history.
 //!
 //! Keys are drawn from the bytes `0x00, 0x01, 'a', 'b', 0xff` so that keys containing the escape byte
 //! `0x00`, keys ending in `0xff` (prefix ends) and keys that are prefixes of other keys are all frequent.
@@ -56,6 +60,8 @@ enum Op {
     /// A write transaction holding one or more changes.
     Write(Vec<WriteOp>),
     Compact(u16),
+    /// One background removal step, examining and removing at most this many versions.
+    RemoveStep(usize),
     Read {
         key: Vec<u8>,
         end: Vec<u8>,
@@ -155,6 +161,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => write_op().prop_map(|op| Op::Write(vec![op])),
         2 => txn_ops().prop_map(Op::Write),
         1 => any::<u16>().prop_map(Op::Compact),
+        2 => (1usize..4).prop_map(Op::RemoveStep),
         6 => (range(), any::<u16>(), 0usize..4, prop::bool::weighted(0.1))
             .prop_map(|((key, end), rev, limit, count_only)| Op::Read { key, end, rev, limit, count_only }),
         1 => (any::<u16>(), range(), 0usize..4)
@@ -213,15 +220,16 @@ impl Model {
 
     /// Watch replay: the changes to keys in the range in the first `max_revisions` (0 = all) revisions at
     /// or above `from`, and the revision to continue from.
+    /// Replay from the compacted revision itself sees only what compaction retains there.
     fn changes_since(&self, from: i64, key: &[u8], end: &[u8], max_revisions: usize) -> (Vec<Event>, i64) {
-        let mut revisions: Vec<i64> = self.log.iter().map(|(at, _)| at.main).filter(|&main| main >= from).collect();
+        let retained = self.retained();
+        let mut revisions: Vec<i64> = retained.iter().map(|(at, _)| at.main).filter(|&main| main >= from).collect();
         revisions.dedup();
         let next = match revisions.get(max_revisions) {
             Some(&next) if max_revisions != 0 => next,
             _ => self.current() + 1,
         };
-        let events = self
-            .log
+        let events = retained
             .iter()
             .filter(|(at, e)| at.main >= from && at.main < next && in_range(key, end, &event_key(e)))
             .map(|(_, e)| e.clone())
@@ -279,10 +287,23 @@ fn compact_target(sel: u16, compact_rev: i64, current: i64) -> i64 {
     }
 }
 
-/// A `from` for watch replay in `(compact_rev, current + 1]`: replay below the compaction point is the
+/// A `from` for watch replay in `[compact_rev, current + 1]`: replay below the compaction point is the
 /// watch layer's business (it answers Compacted itself).
 fn changes_from(sel: u16, compact_rev: i64, current: i64) -> i64 {
-    compact_rev + 1 + i64::from(sel) % (current - compact_rev + 1)
+    compact_rev + i64::from(sel) % (current - compact_rev + 2)
+}
+
+/// `HashKV` at the current revision as a finished compaction leaves the store: the retained changes'
+/// records, as `kv_revs` holds them.
+fn expected_hash_kv(model: &Model) -> u32 {
+    let mut crc = crc32c::crc32c_append(0, KvStore::REVS.as_bytes());
+    for (at, e) in model.retained() {
+        let tag = if e.r#type == EventType::Put as i32 { TAG_PUT } else { TAG_TOMBSTONE };
+        let mut record = vec![tag];
+        prost::Message::encode(&e.kv.clone().unwrap_or_default(), &mut record).expect("a Vec grows");
+        crc = crc32c::crc32c_append(crc32c::crc32c_append(crc, &at.to_bytes()), &record);
+    }
+    crc
 }
 
 fn event_key(e: &Event) -> Vec<u8> {
@@ -319,7 +340,43 @@ impl Harness {
         for op in ops {
             self.step(op)?;
         }
-        self.sweep()
+        self.sweep()?;
+        self.finish_removal()?;
+        self.sweep_all_keys()
+    }
+
+    /// Background removal steps of one version until none is pending, each making progress (a step
+    /// examines or removes one); then the tables hold exactly what is retained.
+    fn finish_removal(&mut self) -> Result<(), TestCaseError> {
+        let mut steps_left = 2 * self.revs_count()? + 1;
+        while self.removal_pending()? {
+            prop_assert!(steps_left > 0, "removal makes no progress");
+            steps_left -= 1;
+            self.remove_step(1)?;
+        }
+        self.check_state()
+    }
+
+    fn removal_pending(&self) -> Result<bool, TestCaseError> {
+        let txn = self.env.read_txn().map_err(|e| fail("read_txn", e))?;
+        Ok(self.store.removal_pending(&txn).map_err(|e| fail("removal_pending", e))?.is_some())
+    }
+
+    /// One removal step of at most `limit`, committed; the model does not change.
+    fn remove_step(&mut self, limit: usize) -> Result<(), TestCaseError> {
+        let before = self.revs_count()?;
+        let mut wtxn = self.env.write_txn().map_err(|e| fail("write_txn", e))?;
+        let step = self.store.compaction_step(&mut wtxn, limit).map_err(|e| fail("compaction_step", e))?;
+        wtxn.commit().map_err(|e| fail("commit", e))?;
+        prop_assert!(step.examined <= limit && step.removed <= limit, "step of {}: {:?}", limit, step);
+        prop_assert_eq!(before - self.revs_count()?, step.removed, "versions removed by {:?}", step);
+        prop_assert_eq!(step.compacted, self.model.compact_rev);
+        self.check_state()
+    }
+
+    fn revs_count(&self) -> Result<usize, TestCaseError> {
+        let txn = self.env.read_txn().map_err(|e| fail("read_txn", e))?;
+        Ok(self.store.revs.len(&txn).map_err(|e| fail("len", e))? as usize)
     }
 
     fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
@@ -327,6 +384,7 @@ impl Harness {
         match op {
             Op::Write(ops) => self.write(ops),
             Op::Compact(sel) => self.compact(compact_target(*sel, compact_rev, current)),
+            Op::RemoveStep(limit) => self.remove_step(*limit),
             Op::Read { key, end, rev, limit, count_only } => {
                 self.read(key, end, read_rev(*rev, current), *limit, *count_only)
             }
@@ -398,6 +456,7 @@ impl Harness {
 
     fn compact(&mut self, rev: i64) -> Result<(), TestCaseError> {
         let current = self.model.current();
+        let versions = self.revs_count()?;
         let mut wtxn = self.env.write_txn().map_err(|e| fail("write_txn", e))?;
         let mut w = self.store.begin(&mut wtxn).map_err(|e| fail("begin", e))?;
         let got = w.compact(rev);
@@ -407,9 +466,11 @@ impl Harness {
         let expected = self.model.compact(rev);
         prop_assert_eq!(got, expected, "compact({}) at revision {}", rev, current);
         prop_assert_eq!(finished, (current, Vec::new()), "compaction changed the revision");
+        prop_assert_eq!(self.revs_count()?, versions, "the compaction entry itself removed versions");
         self.check_state()?;
-        // Reads at and above the compaction point, and the replay from just above it, must be untouched.
+        // Reads at and above the compaction point, and the replay from it, must be untouched.
         self.sweep_all_keys()?;
+        self.changes(self.model.compact_rev.max(0), &[], &[0], 0)?;
         self.changes(self.model.compact_rev + 1, &[], &[0], 0)
     }
 
@@ -468,6 +529,8 @@ impl Harness {
         prop_assert_eq!(view.rev, self.model.current());
         prop_assert_eq!(view.rev, self.model.current());
         prop_assert_eq!(view.compact_rev, self.model.compact_rev);
+        let hashed = view.hash_kv(0).map_err(|e| fail("hash_kv", e))?;
+        prop_assert_eq!(hashed.hash, expected_hash_kv(&self.model), "HashKV, compacted at {}", self.model.compact_rev);
         self.check_tables(&txn)
     }
 
@@ -488,7 +551,15 @@ impl Harness {
             revs.push((at, event(kind, kv, None)));
         }
         let retained = self.model.retained();
-        prop_assert_eq!(&revs, &retained, "kv_revs, compacted at {}", self.model.compact_rev);
+        if self.store.removal_pending(txn).map_err(|e| fail("removal_pending", e))?.is_some() {
+            // Part of what compaction makes unreachable may still be there, nothing else.
+            let missing: Vec<_> = retained.iter().filter(|c| !revs.contains(c)).collect();
+            prop_assert!(missing.is_empty(), "kv_revs lost {:?}, compacted at {}", missing, self.model.compact_rev);
+            let leaked: Vec<_> = revs.iter().filter(|c| !self.model.log.contains(c)).collect();
+            prop_assert!(leaked.is_empty(), "kv_revs holds {:?}, which never happened", leaked);
+        } else {
+            prop_assert_eq!(&revs, &retained, "kv_revs, compacted at {}", self.model.compact_rev);
+        }
 
         let mut index = Vec::new();
         for entry in self.store.index.iter(txn).map_err(db)? {
@@ -496,7 +567,7 @@ impl Harness {
             let (key, at) = split_history_key(&raw).ok_or_else(|| fail("history key", &raw))?;
             index.push((key, at, tag.to_vec()));
         }
-        let mut expected: Vec<_> = retained
+        let mut expected: Vec<_> = revs
             .iter()
             .map(|(at, e)| {
                 let tag = if e.r#type == EventType::Put as i32 { TAG_PUT } else { TAG_TOMBSTONE };
@@ -532,7 +603,7 @@ impl Harness {
     }
 
     /// The end of a case: every revision, whole and for each key ever written (alone and as a prefix),
-    /// and the replay from every revision above the compaction point, unlimited and one at a time.
+    /// and the replay from every revision from the compaction point on, unlimited and one at a time.
     fn sweep(&self) -> Result<(), TestCaseError> {
         self.sweep_all_keys()?;
         for rev in -1..=self.model.current() + 2 {
@@ -541,7 +612,7 @@ impl Harness {
                 self.read(key, &prefix_end(key), rev, 1, false)?;
             }
         }
-        for from in self.model.compact_rev + 1..=self.model.current() + 1 {
+        for from in self.model.compact_rev.max(0)..=self.model.current() + 1 {
             self.changes(from, &[0], &[0], 0)?;
             self.changes(from, &[0], &[0], 1)?;
         }

@@ -4,7 +4,8 @@
 //! - `kv_revs`:  revision → tag + `KeyValue` (every change, in order: the one place a value is stored)
 //! - `kv_index`: escape(key) ++ revision → tag (each key's versions in order: its newest entry is the
 //!   key as it is now, absent if that entry is a tombstone)
-//! - `kv_meta`:  current and compacted revision
+//! - `kv_meta`:  current and compacted revision, and how far the removal of compacted versions got
+//!   (`compaction.rs`)
 //!
 //! A read at the current revision is a read of each key's newest index entry, then of that revision
 //! in `kv_revs`: a single key is one seek in the index and one get in `kv_revs`, a range one walk of
@@ -51,7 +52,9 @@ pub(crate) struct RangeResult {
 }
 
 impl KvStore {
-    pub(crate) const TABLES: [&'static str; 3] = ["kv_revs", "kv_index", "kv_meta"];
+    /// The table of every change: its name is also the first thing `HashKV` hashes.
+    pub(crate) const REVS: &'static str = "kv_revs";
+    pub(crate) const TABLES: [&'static str; 3] = [Self::REVS, "kv_index", "kv_meta"];
     /// The table of current values that layouts before 2 kept beside `kv_revs` (see the module doc).
     pub(crate) const LEGACY_LIVE: &'static str = "kv_live";
 
@@ -104,7 +107,7 @@ impl KvStore {
     }
 }
 
-fn corrupt(what: &str) -> EtcdError {
+pub(super) fn corrupt(what: &str) -> EtcdError {
     tracing::error!(what, "corrupt record in the kv store");
     EtcdError::Internal
 }
@@ -277,6 +280,12 @@ impl ReadView<'_> {
             if at.main > self.rev {
                 break;
             }
+            let (tag, kv) = decode_change(bytes)?;
+            // Replay from the compacted revision itself meets what pending removal has not removed yet:
+            // skipped as if removed, so replay never depends on how far removal got.
+            if at.main <= self.compact_rev && !self.kept_by_compaction(at, &kv.key, tag)? {
+                continue;
+            }
             if last_main != Some(at.main) {
                 if (max_revisions != 0 && revisions == max_revisions) || read_bytes >= max_bytes {
                     return Ok((events, at.main));
@@ -284,7 +293,6 @@ impl ReadView<'_> {
                 last_main = Some(at.main);
                 revisions += 1;
             }
-            let (tag, kv) = decode_change(bytes)?;
             if !range.contains(&kv.key) {
                 continue;
             }
@@ -311,10 +319,11 @@ const DELETE_BATCH: usize = 1024;
 
 /// The changes of one raft entry, applied at one new revision.
 pub(crate) struct WriteTxn<'a, 'e> {
-    store: &'a KvStore,
-    txn: &'a mut RwTxn<'e>,
+    pub(super) store: &'a KvStore,
+    pub(super) txn: &'a mut RwTxn<'e>,
     begin_rev: i64,
-    compact_rev: i64,
+    /// The compacted revision (`compaction.rs` schedules a new one).
+    pub(super) compact_rev: i64,
     /// Changes made so far; also the sub-revision of the next one.
     changes: i64,
     /// What happened, in order, for watchers.
@@ -407,56 +416,6 @@ impl<'e> WriteTxn<'_, 'e> {
         }
         deleted.rev = self.rev();
         Ok(deleted)
-    }
-
-    /// Discards history below `rev`: afterwards each key keeps only its newest version at or before `rev`
-    /// (none if that version is a deletion). Reads below `rev` then fail with `Compacted`.
-    pub(crate) fn compact(&mut self, rev: i64) -> Result<(), EtcdError> {
-        if rev <= self.compact_rev {
-            return Err(EtcdError::Compacted);
-        }
-        if rev > self.rev() {
-            return Err(EtcdError::FutureRev);
-        }
-        let from = Revision::new(self.compact_rev + 1, 0).to_bytes();
-        let to = Revision::new(rev + 1, 0).to_bytes();
-        let mut changed = Vec::new();
-        for entry in self.store.revs.range(self.txn, &(Bound::Included(&from[..]), Bound::Excluded(&to[..])))? {
-            let (at, bytes) = entry?;
-            let at = Revision::from_bytes(at).ok_or_else(|| corrupt("revision key"))?;
-            let (tag, kv) = decode_change(bytes)?;
-            changed.push((at, kv.key, tag));
-        }
-        for (at, key, tag) in changed {
-            // Only the newest version at or before `rev` decides; older ones are removed with it.
-            let after = history_key(&key, Revision::new(at.main, at.sub + 1));
-            let limit = history_key(&key, Revision::new(rev + 1, 0));
-            let superseded = self
-                .store
-                .index
-                .range(self.txn, Bound::Included(&after), Bound::Excluded(&limit))?
-                .next()
-                .transpose()?
-                .is_some();
-            if superseded {
-                continue;
-            }
-            let prefix = history_prefix(&key);
-            let upto = history_key(&key, if tag == TAG_TOMBSTONE { Revision::new(at.main, at.sub + 1) } else { at });
-            let mut doomed = Vec::new();
-            for entry in self.store.index.range(self.txn, Bound::Included(&prefix), Bound::Excluded(&upto))? {
-                let (raw, _) = entry?;
-                doomed.push(raw.into_owned());
-            }
-            for raw in doomed {
-                let (_, old) = split_history_key(&raw).ok_or_else(|| corrupt("history key"))?;
-                self.store.index.delete(self.txn, &raw)?;
-                self.store.revs.delete(self.txn, &old.to_bytes())?;
-            }
-        }
-        self.store.meta.put(self.txn, COMPACT_REV, &rev.to_be_bytes())?;
-        self.compact_rev = rev;
-        Ok(())
     }
 
     /// Records the new current revision (if anything changed) and hands back what happened.

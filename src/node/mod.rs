@@ -82,6 +82,8 @@ pub(crate) struct Node {
     pub(crate) lessor: Arc<Lessor>,
     /// The watchers' side of the commit broadcast (`watch_hub/`): the one subscriber that keeps up.
     pub(crate) watch_hub: Arc<crate::watch_hub::WatchHub>,
+    /// The compacted revision up to which removal is done on this member (`jobs/compaction.rs`).
+    compaction_removed: tokio::sync::watch::Sender<i64>,
     pub(crate) space: Arc<Space>,
     /// What the node holds only to release it when dropped; declared last, dropped last.
     _held: Held,
@@ -154,6 +156,14 @@ impl Node {
     /// Told of every applied change of the auth revision or of whether auth is enabled.
     pub(crate) fn auth_changes(&self) -> tokio::sync::watch::Receiver<(u64, bool)> {
         self.latest.auth_changes()
+    }
+
+    /// Waits until this member has removed what compacting at `revision` made unreachable (etcd's
+    /// `physical` compaction).
+    pub(crate) async fn removed_through(&self, revision: i64) {
+        let mut removed = self.compaction_removed.subscribe();
+        // The sender lives as long as the node, which `self` holds.
+        let _ = removed.wait_for(|&done| done >= revision).await;
     }
 
     /// The store's revision after the latest applied batch.

@@ -90,11 +90,12 @@ impl Node {
             auth,
             lessor,
             watch_hub: observed.watch_hub,
+            compaction_removed: tokio::sync::watch::Sender::new(-1),
             space,
             _held: Held { _data_dir: data_dir, _raft_thread: raft_thread },
         });
         node.catch_up(sole_voter, logged, committed_at_start).await?;
-        jobs::spawn(&node, observed.snapshot_due);
+        jobs::spawn(&node, observed.snapshot_due, observed.removal_due);
         Ok(node)
     }
 

@@ -119,8 +119,15 @@ impl Kv for KvService {
     async fn compact(&self, request: Request<CompactionRequest>) -> Result<Response<CompactionResponse>, Status> {
         let who = requester(&self.node, &request)?;
         let req = request.into_inner();
+        let (revision, physical) = (req.revision, req.physical);
         match self.propose(InternalRaftRequest { compaction: Some(Box::new(req)), ..Default::default() }, &who).await? {
-            Applied::Compaction(resp) => Ok(Response::new(resp)),
+            Applied::Compaction(resp) => {
+                // As etcd: a physical compaction answers once this member removed what it made unreachable.
+                if physical {
+                    self.node.removed_through(revision).await;
+                }
+                Ok(Response::new(resp))
+            }
             other => Err(other.mismatch().into()),
         }
     }

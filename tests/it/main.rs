@@ -21,6 +21,7 @@ mod auth_client;
 mod auth_enforcement;
 mod auth_etcdctl;
 mod cluster;
+mod compaction;
 mod connections;
 mod defrag;
 mod deploy;

@@ -320,7 +320,9 @@ async fn a_full_disk_costs_the_ballast_raises_nospace_and_the_member_keeps_servi
 
     // Deletes and a compaction free pages inside LMDB's files; after the disarm, writes fit again.
     let deleted = c.delete("fill/", Some(DeleteOptions::new().with_prefix())).await.unwrap();
-    c.compact(deleted.header().unwrap().revision(), None).await.unwrap();
+    // Physical: removal runs in the background; the writes below need the pages it frees.
+    let physical = Some(etcd_client::CompactionOptions::new().with_physical());
+    c.compact(deleted.header().unwrap().revision(), physical).await.unwrap();
     c.alarm(AlarmAction::Deactivate, AlarmType::Nospace, for_member(member_id)).await.unwrap();
     for i in 0..8 {
         c.put(format!("after/{i}"), vec![b'y'; 64 << 10], None).await.unwrap();

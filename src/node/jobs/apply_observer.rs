@@ -1,7 +1,8 @@
 //! The apply loop's observer: called on the apply thread after each applied batch (or snapshot
 //! install), it keeps what the node derives from the applied state current — the latest revision and
-//! auth state, the lease clock, the count towards the next snapshot — and hands the batch to the
-//! commit broadcast, whose one subscriber is the watch hub (`watch_hub/`).
+//! auth state, the lease clock, the count towards the next snapshot, the wake-up of compaction's
+//! removal — and hands the batch to the commit broadcast, whose one subscriber is the watch hub
+//! (`watch_hub/`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -21,6 +22,9 @@ pub(in crate::node) struct Observed {
     pub(in crate::node) watch_hub: Arc<WatchHub>,
     /// Notified each time `--snapshot-count` requests were applied since the last snapshot.
     pub(in crate::node) snapshot_due: Arc<tokio::sync::Notify>,
+    /// Notified when a batch scheduled a compaction or a snapshot replaced the applied state: removal
+    /// may be pending (`compaction.rs`).
+    pub(in crate::node) removal_due: Arc<tokio::sync::Notify>,
 }
 
 /// Installs the observer on `state` and starts the watch hub, before anything is applied.
@@ -36,6 +40,8 @@ pub(in crate::node) fn observe(
     let snapshot_due = Arc::new(tokio::sync::Notify::new());
     let due = snapshot_due.clone();
     let since_snapshot = AtomicU64::new(0);
+    let removal_due = Arc::new(tokio::sync::Notify::new());
+    let removal = removal_due.clone();
     state.observe(Box::new(move |mut batch: Committed| {
         // Only the apply thread calls this: load and store need not be one atomic step.
         let applied = since_snapshot.load(Ordering::Relaxed) + batch.requests;
@@ -44,6 +50,9 @@ pub(in crate::node) fn observe(
         }
         since_snapshot.store(if applied >= snapshot_count { 0 } else { applied }, Ordering::Relaxed);
         latest.record(&batch);
+        if batch.effects.compacted || batch.installed.is_some() {
+            removal.notify_one();
+        }
         for &(id, ttl) in &batch.effects.granted {
             lessor.granted(id, ttl);
         }
@@ -58,5 +67,5 @@ pub(in crate::node) fn observe(
         // No subscriber is fine: nobody is watching.
         let _ = committed.send(Arc::new(batch));
     }));
-    Observed { watch_hub, snapshot_due }
+    Observed { watch_hub, snapshot_due, removal_due }
 }

@@ -8,6 +8,8 @@
 //! - `space.rs`: NOSPACE raised when storage fills up; the disk-full ballast put back.
 //! - `raft.rs`: leader changes counted; snapshots built every `--snapshot-count` requests.
 //! - `publish.rs`: this member's name and client URLs published once it has started.
+//! - `compaction.rs`: the removal of what compactions made unreachable, in bounded steps between
+//!   applies.
 //! - `compactor.rs`: auto compaction (`--auto-compaction-*`), started by the member's run
 //!   (`server/run.rs`) when configured.
 
@@ -16,6 +18,7 @@ use std::sync::Arc;
 use super::Node;
 
 pub(super) mod apply_observer;
+mod compaction;
 pub(crate) mod compactor;
 mod leases;
 mod publish;
@@ -23,7 +26,7 @@ mod raft;
 mod space;
 
 /// Starts the jobs of a member that has just started (`Node::start`).
-pub(super) fn spawn(node: &Arc<Node>, snapshot_due: Arc<tokio::sync::Notify>) {
+pub(super) fn spawn(node: &Arc<Node>, snapshot_due: Arc<tokio::sync::Notify>, removal_due: Arc<tokio::sync::Notify>) {
     tokio::spawn(raft::count_leader_changes(node.raft.clone()));
     tokio::spawn(publish::publish_attributes(Arc::downgrade(node)));
     tokio::spawn(leases::extend_on_leadership(Arc::downgrade(node)));
@@ -32,4 +35,5 @@ pub(super) fn spawn(node: &Arc<Node>, snapshot_due: Arc<tokio::sync::Notify>) {
     tokio::spawn(raft::snapshot_when_due(node.raft.clone(), snapshot_due));
     tokio::spawn(leases::expire(Arc::downgrade(node)));
     tokio::spawn(leases::checkpoint(Arc::downgrade(node)));
+    tokio::spawn(compaction::remove_compacted(Arc::downgrade(node), removal_due));
 }

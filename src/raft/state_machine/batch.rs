@@ -115,6 +115,7 @@ fn apply_entry(
                 effects.revoked.extend(done.revoked);
                 effects.auth = merge_affected(effects.auth.take(), done.auth);
                 effects.alarms_changed |= done.alarms_changed;
+                effects.compacted |= done.compacted;
                 Ok(applied)
             }
             // A storage failure leaves the transaction unusable: abort the batch, stop the node.

@@ -8,6 +8,8 @@
 //!   `layout.rs`: the kv tables' layout version, and the migration of an older data dir at open;
 //! - `batch.rs`: one batch of entries applied in one write transaction; `committed.rs`: what the
 //!   observer is told after each commit;
+//! - `compaction.rs`: one step of the background removal of compacted versions, in its own short
+//!   write transaction through the same write gate (`mvcc/compaction.rs` says what a step removes);
 //! - `full_retry.rs`: a batch that finds storage full (the disk, or LMDB's map) is aborted and
 //!   applied again, unchanged, until it fits (`space/mod.rs`): what an entry does never depends on
 //!   one member's disk; the map grows here;
@@ -37,6 +39,9 @@ use crate::storage::{self, Writes};
 mod apply_fuzz;
 mod batch;
 mod committed;
+pub(crate) mod compaction;
+#[cfg(test)]
+mod compaction_tests;
 pub(crate) mod defrag;
 mod full_retry;
 mod kv_env;
