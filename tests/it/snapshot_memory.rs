@@ -148,8 +148,8 @@ async fn building_sending_and_installing_a_snapshot_holds_a_small_fraction_of_it
     }
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (mut leader, mut follower) = (open(a.path()), open(b.path()));
-    // 24 MiB of values, held twice by the store (current value and history): a ~48 MiB snapshot.
-    fill(&mut leader, 1536, 16 << 10, 64).await;
+    // 48 MiB of values, each stored once (kv layout 2): a ~48 MiB snapshot.
+    fill(&mut leader, 3072, 16 << 10, 64).await;
 
     let t = transfer(&mut leader, &mut follower).await;
 

@@ -8,7 +8,7 @@
 //!   its pages; removing the name itself would take heed's `unsafe` `remove`).
 //!
 //! The migration empties `kv_live` (with the groups its long keys had in `long_keys`) and records the
-//! version, in one write transaction, synced: a crash before the commit leaves layout 1 whole, to be
+//! version, in one write transaction, synced when it dropped anything: a crash before the commit leaves layout 1 whole, to be
 //! migrated at the next open; after it, layout 2. Snapshots of layout 1 carry `kv_live`'s records:
 //! installing one skips them (`snapshot/format.rs`) and removes the groups they named
 //! (`skip_legacy_live`), so an installed state is layout 2 as well.
@@ -41,8 +41,12 @@ impl State {
         self.legacy_live.clear(&mut txn)?;
         self.meta.put(&mut txn, LAYOUT, &postcard::to_allocvec(&CURRENT)?)?;
         txn.commit()?;
-        self.sync()?;
         if live > 0 {
+            // Synced once, so that no later crash can bring layout 1's records back under layout 2's
+            // version. A fresh data dir (nothing dropped) is not synced: losing its version record
+            // only means recording it again, and a member's kv environment is never synced while
+            // it runs (`raft/unsynced.rs`).
+            self.sync()?;
             tracing::info!(
                 from = recorded.unwrap_or(1),
                 to = CURRENT,
