@@ -7,9 +7,10 @@
 //! What a finished compaction at `rev` keeps: every change above `rev`, and for each key its newest
 //! change at or below `rev` when that is a put. A step walks `kv_revs` from a cursor (`compact_next`
 //! in `kv_meta`, written in the same transaction as the step's deletions, so a crash never leaves half
-//! a step): for each change at or below `rev` that no newer change of its key at or below `rev`
-//! supersedes, it removes the key's older versions (and the change itself when it is a tombstone).
-//! Superseded changes are removed when the change that supersedes them is reached. A new compaction
+//! a step): for each change at or below `rev` it removes the key's older versions, which that change
+//! supersedes, and the change itself when it is a tombstone that nothing newer at or below `rev`
+//! supersedes. A superseded change is removed when its successor is reached, so removal frees
+//! `kv_revs` from its oldest pages on, from the first step. A new compaction
 //! while one is pending only moves the target: what the cursor passed stays correct for the higher
 //! target, since every change that supersedes an older one lies ahead of the cursor.
 //!
@@ -117,12 +118,12 @@ impl KvStore {
                 break;
             }
             step.examined += 1;
-            if superseded(self, txn, &key, at, target)? {
-                next = Revision::new(at.main, at.sub + 1);
-                continue;
-            }
-            // The key's versions older than this one (and this one, when it is a deletion).
-            let upto = if tag == TAG_TOMBSTONE { Revision::new(at.main, at.sub + 1) } else { at };
+            // The key's versions older than this one, which it supersedes (walking in revision order,
+            // so removal frees `kv_revs` from its oldest pages on, from the first step); and this one
+            // too when it is a deletion nothing newer at or below the target supersedes. A superseded
+            // change goes when its successor is examined.
+            let last_deletion = tag == TAG_TOMBSTONE && !superseded(self, txn, &key, at, target)?;
+            let upto = if last_deletion { Revision::new(at.main, at.sub + 1) } else { at };
             let budget = limit - step.removed;
             let doomed = older_versions(self, txn, &key, upto, budget + 1)?;
             let finished_key = doomed.len() <= budget;
