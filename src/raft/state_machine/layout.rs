@@ -223,7 +223,7 @@ mod tests {
         {
             let txn = source.read_txn().unwrap();
             let tables: Vec<_> = [source.legacy_live.main_db()].into_iter().chain(source.tables()).collect();
-            format::write(std::fs::File::create(&legacy).unwrap(), &meta, &tables, &txn).unwrap();
+            format::write(std::fs::File::create(&legacy).unwrap(), &meta, &tables, &txn, &|| false).unwrap();
         }
         let target = target.state();
         target.install_snapshot(&meta, std::fs::File::open(&legacy).unwrap(), None).unwrap();
