@@ -20,7 +20,7 @@
 
 use std::ops::Bound;
 
-use heed::{RoTxn, RwTxn};
+use heed::{PutFlags, RoTxn, RwTxn};
 use prost::Message;
 
 use super::revision::{history_bound, history_key, history_prefix, split_history_key, Revision, REVISION_LEN};
@@ -192,6 +192,46 @@ impl ReadView<'_> {
         Ok(decode_change(bytes)?.1)
     }
 
+    /// The key-values puts recorded at `revisions` (distinct), in the order given. They are read in
+    /// revision order, walking `kv_revs` from one to the next while few records lie between them (as
+    /// for a range of keys written in order) and seeking afresh past `WALK_SLACK` others, so a batch
+    /// costs about one tree search, not one per revision, and a walk never reads much it does not return.
+    pub(super) fn kvs_at(&self, revisions: &[Revision]) -> Result<Vec<KeyValue>, EtcdError> {
+        let mut order: Vec<usize> = (0..revisions.len()).collect();
+        order.sort_unstable_by_key(|&i| revisions[i]);
+        let mut found: Vec<Option<KeyValue>> = vec![None; revisions.len()];
+        let mut next = 0;
+        while let Some(&first) = order.get(next) {
+            let from = revisions[first].to_bytes();
+            let mut passed = 0;
+            let mut progressed = false;
+            for entry in self.store.revs.range(self.txn, &(Bound::Included(&from[..]), Bound::Unbounded))? {
+                let (at, bytes) = entry?;
+                let at = Revision::from_bytes(at).ok_or_else(|| corrupt("revision key"))?;
+                let wanted = order.get(next).map(|&i| (i, revisions[i]));
+                let Some((slot, wanted)) = wanted else { break };
+                if at < wanted {
+                    passed += 1;
+                    if passed > WALK_SLACK {
+                        break;
+                    }
+                    continue;
+                }
+                if at > wanted {
+                    return Err(corrupt("missing revision"));
+                }
+                found[slot] = Some(decode_change(bytes)?.1);
+                next += 1;
+                passed = 0;
+                progressed = true;
+            }
+            if !progressed {
+                return Err(corrupt("missing revision"));
+            }
+        }
+        found.into_iter().map(|kv| kv.ok_or_else(|| corrupt("missing revision"))).collect()
+    }
+
     /// Calls `visit` with each key in `range` that exists as of `rev` and the revision of its version
     /// then, in key order, walking the index once from `after` (an index key: the walk starts past it)
     /// or the range's start; stops early when `visit` returns false.
@@ -309,6 +349,10 @@ pub(crate) struct Deleted {
 /// How many keys `delete_range` finds in one walk of the index.
 const DELETE_BATCH: usize = 1024;
 
+/// How many records of `kv_revs` `ReadView::kvs_at` walks past, between two it wants, before it
+/// seeks instead: about what one search of the tree costs.
+const WALK_SLACK: usize = 16;
+
 /// The changes of one raft entry, applied at one new revision.
 pub(crate) struct WriteTxn<'a, 'e> {
     store: &'a KvStore,
@@ -341,7 +385,10 @@ impl<'e> WriteTxn<'_, 'e> {
         let mut change = Vec::with_capacity(1 + kv.encoded_len());
         change.push(tag);
         kv.encode(&mut change).map_err(|_| EtcdError::Internal)?;
-        self.store.revs.put(self.txn, &at.to_bytes(), &change)?;
+        // Revisions only grow, so the record goes after every other: appending skips the search and
+        // fills pages (LMDB splits a page it appends to at the end, not in the middle). A record out of
+        // order would be refused (MDB_KEYEXIST), never written over.
+        self.store.revs.put_with_flags(self.txn, PutFlags::APPEND, &at.to_bytes(), &change)?;
         self.store.index.put(self.txn, &history_key(&kv.key, at), &[tag])?;
         self.changes += 1;
         Ok(())
@@ -391,8 +438,10 @@ impl<'e> WriteTxn<'_, 'e> {
             let Some((last, _)) = batch.last() else { break };
             after = Some(history_key(last, Revision::new(i64::MAX, i64::MAX)));
             let full = batch.len() == DELETE_BATCH;
-            for (key, at) in batch {
-                let prev = self.view().kv_at(at)?;
+            // The previous values in one walk of `kv_revs`, then the tombstones in key order.
+            let revisions: Vec<Revision> = batch.iter().map(|(_, at)| *at).collect();
+            let prevs = self.view().kvs_at(&revisions)?;
+            for ((key, _), prev) in batch.into_iter().zip(prevs) {
                 let tombstone = KeyValue { key, mod_revision: self.begin_rev + 1, ..Default::default() };
                 self.record(&tombstone, TAG_TOMBSTONE)?;
                 deleted.count += 1;
