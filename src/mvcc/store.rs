@@ -517,3 +517,85 @@ impl<'e> WriteTxn<'_, 'e> {
         Ok((rev, self.events))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, crate::storage::LmdbEnv, KvStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let (env, kv) = KvStore::open_for_tests(dir.path(), crate::storage::table::CHUNK).unwrap();
+        (dir, env, kv)
+    }
+
+    fn write<T>(env: &crate::storage::LmdbEnv, kv: &KvStore, f: impl FnOnce(&mut WriteTxn) -> T) -> T {
+        let mut txn = env.write_txn().unwrap();
+        let out = {
+            let mut w = kv.begin(&mut txn).unwrap();
+            let out = f(&mut w);
+            w.finish().unwrap();
+            out
+        };
+        txn.commit().unwrap();
+        out
+    }
+
+    /// Keys written in reverse order, each `gap` revisions after the one before (other keys changing
+    /// in between): `kvs_at` must both walk (gap 1) and seek (a gap past `WALK_SLACK`), and hand the
+    /// values back in the order asked, not the order read.
+    #[test]
+    fn previous_values_come_back_in_the_order_asked_however_far_apart() {
+        for gap in [1, WALK_SLACK + 2] {
+            let (_dir, env, kv) = store();
+            let keys: Vec<Vec<u8>> = (0..300).rev().map(|i| format!("k{i:03}").into_bytes()).collect();
+            for key in &keys {
+                write(&env, &kv, |w| w.put(key, key.repeat(2), 0).unwrap());
+                for _ in 1..gap {
+                    write(&env, &kv, |w| w.put(b"other", b"x".to_vec(), 0).unwrap());
+                }
+            }
+            let txn = env.read_txn().unwrap();
+            let view = kv.view(&txn).unwrap();
+            let mut revisions = Vec::new();
+            view.each_key(&KeyRange::new(b"k", b"l"), view.rev, Bound::Unbounded, |_, at| {
+                revisions.push(at);
+                Ok(true)
+            })
+            .unwrap();
+            let got: Vec<Vec<u8>> = view.kvs_at(&revisions).unwrap().into_iter().map(|kv| kv.key).collect();
+            let mut in_key_order = keys.clone();
+            in_key_order.sort();
+            assert_eq!(got, in_key_order, "gap {gap}");
+            let missing = Revision::new(view.rev + 1, 0);
+            assert_eq!(view.kvs_at(&[revisions[0], missing]).unwrap_err(), EtcdError::Internal);
+        }
+    }
+
+    /// A delete of more keys than one batch whose revisions run against key order: every key goes,
+    /// in key order, each event carrying the value the key had.
+    #[test]
+    fn a_delete_of_many_batches_reports_each_previous_value_in_key_order() {
+        let (_dir, env, kv) = store();
+        let total = DELETE_BATCH * 2 + 7;
+        write(&env, &kv, |w| {
+            for i in (0..total).rev() {
+                w.put(format!("k{i:05}").as_bytes(), format!("v{i}").into_bytes(), 0).unwrap();
+            }
+        });
+        let (deleted, events) = write(&env, &kv, |w| {
+            let deleted = w.delete_range(&KeyRange::new(b"k", b"l"), false).unwrap();
+            (deleted, std::mem::take(&mut w.events))
+        });
+        assert_eq!((deleted.count, deleted.prev_kvs.len()), (total, 0));
+        for (i, event) in events.iter().enumerate() {
+            let prev = event.prev_kv.as_ref().unwrap();
+            assert_eq!(
+                (prev.key.clone(), prev.value.clone()),
+                (format!("k{i:05}").into_bytes(), format!("v{i}").into_bytes())
+            );
+            assert_eq!(event.kv.as_ref().unwrap().key, prev.key);
+        }
+        let txn = env.read_txn().unwrap();
+        assert_eq!(kv.view(&txn).unwrap().range(&KeyRange::new(b"k", b"l"), 0, 0, true).unwrap().count, 0);
+    }
+}
