@@ -21,7 +21,7 @@
 
 use std::ops::Bound;
 
-use heed::{RoTxn, RwTxn};
+use heed::{PutFlags, RoTxn, RwTxn};
 use prost::Message;
 
 use super::revision::{history_bound, history_key, history_prefix, split_history_key, Revision, REVISION_LEN};
@@ -195,6 +195,46 @@ impl ReadView<'_> {
         Ok(decode_change(bytes)?.1)
     }
 
+    /// The key-values puts recorded at `revisions` (distinct), in the order given. They are read in
+    /// revision order, walking `kv_revs` from one to the next while few records lie between them (as
+    /// for a range of keys written in order) and seeking afresh past `WALK_SLACK` others, so a batch
+    /// costs about one tree search, not one per revision, and a walk never reads much it does not return.
+    pub(super) fn kvs_at(&self, revisions: &[Revision]) -> Result<Vec<KeyValue>, EtcdError> {
+        let mut order: Vec<usize> = (0..revisions.len()).collect();
+        order.sort_unstable_by_key(|&i| revisions[i]);
+        let mut found: Vec<Option<KeyValue>> = vec![None; revisions.len()];
+        let mut next = 0;
+        while let Some(&first) = order.get(next) {
+            let from = revisions[first].to_bytes();
+            let mut passed = 0;
+            let mut progressed = false;
+            for entry in self.store.revs.range(self.txn, &(Bound::Included(&from[..]), Bound::Unbounded))? {
+                let (at, bytes) = entry?;
+                let at = Revision::from_bytes(at).ok_or_else(|| corrupt("revision key"))?;
+                let wanted = order.get(next).map(|&i| (i, revisions[i]));
+                let Some((slot, wanted)) = wanted else { break };
+                if at < wanted {
+                    passed += 1;
+                    if passed > WALK_SLACK {
+                        break;
+                    }
+                    continue;
+                }
+                if at > wanted {
+                    return Err(corrupt("missing revision"));
+                }
+                found[slot] = Some(decode_change(bytes)?.1);
+                next += 1;
+                passed = 0;
+                progressed = true;
+            }
+            if !progressed {
+                return Err(corrupt("missing revision"));
+            }
+        }
+        found.into_iter().map(|kv| kv.ok_or_else(|| corrupt("missing revision"))).collect()
+    }
+
     /// Calls `visit` with each key in `range` that exists as of `rev` and the revision of its version
     /// then, in key order, walking the index once from `after` (an index key: the walk starts past it)
     /// or the range's start; stops early when `visit` returns false.
@@ -317,6 +357,10 @@ pub(crate) struct Deleted {
 /// How many keys `delete_range` finds in one walk of the index.
 const DELETE_BATCH: usize = 1024;
 
+/// How many records of `kv_revs` `ReadView::kvs_at` walks past, between two it wants, before it
+/// seeks instead: about what one search of the tree costs.
+const WALK_SLACK: usize = 16;
+
 /// The changes of one raft entry, applied at one new revision.
 pub(crate) struct WriteTxn<'a, 'e> {
     pub(super) store: &'a KvStore,
@@ -350,7 +394,10 @@ impl<'e> WriteTxn<'_, 'e> {
         let mut change = Vec::with_capacity(1 + kv.encoded_len());
         change.push(tag);
         kv.encode(&mut change).map_err(|_| EtcdError::Internal)?;
-        self.store.revs.put(self.txn, &at.to_bytes(), &change)?;
+        // Revisions only grow, so the record goes after every other: appending skips the search and
+        // fills pages (LMDB splits a page it appends to at the end, not in the middle). A record out of
+        // order would be refused (MDB_KEYEXIST), never written over.
+        self.store.revs.put_with_flags(self.txn, PutFlags::APPEND, &at.to_bytes(), &change)?;
         self.store.index.put(self.txn, &history_key(&kv.key, at), &[tag])?;
         self.changes += 1;
         Ok(())
@@ -400,8 +447,10 @@ impl<'e> WriteTxn<'_, 'e> {
             let Some((last, _)) = batch.last() else { break };
             after = Some(history_key(last, Revision::new(i64::MAX, i64::MAX)));
             let full = batch.len() == DELETE_BATCH;
-            for (key, at) in batch {
-                let prev = self.view().kv_at(at)?;
+            // The previous values in one walk of `kv_revs`, then the tombstones in key order.
+            let revisions: Vec<Revision> = batch.iter().map(|(_, at)| *at).collect();
+            let prevs = self.view().kvs_at(&revisions)?;
+            for ((key, _), prev) in batch.into_iter().zip(prevs) {
                 let tombstone = KeyValue { key, mod_revision: self.begin_rev + 1, ..Default::default() };
                 self.record(&tombstone, TAG_TOMBSTONE)?;
                 deleted.count += 1;
@@ -425,5 +474,87 @@ impl<'e> WriteTxn<'_, 'e> {
             self.store.meta.put(self.txn, CURRENT_REV, &rev.to_be_bytes())?;
         }
         Ok((rev, self.events))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, crate::storage::LmdbEnv, KvStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let (env, kv) = KvStore::open_for_tests(dir.path(), crate::storage::table::CHUNK).unwrap();
+        (dir, env, kv)
+    }
+
+    fn write<T>(env: &crate::storage::LmdbEnv, kv: &KvStore, f: impl FnOnce(&mut WriteTxn) -> T) -> T {
+        let mut txn = env.write_txn().unwrap();
+        let out = {
+            let mut w = kv.begin(&mut txn).unwrap();
+            let out = f(&mut w);
+            w.finish().unwrap();
+            out
+        };
+        txn.commit().unwrap();
+        out
+    }
+
+    /// Keys written in reverse order, each `gap` revisions after the one before (other keys changing
+    /// in between): `kvs_at` must both walk (gap 1) and seek (a gap past `WALK_SLACK`), and hand the
+    /// values back in the order asked, not the order read.
+    #[test]
+    fn previous_values_come_back_in_the_order_asked_however_far_apart() {
+        for gap in [1, WALK_SLACK + 2] {
+            let (_dir, env, kv) = store();
+            let keys: Vec<Vec<u8>> = (0..300).rev().map(|i| format!("k{i:03}").into_bytes()).collect();
+            for key in &keys {
+                write(&env, &kv, |w| w.put(key, key.repeat(2), 0).unwrap());
+                for _ in 1..gap {
+                    write(&env, &kv, |w| w.put(b"other", b"x".to_vec(), 0).unwrap());
+                }
+            }
+            let txn = env.read_txn().unwrap();
+            let view = kv.view(&txn).unwrap();
+            let mut revisions = Vec::new();
+            view.each_key(&KeyRange::new(b"k", b"l"), view.rev, Bound::Unbounded, |_, at| {
+                revisions.push(at);
+                Ok(true)
+            })
+            .unwrap();
+            let got: Vec<Vec<u8>> = view.kvs_at(&revisions).unwrap().into_iter().map(|kv| kv.key).collect();
+            let mut in_key_order = keys.clone();
+            in_key_order.sort();
+            assert_eq!(got, in_key_order, "gap {gap}");
+            let missing = Revision::new(view.rev + 1, 0);
+            assert_eq!(view.kvs_at(&[revisions[0], missing]).unwrap_err(), EtcdError::Internal);
+        }
+    }
+
+    /// A delete of more keys than one batch whose revisions run against key order: every key goes,
+    /// in key order, each event carrying the value the key had.
+    #[test]
+    fn a_delete_of_many_batches_reports_each_previous_value_in_key_order() {
+        let (_dir, env, kv) = store();
+        let total = DELETE_BATCH * 2 + 7;
+        write(&env, &kv, |w| {
+            for i in (0..total).rev() {
+                w.put(format!("k{i:05}").as_bytes(), format!("v{i}").into_bytes(), 0).unwrap();
+            }
+        });
+        let (deleted, events) = write(&env, &kv, |w| {
+            let deleted = w.delete_range(&KeyRange::new(b"k", b"l"), false).unwrap();
+            (deleted, std::mem::take(&mut w.events))
+        });
+        assert_eq!((deleted.count, deleted.prev_kvs.len()), (total, 0));
+        for (i, event) in events.iter().enumerate() {
+            let prev = event.prev_kv.as_ref().unwrap();
+            assert_eq!(
+                (prev.key.clone(), prev.value.clone()),
+                (format!("k{i:05}").into_bytes(), format!("v{i}").into_bytes())
+            );
+            assert_eq!(event.kv.as_ref().unwrap().key, prev.key);
+        }
+        let txn = env.read_txn().unwrap();
+        assert_eq!(kv.view(&txn).unwrap().range(&KeyRange::new(b"k", b"l"), 0, 0, true).unwrap().count, 0);
     }
 }

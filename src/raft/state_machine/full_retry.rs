@@ -60,15 +60,33 @@ impl State {
     }
 
     /// Applies `entries`; while storage is full, applies them again (unchanged) until they fit.
+    #[cfg(test)]
     pub(super) fn apply_until_applied(&self, entries: &[Entry]) -> Result<Vec<BatchResults>, BoxError> {
+        self.apply_after_map_full(entries, 0)
+    }
+
+    /// `apply_until_applied` for a batch that already met a full map `map_full` times (on the raft
+    /// thread): the map grows before it runs again. Each growth for one batch is twice the one before,
+    /// so a batch far larger than the usual step (a delete of a million keys) runs a few times, not
+    /// once per step.
+    pub(super) fn apply_after_map_full(
+        &self,
+        entries: &[Entry],
+        mut map_full: u32,
+    ) -> Result<Vec<BatchResults>, BoxError> {
         let mut wait = Duration::from_millis(100);
+        if map_full > 0 {
+            // A failed growth is met, and reported, by the attempt below.
+            let _ = self.grow_map(self.map_wanted(map_full));
+        }
         loop {
             match self.apply_once(entries) {
                 Ok(results) => return Ok(results),
                 Err(ApplyFailure::Storage(e)) => return Err(e),
                 Err(ApplyFailure::Full(mut kind)) => {
                     if kind == Full::Map {
-                        match self.grow_map(0) {
+                        map_full += 1;
+                        match self.grow_map(self.map_wanted(map_full)) {
                             Ok(true) => continue, // a larger map: apply the batch again
                             Ok(false) => {}       // at its ceiling
                             Err(ApplyFailure::Full(disk)) => kind = disk,
@@ -95,6 +113,18 @@ impl State {
                     wait = (wait * 2).min(FULL_RETRY_MAX);
                 }
             }
+        }
+    }
+
+    /// The reservation to ask for after a batch met a full map `times` times: the usual step
+    /// (`storage::mapping`, a sixth of the reservation) the first time, doubled at each time after.
+    fn map_wanted(&self, times: u32) -> u64 {
+        let reserved = self.mapping.reserved().unwrap_or(0);
+        let step = (reserved / 6).saturating_mul(1 << times.saturating_sub(1).min(16));
+        if times <= 1 {
+            0
+        } else {
+            reserved.saturating_add(step)
         }
     }
 

@@ -172,13 +172,18 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // thread goes on heartbeating and appending.
         let inline = self.kv.try_write(|state| state.apply_once(&entries));
         let failed = |e: BoxError| StorageIOError::write_state_machine(any_error(e)).into();
-        match inline {
+        let map_full = match inline {
             Some(Ok(results)) => return done(results),
             Some(Err(ApplyFailure::Storage(e))) => return Err(failed(e)),
-            Some(Err(ApplyFailure::Full(_))) | None => {}
-        }
+            // Grown first, the batch is not run once more for nothing on the blocking pool.
+            Some(Err(ApplyFailure::Full(kind))) => u32::from(kind == crate::space::Full::Map),
+            None => 0,
+        };
         let kv = self.kv.clone();
-        blocking(move || kv.write(|state| state.apply_until_applied(&entries)).map_err(failed).and_then(done)).await
+        blocking(move || {
+            kv.write(|state| state.apply_after_map_full(&entries, map_full)).map_err(failed).and_then(done)
+        })
+        .await
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
