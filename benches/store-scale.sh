@@ -25,7 +25,7 @@
 #      p99, max latency, leader changes during the load, then per member dbSizeInUse / dbSize / dir
 #   6. a follower stopped while BEHIND more puts go in, restarted: time from its launch until its
 #      raftAppliedIndex reaches the leader's, snapshots the leader sent meanwhile
-#      (etcd_network_snapshot_send_success; n/a where the server has no such metric)
+#      (etcd_network_snapshot_send_success, which both servers have)
 #
 # Usage: benches/store-scale.sh [--keys N] [--val N] ... (each option sets the variable of the same
 #   name in capitals; the environment works too)
@@ -352,10 +352,10 @@ cluster() {
         record f6-catchup "$kind" text "a follower stopped during BEHIND puts: launch to applied index = leader's" "not after $(seconds_since "$t0") s (applied $applied of $target)"
     fi
     sent_after="$(metric "$lep" etcd_network_snapshot_send_success)"
-    # A labelled counter shows no sample before its first increment: absent before, present after, or
-    # absent on etcd (which has the counter) is a 0.
-    [ "$sent_after" != n/a ] && [ "$sent_before" = n/a ] && sent_before=0
-    [ "$kind" = etcd ] && [ "$sent_after" = n/a ] && sent_after=0 && sent_before=0
+    # A labelled counter shows no sample before its first increment, and both servers have this one:
+    # absent is a 0.
+    [ "$sent_before" = n/a ] && sent_before=0
+    [ "$sent_after" = n/a ] && sent_after=0
     record f6-snapshots "$kind" count "the rejoin: snapshots the leader sent (etcd_network_snapshot_send_success)" "$(minus "$sent_after" "$sent_before")"
     record f6-dir "$kind" bytes "the rejoin: the rejoined member's data dir on disk" "$(dir_bytes "$tmp/cluster-m$follower-$kind")"
     for i in 1 2 3; do kill "${mpid[$i]}" 2>/dev/null; done
