@@ -22,19 +22,9 @@ ETCD="${ETCD:-/usr/bin/etcd}"
 ETCDCTL="${ETCDCTL:-/usr/bin/etcdctl}"
 
 die() { echo "snapshot-stall-cluster: $*" >&2; exit 1; }
-tmp="$(mktemp -d "${TMPDIR:-/tmp}/keyward-snapstall3.XXXXXX")"
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-    done
-    if [ "${KEEP_TMP:-0}" = 1 ]; then echo "kept $tmp" >&2; else rm -rf "$tmp"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+# shellcheck source=benches/lib/servers.sh
+. "$root/benches/lib/servers.sh"
+bench_tmp snapstall3
 
 declare -a client peer
 initial=""
