@@ -61,9 +61,10 @@ cp -r "$module_dir" "$copy"
 chmod -R u+w "$copy"
 rm -f "$copy/$TESTSERVER"/*.go
 cp testserver/*.go "$copy/$TESTSERVER/"
-if ! diff -r -q --exclude=testserver "$module_dir" "$copy" \
-    || ! diff -q <(cd "$module_dir/$TESTSERVER" && ls) <(echo test_server.go) >/dev/null \
-    || ! diff -r -q "$module_dir/pkg/storage/etcd3" "$copy/pkg/storage/etcd3" --exclude=testserver; then
+# The package swapped must still be the one file this swap replaces, and nothing else may differ
+# (`--exclude` names the module's only directory called testserver).
+if [ "$(ls "$module_dir/$TESTSERVER")" != "test_server.go" ] \
+    || ! diff -r -q --exclude=testserver "$module_dir" "$copy"; then
     echo "run.sh: the copy of $APISERVER differs from the module beyond $TESTSERVER" >&2
     exit 1
 fi

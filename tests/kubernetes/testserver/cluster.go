@@ -28,6 +28,8 @@ type cluster struct {
 type member struct {
 	name, clientURL, peerURL, logFile string
 	process                           *exec.Cmd
+	// exited is closed once the process has ended (a flag it refused, a crash, the cleanup's kill).
+	exited chan struct{}
 }
 
 // portLock keeps this process's clusters from picking the same free ports between choosing them
@@ -126,11 +128,15 @@ func launchMembers(t testing.TB, d deployment, settings serverSettings, certs *c
 			_ = log.Close()
 			return members, fmt.Errorf("testserver: start %s: %w", d.binary, err)
 		}
-		process := m.process
-		t.Cleanup(func() {
-			_ = process.Process.Kill()
-			_ = process.Wait()
+		m.exited = make(chan struct{})
+		go func(m *member) {
+			_ = m.process.Wait()
 			_ = log.Close()
+			close(m.exited)
+		}(m)
+		t.Cleanup(func() {
+			_ = m.process.Process.Kill()
+			<-m.exited
 		})
 	}
 	return members, nil
@@ -160,8 +166,10 @@ func waitReady(members []*member, certs *certificates) error {
 			return nil
 		}
 		for _, m := range members {
-			if m.process.ProcessState != nil {
+			select {
+			case <-m.exited:
 				return fmt.Errorf("testserver: member %s exited: %v", m.name, m.process.ProcessState)
+			default:
 			}
 		}
 		time.Sleep(100 * time.Millisecond)

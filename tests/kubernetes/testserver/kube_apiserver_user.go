@@ -1,6 +1,6 @@
 // The least-privilege user the tests run as, set up by root before auth is enabled: the
 // certificate user kube-apiserver (no password) with one role that may read and write the tests'
-// keys (prefix "/") and kube-apiserver's compaction key, and nothing else.
+// keys (the prefix "/" and three single keys) and nothing else.
 package testserver
 
 import (
@@ -19,6 +19,10 @@ const (
 	// pkg/storage/etcd3/compact.go): outside any --etcd-prefix, so a deployment grants it apart.
 	compactRevKey = "compact_rev_key"
 )
+
+// testHelperKeys are the keys outside "/" the tests' helpers write themselves through the client:
+// increaseRVFunc's "increaseRV" (store_test.go) and TestPrefixGetKeys' and TestPrefixStats' "key".
+var testHelperKeys = []string{"increaseRV", "key"}
 
 func grantKubeAPIServer(endpoints []string, certs *certificates) error {
 	client, err := clientv3.New(clientv3.Config{Endpoints: endpoints, TLS: certs.rootTLS, DialTimeout: 10 * time.Second})
@@ -44,6 +48,14 @@ func grantKubeAPIServer(endpoints []string, certs *certificates) error {
 		{"grant compact_rev_key", func() error {
 			_, err := client.RoleGrantPermission(ctx, kubeAPIServerUser, compactRevKey, "", clientv3.PermissionType(clientv3.PermReadWrite))
 			return err
+		}},
+		{"grant the tests' helper keys", func() error {
+			for _, key := range testHelperKeys {
+				if _, err := client.RoleGrantPermission(ctx, kubeAPIServerUser, key, "", clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
+					return err
+				}
+			}
+			return nil
 		}},
 		{"add user", func() error { _, err := client.UserAddWithOptions(ctx, kubeAPIServerUser, "", noPassword); return err }},
 		{"grant the user its role", func() error { _, err := client.UserGrantRole(ctx, kubeAPIServerUser, kubeAPIServerUser); return err }},
