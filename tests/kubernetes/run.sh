@@ -25,13 +25,18 @@ APISERVER_VERSION=v0.37.2
 APISERVER_SUM="h1:9Jq73PeHAA0RThpW7ou6lBcO2+SxLcPrAgleONSMUNQ="
 TESTSERVER=pkg/storage/etcd3/testserver
 
-# The small set: at least one test of each area the issue names (store, watch, compaction, lease
-# manager, health check), a few minutes on 2 cores.
-SMALL_SET='^(TestCreate|TestGet|TestGuaranteedUpdate|TestDelete|TestList|TestCount|TestCompact|TestCompactConflict|TestLeaseMaxObjectCount|TestLeaseManager|TestHealthCheck|TestWatch|TestDeleteTriggerWatch|TestWatchFromZero|TestLinearizedReadRevisionInvariant)$'
+# The small set: tests of each area the issue names (store, watch, compaction, leases, lease
+# manager, health check, paginated and compacted lists), about a minute per configuration on 2 busy
+# cores. TestWatch's RangeStream=true half repeats its other half through etcd 3.7's RangeStream,
+# which neither server has (both fall back to paginated ranges).
+SMALL_SET='^(TestCreate|TestCreateWithTTL|TestGet|TestGuaranteedUpdate|TestConditionalDelete|TestListContinuation|TestListInconsistentContinuation|TestConsistentList|TestCompact|TestCompactConflict|TestLeaseMaxObjectCount|TestGetReuseDurationSeconds|TestEtcdHealthCheck|TestLinearizedReadRevisionInvariant|TestWatch)$'
+SMALL_SKIP='^TestWatch$/^RangeStream=true$'
 
 run_pattern='.'
+skip_pattern='^$'
 if [ "${1:-}" = "--small" ]; then
     run_pattern="$SMALL_SET"
+    skip_pattern="$SMALL_SKIP"
 fi
 CONFIGS="${CONFIGS:-etcd:1 keyward:1 keyward:3 etcd:3}"
 export ETCD_BIN="${ETCD_BIN:-/usr/bin/etcd}"
@@ -61,6 +66,7 @@ cp -r "$module_dir" "$copy"
 chmod -R u+w "$copy"
 rm -f "$copy/$TESTSERVER"/*.go
 cp testserver/*.go "$copy/$TESTSERVER/"
+rm -f "$copy/$TESTSERVER"/*_test.go
 # The package swapped must still be the one file this swap replaces, and nothing else may differ
 # (`--exclude` names the module's only directory called testserver).
 if [ "$(ls "$module_dir/$TESTSERVER")" != "test_server.go" ] \
@@ -73,6 +79,7 @@ fi
 go mod download
 go test -c -o "$work/etcd3.test" "$APISERVER/pkg/storage/etcd3"
 go build -o "$work/tally" ./tally
+go test -count=1 ./testserver ./tally   # the harness's own tests
 
 # 4. Each configuration, run from the package's directory as `go test` would.
 results=()
@@ -83,7 +90,7 @@ for config in $CONFIGS; do
     echo "== $APISERVER $APISERVER_VERSION pkg/storage/etcd3 against $server, $members member(s)"
     start=$(date +%s)
     (cd "$copy/pkg/storage/etcd3" && SERVER=$server MEMBERS=$members \
-        go tool test2json -t "$work/etcd3.test" -test.v=test2json -test.run "$run_pattern" -test.timeout 90m \
+        go tool test2json -t "$work/etcd3.test" -test.v=test2json -test.run "$run_pattern" -test.skip "$skip_pattern" -test.timeout 90m \
         >"$out" 2>&1) || true
     echo "   $(( $(date +%s) - start )) s"
     results+=("$server:$members=$out")
