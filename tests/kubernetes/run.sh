@@ -7,7 +7,8 @@
 #   bash tests/kubernetes/run.sh --small    # the set tests/run-all.sh runs (SMALL_SET below)
 #
 # CONFIGS (default "etcd:1 keyward:1 keyward:3 etcd:3") is a list of server:members; the first is the
-# reference: the script fails if another configuration fails a test the reference passed.
+# reference: the script fails if another configuration fails a test the reference passed (given one
+# configuration only, if it fails any test).
 # KEYWARD_BIN (default target/debug/keyward, built if missing) and ETCD_BIN (default /usr/bin/etcd)
 # name the binaries. Results land in target/kubernetes/results-<server>-<members>.json.
 #

@@ -1,7 +1,8 @@
 // Command tally reads the `go test -json` results of one or more runs of the upstream storage
 // tests (one file per server configuration, named on the command line as label=file) and prints
 // pass/fail/skip counts per configuration, then each test whose outcome differs between them.
-// It exits 1 if a configuration failed a test that the first configuration passed.
+// It exits 1 if a configuration failed a test that the first configuration passed, or, given one
+// configuration only, if it failed any test.
 package main
 
 import (
@@ -48,6 +49,20 @@ func main() {
 	if regressions := printDifferences(runs); regressions > 0 {
 		os.Exit(1)
 	}
+	// With no reference to compare against, any failure fails.
+	if len(runs) == 1 && failures(runs[0]) > 0 {
+		os.Exit(1)
+	}
+}
+
+func failures(r run) int {
+	n := 0
+	for _, outcome := range r.outcomes {
+		if outcome == "fail" {
+			n++
+		}
+	}
+	return n
 }
 
 // readOutcomes keeps each test's last pass, fail or skip; a test that started and never ended
