@@ -9,6 +9,8 @@
 #   docker-compose -> `docker-compose config` validates deploy/docker-compose.yml (no Docker engine needed)
 #   python3-venv -> a venv in target/tools-venv with pip's kubernetes-validate (the Kubernetes JSON
 #                   schemas, bundled) for deploy/kubernetes
+#   golang-go    -> Go, for Kubernetes' storage tests (tests/kubernetes; go.mod's toolchain line makes
+#                   go fetch a newer toolchain itself, and `go mod download` the modules)
 #   fuse3        -> only when not root: fusermount3, through which the power-loss test (tests/it/durability.rs)
 #                   mounts its FUSE file system; root mounts it itself (no libfuse either way)
 # `--no-fail-fast`: every test target runs even when an earlier one fails, so one failure never hides
@@ -27,6 +29,7 @@ command -v curl >/dev/null || need+=(curl)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || need+=(docker-compose)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+command -v go >/dev/null || need+=(golang-go)
 [ "$(id -u)" -eq 0 ] || command -v fusermount3 >/dev/null || need+=(fuse3)
 if [ ${#need[@]} -gt 0 ]; then
     sudo=""
@@ -65,6 +68,9 @@ cargo fmt --all -- --check || failed+=("cargo fmt --check")
 cargo clippy --all-targets -- -D warnings || failed+=("cargo clippy")
 
 cargo test --all-targets --no-fail-fast -- --test-threads="${KEYWARD_TEST_THREADS:-4}" || failed+=("cargo test")
+# Kubernetes' own storage tests, the small set, against the keyward cargo just built (target/debug)
+# and etcd 3.4.23 beside it; `bash tests/kubernetes/run.sh` runs all of them (tests/kubernetes/README.md).
+CONFIGS="etcd:1 keyward:1 keyward:3" bash tests/kubernetes/run.sh --small || failed+=("kubernetes storage tests")
 if [ ${#failed[@]} -gt 0 ]; then
     echo "FAILED: ${failed[*]}" >&2
     exit 1

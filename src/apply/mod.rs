@@ -74,7 +74,7 @@ pub(crate) fn apply(
             kv::txn(stores, txn, t)
         }
         Kind::Compaction(compaction) => {
-            authorize(stores, txn, index, |authz| authz.check_admin(&who, op))?;
+            authorize(stores, txn, index, |authz| authz.check_compaction(&who, op))?;
             kv::compact(stores, txn, compaction)
         }
         Kind::LeaseGrant(grant) => {
