@@ -241,7 +241,8 @@ mod tests {
         get.record(Duration::ZERO, Duration::from_millis(5), None);
         let mut put = ProbeLog::default();
         put.record(Duration::ZERO, Duration::from_millis(1500), None);
-        let json: serde_json::Value = serde_json::from_str(&to_json(TICK, Duration::ZERO, Duration::from_secs(2), &get, &put)).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(&to_json(TICK, Duration::ZERO, Duration::from_secs(2), &get, &put)).unwrap();
         assert_eq!(json["get"]["max_ms"], 5.0);
         assert_eq!(json["put"]["max_ms"], 1500.0);
         assert_eq!(json["max_ms"], 1500.0);
