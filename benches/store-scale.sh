@@ -19,8 +19,9 @@
 #   7. a new member, KEYS keys written 3 times: longest probe wait during the second pass (the store
 #      holds KEYS keys; at least one snapshot falls in it when SNAPSHOT_COUNT <= KEYS)
 #   2. dbSizeInUse before / after `compact` of every older revision; the compact's time to return,
-#      the time until dbSizeInUse stops dropping (the physical removal), the longest probe wait from
-#      the compact to then; then a 4th pass and `compact --physical` of it: time and longest wait
+#      the time until the removal is done (the server's compaction-duration histogram counts it) and
+#      dbSizeInUse stops dropping (the physical removal), the longest probe wait from the compact to
+#      then; then a 4th pass and `compact --physical` of it: time and longest wait
 #   5. 3 members, KEYS keys of CLUSTER_VAL bytes at CLIENTS clients spread over the members: errors,
 #      p99, max latency, leader changes during the load, then per member dbSizeInUse / dbSize / dir
 #   6. a follower stopped while BEHIND more puts go in, restarted: time from its launch until its
@@ -226,10 +227,26 @@ single() {
 
 # --- 7, 2: KEYS written 3 times, a snapshot during a pass, compaction ------------------------------
 
-# settle EP START_NS : waits until dbSizeInUse has not dropped for SETTLE seconds (at most 1 h);
-# prints the seconds from START_NS to its last drop
+# compactions_done EP: how many compactions the server has finished removing (etcd's histogram of
+# their total duration, observed when a compaction's last batch is done; keyward exports the same)
+compactions_done() {
+    curl -s --max-time 10 "$1/metrics" \
+        | awk '$1 == "etcd_debugging_mvcc_db_compaction_total_duration_milliseconds_count" { print $2 }'
+}
+
+# settle EP START_NS [DONE_BEFORE] : waits until the server has finished more compactions than
+# DONE_BEFORE (when given: a removal that frees nothing for a while, walking changes nothing older
+# supersedes, is not over), then until dbSizeInUse has not dropped for SETTLE seconds (at most 1 h in
+# all); prints the seconds from START_NS to its last drop
 settle() {
-    local ep="$1" t0="$2" last inuse last_drop quiet_since
+    local ep="$1" t0="$2" before="${3:-}" last inuse last_drop quiet_since done
+    if [[ "$before" =~ ^[0-9]+$ ]]; then
+        while [ $(( ($(now_ns) - t0) / 1000000000 )) -lt 3600 ]; do
+            done="$(compactions_done "$ep")"
+            [[ "$done" =~ ^[0-9]+$ ]] && [ "$done" -gt "$before" ] && break
+            sleep 0.1
+        done
+    fi
     last="$(status_field "$ep" dbSizeInUse)"
     last_drop="$(seconds_since "$t0")"
     quiet_since=$(now_ns)
@@ -245,7 +262,7 @@ settle() {
 }
 
 compact() {
-    local kind="$1" port peer dir ep pid t0 rev
+    local kind="$1" port peer dir ep pid t0 rev done_before
     port="$(free_port)"; peer="$(free_port)"; dir="$tmp/compact-$kind"; ep="http://127.0.0.1:$port"
     launch "$kind" one "$dir" http "$port" "$peer" "one=http://127.0.0.1:$peer" "${SERVER_FLAGS[@]}"
     pid=$LAUNCHED
@@ -260,13 +277,15 @@ compact() {
 
     record f2-before "$kind" bytes "KEYS keys written 3 times: dbSizeInUse before compact" "$(status_field "$ep" dbSizeInUse)"
     rev="$(status_field "$ep" header.revision)"
+    done_before="$(compactions_done "$ep")"
     probe_start "$ep" "compact-$kind"
     t0=$(now_ns)
     timed f2-return "$kind" "compact of all older revisions: time to return" "compact-$kind" \
         etcdctl --endpoints "$ep" --command-timeout 1h compact "$rev"
-    record f2-settled "$kind" s "compact: until dbSizeInUse stops dropping (no drop for ${SETTLE} s)" "$(settle "$ep" "$t0")"
+    record f2-settled "$kind" s "compact: until removal is done and dbSizeInUse stops dropping (no drop for ${SETTLE} s)" \
+        "$(settle "$ep" "$t0" "$done_before")"
     probe_stop "compact-$kind"
-    record_probe f2 "$kind" "compact-$kind" "compact, until dbSizeInUse stops dropping"
+    record_probe f2 "$kind" "compact-$kind" "compact, until removal is done and dbSizeInUse stops dropping"
     record f2-after "$kind" bytes "compact: dbSizeInUse after" "$(status_field "$ep" dbSizeInUse)"
     record f2-file "$kind" bytes "compact: dbSize (file) after" "$(status_field "$ep" dbSize)"
 

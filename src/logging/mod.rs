@@ -11,6 +11,7 @@
 
 pub(crate) mod limit;
 pub(crate) mod private_file;
+pub(crate) mod slow;
 pub(crate) mod text;
 
 use std::fmt::Write as _;

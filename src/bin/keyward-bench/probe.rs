@@ -22,6 +22,10 @@ use crate::report::Percentiles;
 use crate::workloads::{exec, Clients, Op};
 use keyward::proto::etcdserverpb::{PutRequest, RangeRequest};
 
+/// A wait at least this long is listed with its due time.
+const SLOW: Duration = Duration::from_millis(50);
+const SLOW_KEPT: usize = 100;
+
 /// What one of the two probing clients saw.
 #[derive(Debug, Clone, Default, PartialEq)]
 struct ProbeLog {
@@ -33,6 +37,9 @@ struct ProbeLog {
     worst_us: u32,
     worst_due: Duration,
     skipped_ticks: u64,
+    /// The waits of at least `SLOW` (due time since the start, microseconds), the first `SLOW_KEPT`:
+    /// when each stall happened, to match it with the server's log.
+    slow: Vec<(Duration, u32)>,
     /// The first error's message, if any.
     first_error: Option<String>,
 }
@@ -44,6 +51,9 @@ impl ProbeLog {
             (self.worst_us, self.worst_due) = (us, due);
         }
         self.waits_us.push(us);
+        if wait >= SLOW && self.slow.len() < SLOW_KEPT {
+            self.slow.push((due, us));
+        }
         match error {
             None => self.ok += 1,
             Some(message) => {
@@ -81,6 +91,7 @@ pub(crate) async fn run(args: &BenchArgs, probe: &ProbeArgs) -> anyhow::Result<(
     two.conns = 2;
     let conns = connect_all(&two, true).await?;
     let start = Instant::now();
+    let started_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     let stop = Stop { file: probe.until_file.clone(), deadline: args.duration.map(|d| start + d) };
     let spawn = |op, conn: &Arc<Conn>| -> JoinHandle<ProbeLog> {
         let (conn, probe, stop) = (conn.clone(), probe.clone(), stop.clone());
@@ -95,7 +106,7 @@ pub(crate) async fn run(args: &BenchArgs, probe: &ProbeArgs) -> anyhow::Result<(
     }
     match args.write_out {
         OutputFormat::Simple => print!("{}", to_text(probe.every, elapsed, &get, &put)),
-        OutputFormat::Json => println!("{}", to_json(probe.every, elapsed, &get, &put)),
+        OutputFormat::Json => println!("{}", to_json(probe.every, started_at, elapsed, &get, &put)),
     }
     Ok(())
 }
@@ -161,7 +172,7 @@ fn to_text(every: Duration, elapsed: Duration, get: &ProbeLog, put: &ProbeLog) -
     out
 }
 
-fn to_json(every: Duration, elapsed: Duration, get: &ProbeLog, put: &ProbeLog) -> String {
+fn to_json(every: Duration, started_at: Duration, elapsed: Duration, get: &ProbeLog, put: &ProbeLog) -> String {
     let side = |log: &ProbeLog| {
         let p = Percentiles::of(&mut log.waits_us.clone());
         serde_json::json!({
@@ -172,10 +183,15 @@ fn to_json(every: Duration, elapsed: Duration, get: &ProbeLog, put: &ProbeLog) -
             "worst_due_s": log.worst_due.as_secs_f64(),
             "skipped_ticks": log.skipped_ticks,
             "first_error": log.first_error,
+            "slow": log.slow.iter().map(|(due, us)| serde_json::json!({
+                "due_s": due.as_secs_f64(),
+                "wait_ms": f64::from(*us) / 1000.0,
+            })).collect::<Vec<_>>(),
         })
     };
     serde_json::json!({
         "every_ms": every.as_secs_f64() * 1000.0,
+        "started_unix_s": started_at.as_secs_f64(),
         "elapsed_s": elapsed.as_secs_f64(),
         "get": side(get),
         "put": side(put),
@@ -225,7 +241,8 @@ mod tests {
         get.record(Duration::ZERO, Duration::from_millis(5), None);
         let mut put = ProbeLog::default();
         put.record(Duration::ZERO, Duration::from_millis(1500), None);
-        let json: serde_json::Value = serde_json::from_str(&to_json(TICK, Duration::from_secs(2), &get, &put)).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(&to_json(TICK, Duration::ZERO, Duration::from_secs(2), &get, &put)).unwrap();
         assert_eq!(json["get"]["max_ms"], 5.0);
         assert_eq!(json["put"]["max_ms"], 1500.0);
         assert_eq!(json["max_ms"], 1500.0);

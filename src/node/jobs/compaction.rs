@@ -1,5 +1,7 @@
 //! The removal of what compaction made unreachable, in the background (etcd's `kvstore_compaction.go`:
-//! 1,000 keys per batch, a 10 ms pause between batches): while removal is pending
+//! 1,000 keys per batch, a 10 ms pause between batches; here each step's size and pause adapt to what
+//! the last one cost, `compaction_pacing.rs`, so none holds the write path for more than a few
+//! milliseconds even on a loaded machine): while removal is pending
 //! (`mvcc/compaction.rs`), one bounded step at a time, each its own short write transaction between
 //! applies (`raft/state_machine/compaction.rs`). It starts with the member, so a removal a restart
 //! interrupted resumes, and wakes when an applied batch schedules a compaction or a snapshot install
@@ -13,13 +15,11 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::compaction_pacing::Pacing;
 use crate::metrics;
-use crate::mvcc::compaction::{Step, STEP_LIMIT};
+use crate::mvcc::compaction::Step;
 use crate::node::Node;
 use crate::raft::state_machine::compaction::StepFailure;
-
-/// etcd's pause between compaction batches: what applies get between two steps.
-const PAUSE: Duration = Duration::from_millis(10);
 
 /// How often an idle worker looks for pending removal it was not told about (a defragment's swap).
 const IDLE_CHECK: Duration = Duration::from_secs(1);
@@ -41,14 +41,16 @@ pub(super) async fn remove_compacted(node: Weak<Node>, due: Arc<Notify>) {
     let mut started: Option<Instant> = None;
     let mut busy_wait = Duration::from_millis(1);
     let mut full_wait = Duration::from_millis(100);
+    let mut pacing = Pacing::default();
     loop {
         let Some(kv) = node.upgrade().map(|n| n.kv.clone()) else { return };
+        let limit = pacing.limit();
         let round = tokio::task::spawn_blocking(move || match kv.removal() {
             Err(e) => Round::Failed(StepFailure::Storage(e)),
             Ok((compacted, false)) => Round::Idle(compacted),
             Ok((_, true)) => {
                 let stepping = std::time::Instant::now();
-                match kv.try_compaction_step(STEP_LIMIT) {
+                match kv.try_compaction_step(limit) {
                     Ok(step) => Round::Stepped(step, stepping.elapsed()),
                     Err(failure) => Round::Failed(failure),
                 }
@@ -72,8 +74,9 @@ pub(super) async fn remove_compacted(node: Weak<Node>, due: Arc<Notify>) {
                 started.get_or_insert_with(Instant::now);
                 metrics::COMPACTION_PAUSE_MS.observe(took.as_secs_f64() * 1e3);
                 metrics::COMPACTION_KEYS.inc_by(step.removed as u64);
+                let pause = pacing.after_step(took);
                 if step.pending.is_some() {
-                    tokio::time::sleep(PAUSE).await;
+                    tokio::time::sleep(pause).await;
                 }
             }
             Round::Failed(StepFailure::Busy) => {

@@ -9,7 +9,7 @@
 //! - `raft.rs`: leader changes counted; snapshots built every `--snapshot-count` requests.
 //! - `publish.rs`: this member's name and client URLs published once it has started.
 //! - `compaction.rs`: the removal of what compactions made unreachable, in bounded steps between
-//!   applies.
+//!   applies; `compaction_pacing.rs` sizes and spaces the steps by what the last one cost.
 //! - `compactor.rs`: auto compaction (`--auto-compaction-*`), started by the member's run
 //!   (`server/run.rs`) when configured.
 
@@ -19,6 +19,7 @@ use super::Node;
 
 pub(super) mod apply_observer;
 mod compaction;
+mod compaction_pacing;
 pub(crate) mod compactor;
 mod leases;
 mod publish;

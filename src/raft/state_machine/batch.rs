@@ -11,6 +11,7 @@ use super::full_retry::ApplyFailure;
 use super::state::{State, APPLIED, MEMBERSHIP};
 use crate::apply::{Effects, Stores};
 use crate::error::EtcdError;
+use crate::logging::slow;
 use crate::proto::etcdserverpb::{AlarmType, InternalRaftRequest};
 use crate::raft::{BatchResults, Entry, StoredMembership};
 use crate::space::Full;
@@ -29,6 +30,7 @@ impl State {
                 return Err(ApplyFailure::Storage("injected storage failure".into()));
             }
         }
+        let started = std::time::Instant::now();
         let mut txn = self.env.write_txn()?;
         let previous_revision = self.kv.view(&txn)?.rev;
         let mut results = Vec::with_capacity(entries.len());
@@ -67,7 +69,18 @@ impl State {
         let alarms = effects.alarms_changed.then(|| self.alarms.list(&txn, AlarmType::None as i32)).transpose()?;
         let committing = std::time::Instant::now();
         txn.commit().map_err(|e| self.write_failure(e))?;
-        crate::metrics::BACKEND_COMMIT_SECONDS.observe(committing.elapsed().as_secs_f64());
+        let committed = std::time::Instant::now();
+        crate::metrics::BACKEND_COMMIT_SECONDS.observe((committed - committing).as_secs_f64());
+        if slow::worth_logging(committed - started) {
+            tracing::debug!(
+                target: slow::TARGET,
+                entries = entries.len(),
+                requests,
+                work_ms = slow::ms(committing - started),
+                commit_ms = slow::ms(committed - committing),
+                "slow apply batch"
+            );
+        }
         if let Some(grown) = self.mapping.grow_early(&self.env) {
             tracing::info!(from = grown.from, to = grown.to, "kv file reservation grown ahead of need");
         }

@@ -5,9 +5,12 @@
 //! map grows first, as apply's does, `full_retry.rs`) and its caller retries later. The job that runs
 //! the steps is the node's (`node/jobs/compaction.rs`).
 
+use std::time::Instant;
+
 use super::kv_env::KvEnv;
 use super::state::{BoxError, State};
 use crate::error::EtcdError;
+use crate::logging::slow;
 use crate::mvcc::compaction::Step;
 use crate::space::Full;
 
@@ -51,6 +54,7 @@ impl State {
             Some(kind) => StepFailure::Full(kind),
             None => StepFailure::Storage(e.into()),
         };
+        let started = Instant::now();
         let mut txn = self.env.write_txn().map_err(failed)?;
         let step = match self.kv.compaction_step(&mut txn, limit) {
             Ok(step) => step,
@@ -65,8 +69,22 @@ impl State {
             return Ok(step);
         }
         self.refresh_size_in_use(&txn).map_err(failed)?;
+        let committing = Instant::now();
         match txn.commit() {
-            Ok(()) => Ok(step),
+            Ok(()) => {
+                let done = Instant::now();
+                if slow::worth_logging(done - started) {
+                    tracing::debug!(
+                        target: slow::TARGET,
+                        examined = step.examined,
+                        removed = step.removed,
+                        work_ms = slow::ms(committing - started),
+                        commit_ms = slow::ms(done - committing),
+                        "slow compaction step"
+                    );
+                }
+                Ok(step)
+            }
             Err(e) => match failed(e) {
                 StepFailure::Full(kind) => Err(self.after_full(kind)),
                 other => Err(other),

@@ -180,8 +180,18 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             None => 0,
         };
         let kv = self.kv.clone();
+        let waiting = std::time::Instant::now();
         blocking(move || {
-            kv.write(|state| state.apply_after_map_full(&entries, map_full)).map_err(failed).and_then(done)
+            kv.write(|state| {
+                let waited = waiting.elapsed();
+                if crate::logging::slow::worth_logging(waited) {
+                    let ms = crate::logging::slow::ms(waited);
+                    tracing::debug!(target: crate::logging::slow::TARGET, waited_ms = ms, "apply waited for the write gate");
+                }
+                state.apply_after_map_full(&entries, map_full)
+            })
+            .map_err(failed)
+            .and_then(done)
         })
         .await
     }

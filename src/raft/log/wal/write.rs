@@ -94,7 +94,12 @@ impl Wal {
                 // etcd's WAL fsync histogram: the one durable write of each log write.
                 let syncing = std::time::Instant::now();
                 let synced = writer.active.file.sync_data();
-                crate::metrics::WAL_FSYNC_SECONDS.observe(syncing.elapsed().as_secs_f64());
+                let took = syncing.elapsed();
+                crate::metrics::WAL_FSYNC_SECONDS.observe(took.as_secs_f64());
+                if crate::logging::slow::worth_logging(took) {
+                    let ms = crate::logging::slow::ms(took);
+                    tracing::debug!(target: crate::logging::slow::TARGET, bytes = len, sync_ms = ms, "slow WAL sync");
+                }
                 synced
             });
             if let Err(e) = written {
