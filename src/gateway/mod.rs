@@ -18,7 +18,8 @@
 //! connection's extensions and the token), `unary.rs` and `streams.rs` (one call; the streaming
 //! paths), `logins.rs` (verified Basic credentials; what the `Authorization` header presents is read
 //! by `identity/credentials.rs`),
-//! `request_body.rs` (JSON in), `reply.rs` (JSON out, etcd's error shapes).
+//! `request_body.rs` (JSON in), `reply.rs` (JSON out, etcd's error shapes), `unknown_path.rs` (what a
+//! path no route takes, or a route with another method, is answered, as etcd's HTTP mux answers it).
 //! It must not depend on the member (`node`, `raft`, `server`).
 
 mod calls;
@@ -28,5 +29,7 @@ mod request_body;
 mod routes;
 mod streams;
 mod unary;
+mod unknown_path;
 
 pub(crate) use routes::router;
+pub(crate) use unknown_path::{get_only, go_http_error, go_plain_text, unknown_path};

@@ -38,7 +38,8 @@ pub(crate) fn router(upstreams: Arc<Upstreams>, max_request_bytes: usize) -> axu
             response.map(AxumBody::new)
         }
     });
-    crate::gateway::router(Routes::from(forwarding), max_request_bytes)
+    // Other paths get the member's answers (404), not axum's empty one.
+    crate::gateway::router(Routes::from(forwarding), max_request_bytes).fallback(crate::gateway::unknown_path)
 }
 
 /// Answers one HTTP request of a client connection through the gateway.
