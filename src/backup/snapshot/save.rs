@@ -76,7 +76,12 @@ fn dial(args: &SaveArgs) -> anyhow::Result<(String, Channel)> {
                 _ => bail!("--cert and --key go together"),
             };
             Some(
-                crate::frontend::tls::client::client_config(ca, pair, ("--cacert", "--cert", "--key"))
+                crate::frontend::tls::client::client_config(
+                    ca,
+                    pair,
+                    ("--cacert", "--cert", "--key"),
+                    &crate::frontend::tls::policy::TlsPolicy::default(),
+                )
                     .map_err(|e| anyhow!(e))?,
             )
         }
