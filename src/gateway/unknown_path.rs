@@ -62,11 +62,7 @@ pub(crate) fn go_plain_text(status: StatusCode, body: String) -> Response {
 }
 
 fn is_grpc(request: &Request) -> bool {
-    request
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"))
+    request.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("application/grpc"))
 }
 
 #[cfg(test)]
@@ -88,7 +84,10 @@ mod tests {
 
     #[tokio::test]
     async fn unknown_paths_get_etcds_answers() {
-        assert_eq!(answer(Method::POST, "/v3/nonexistent", None).await, (StatusCode::NOT_FOUND, "Not Found\n".into(), None));
+        assert_eq!(
+            answer(Method::POST, "/v3/nonexistent", None).await,
+            (StatusCode::NOT_FOUND, "Not Found\n".into(), None)
+        );
         assert_eq!(
             answer(Method::GET, "/nonexistent", None).await,
             (StatusCode::NOT_FOUND, "404 page not found\n".into(), None)

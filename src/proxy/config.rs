@@ -138,8 +138,10 @@ fn listener_tls(args: &StartArgs, listen: &ListenAddr) -> Result<Option<TlsSetti
     if listener_tls.is_none()
         && (!args.tls_min_version.is_empty() || !args.tls_max_version.is_empty() || !args.cipher_suites.is_empty())
     {
-        return Err("--tls-min-version, --tls-max-version and --cipher-suites need a TLS listener (--cert-file, --key-file)"
-            .into());
+        return Err(
+            "--tls-min-version, --tls-max-version and --cipher-suites need a TLS listener (--cert-file, --key-file)"
+                .into(),
+        );
     }
     if listener_tls.is_none() && (args.trusted_ca_file.is_some() || args.client_crl_file.is_some()) {
         return Err("--trusted-ca-file and --client-crl-file need a TLS listener (--cert-file, --key-file)".into());

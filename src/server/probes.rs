@@ -163,7 +163,8 @@ mod tests {
 
     #[test]
     fn exclude_values_are_read_like_gos_query() {
-        let values: Vec<&str> = query_values("exclude=serializable_read&verbose&exclude=&exclude=x", "exclude").collect();
+        let values: Vec<&str> =
+            query_values("exclude=serializable_read&verbose&exclude=&exclude=x", "exclude").collect();
         assert_eq!(values, ["serializable_read", "x"]);
     }
 

@@ -50,7 +50,8 @@ fn http(endpoint: &str, method: &str, path: &str, body: &str) -> (u16, String, S
         .find_map(|l| l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("content-type")).map(|(_, v)| v.trim()))
         .unwrap_or("")
         .to_string();
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { unchunk(body) } else { body.into() };
+    let body =
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { unchunk(body) } else { body.into() };
     (status, content_type, body)
 }
 
@@ -207,8 +208,7 @@ fn members_with_one_never_started(kind: Kind) -> Vec<(String, Vec<String>, bool)
     let dir = tempfile::tempdir().unwrap();
     let (clients, peers): (Vec<u16>, Vec<u16>) = (0..3).map(|_| (common::free_port(), common::free_port())).unzip();
     let names = ["a", "b", "c"];
-    let initial: Vec<String> =
-        names.iter().zip(&peers).map(|(n, p)| format!("{n}=http://127.0.0.1:{p}")).collect();
+    let initial: Vec<String> = names.iter().zip(&peers).map(|(n, p)| format!("{n}=http://127.0.0.1:{p}")).collect();
     let (bin, prefix) = kind.program();
     let _running: Vec<Process> = (0..2)
         .map(|i| {
@@ -242,24 +242,25 @@ fn members_with_one_never_started(kind: Kind) -> Vec<(String, Vec<String>, bool)
     loop {
         let out = common::etcdctl(&endpoint, &["member", "list", "-w", "json"]);
         // Both running members published: etcd's answer is settled (and keyward's).
-        let listed: Option<Vec<(String, Vec<String>, bool)>> = serde_json::from_str::<Value>(&out.stdout).ok().map(|v| {
-            let mut members: Vec<_> = v["members"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .iter()
-                .map(|m| {
-                    let peers = m["peerURLs"].as_array().cloned().unwrap_or_default();
-                    (
-                        m["name"].as_str().unwrap_or("").to_string(),
-                        peers.iter().filter_map(|p| p.as_str().map(str::to_string)).collect(),
-                        m.get("clientURLs").is_some(),
-                    )
-                })
-                .collect();
-            members.sort();
-            members
-        });
+        let listed: Option<Vec<(String, Vec<String>, bool)>> =
+            serde_json::from_str::<Value>(&out.stdout).ok().map(|v| {
+                let mut members: Vec<_> = v["members"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|m| {
+                        let peers = m["peerURLs"].as_array().cloned().unwrap_or_default();
+                        (
+                            m["name"].as_str().unwrap_or("").to_string(),
+                            peers.iter().filter_map(|p| p.as_str().map(str::to_string)).collect(),
+                            m.get("clientURLs").is_some(),
+                        )
+                    })
+                    .collect();
+                members.sort();
+                members
+            });
         if let Some(members) = listed.filter(|m| m.iter().filter(|(_, _, published)| *published).count() == 2) {
             return members;
         }
@@ -274,7 +275,8 @@ fn every_initial_member_is_named_before_it_starts() {
     let expected = members_with_one_never_started(Kind::Etcd);
     let got = members_with_one_never_started(Kind::under_test());
     // Ports differ between the runs: compare names, the number of peer URLs, publication.
-    let shape = |m: &[(String, Vec<String>, bool)]| m.iter().map(|(n, p, c)| (n.clone(), p.len(), *c)).collect::<Vec<_>>();
+    let shape =
+        |m: &[(String, Vec<String>, bool)]| m.iter().map(|(n, p, c)| (n.clone(), p.len(), *c)).collect::<Vec<_>>();
     assert_eq!(shape(&got), shape(&expected), "keyward (left) vs etcd 3.4 (right)");
     assert_eq!(shape(&expected), [("a".into(), 1, true), ("b".into(), 1, true), ("c".into(), 1, false)]);
 }
@@ -316,7 +318,9 @@ fn tls_member(kind: Kind, pki: &Pki, tls_peer: bool, extra: &[&str]) -> (u16, u1
     flags.extend(["--cert-file", &cert, "--key-file", &key].map(String::from));
     if tls_peer {
         let ca = pki.ca_file().display().to_string();
-        flags.extend(["--peer-cert-file", &cert, "--peer-key-file", &key, "--peer-trusted-ca-file", &ca].map(String::from));
+        flags.extend(
+            ["--peer-cert-file", &cert, "--peer-key-file", &key, "--peer-trusted-ca-file", &ca].map(String::from),
+        );
     }
     flags.extend(extra.iter().map(|s| s.to_string()));
     args.extend(flags);
@@ -425,7 +429,10 @@ fn bad_tls_flag_values_are_refused_at_start_in_etcds_words() {
     // etcd 3.5's messages for the version flags (3.4.23 has no such flags).
     for (flags, words) in [
         (&["--tls-min-version", "TLS1.1"][..], r#"unexpected TLS version "TLS1.1" (must be one of: TLS1.2, TLS1.3)"#),
-        (&["--tls-min-version", "TLS1.3", "--tls-max-version", "TLS1.2"][..], "min version (TLS1.3) is greater than max version (TLS1.2)"),
+        (
+            &["--tls-min-version", "TLS1.3", "--tls-max-version", "TLS1.2"][..],
+            "min version (TLS1.3) is greater than max version (TLS1.2)",
+        ),
         (
             &["--tls-min-version", "TLS1.3", "--cipher-suites", "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384"][..],
             "cipher suites cannot be configured when only TLS1.3 is enabled",
@@ -452,17 +459,27 @@ fn livez_and_readyz_answer_as_etcd_3_5s_on_the_client_and_metrics_urls() {
         assert_eq!(get("/livez?verbose"), (200, plain.clone(), "[+]serializable_read ok\nok\n".into()));
         assert_eq!(
             get("/readyz?verbose"),
-            (200, plain.clone(), "[+]data_corruption ok\n[+]serializable_read ok\n[+]linearizable_read ok\nok\n".into())
+            (
+                200,
+                plain.clone(),
+                "[+]data_corruption ok\n[+]serializable_read ok\n[+]linearizable_read ok\nok\n".into()
+            )
         );
         assert_eq!(
             get("/readyz?verbose&exclude=linearizable_read&exclude=no_such_check"),
             (200, plain.clone(), "[+]data_corruption ok\n[+]serializable_read ok\nok\n".into())
         );
-        assert_eq!(get("/readyz/linearizable_read?verbose"), (200, plain.clone(), "[+]linearizable_read ok\nok\n".into()));
+        assert_eq!(
+            get("/readyz/linearizable_read?verbose"),
+            (200, plain.clone(), "[+]linearizable_read ok\nok\n".into())
+        );
         assert_eq!(get("/readyz/no_such_check"), (404, plain.clone(), "404 page not found\n".into()));
         assert_eq!(http(&endpoint, "POST", "/readyz", ""), (405, plain.clone(), "Method Not Allowed\n".into()));
         let (_, metrics_text) = common::http_get(&endpoint, "/metrics");
-        assert_eq!(common::metric(&metrics_text, r#"etcd_server_healthcheck{name="linearizable_read",type="readyz"}"#), 1.0);
+        assert_eq!(
+            common::metric(&metrics_text, r#"etcd_server_healthcheck{name="linearizable_read",type="readyz"}"#),
+            1.0
+        );
     }
 }
 
@@ -483,7 +500,10 @@ fn readyz_fails_its_linearizable_read_without_a_quorum_while_livez_passes() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert_eq!((status, content_type.as_str()), (503, "text/plain; charset=utf-8"), "{body}");
-    assert!(body.starts_with("[+]data_corruption ok\n[+]serializable_read ok\n[-]linearizable_read failed: "), "{body}");
+    assert!(
+        body.starts_with("[+]data_corruption ok\n[+]serializable_read ok\n[-]linearizable_read failed: "),
+        "{body}"
+    );
     assert!(body.ends_with("\n\n"), "{body:?}");
     assert_eq!(http(&endpoint, "GET", "/livez", ""), (200, "text/plain; charset=utf-8".into(), "ok\n".into()));
     assert_eq!(http(&endpoint, "GET", "/readyz?exclude=linearizable_read", "").0, 200);

@@ -82,7 +82,7 @@ fn dial(args: &SaveArgs) -> anyhow::Result<(String, Channel)> {
                     ("--cacert", "--cert", "--key"),
                     &crate::frontend::tls::policy::TlsPolicy::default(),
                 )
-                    .map_err(|e| anyhow!(e))?,
+                .map_err(|e| anyhow!(e))?,
             )
         }
         (None, Some(_), _) => bail!("--cert needs --cacert (the CA that signs the server certificate)"),

@@ -60,10 +60,8 @@ impl TlsPolicy {
         if !self.cipher_suites.is_empty() {
             let offered = std::mem::take(&mut provider.cipher_suites);
             let tls13 = offered.iter().filter(|s| s.tls13().is_some()).copied();
-            let tls12 = self
-                .cipher_suites
-                .iter()
-                .filter_map(|wanted| offered.iter().find(|s| s.suite() == *wanted).copied());
+            let tls12 =
+                self.cipher_suites.iter().filter_map(|wanted| offered.iter().find(|s| s.suite() == *wanted).copied());
             provider.cipher_suites = tls13.chain(tls12).collect();
         }
         Arc::new(provider)
@@ -189,7 +187,11 @@ mod tests {
         let policy = TlsPolicy::from_flags(
             "",
             "",
-            &suites(&["TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305", "TLS_AES_128_GCM_SHA256", "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384"]),
+            &suites(&[
+                "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305",
+                "TLS_AES_128_GCM_SHA256",
+                "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+            ]),
         )
         .unwrap();
         let provider = policy.provider();
@@ -208,8 +210,14 @@ mod tests {
 
     #[test]
     fn unknown_and_unsupported_suites_are_refused() {
-        assert_eq!(TlsPolicy::from_flags("", "", &suites(&["FOO"])).unwrap_err(), r#"unexpected TLS cipher suite "FOO""#);
+        assert_eq!(
+            TlsPolicy::from_flags("", "", &suites(&["FOO"])).unwrap_err(),
+            r#"unexpected TLS cipher suite "FOO""#
+        );
         let cbc = TlsPolicy::from_flags("", "", &suites(&["TLS_RSA_WITH_AES_128_CBC_SHA"])).unwrap_err();
-        assert!(cbc.starts_with(r#"TLS cipher suite "TLS_RSA_WITH_AES_128_CBC_SHA" is not supported by keyward"#), "{cbc}");
+        assert!(
+            cbc.starts_with(r#"TLS cipher suite "TLS_RSA_WITH_AES_128_CBC_SHA" is not supported by keyward"#),
+            "{cbc}"
+        );
     }
 }
