@@ -235,5 +235,6 @@ fn routes(node: Arc<Node>) -> Routes {
     let grpc = grpc.into_axum_router().layer(axum::middleware::from_fn(grpc_metrics::record));
     // A path no route takes is answered as etcd's mux answers it (404, or Unimplemented for gRPC),
     // in place of tonic's Unimplemented for every request.
-    Routes::from(grpc.merge(http::router(node)).merge(gateway).fallback(crate::gateway::unknown_path))
+    let router = grpc.merge(http::router(node)).merge(gateway).fallback(crate::gateway::unknown_path);
+    Routes::from(crate::gateway::with_v3beta_paths(router))
 }

@@ -2,7 +2,8 @@
 //! in the same test where etcd 3.4.23 has the behaviour (same steps, same output), else checked
 //! against etcd's source (etcd 3.5.11+ for `/livez` and `/readyz`, 3.4.25+ for the TLS version flags):
 //! - which maintenance and cluster answers carry a header (Defragment and MoveLeader: none);
-//! - what a path no route takes is answered over HTTP (404/405 with etcd's text, not gRPC's 12);
+//! - what a path no route takes is answered over HTTP (404/405 with etcd's text, not gRPC's 12), and
+//!   `/v3beta/` paths served as `/v3/`;
 //! - the `ready to serve client requests` log line, in text and zap JSON;
 //! - every member of `--initial-cluster` named in `member list` before it has started;
 //! - `--tls-min-version`, `--tls-max-version`, `--cipher-suites` at the handshake (openssl as the
@@ -112,7 +113,8 @@ fn maintenance_and_cluster_answers_have_a_header_exactly_where_etcds_do() {
 // unknown paths
 // ---------------------------------------------------------------------------
 
-/// Fails with the old fallback: every one of these was HTTP 200 with `grpc-status: 12`.
+/// Fails with the old fallback: every one of these but the routed methods' 405 was HTTP 200 with
+/// `grpc-status: 12`.
 #[test]
 fn unknown_paths_and_methods_are_answered_as_etcds_http_mux() {
     let (etcd, keyward) = common::start_pair_blocking(&[]);
@@ -129,6 +131,9 @@ fn unknown_paths_and_methods_are_answered_as_etcds_http_mux() {
         ("POST", "/health"),
         ("POST", "/version"),
         ("OPTIONS", "/v3/kv/range"),
+        // etcd 3.4 serves /v3beta/ as /v3/.
+        ("POST", "/v3beta/kv/range"),
+        ("POST", "/v3beta/nonexistent"),
     ];
     let answers = |server: &Server| {
         requests
