@@ -60,6 +60,7 @@ pub use frontend::tls::client::TlsConnector;
 // `raft_log_last_purged_index` below).
 pub use auth::token_config::{JwtOptions, SignMethod, TokenConfig, DEFAULT_JWT_TTL};
 pub use frontend::tls::client::{client_config, lazy_channel};
+pub use frontend::tls::policy::TlsPolicy;
 pub use raft::state_machine::StateMachine;
 pub use raft::{Entry, LogId, RaftBatch};
 

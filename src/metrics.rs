@@ -263,6 +263,28 @@ pub(crate) fn initialize() {
     });
 }
 
+/// `/livez` and `/readyz` (etcd 3.5.11+): each check's last result (1 ok, 0 failed) and count, by the
+/// probe (`type`: livez, readyz) and the check's `name`.
+pub(crate) static PROBE_CHECK: LazyLock<prometheus::IntGaugeVec> = LazyLock::new(|| {
+    register(
+        prometheus::IntGaugeVec::new(
+            Opts::new("etcd_server_healthcheck", "The result of each kind of healthcheck."),
+            &["type", "name"],
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
+pub(crate) static PROBE_CHECKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new("etcd_server_healthchecks_total", "The total number of each kind of healthcheck."),
+            &["type", "name", "status"],
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
 pub(crate) static HEALTH_CHECKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(Opts::new("etcd_server_health_checks_total", "/health checks by result."), &["result"])

@@ -145,6 +145,17 @@ pub struct ServeArgs {
     /// proxies' SANs.
     #[arg(long, env = "KEYWARD_CLIENT_CERT_IDENTITY", default_value = "cn")]
     pub client_cert_identity: IdentitySource,
+    /// Minimum TLS version supported by keyward: TLS1.2 or TLS1.3 (client and peer listeners, and
+    /// the peer connections a member dials). Empty: TLS1.2.
+    #[arg(long, env = "ETCD_TLS_MIN_VERSION", default_value = "")]
+    pub tls_min_version: String,
+    /// Maximum TLS version supported by keyward: TLS1.2 or TLS1.3. Empty: TLS1.3.
+    #[arg(long, env = "ETCD_TLS_MAX_VERSION", default_value = "")]
+    pub tls_max_version: String,
+    /// Comma-separated list of supported TLS 1.2 cipher suites, by Go's names, in order of
+    /// preference, between client/server and peers (empty: rustls' defaults).
+    #[arg(long, env = "ETCD_CIPHER_SUITES", value_delimiter = ',')]
+    pub cipher_suites: Vec<String>,
     /// Path to the peer server TLS cert file.
     #[arg(long, env = "ETCD_PEER_CERT_FILE")]
     pub peer_cert_file: Option<PathBuf>,

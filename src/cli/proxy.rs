@@ -54,6 +54,16 @@ pub struct StartArgs {
     /// both alike.
     #[arg(long, default_value = "cn")]
     pub client_cert_identity: IdentitySource,
+    /// Minimum TLS version the listener accepts: TLS1.2 or TLS1.3 (empty: TLS1.2).
+    #[arg(long, default_value = "")]
+    pub tls_min_version: String,
+    /// Maximum TLS version the listener accepts: TLS1.2 or TLS1.3 (empty: TLS1.3).
+    #[arg(long, default_value = "")]
+    pub tls_max_version: String,
+    /// Comma-separated TLS 1.2 cipher suites the listener accepts, by Go's names, in order of
+    /// preference (empty: rustls' defaults).
+    #[arg(long, value_delimiter = ',')]
+    pub cipher_suites: Vec<String>,
     /// Largest request the HTTP/JSON gateway accepts, as the members' --max-request-bytes (the
     /// members enforce their own limit on every call).
     #[arg(long, default_value_t = 1_572_864)]

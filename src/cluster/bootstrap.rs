@@ -43,7 +43,7 @@ pub(crate) fn new_cluster_of(
 ) -> NewCluster {
     let members: BTreeMap<NodeId, MemberNode> = initial_cluster
         .iter()
-        .map(|(_, urls)| (ids::member_id(urls, token), MemberNode::unstarted(urls.clone())))
+        .map(|(name, urls)| (ids::member_id(urls, token), MemberNode::initial(name.clone(), urls.clone())))
         .collect();
     let ids: Vec<NodeId> = members.keys().copied().collect();
     NewCluster { member_id: ids::member_id(peer_urls, token), cluster_id: ids::cluster_id(&ids, token), members }

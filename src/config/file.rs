@@ -36,9 +36,6 @@ const UNSUPPORTED: &[(&str, &str, &str)] = &[
     ("initial-election-tick-advance", "true", "not applicable to openraft"),
     ("backend-batch-interval", "0", "each apply batch is one LMDB commit"),
     ("backend-batch-limit", "0", "each apply batch is one LMDB commit"),
-    ("cipher-suites", "", "rustls' default suites are used"),
-    ("tls-min-version", "TLS1.2", "rustls offers TLS 1.2 and 1.3"),
-    ("tls-max-version", "TLS1.3", "rustls offers TLS 1.2 and 1.3"),
     ("discovery", "", "no discovery service: use initial-cluster"),
     ("discovery-srv", "", "no DNS discovery: use initial-cluster"),
     ("discovery-srv-name", "", "no DNS discovery: use initial-cluster"),
@@ -289,7 +286,7 @@ mod tests {
     #[test]
     fn other_values_and_unknown_keys_are_refused_in_one_message() {
         let err = parse(
-            "wal-dir: /wal\nname: n\ncipher-suites: [TLS_A, TLS_B]\nlisten-clients-urls: x\n\
+            "wal-dir: /wal\nname: n\ndiscovery-srv: [a, b]\nlisten-clients-urls: x\n\
              client-transport-security:\n  auto-tls: true\n  crl: x\n",
             known,
         )
@@ -297,8 +294,8 @@ mod tests {
         assert_eq!(
             err,
             "etcd settings keyward does not support, set to values other than etcd's defaults (remove them or leave them \
-             empty): wal-dir: /wal (the raft log lives in the data dir); cipher-suites: TLS_A,TLS_B (rustls' default \
-             suites are used); client-transport-security.auto-tls: true (no self-signed certificates: give cert-file \
+             empty): wal-dir: /wal (the raft log lives in the data dir); discovery-srv: a,b (no DNS discovery: use \
+             initial-cluster); client-transport-security.auto-tls: true (no self-signed certificates: give cert-file \
              and key-file); and unknown keys (neither etcd's nor keyward's): listen-clients-urls, \
              client-transport-security.crl"
         );

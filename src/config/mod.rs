@@ -115,6 +115,8 @@ impl ServeArgs {
             return Err(invalid("--name must not be empty"));
         }
         let listen_client = listeners::parse_listeners(&self.listen_client_urls, "--listen-client-urls")?;
+        // Checked whether or not a listener uses TLS, as etcd checks them.
+        tls::tls_policy(&self)?;
         let client_tls = tls::client_tls(&self, &listen_client)?;
         let peer_tls = tls::peer_tls(&self)?;
         let listen_peer = listeners::peer_listeners(&self, peer_tls.as_ref())?;

@@ -1,13 +1,22 @@
 //! The TLS flags: the client listeners' (`--cert-file`, `--client-cert-auth`, `--trusted-proxy-cn`,
-//! ...) and the peer port's (`--peer-*`). Each pair of files goes together, every other TLS flag needs
+//! ...), the peer port's (`--peer-*`), and the versions and cipher suites both allow
+//! (`--tls-min-version`, `--tls-max-version`, `--cipher-suites`). Each pair of files goes together, every other TLS flag needs
 //! them, and the files are read once here, so that a missing or malformed file stops the start rather
 //! than the first connection.
 
 use super::error::{invalid, ConfigError};
 use super::listeners::Listener;
 use crate::cli::member::ServeArgs;
+use crate::frontend::tls::policy::TlsPolicy;
 use crate::frontend::tls::settings::TlsSettings;
 use crate::identity::certificate::IdentitySource;
+
+/// `--tls-min-version`, `--tls-max-version` and `--cipher-suites`: as in etcd, one policy for the
+/// client listeners, the peer listeners and the member's dialing of its peers. Checked even without
+/// TLS, as etcd checks them.
+pub(super) fn tls_policy(args: &ServeArgs) -> Result<TlsPolicy, ConfigError> {
+    TlsPolicy::from_flags(&args.tls_min_version, &args.tls_max_version, &args.cipher_suites).map_err(invalid)
+}
 
 /// TLS for the `https://` client listeners (`None`: no `--cert-file`/`--key-file`).
 pub(super) fn client_tls(args: &ServeArgs, listen_client: &[Listener]) -> Result<Option<TlsSettings>, ConfigError> {
@@ -22,6 +31,7 @@ pub(super) fn client_tls(args: &ServeArgs, listen_client: &[Listener]) -> Result
             allowed_hostnames: args.client_cert_allowed_hostname.clone(),
             trusted_proxy_cns: args.trusted_proxy_cn.clone(),
             identity_source: args.client_cert_identity,
+            policy: tls_policy(args)?,
         }),
         (None, None) => None,
         _ => return Err(invalid("--cert-file and --key-file go together")),
@@ -86,6 +96,7 @@ pub(super) fn peer_tls(args: &ServeArgs) -> Result<Option<TlsSettings>, ConfigEr
                 allowed_hostnames: Vec::new(),
                 trusted_proxy_cns: Vec::new(),
                 identity_source: IdentitySource::CommonName,
+                policy: tls_policy(args)?,
             };
             tls.server_config().map_err(|e| invalid(format!("peer TLS: {e}")))?;
             Ok(Some(tls))

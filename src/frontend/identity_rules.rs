@@ -119,6 +119,7 @@ mod tests {
             allowed_hostnames: Vec::new(),
             trusted_proxy_cns: vec!["proxy".into()],
             identity_source: IdentitySource::CommonName,
+            policy: Default::default(),
         };
         Setup { dir, ca, settings }
     }

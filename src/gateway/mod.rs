@@ -14,13 +14,15 @@
 //! - no other header reaches the gRPC call: in particular no client can send
 //!   `keyward-forwarded-client-cert` or any metadata through it.
 //!
-//! Files: `routes.rs` (the path table, `router`), `calls.rs` (an HTTP request's gRPC call: the
+//! Files: `routes.rs` (the path table, `router`), `aliases.rs` (`/v3beta/` served as `/v3/`), `calls.rs` (an HTTP request's gRPC call: the
 //! connection's extensions and the token), `unary.rs` and `streams.rs` (one call; the streaming
 //! paths), `logins.rs` (verified Basic credentials; what the `Authorization` header presents is read
 //! by `identity/credentials.rs`),
-//! `request_body.rs` (JSON in), `reply.rs` (JSON out, etcd's error shapes).
+//! `request_body.rs` (JSON in), `reply.rs` (JSON out, etcd's error shapes), `unknown_path.rs` (what a
+//! path no route takes, or a route with another method, is answered, as etcd's HTTP mux answers it).
 //! It must not depend on the member (`node`, `raft`, `server`).
 
+mod aliases;
 mod calls;
 pub(crate) mod logins;
 mod reply;
@@ -28,5 +30,8 @@ mod request_body;
 mod routes;
 mod streams;
 mod unary;
+mod unknown_path;
 
+pub(crate) use aliases::with_v3beta_paths;
 pub(crate) use routes::router;
+pub(crate) use unknown_path::{get_only, go_http_error, go_plain_text, unknown_path};

@@ -37,6 +37,7 @@ where
         let call = call.clone();
         async move { gateway.bidirectional(request, call).await.unwrap_or_else(IntoResponse::into_response) }
     })
+    .fallback(super::unknown_path::gateway_method_not_allowed)
 }
 
 /// `POST` handler for a server stream `call` (one request, many answers).
@@ -61,6 +62,7 @@ where
             answer.await.unwrap_or_else(IntoResponse::into_response)
         }
     })
+    .fallback(super::unknown_path::gateway_method_not_allowed)
 }
 
 fn credentials(headers: &http::HeaderMap) -> Result<Credentials, Failure> {

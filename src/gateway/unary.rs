@@ -27,6 +27,7 @@ where
         let call = call.clone();
         async move { gateway.unary(request, call).await.unwrap_or_else(IntoResponse::into_response) }
     })
+    .fallback(super::unknown_path::gateway_method_not_allowed)
 }
 
 impl Gateway {

@@ -181,6 +181,7 @@ fn dial_peers(config: &Config) -> anyhow::Result<Arc<Peers>> {
                 tls.trusted_ca_file.as_deref().unwrap_or(&tls.cert_file),
                 Some((&tls.cert_file, &tls.key_file)),
                 ("--peer-trusted-ca-file", "--peer-cert-file", "--peer-key-file"),
+                &tls.policy,
             )
             .map_err(|e| anyhow::anyhow!("peer TLS: {e}"))?,
         ),

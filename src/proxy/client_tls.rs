@@ -15,6 +15,7 @@ use std::sync::Arc;
 use rustls::ClientConfig;
 
 use crate::frontend::tls::client::client_config;
+use crate::frontend::tls::policy::TlsPolicy;
 use crate::frontend::tls::reload::{Reload, Reloading};
 
 /// `--cert`, `--key`, `--cacert`.
@@ -39,7 +40,7 @@ impl ClientTlsFiles {
     /// the certificate presented if given, ALPN h2.
     pub fn config(&self) -> Result<Arc<ClientConfig>, String> {
         let identity = self.identity.as_ref().map(|(cert, key)| (cert.as_path(), key.as_path()));
-        client_config(&self.cacert, identity, ("--cacert", "--cert", "--key"))
+        client_config(&self.cacert, identity, ("--cacert", "--cert", "--key"), &TlsPolicy::default())
     }
 }
 

@@ -19,6 +19,7 @@ use super::endpoint::Endpoint;
 use crate::cli::proxy::StartArgs;
 use crate::config::connections::connection_limits;
 use crate::frontend::connection_limits::ConnectionLimits;
+use crate::frontend::tls::policy::TlsPolicy;
 use crate::frontend::tls::settings::TlsSettings;
 use crate::identity::certificate::IdentitySource;
 
@@ -129,10 +130,19 @@ fn listener_tls(args: &StartArgs, listen: &ListenAddr) -> Result<Option<TlsSetti
             allowed_hostnames: Vec::new(),
             trusted_proxy_cns: Vec::new(),
             identity_source: args.client_cert_identity,
+            policy: TlsPolicy::from_flags(&args.tls_min_version, &args.tls_max_version, &args.cipher_suites)?,
         }),
         (None, None) => None,
         _ => return Err("--cert-file and --key-file go together".into()),
     };
+    if listener_tls.is_none()
+        && (!args.tls_min_version.is_empty() || !args.tls_max_version.is_empty() || !args.cipher_suites.is_empty())
+    {
+        return Err(
+            "--tls-min-version, --tls-max-version and --cipher-suites need a TLS listener (--cert-file, --key-file)"
+                .into(),
+        );
+    }
     if listener_tls.is_none() && (args.trusted_ca_file.is_some() || args.client_crl_file.is_some()) {
         return Err("--trusted-ca-file and --client-crl-file need a TLS listener (--cert-file, --key-file)".into());
     }

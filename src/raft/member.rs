@@ -2,8 +2,10 @@
 //! reach it), and, once it has started and published them, its name and client URLs (etcd's member
 //! attributes, shown by MemberList).
 //!
-//! A member added with MemberAdd is known by its peer URLs only until it starts, as in etcd (where
-//! `member list` shows it `unstarted`).
+//! A member of `--initial-cluster` has its name from the start (etcd's `NewMember` takes it from the
+//! flag), so `member list` names every initial member before it publishes; a member added with
+//! MemberAdd is known by its peer URLs only until it starts, as in etcd (where `member list` shows it
+//! `unstarted`).
 //!
 //! Stored inside openraft's membership (log entries, the applied state, snapshots). It is encoded as
 //! one string — JSON — because data dirs written before members had attributes hold openraft's
@@ -14,7 +16,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MemberNode {
     pub peer_urls: Vec<String>,
-    /// Empty until the member has started and published it.
+    /// `--initial-cluster`'s name for an initial member; for one added later, empty until it has
+    /// started and published it.
     pub name: String,
     pub client_urls: Vec<String>,
 }
@@ -22,6 +25,11 @@ pub struct MemberNode {
 impl MemberNode {
     pub fn unstarted(peer_urls: Vec<String>) -> Self {
         MemberNode { peer_urls, ..Default::default() }
+    }
+
+    /// A member named in `--initial-cluster`: its name is known before it starts.
+    pub fn initial(name: String, peer_urls: Vec<String>) -> Self {
+        MemberNode { peer_urls, name, client_urls: Vec::new() }
     }
 
     /// The URL this member's peers dial: the first peer URL (etcd tries each; keyward's transport

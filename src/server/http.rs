@@ -1,5 +1,7 @@
 //! Plain HTTP endpoints served on the client port beside gRPC, as etcd serves them: `/health`,
-//! `/metrics` (Prometheus text) and `/version`; the first two also on `--listen-metrics-urls`.
+//! `/metrics` (Prometheus text), `/version`, and the probes `/livez` and `/readyz` (`probes.rs`);
+//! all but `/version` also on `--listen-metrics-urls`. `/metrics` answers any method (Prometheus'
+//! handler does); the others only `GET` (405 otherwise, as etcd's).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,24 +9,30 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::{any, get};
 use axum::Router;
 
 use super::maintenance::{ETCD_API_VERSION, ETCD_CLUSTER_VERSION};
+use crate::gateway::get_only;
 use crate::node::Node;
 use crate::proto::etcdserverpb::AlarmType;
 
 /// The endpoints of a `--listen-metrics-urls` listener.
 pub(crate) fn metrics_router(node: Arc<Node>) -> Router {
-    Router::new().route("/health", get(health)).route("/metrics", get(metrics)).with_state(node)
+    Router::new()
+        .route("/health", get(health).fallback(get_only))
+        .route("/metrics", any(metrics))
+        .with_state(node.clone())
+        .merge(super::probes::router(node))
 }
 
 pub(crate) fn router(node: Arc<Node>) -> Router {
     Router::new()
-        .route("/health", get(health))
-        .route("/metrics", get(metrics))
-        .route("/version", get(version))
-        .with_state(node)
+        .route("/health", get(health).fallback(get_only))
+        .route("/metrics", any(metrics))
+        .route("/version", get(version).fallback(get_only))
+        .with_state(node.clone())
+        .merge(super::probes::router(node))
 }
 
 /// etcd's `/health`: unhealthy while an alarm is active (except the alarm types named by `exclude`

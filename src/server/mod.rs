@@ -12,6 +12,7 @@ pub(crate) mod http;
 pub(crate) mod kv;
 pub(crate) mod lease;
 pub(crate) mod maintenance;
+mod probes;
 pub(crate) mod requester;
 pub(crate) mod run;
 pub(crate) mod stream_credential;
@@ -49,10 +50,32 @@ pub(crate) async fn serve(
     let bound = bind(listeners, "client").await?;
     grpc_metrics::initialize();
     crate::metrics::initialize();
-    serve_bound(bound, tls, Some(limits), move || routes(node.clone()), shutdown).await
+    let ready = tokio::spawn(announce_ready(node.clone(), bound.len()));
+    let served = serve_bound(bound, tls, Some(limits), move || routes(node.clone()), shutdown).await;
+    ready.abort();
+    served
 }
 
-/// Serves only `/metrics` and `/health` (`http.rs`) on `--listen-metrics-urls`, as etcd does: https://
+/// Logs etcd's `ready to serve client requests` once per client listener (as etcd's every serving
+/// context does) as soon as this member answers a linearizable read: it has a leader and has applied
+/// what the leader committed, etcd's `ReadyNotify`. Tools that start etcd wait for this line
+/// (pifpaf, test fixtures); with `--logger zap` it is the JSON line with that `msg`.
+async fn announce_ready(node: Arc<Node>, listeners: usize) {
+    const ATTEMPT: std::time::Duration = std::time::Duration::from_secs(1);
+    const PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+    loop {
+        let read = tokio::time::timeout(ATTEMPT, node.read(true, |view, _| Ok(view.rev))).await;
+        if matches!(read, Ok(Ok(_))) {
+            break;
+        }
+        tokio::time::sleep(PAUSE).await;
+    }
+    for _ in 0..listeners {
+        tracing::info!("ready to serve client requests");
+    }
+}
+
+/// Serves only `/metrics`, `/health`, `/livez` and `/readyz` (`http.rs`) on `--listen-metrics-urls`, as etcd does: https://
 /// ones with the client TLS settings, and without the client listeners' connection limits (a scraper
 /// holds one connection).
 pub(crate) async fn serve_metrics(
@@ -62,7 +85,14 @@ pub(crate) async fn serve_metrics(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let bound = bind(listeners, "metrics").await?;
-    serve_bound(bound, tls, None, move || Routes::from(http::metrics_router(node.clone())), shutdown).await
+    serve_bound(
+        bound,
+        tls,
+        None,
+        move || Routes::from(http::metrics_router(node.clone()).fallback(crate::gateway::unknown_path)),
+        shutdown,
+    )
+    .await
 }
 
 /// Binds every peer listener: before raft elects, so that peers can reach this member.
@@ -203,5 +233,8 @@ fn routes(node: Arc<Node>) -> Routes {
     // etcd's grpc_server_* metrics for every gRPC call of a client (the gateway's in-process calls
     // are not counted: they are the HTTP requests it serves).
     let grpc = grpc.into_axum_router().layer(axum::middleware::from_fn(grpc_metrics::record));
-    Routes::from(grpc.merge(http::router(node)).merge(gateway))
+    // A path no route takes is answered as etcd's mux answers it (404, or Unimplemented for gRPC),
+    // in place of tonic's Unimplemented for every request.
+    let router = grpc.merge(http::router(node)).merge(gateway).fallback(crate::gateway::unknown_path);
+    Routes::from(crate::gateway::with_v3beta_paths(router))
 }

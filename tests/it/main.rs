@@ -25,6 +25,7 @@ mod compaction;
 mod connections;
 mod defrag;
 mod deploy;
+mod details;
 mod doc_paths;
 mod durability;
 mod etcd_config;

@@ -39,6 +39,7 @@ fn peer_client(peer_url: &str, ca: &Path, cert: Option<&Cert>) -> PeerClient<Cha
                 ca,
                 cert.map(|c| (c.cert.as_path(), c.key.as_path())),
                 ("--cacert", "--cert", "--key"),
+                &keyward::TlsPolicy::default(),
             )
             .expect("client TLS configuration"),
         ),

@@ -76,8 +76,13 @@ fn dial(args: &SaveArgs) -> anyhow::Result<(String, Channel)> {
                 _ => bail!("--cert and --key go together"),
             };
             Some(
-                crate::frontend::tls::client::client_config(ca, pair, ("--cacert", "--cert", "--key"))
-                    .map_err(|e| anyhow!(e))?,
+                crate::frontend::tls::client::client_config(
+                    ca,
+                    pair,
+                    ("--cacert", "--cert", "--key"),
+                    &crate::frontend::tls::policy::TlsPolicy::default(),
+                )
+                .map_err(|e| anyhow!(e))?,
             )
         }
         (None, Some(_), _) => bail!("--cert needs --cacert (the CA that signs the server certificate)"),

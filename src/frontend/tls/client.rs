@@ -18,15 +18,19 @@ use tokio_rustls::client::TlsStream;
 use tonic::codegen::Service;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-/// A client configuration trusting `ca` and, when given, presenting `cert`/`key` (mTLS). `flags` names
-/// the flags the files came from, for error messages (e.g. `"--peer-trusted-ca-file"`).
+use super::policy::TlsPolicy;
+
+/// A client configuration trusting `ca` and, when given, presenting `cert`/`key` (mTLS), offering the
+/// versions and cipher suites of `policy`. `flags` names the flags the files came from, for error
+/// messages (e.g. `"--peer-trusted-ca-file"`).
 pub fn client_config(
     ca: &Path,
     cert_and_key: Option<(&Path, &Path)>,
     flags: (&str, &str, &str),
+    policy: &TlsPolicy,
 ) -> Result<Arc<ClientConfig>, String> {
     let (ca_flag, cert_flag, key_flag) = flags;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = policy.provider();
     let mut roots = RootCertStore::empty();
     for cert in CertificateDer::pem_file_iter(ca).map_err(|e| format!("{ca_flag} {}: {e}", ca.display()))? {
         let cert = cert.map_err(|e| format!("{ca_flag} {}: {e}", ca.display()))?;
@@ -36,8 +40,8 @@ pub fn client_config(
         return Err(format!("{ca_flag} {}: no CA certificate found", ca.display()));
     }
     let builder = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS protocol versions: {e}"))?
+        .with_protocol_versions(&policy.versions())
+        .map_err(|e| format!("TLS protocol versions and cipher suites: {e}"))?
         .with_root_certificates(roots);
     let mut config = match cert_and_key {
         Some((cert, key)) => {

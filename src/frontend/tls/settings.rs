@@ -11,6 +11,7 @@ use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 
+use super::policy::TlsPolicy;
 use crate::identity::certificate::{CertNames, IdentitySource, PeerIdentity};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,13 +33,16 @@ pub struct TlsSettings {
     pub trusted_proxy_cns: Vec<String>,
     /// `--client-cert-identity`: what part of a verified client certificate names the user.
     pub identity_source: IdentitySource,
+    /// `--tls-min-version`, `--tls-max-version`, `--cipher-suites`.
+    pub policy: TlsPolicy,
 }
 
 impl TlsSettings {
-    /// Reads the files and builds the server configuration: TLS 1.2 and 1.3, rustls' safe defaults,
-    /// ALPN h2 (gRPC) and http/1.1 (health and metrics).
+    /// Reads the files and builds the server configuration: the versions and cipher suites of
+    /// `policy` (by default TLS 1.2 and 1.3, rustls' safe defaults), ALPN h2 (gRPC) and http/1.1
+    /// (health and metrics).
     pub fn server_config(&self) -> Result<Arc<ServerConfig>, String> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = self.policy.provider();
         let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&self.cert_file)
             .and_then(|certs| certs.collect())
             .map_err(|e| format!("--cert-file {}: {e}", self.cert_file.display()))?;
@@ -48,8 +52,8 @@ impl TlsSettings {
         let key = PrivateKeyDer::from_pem_file(&self.key_file)
             .map_err(|e| format!("--key-file {}: {e}", self.key_file.display()))?;
         let builder = ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS protocol versions: {e}"))?;
+            .with_protocol_versions(&self.policy.versions())
+            .map_err(|e| format!("TLS protocol versions and cipher suites: {e}"))?;
         // As in etcd, a trusted CA means client certificates are required and verified; without
         // `--client-cert-auth` their CN just does not name the user.
         let builder = match self.client_verifier()? {
