@@ -47,16 +47,16 @@ impl Steps {
     }
 
     pub(crate) async fn txn(&self, txn: TxnRequest) -> Result<TxnResponse, Status> {
-        Ok(self.kv().txn(self.caller.request(txn)).await?.into_inner())
+        Ok(self.kv().txn(self.caller.request(txn)).await.map_err(untranslated)?.into_inner())
     }
 
     pub(crate) async fn range(&self, range: RangeRequest) -> Result<RangeResponse, Status> {
-        Ok(self.kv().range(self.caller.request(range)).await?.into_inner())
+        Ok(self.kv().range(self.caller.request(range)).await.map_err(untranslated)?.into_inner())
     }
 
     pub(crate) async fn delete(&self, key: Vec<u8>) -> Result<DeleteRangeResponse, Status> {
         let delete = DeleteRangeRequest { key, ..Default::default() };
-        Ok(self.kv().delete_range(self.caller.request(delete)).await?.into_inner())
+        Ok(self.kv().delete_range(self.caller.request(delete)).await.map_err(untranslated)?.into_inner())
     }
 
     /// The lease a session runs with (etcd's `NewSession`): the caller's, or, for 0, a new one of
@@ -66,8 +66,20 @@ impl Steps {
             return Ok(lease);
         }
         let grant = LeaseGrantRequest { ttl: SESSION_TTL, id: 0 };
-        let lease = LeaseClient::new(self.grpc()).lease_grant(self.caller.request(grant)).await?;
-        Ok(lease.into_inner().id)
+        let lease = LeaseClient::new(self.grpc()).lease_grant(self.caller.request(grant)).await;
+        Ok(lease.map_err(untranslated)?.into_inner().id)
+    }
+}
+
+/// A step's error as etcd's Lock and Election answer it: etcd makes its steps with its Go client,
+/// which turns every etcd error into a plain error value, so the services answer it with code
+/// Unknown and the same text (`etcdserver: permission denied`, code 2); clients match on the text.
+/// Any other failure (the member is shutting down, ...) keeps its status.
+pub(super) fn untranslated(status: Status) -> Status {
+    if status.message().starts_with("etcdserver: ") {
+        Status::unknown(status.message())
+    } else {
+        status
     }
 }
 

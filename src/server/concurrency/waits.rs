@@ -6,7 +6,7 @@ use futures::StreamExt;
 use tonic::{Status, Streaming};
 
 use super::keys::prefix_end;
-use super::steps::{last_created_by, Steps};
+use super::steps::{last_created_by, untranslated, Steps};
 use crate::error::EtcdError;
 use crate::proto::etcdserverpb::watch_client::WatchClient;
 use crate::proto::etcdserverpb::watch_request::RequestUnion;
@@ -25,7 +25,7 @@ impl Watch {
         loop {
             let answer = match self.answers.next().await? {
                 Ok(answer) => answer,
-                Err(status) => return Some(Err(status)),
+                Err(status) => return Some(Err(untranslated(status))),
             };
             if let Some(refused) = canceled(&answer) {
                 return Some(Err(refused));
@@ -53,13 +53,13 @@ impl Steps {
         // The request side stays open: a watch stream whose client half-closed may end.
         let requests = futures::stream::iter([create]).chain(futures::stream::pending());
         let mut client = WatchClient::new(self.grpc()).max_decoding_message_size(usize::MAX);
-        let mut answers = client.watch(self.caller().request(requests)).await?.into_inner();
+        let mut answers = client.watch(self.caller().request(requests)).await.map_err(untranslated)?.into_inner();
         match answers.next().await {
             Some(Ok(created)) => match canceled(&created) {
                 Some(refused) => Err(refused),
                 None => Ok(Watch { answers }),
             },
-            Some(Err(status)) => Err(status),
+            Some(Err(status)) => Err(untranslated(status)),
             None => Err(lost()),
         }
     }
