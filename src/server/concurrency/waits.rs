@@ -81,7 +81,12 @@ impl Steps {
             let ahead = self.range(last_created_by(prefix, max_create_revision)).await?;
             let Some(last) = ahead.kvs.first() else { return Ok(ahead.header) };
             let revision = ahead.header.as_ref().map_or(0, |header| header.revision);
-            self.wait_delete(&last.key, revision).await?;
+            if let Err(ended) = self.wait_delete(&last.key, revision).await {
+                // keyward cancels a watch whose caller lost read access; etcd's watch goes on and its
+                // next read is refused. Read again first, so that the caller gets that refusal.
+                self.range(last_created_by(prefix, max_create_revision)).await?;
+                return Err(ended);
+            }
         }
     }
 
