@@ -596,3 +596,66 @@ fn every_step_runs_as_the_caller_as_on_etcd() {
     assert!(got[3].ends_with(USER_EMPTY), "{got:#?}");
     assert_eq!(got[0], "holds a-lock/a1");
 }
+
+// ---------------------------------------------------------------------------
+// a waiter whose client goes away
+// ---------------------------------------------------------------------------
+
+/// A Lock and a Campaign waiting in line whose clients go away (the call is dropped: its stream is
+/// reset) leave the line, as etcd's do; the holders keep theirs.
+async fn abandoned_waiters(server: &Server) -> Vec<String> {
+    let ep = server.endpoint();
+    let mut client = server.client().await;
+    for id in [0x20, 0x21] {
+        client.lease_grant(60, Some(LeaseGrantOptions::new().with_id(id))).await.unwrap();
+    }
+    client.lock("gone", Some(LockOptions::new().with_lease(0x20))).await.unwrap();
+    client.campaign("gone-el", "x", 0x20).await.unwrap();
+    let mut transcript = Vec::new();
+    for prefix in ["gone/", "gone-el/"] {
+        let shared = channel(&ep).await;
+        let waiter = tokio::spawn(async move {
+            if prefix == "gone/" {
+                let _ = LockClient::new(shared).lock(LockRequest { name: "gone".into(), lease: 0x21 }).await;
+            } else {
+                let campaign = keyward::proto::v3electionpb::CampaignRequest {
+                    name: "gone-el".into(),
+                    lease: 0x21,
+                    value: "y".into(),
+                };
+                let _ = ElectionClient::new(shared).campaign(campaign).await;
+            }
+        });
+        let keys = |c: &mut etcd_client::Client| {
+            let mut c = c.clone();
+            async move {
+                let options = etcd_client::GetOptions::new().with_prefix().with_keys_only();
+                let got = c.get(prefix, Some(options)).await.unwrap();
+                got.kvs().iter().map(|kv| text(kv.key())).collect::<Vec<_>>()
+            }
+        };
+        let deadline = Instant::now() + WAIT;
+        while keys(&mut client).await.len() < 2 {
+            assert!(Instant::now() < deadline, "the waiter never joined the line of {prefix}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        transcript.push(format!("{prefix} waiting: {:?}", keys(&mut client).await));
+        waiter.abort();
+        let _ = waiter.await;
+        while keys(&mut client).await.len() > 1 {
+            assert!(Instant::now() < deadline, "the abandoned waiter never left the line of {prefix}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        transcript.push(format!("{prefix} abandoned: {:?}", keys(&mut client).await));
+    }
+    transcript
+}
+
+#[test]
+fn waiters_whose_clients_go_away_leave_the_line_as_on_etcd() {
+    let (etcd, keyward) = common::start_pair_blocking(&[]);
+    let rt = runtime();
+    let expected = rt.block_on(abandoned_waiters(&etcd));
+    let got = rt.block_on(abandoned_waiters(&keyward));
+    assert_eq!(expected, got, "etcd (left) and keyward (right) differ");
+}
