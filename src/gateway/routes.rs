@@ -16,9 +16,9 @@ use crate::proto::etcdserverpb::kv_client::KvClient;
 use crate::proto::etcdserverpb::lease_client::LeaseClient;
 use crate::proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use crate::proto::etcdserverpb::watch_client::WatchClient;
+use crate::proto::etcdserverpb::{LeaseKeepAliveRequest, LeaseKeepAliveResponse, WatchRequest, WatchResponse};
 use crate::proto::v3electionpb::election_client::ElectionClient;
 use crate::proto::v3lockpb::lock_client::LockClient;
-use crate::proto::etcdserverpb::{LeaseKeepAliveRequest, LeaseKeepAliveResponse, WatchRequest, WatchResponse};
 
 /// Request bodies may be this much larger than `--max-request-bytes`: bytes travel as base64 (a third
 /// larger), and JSON adds field names and escapes.

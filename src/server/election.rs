@@ -182,7 +182,7 @@ async fn observe(steps: &Steps, prefix: &[u8], answers: &mpsc::Sender<LeaderResp
                 if event.r#type() == EventType::Delete {
                     break 'leading;
                 }
-                if answers.send(LeaderResponse { header: answer.header.clone(), kv: event.kv }).await.is_err() {
+                if answers.send(LeaderResponse { header: answer.header, kv: event.kv }).await.is_err() {
                     return Ok(());
                 }
             }

@@ -14,9 +14,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use etcd_client::{
-    LeaseGrantOptions, LockOptions, Permission, PermissionType, ProclaimOptions, ResignOptions,
-};
+use etcd_client::{LeaseGrantOptions, LockOptions, Permission, PermissionType, ProclaimOptions, ResignOptions};
 use serde_json::{json, Value};
 
 use crate::common::auth::{channel, connect, connect_as, enable_auth, raw_token, with_token, FAST_BCRYPT};
@@ -166,7 +164,11 @@ fn etcdctl_lock_contention(server: &Server) -> Vec<String> {
     keys_under(server, "mylock/");
     transcript.push(format!("third waits while the second holds: {}", third.silent()));
     second.kill_9();
-    transcript.push(format!("third holds once the second's lease expired {} {:?}", masked(&third.line()), third.line()));
+    transcript.push(format!(
+        "third holds once the second's lease expired {} {:?}",
+        masked(&third.line()),
+        third.line()
+    ));
     transcript.push(format!("keys in line: {}", keys_under(server, "mylock/").len()));
     transcript.push(format!("third unlocks and exits: {}", third.interrupt()));
     transcript.push(format!("keys in line: {}", keys_under(server, "mylock/").len()));
@@ -363,7 +365,6 @@ fn gateway_locks_wait_in_line_as_on_etcd() {
 /// An election through the gateway: observe from before the first candidate, campaign, leader,
 /// proclaim (and refused proclaims), a second candidate waiting until the leader resigns, errors.
 fn gateway_election(server: &Server) -> Vec<String> {
-    eprintln!("gateway_election on {}", server.endpoint());
     let mut transcript = vec![grant(server, 4660), grant(server, 4661)];
     let observing = Observing::open(server, "el");
     transcript.push(post(server, "/v3/election/leader", &json!({"name": b64("el")})));
@@ -480,7 +481,9 @@ async fn crate_lock_and_election(server: &Server) -> Vec<String> {
     }
     let resigned = first.resign(Some(ResignOptions::new().with_leader(leader))).await;
     transcript.push(outcome(resigned, |r| format!("resigned at {}", r.header().unwrap().revision())));
-    transcript.push(outcome(first.leader("crate-el").await, |l| format!("leader {:?}", l.kv().map(|kv| kv.value().to_vec()))));
+    transcript.push(outcome(first.leader("crate-el").await, |l| {
+        format!("leader {:?}", l.kv().map(|kv| kv.value().to_vec()))
+    }));
     transcript
 }
 
@@ -560,7 +563,8 @@ async fn as_the_caller(server: &Server) -> Vec<String> {
     let mut election = ElectionClient::new(shared);
     let leader = keyward::proto::v3electionpb::LeaderRequest { name: "a-el".into() };
     let leader = election.leader(with_token(leader, "token", &bob_token)).await;
-    transcript.push(format!("bob's leader on the shared connection: {:?}", leader.err().map(|s| s.message().to_string())));
+    transcript
+        .push(format!("bob's leader on the shared connection: {:?}", leader.err().map(|s| s.message().to_string())));
 
     // bob may use "a" for a while, and waits behind alice for a-lock.
     root.user_grant_role("bob", "a-too").await.unwrap();
@@ -580,7 +584,8 @@ async fn as_the_caller(server: &Server) -> Vec<String> {
     let stopped = tokio::time::timeout(WAIT, waiting).await.unwrap().unwrap();
     transcript.push(format!("bob, no longer allowed: {stopped}"));
     let left = root.get("a-lock/", Some(etcd_client::GetOptions::new().with_prefix().with_keys_only())).await;
-    transcript.push(format!("keys in line: {:?}", left.unwrap().kvs().iter().map(|kv| text(kv.key())).collect::<Vec<_>>()));
+    transcript
+        .push(format!("keys in line: {:?}", left.unwrap().kvs().iter().map(|kv| text(kv.key())).collect::<Vec<_>>()));
     transcript
 }
 
