@@ -10,6 +10,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/etcdserverpb/rpc.proto",
         "proto/etcdserverpb/raft_internal.proto",
         "proto/keywardpb/peer.proto",
+        "proto/v3lockpb/v3lock.proto",
+        "proto/v3electionpb/v3election.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");
@@ -38,7 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .preserve_proto_field_names()
         .ignore_unknown_fields()
         .exclude(internal)
-        .build(&[".etcdserverpb", ".mvccpb", ".authpb"])?;
+        .build(&[".etcdserverpb", ".mvccpb", ".authpb", ".v3lockpb", ".v3electionpb"])?;
     Ok(())
 }
 

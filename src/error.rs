@@ -141,6 +141,16 @@ pub enum EtcdError {
     /// A trusted proxy forwarded a certificate that fails verification; the reason follows.
     #[error("etcdserver: forwarded client certificate refused: {0}")]
     ForwardedCertRefused(String),
+    // Lock and Election (`server/concurrency/`): errors of etcd's `clientv3/concurrency` and
+    // `v3election`, which its server passes on untranslated (code Unknown).
+    #[error("election: not leader")]
+    ElectionNotLeader,
+    #[error("election: no leader")]
+    ElectionNoLeader,
+    #[error("\"leader\" field must be provided")]
+    MissingLeaderKey,
+    #[error("lost watcher waiting for delete")]
+    LostWatcher,
 }
 
 impl EtcdError {
@@ -165,6 +175,7 @@ impl EtcdError {
             PermissionDenied | NotTrustedProxy | ForwardedCertRefused(_) => Code::PermissionDenied,
             // etcd 3.4's server does not translate these into its gRPC errors: clients see Unknown.
             NoPasswordUser | NotEnoughStartedMembers | DefragFailed(_) => Code::Unknown,
+            ElectionNotLeader | ElectionNoLeader | MissingLeaderKey | LostWatcher => Code::Unknown,
             InvalidAuthToken => Code::Unauthenticated,
             NoLeader | LeaderChanged | Stopped | Timeout => Code::Unavailable,
             Unsupported(_) => Code::Unimplemented,

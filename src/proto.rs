@@ -14,6 +14,16 @@ pub mod etcdserverpb {
     tonic::include_proto!("etcdserverpb");
     include!(concat!(env!("OUT_DIR"), "/etcdserverpb.serde.rs"));
 }
+/// etcd's Lock service (`proto/v3lockpb/v3lock.proto`).
+pub mod v3lockpb {
+    tonic::include_proto!("v3lockpb");
+    include!(concat!(env!("OUT_DIR"), "/v3lockpb.serde.rs"));
+}
+/// etcd's Election service (`proto/v3electionpb/v3election.proto`).
+pub mod v3electionpb {
+    tonic::include_proto!("v3electionpb");
+    include!(concat!(env!("OUT_DIR"), "/v3electionpb.serde.rs"));
+}
 /// keyward's member-to-member protocol (`proto/keywardpb/peer.proto`).
 pub mod keywardpb {
     tonic::include_proto!("keywardpb");

@@ -1,5 +1,6 @@
 //! The gateway's paths: etcd 3.4's grpc-gateway table (`etcdserverpb/gw/rpc.pb.gw.go`), each path
-//! calling one gRPC method, plus etcd 3.5's `/v3/auth/status`.
+//! calling one gRPC method, plus etcd 3.5's `/v3/auth/status`, and the Lock and Election paths of
+//! `v3lockpb/gw` and `v3electionpb/gw`.
 
 use axum::Router;
 use futures::future::BoxFuture;
@@ -16,6 +17,8 @@ use crate::proto::etcdserverpb::lease_client::LeaseClient;
 use crate::proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use crate::proto::etcdserverpb::watch_client::WatchClient;
 use crate::proto::etcdserverpb::{LeaseKeepAliveRequest, LeaseKeepAliveResponse, WatchRequest, WatchResponse};
+use crate::proto::v3electionpb::election_client::ElectionClient;
+use crate::proto::v3lockpb::lock_client::LockClient;
 
 /// Request bodies may be this much larger than `--max-request-bytes`: bytes travel as base64 (a third
 /// larger), and JSON adds field names and escapes.
@@ -76,6 +79,14 @@ pub(crate) fn router(grpc: Routes, max_request_bytes: usize) -> Router {
         .route("/v3/auth/role/delete", unary(|g, r| async move { auth(g).role_delete(r).await }))
         .route("/v3/auth/role/grant", unary(|g, r| async move { auth(g).role_grant_permission(r).await }))
         .route("/v3/auth/role/revoke", unary(|g, r| async move { auth(g).role_revoke_permission(r).await }))
+        // Lock and Election (etcd's v3lock and v3election gateways)
+        .route("/v3/lock/lock", unary(|g, r| async move { lock(g).lock(r).await }))
+        .route("/v3/lock/unlock", unary(|g, r| async move { lock(g).unlock(r).await }))
+        .route("/v3/election/campaign", unary(|g, r| async move { election(g).campaign(r).await }))
+        .route("/v3/election/proclaim", unary(|g, r| async move { election(g).proclaim(r).await }))
+        .route("/v3/election/leader", unary(|g, r| async move { election(g).leader(r).await }))
+        .route("/v3/election/observe", server_stream(|g, r| async move { election(g).observe(r).await }))
+        .route("/v3/election/resign", unary(|g, r| async move { election(g).resign(r).await }))
         .with_state(gateway)
 }
 
@@ -108,6 +119,14 @@ fn lease(grpc: Routes) -> LeaseClient<Routes> {
 
 fn cluster(grpc: Routes) -> ClusterClient<Routes> {
     ClusterClient::new(grpc).max_decoding_message_size(usize::MAX)
+}
+
+fn lock(grpc: Routes) -> LockClient<Routes> {
+    LockClient::new(grpc).max_decoding_message_size(usize::MAX)
+}
+
+fn election(grpc: Routes) -> ElectionClient<Routes> {
+    ElectionClient::new(grpc).max_decoding_message_size(usize::MAX)
 }
 
 fn maintenance(grpc: Routes) -> MaintenanceClient<Routes> {

@@ -7,10 +7,13 @@
 
 pub(crate) mod auth;
 pub(crate) mod cluster;
+mod concurrency;
+pub(crate) mod election;
 pub(crate) mod grpc_metrics;
 pub(crate) mod http;
 pub(crate) mod kv;
 pub(crate) mod lease;
+pub(crate) mod lock;
 pub(crate) mod maintenance;
 mod probes;
 pub(crate) mod requester;
@@ -38,6 +41,8 @@ use crate::proto::etcdserverpb::kv_server::KvServer;
 use crate::proto::etcdserverpb::lease_server::LeaseServer;
 use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::proto::keywardpb::peer_server::PeerServer;
+use crate::proto::v3electionpb::election_server::ElectionServer;
+use crate::proto::v3lockpb::lock_server::LockServer;
 
 /// Binds every client listener first (so a bad address fails startup), then serves until `shutdown`.
 pub(crate) async fn serve(
@@ -223,12 +228,16 @@ fn routes(node: Arc<Node>) -> Routes {
     let lease = LeaseServer::new(lease::LeaseService::new(node.clone()));
     let watch = watch::WatchServer::new(watch::WatchService::new(node.clone()));
     let auth = AuthServer::new(auth::AuthService::new(node.clone()));
-    let grpc = Routes::new(kv)
+    let core = Routes::new(kv)
         .add_service(maintenance)
         .add_service(cluster)
         .add_service(lease)
         .add_service(watch)
         .add_service(auth);
+    // Lock and Election are made of calls of the services above, each as the caller.
+    let lock = LockServer::new(lock::LockService::new(core.clone()));
+    let election = ElectionServer::new(election::ElectionService::new(core.clone()));
+    let grpc = core.add_service(lock).add_service(election);
     let gateway = crate::gateway::router(grpc.clone(), node.max_request_bytes);
     // etcd's grpc_server_* metrics for every gRPC call of a client (the gateway's in-process calls
     // are not counted: they are the HTTP requests it serves).

@@ -37,6 +37,7 @@ mod gateway;
 mod kv_client;
 mod lease;
 mod limits;
+mod lock_election;
 mod login_throttle;
 mod maintenance;
 mod metrics;
