@@ -22,9 +22,10 @@
 use std::ops::Bound;
 
 use heed::{PutFlags, RoTxn, RwTxn};
-use prost::Message;
 
-use super::revision::{history_bound, history_key, history_prefix, split_history_key, Revision, REVISION_LEN};
+pub(super) use super::record::decode_change;
+use super::record::encode_change;
+use super::revision::{history_bound, history_key, history_prefix, prefix_len, split_history_key, Revision};
 use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
 use crate::proto::mvccpb::{event::EventType, Event, KeyValue};
@@ -112,16 +113,6 @@ pub(super) fn corrupt(what: &str) -> EtcdError {
     EtcdError::Internal
 }
 
-fn decode_kv(bytes: &[u8]) -> Result<KeyValue, EtcdError> {
-    KeyValue::decode(bytes).map_err(|_| corrupt("key-value"))
-}
-
-/// Splits a `kv_revs` record into its tag and key-value.
-pub(super) fn decode_change(bytes: &[u8]) -> Result<(u8, KeyValue), EtcdError> {
-    let (&tag, kv) = bytes.split_first().ok_or_else(|| corrupt("change record"))?;
-    Ok((tag, decode_kv(kv)?))
-}
-
 /// Reads at one revision of the store: either a read transaction or a write transaction in progress.
 pub(crate) struct ReadView<'a> {
     pub(super) store: &'a KvStore,
@@ -181,10 +172,11 @@ impl ReadView<'_> {
 
     /// The newest index entry of `key` (at any revision this view sees): its revision and tag.
     pub(super) fn newest(&self, key: &[u8]) -> Result<Option<(Revision, u8)>, EtcdError> {
-        let Some((raw, tag)) = self.store.index.last_with_prefix(self.txn, &history_prefix(key))? else {
+        let prefix = history_prefix(key);
+        let Some((raw, tag)) = self.store.index.last_with_prefix(self.txn, &prefix)? else {
             return Ok(None);
         };
-        let at = raw.len().checked_sub(REVISION_LEN).and_then(|i| Revision::from_bytes(&raw[i..]));
+        let at = raw.get(prefix.len()..).and_then(Revision::from_bytes);
         let at = at.ok_or_else(|| corrupt("history key"))?;
         Ok(Some((at, *tag.first().ok_or_else(|| corrupt("history tag"))?)))
     }
@@ -192,7 +184,7 @@ impl ReadView<'_> {
     /// The key-value a put recorded at revision `at`.
     pub(super) fn kv_at(&self, at: Revision) -> Result<KeyValue, EtcdError> {
         let bytes = self.store.revs.get(self.txn, &at.to_bytes())?.ok_or_else(|| corrupt("missing revision"))?;
-        Ok(decode_change(bytes)?.1)
+        Ok(decode_change(at, bytes)?.1)
     }
 
     /// The key-values puts recorded at `revisions` (distinct), in the order given. They are read in
@@ -223,7 +215,7 @@ impl ReadView<'_> {
                 if at > wanted {
                     return Err(corrupt("missing revision"));
                 }
-                found[slot] = Some(decode_change(bytes)?.1);
+                found[slot] = Some(decode_change(at, bytes)?.1);
                 next += 1;
                 passed = 0;
                 progressed = true;
@@ -261,7 +253,7 @@ impl ReadView<'_> {
         let mut newest: Option<(Revision, bool)> = None;
         for entry in self.store.index.range(self.txn, start, end)? {
             let (raw, tag) = entry?;
-            let split = raw.len().checked_sub(REVISION_LEN).ok_or_else(|| corrupt("history key"))?;
+            let split = prefix_len(&raw).ok_or_else(|| corrupt("history key"))?;
             let (escaped, at) = raw.split_at(split);
             if escaped != walking.as_slice() {
                 if let Some((at, true)) = newest.take() {
@@ -320,7 +312,7 @@ impl ReadView<'_> {
             if at.main > self.rev {
                 break;
             }
-            let (tag, kv) = decode_change(bytes)?;
+            let (tag, kv) = decode_change(at, bytes)?;
             // Replay from the compacted revision itself meets what pending removal has not removed yet:
             // skipped as if removed, so replay never depends on how far removal got.
             if at.main <= self.compact_rev && !self.kept_by_compaction(at, &kv.key, tag)? {
@@ -391,9 +383,7 @@ impl<'e> WriteTxn<'_, 'e> {
 
     fn record(&mut self, kv: &KeyValue, tag: u8) -> Result<(), EtcdError> {
         let at = Revision::new(self.begin_rev + 1, self.changes);
-        let mut change = Vec::with_capacity(1 + kv.encoded_len());
-        change.push(tag);
-        kv.encode(&mut change).map_err(|_| EtcdError::Internal)?;
+        let change = encode_change(at, tag, kv);
         // Revisions only grow, so the record goes after every other: appending skips the search and
         // fills pages (LMDB splits a page it appends to at the end, not in the middle). A record out of
         // order would be refused (MDB_KEYEXIST), never written over.

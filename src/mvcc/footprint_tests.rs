@@ -1,0 +1,111 @@
+//! The space the kv tables take per key (issue 30): loads shaped like `benches/store-scale.sh`'s
+//! (16-byte keys written in order by many clients, so arriving slightly out of order; 100-byte values)
+//! into a fresh store, and the pages each table then holds, against a bound derived from etcd's figure.
+
+use super::store::KvStore;
+use crate::keyrange::KeyRange;
+use crate::storage::LmdbEnv;
+
+/// The pages of one table (and of the environment's `long_keys`, which holds nothing for short keys).
+#[derive(Debug, Clone, Copy)]
+struct Pages {
+    leaf: usize,
+    branch: usize,
+    overflow: usize,
+    entries: usize,
+}
+
+impl Pages {
+    fn bytes(&self) -> usize {
+        (self.leaf + self.branch + self.overflow) * 4096
+    }
+}
+
+fn pages(env: &LmdbEnv, db: crate::storage::Db) -> Pages {
+    let txn = env.read_txn().unwrap();
+    let stat = db.stat(&txn).unwrap();
+    Pages { leaf: stat.leaf_pages, branch: stat.branch_pages, overflow: stat.overflow_pages, entries: stat.entries }
+}
+
+/// The key `benches/store-scale.sh` gives the `i`-th put: `keyward-bench`'s `--prefix` then the
+/// zero-padded index, 16 bytes in all.
+fn bench_key(prefix: &str, i: usize) -> Vec<u8> {
+    format!("{prefix}{i:0width$}", width = 16 - prefix.len()).into_bytes()
+}
+
+/// Writes keys `0..n` once, in windows of `clients` keys applied as one group-committed batch each
+/// and shuffled within it (many clients sending the next keys at once), one revision per key.
+fn load(env: &LmdbEnv, store: &KvStore, prefix: &str, n: usize, clients: usize, seed: u64) {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let value = vec![b'v'; 100];
+    let mut order: Vec<usize> = Vec::with_capacity(clients);
+    for start in (0..n).step_by(clients) {
+        order.clear();
+        order.extend(start..(start + clients).min(n));
+        order.shuffle(&mut rng);
+        let mut txn = env.write_txn().unwrap();
+        for &i in &order {
+            let mut w = store.begin(&mut txn).unwrap();
+            w.put(&bench_key(prefix, i), value.clone(), 0).unwrap();
+            w.finish().unwrap();
+        }
+        txn.commit().unwrap();
+    }
+}
+
+fn report(env: &LmdbEnv, store: &KvStore, keys: usize, what: &str) -> Vec<(&'static str, Pages)> {
+    let tables: Vec<(&'static str, Pages)> = KvStore::TABLES
+        .iter()
+        .zip(store.tables())
+        .map(|(name, db)| (*name, pages(env, db)))
+        .collect();
+    for (name, p) in &tables {
+        eprintln!(
+            "{what}: {name:9} {:>7} leaf {:>5} branch {:>5} overflow {:>8} entries  {:6.1} B/key  {:6.1} B/entry",
+            p.leaf,
+            p.branch,
+            p.overflow,
+            p.entries,
+            p.bytes() as f64 / keys as f64,
+            p.bytes() as f64 / p.entries.max(1) as f64
+        );
+    }
+    let total: usize = tables.iter().map(|(_, p)| p.bytes()).sum();
+    eprintln!("{what}: total {:.1} B/key", total as f64 / keys as f64);
+    tables
+}
+
+/// The footprint of a bench-shaped load, then of the same keys written twice more and compacted:
+/// `cargo test --release --lib footprint_of_a_bench_load -- --ignored --nocapture` (KEYS to size it).
+#[test]
+#[ignore = "measurement: prints each table's pages"]
+fn footprint_of_a_bench_load() {
+    let keys: usize = std::env::var("KEYS").ok().and_then(|k| k.parse().ok()).unwrap_or(200_000);
+    let dir = tempfile::tempdir().unwrap();
+    let (env, store) = KvStore::open_for_tests(dir.path(), crate::storage::table::CHUNK).unwrap();
+    load(&env, &store, "kv/", keys, 100, 1);
+    report(&env, &store, keys, "fresh");
+    load(&env, &store, "kv/", keys, 100, 2);
+    load(&env, &store, "kv/", keys, 100, 3);
+    report(&env, &store, keys, "3 passes");
+    let mut txn = env.write_txn().unwrap();
+    let rev = store.view(&txn).unwrap().rev;
+    let mut w = store.begin(&mut txn).unwrap();
+    w.compact(rev).unwrap();
+    w.finish().unwrap();
+    txn.commit().unwrap();
+    loop {
+        let mut txn = env.write_txn().unwrap();
+        let step = store.compaction_step(&mut txn, super::compaction::STEP_LIMIT).unwrap();
+        txn.commit().unwrap();
+        if step.pending.is_none() {
+            break;
+        }
+    }
+    report(&env, &store, keys, "compacted");
+    let txn = env.read_txn().unwrap();
+    let count = store.view(&txn).unwrap().range(&KeyRange::new(b"kv/", b"kv0"), 0, 0, true).unwrap().count;
+    assert_eq!(count, keys);
+}
