@@ -77,6 +77,27 @@ fn report(env: &LmdbEnv, store: &KvStore, keys: usize, what: &str) -> Vec<(&'sta
     tables
 }
 
+/// etcd 3.4.23's `dbSizeInUse` per key for the same load (100-byte values, 16-byte keys): 37.6 MB for
+/// 200k keys and 188 MB for 1M in `benches/store-scale.sh` runs (docs/performance.md, issue 30).
+const ETCD_BYTES_PER_KEY: f64 = 188.0;
+
+/// 20,000 keys loaded as the bench loads them: `kv_revs` within 0.75× etcd's bytes per key (layout 2:
+/// 164 bytes, 0.87×) and the kv tables together within 1.1× (layout 2: 248 bytes, 1.32×). Fails with
+/// layout 2's 16-byte revisions or protobuf records.
+#[test]
+fn a_bench_load_takes_little_more_than_etcds_space_per_key() {
+    let keys = 20_000;
+    let dir = tempfile::tempdir().unwrap();
+    let (env, store) = KvStore::open_for_tests(dir.path(), crate::storage::table::CHUNK).unwrap();
+    load(&env, &store, "kv/", keys, 100, 1);
+    let tables = report(&env, &store, keys, "fresh");
+    let per_key = |p: &Pages| p.bytes() as f64 / keys as f64;
+    let revs = per_key(&tables[0].1);
+    let total: f64 = tables.iter().map(|(_, p)| per_key(p)).sum();
+    assert!(revs <= 0.75 * ETCD_BYTES_PER_KEY, "kv_revs takes {revs:.1} bytes per key");
+    assert!(total <= 1.1 * ETCD_BYTES_PER_KEY, "the kv tables take {total:.1} bytes per key");
+}
+
 /// The footprint of a bench-shaped load, then of the same keys written twice more and compacted:
 /// `cargo test --release --lib footprint_of_a_bench_load -- --ignored --nocapture` (KEYS to size it).
 #[test]

@@ -272,4 +272,62 @@ mod tests {
         assert_eq!(target.legacy_live.main_db().len(&target.read_txn().unwrap()).unwrap(), 0);
         assert_eq!(layout(&target), Some(CURRENT));
     }
+
+    /// `kv_revs` as stored and `kv_index` as its `Table` reads (long keys whole: the conversion
+    /// moves them to new groups of `long_keys`).
+    fn kv_records(state: &State) -> Vec<(Vec<u8>, Vec<u8>)> {
+        state.kv.records_for_tests(&state.read_txn().unwrap()).concat()
+    }
+
+    /// Makes the tables what layout 2 held for the same entries (`KvStore::downgrade_for_tests`).
+    fn downgrade_to_2(state: &State) {
+        let mut txn = state.env.write_txn().unwrap();
+        state.kv.downgrade_for_tests(&mut txn);
+        state.meta.put(&mut txn, LAYOUT, &postcard::to_allocvec(&VALUES_ONCE).unwrap()).unwrap();
+        txn.commit().unwrap();
+    }
+
+    /// Fails without the conversion at open: the tables keep layout 2's encodings, which layout 3's
+    /// reads refuse as corrupt.
+    #[test]
+    fn a_data_dir_of_layout_2_opens_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let (records, kvs, hash) = {
+            let sm = open(dir.path());
+            let state = sm.state();
+            fill(&state);
+            let before = (kv_records(&state), current(&state), kv_hashes(&state));
+            downgrade_to_2(&state);
+            assert_ne!(kv_records(&state), before.0);
+            before
+        };
+        let sm = open(dir.path());
+        let state = sm.state();
+        assert_eq!(layout(&state), Some(CURRENT));
+        assert_eq!(kv_records(&state), records);
+        assert_eq!(current(&state), kvs);
+        assert_eq!(kv_hashes(&state), hash, "Hash of the kv tables and HashKV unchanged");
+    }
+
+    /// A snapshot a member of layout 2 built installs on a member of layout 3 as the same state.
+    #[test]
+    fn a_snapshot_of_layout_2_installs_as_layout_3() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (source, target) = (open(a.path()), open(b.path()));
+        let source = source.state();
+        fill(&source);
+        let (records, kvs) = (kv_records(&source), current(&source));
+        downgrade_to_2(&source);
+        let (meta, _) = source.build_snapshot().unwrap();
+        let legacy = a.path().join("layout-2.snap");
+        {
+            let txn = source.read_txn().unwrap();
+            format::write(std::fs::File::create(&legacy).unwrap(), &meta, &source.tables(), &txn, &|| false).unwrap();
+        }
+        let target = target.state();
+        target.install_snapshot(&meta, std::fs::File::open(&legacy).unwrap(), None).unwrap();
+        assert_eq!(kv_records(&target), records);
+        assert_eq!(current(&target), kvs);
+        assert_eq!(layout(&target), Some(CURRENT));
+    }
 }
