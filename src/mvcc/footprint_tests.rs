@@ -56,11 +56,8 @@ fn load(env: &LmdbEnv, store: &KvStore, prefix: &str, n: usize, clients: usize, 
 }
 
 fn report(env: &LmdbEnv, store: &KvStore, keys: usize, what: &str) -> Vec<(&'static str, Pages)> {
-    let tables: Vec<(&'static str, Pages)> = KvStore::TABLES
-        .iter()
-        .zip(store.tables())
-        .map(|(name, db)| (*name, pages(env, db)))
-        .collect();
+    let tables: Vec<(&'static str, Pages)> =
+        KvStore::TABLES.iter().zip(store.tables()).map(|(name, db)| (*name, pages(env, db))).collect();
     for (name, p) in &tables {
         eprintln!(
             "{what}: {name:9} {:>7} leaf {:>5} branch {:>5} overflow {:>8} entries  {:6.1} B/key  {:6.1} B/entry",

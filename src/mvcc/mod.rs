@@ -14,8 +14,8 @@ pub(crate) mod txn;
 pub(crate) mod upgrade;
 
 #[cfg(test)]
-mod model_tests;
-#[cfg(test)]
 mod footprint_tests;
+#[cfg(test)]
+mod model_tests;
 
 pub(crate) use store::{KvStore, ReadView, WriteTxn};

@@ -1,7 +1,8 @@
 //! The multi-version key-value store on LMDB: what each revision of each key was.
 //!
 //! Tables (all in the `kv` environment):
-//! - `kv_revs`:  revision → tag + `KeyValue` (every change, in order: the one place a value is stored)
+//! - `kv_revs`:  revision → the change's record (`record.rs`: every change, in order, the one place a
+//!   value is stored)
 //! - `kv_index`: escape(key) ++ revision → tag (each key's versions in order: its newest entry is the
 //!   key as it is now, absent if that entry is a tombstone)
 //! - `kv_meta`:  current and compacted revision, and how far the removal of compacted versions got
@@ -14,7 +15,8 @@
 //!
 //! `kv_index` is keyed by etcd keys, which may be as long as a request: it is a [`Table`], which keeps
 //! LMDB's byte order for keys of any length (`storage/table.rs`). `kv_revs` is keyed by revision
-//! (16 bytes) and holds the key in its value, where LMDB has no size limit.
+//! (5 bytes for a store of a million changes, `revision.rs`) and holds the key in its value, where
+//! LMDB has no size limit.
 //!
 //! All writes of one raft entry happen in one LMDB write transaction (`WriteTxn`), which the state machine
 //! commits together with the applied log id.

@@ -137,8 +137,12 @@ impl KvStore {
         for (at, record) in records {
             self.revs.put(txn, &at.legacy_bytes(), &record).unwrap();
         }
-        let entries: Vec<(Vec<u8>, Vec<u8>)> =
-            self.index.iter(txn).unwrap().map(|entry| entry.map(|(k, v)| (k.into_owned(), v.to_vec())).unwrap()).collect();
+        let entries: Vec<(Vec<u8>, Vec<u8>)> = self
+            .index
+            .iter(txn)
+            .unwrap()
+            .map(|entry| entry.map(|(k, v)| (k.into_owned(), v.to_vec())).unwrap())
+            .collect();
         for (raw, tag) in entries {
             let (key, at) = split_history_key(&raw).unwrap();
             self.index.delete(txn, &raw).unwrap();
@@ -168,7 +172,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         // A 4-byte chunk: keys past 4 and 8 bytes go through one and two levels of groups.
         let (env, store) = KvStore::open_for_tests(dir.path(), 4).unwrap();
-        let keys: Vec<Vec<u8>> = vec![b"a".to_vec(), b"a\0b".to_vec(), b"key-of-ten".to_vec(), b"\0\0\0\0\0\0".to_vec(), b"zz".to_vec()];
+        let keys: Vec<Vec<u8>> =
+            vec![b"a".to_vec(), b"a\0b".to_vec(), b"key-of-ten".to_vec(), b"\0\0\0\0\0\0".to_vec(), b"zz".to_vec()];
         for round in 0..3 {
             for (i, key) in keys.iter().enumerate() {
                 let mut txn = env.write_txn().unwrap();
