@@ -126,4 +126,36 @@ fn footprint_of_a_bench_load() {
     let txn = env.read_txn().unwrap();
     let count = store.view(&txn).unwrap().range(&KeyRange::new(b"kv/", b"kv0"), 0, 0, true).unwrap().count;
     assert_eq!(count, keys);
+    newest_only_index(keys);
+}
+
+/// What an index of each key's newest version only (key → tag and revision, 6 bytes; older versions
+/// elsewhere, emptied by compaction) would take for the same load: the same insertion order into a
+/// database of its own. Not keyward's layout: a measurement for the next step.
+fn newest_only_index(keys: usize) {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let dir = tempfile::tempdir().unwrap();
+    let (env, [db]) = crate::storage::open(dir.path(), ["newest"], crate::storage::Durability::Full).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let mut order: Vec<usize> = Vec::new();
+    for start in (0..keys).step_by(100) {
+        order.clear();
+        order.extend(start..(start + 100).min(keys));
+        order.shuffle(&mut rng);
+        let mut txn = env.write_txn().unwrap();
+        for &i in &order {
+            let value = [&[1u8][..], &super::revision::Revision::new(i as i64 + 2, 0).to_bytes()].concat();
+            db.put(&mut txn, &bench_key("kv/", i), &value).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let p = pages(&env, db);
+    eprintln!(
+        "newest-only index: {:>7} leaf {:>5} branch {:>8} entries  {:6.1} B/key",
+        p.leaf,
+        p.branch,
+        p.entries,
+        p.bytes() as f64 / keys as f64
+    );
 }

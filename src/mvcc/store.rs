@@ -549,4 +549,52 @@ mod tests {
         let txn = env.read_txn().unwrap();
         assert_eq!(kv.view(&txn).unwrap().range(&KeyRange::new(b"k", b"l"), 0, 0, true).unwrap().count, 0);
     }
+
+    /// Keys whose history entries (key, terminator, a 5- to 6-byte revision) end just below, at and
+    /// just past the longest key `Table` stores whole, and past LMDB's 511 bytes: each written twice,
+    /// every other one deleted, compacted, then read now and as of before the deletions.
+    #[test]
+    fn keys_around_lmdbs_limit_keep_their_history_through_compaction() {
+        let (_dir, env, kv) = store();
+        let chunk = crate::storage::table::CHUNK;
+        let lengths: Vec<usize> = (chunk - 10..chunk + 4).chain([511, 512, 4096]).collect();
+        let key = |len: usize| vec![b'k'; len - 1].into_iter().chain([b'0' + (len % 10) as u8]).collect::<Vec<u8>>();
+        for round in 0..2 {
+            for &len in &lengths {
+                write(&env, &kv, |w| w.put(&key(len), format!("{round}-{len}").into_bytes(), 0).unwrap());
+            }
+        }
+        let before_deletes = write(&env, &kv, |w| w.rev());
+        for &len in lengths.iter().step_by(2) {
+            write(&env, &kv, |w| w.delete_range(&KeyRange::Single(key(len)), false).unwrap());
+        }
+        write(&env, &kv, |w| w.compact(before_deletes).unwrap());
+        loop {
+            let mut txn = env.write_txn().unwrap();
+            let step = kv.compaction_step(&mut txn, 3).unwrap();
+            txn.commit().unwrap();
+            if step.pending.is_none() {
+                break;
+            }
+        }
+        let txn = env.read_txn().unwrap();
+        let view = kv.view(&txn).unwrap();
+        let all = KeyRange::new(b"\0", b"\0");
+        let read = |rev| -> Vec<(usize, Vec<u8>)> {
+            view.range(&all, rev, 0, false).unwrap().kvs.into_iter().map(|kv| (kv.key.len(), kv.value)).collect()
+        };
+        let mut then: Vec<(usize, Vec<u8>)> = lengths.iter().map(|&len| (len, format!("1-{len}").into_bytes())).collect();
+        then.sort_by_key(|(len, _)| key(*len));
+        assert_eq!(read(before_deletes), then);
+        let now: Vec<_> = then.iter().filter(|(len, _)| lengths.iter().position(|l| l == len).unwrap() % 2 == 1).cloned().collect();
+        assert_eq!(read(0), now);
+        for &len in &lengths {
+            let found = view.range(&KeyRange::Single(key(len)), 0, 0, false).unwrap().kvs;
+            assert_eq!(found.len(), now.iter().filter(|(l, _)| *l == len).count(), "key of {len} bytes");
+        }
+        // What the compaction keeps: each key's second put, and the deletions above it.
+        let records = kv.records_for_tests(&txn);
+        let kept = lengths.len() + (lengths.len() - now.len());
+        assert_eq!((records[0].len(), records[1].len()), (kept, kept));
+    }
 }
