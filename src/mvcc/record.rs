@@ -21,9 +21,14 @@ use prost::encoding::{decode_varint, encode_varint};
 use prost::Message;
 
 use super::revision::Revision;
-use super::store::corrupt;
 use crate::error::EtcdError;
 use crate::proto::mvccpb::KeyValue;
+
+/// A record that is not one: logged, and an internal error to the client (as `store.rs` does).
+fn corrupt(what: &str) -> EtcdError {
+    tracing::error!(what, "corrupt record in the kv store");
+    EtcdError::Internal
+}
 
 /// The flag of a record that stores its mod_revision.
 const EXPLICIT_MOD: u8 = 0x80;
