@@ -583,10 +583,12 @@ mod tests {
         let read = |rev| -> Vec<(usize, Vec<u8>)> {
             view.range(&all, rev, 0, false).unwrap().kvs.into_iter().map(|kv| (kv.key.len(), kv.value)).collect()
         };
-        let mut then: Vec<(usize, Vec<u8>)> = lengths.iter().map(|&len| (len, format!("1-{len}").into_bytes())).collect();
+        let mut then: Vec<(usize, Vec<u8>)> =
+            lengths.iter().map(|&len| (len, format!("1-{len}").into_bytes())).collect();
         then.sort_by_key(|(len, _)| key(*len));
         assert_eq!(read(before_deletes), then);
-        let now: Vec<_> = then.iter().filter(|(len, _)| lengths.iter().position(|l| l == len).unwrap() % 2 == 1).cloned().collect();
+        let now: Vec<_> =
+            then.iter().filter(|(len, _)| lengths.iter().position(|l| l == len).unwrap() % 2 == 1).cloned().collect();
         assert_eq!(read(0), now);
         for &len in &lengths {
             let found = view.range(&KeyRange::Single(key(len)), 0, 0, false).unwrap().kvs;
