@@ -75,8 +75,8 @@ impl State {
             steps += 1;
         }
         if live > 0 || steps > 0 {
-            // Synced once, so that no later crash can bring layout 1's records back under layout 2's
-            // version. A fresh data dir (nothing dropped) is not synced: losing its version record
+            // Synced once, so that no later crash can bring an older layout's records back under the
+            // new version (each step is also safe on its own: what is left is read from the data). A fresh data dir (nothing dropped) is not synced: losing its version record
             // only means recording it again, and a member's kv environment is never synced while
             // it runs (`raft/unsynced.rs`).
             self.sync()?;
