@@ -32,7 +32,7 @@ use super::ReadView;
 use crate::error::EtcdError;
 
 /// The `kv_meta` key of the next `kv_revs` revision removal examines; absent when nothing is pending.
-const COMPACT_NEXT: &[u8] = b"compact_next";
+pub(super) const COMPACT_NEXT: &[u8] = b"compact_next";
 
 /// etcd's batch (`kvstore_compaction.go`: 1,000 keys per batch): at most this many changes examined and
 /// this many versions removed by one background step.
@@ -106,7 +106,7 @@ impl KvStore {
                 }
                 let (at, bytes) = entry?;
                 let at = Revision::from_bytes(at).ok_or_else(|| corrupt("revision key"))?;
-                let (tag, kv) = decode_change(bytes)?;
+                let (tag, kv) = decode_change(at, bytes)?;
                 batch.push((at, kv.key, tag));
             }
         }

@@ -10,8 +10,10 @@ use std::ops::Bound;
 
 use crc32c::crc32c_append;
 
-use super::revision::Revision;
-use super::store::{decode_change, KvStore, ReadView};
+use super::compaction::COMPACT_NEXT;
+use super::record::{decode_change, legacy_change};
+use super::revision::{legacy_history_key, split_history_key, Revision};
+use super::store::{corrupt, KvStore, ReadView};
 use crate::error::EtcdError;
 
 /// etcd's `HashKV` result: the hash, plus the compacted revision the hash started from.
@@ -26,7 +28,8 @@ impl ReadView<'_> {
     /// table's name, then each key and value): `kv_revs`, `kv_index`, `kv_meta` (since layout 2,
     /// which stores each value once, `kv_live` is no longer a table, and no longer hashed). The state
     /// machine's own bookkeeping (applied log id, membership, layout) is not kv data and is left out,
-    /// as etcd leaves out its consistent index.
+    /// as etcd leaves out its consistent index. Revisions and records are hashed in layout 2's form
+    /// (`revision.rs`, `record.rs`), so the value does not change with layout 3's shorter encodings.
     ///
     /// It hashes the tables as they are: while the removal of compacted versions is pending
     /// (`mvcc/compaction.rs`), members that removed more or less of them differ, as etcd's `Hash`
@@ -36,9 +39,31 @@ impl ReadView<'_> {
         let [revs, index, meta] = KvStore::TABLES;
         // Keys are hashed whole, as the tables hold them logically, whatever their length (keys past
         // LMDB's limit are stored in chunks; see `storage/table.rs`).
-        let crc = hash_records(0, revs, self.store.revs.iter(self.txn)?)?;
-        let crc = hash_records(crc, index, self.store.index.iter(self.txn)?)?;
-        hash_records(crc, meta, self.store.meta.iter(self.txn)?)
+        let mut crc = crc32c_append(0, revs.as_bytes());
+        for entry in self.store.revs.iter(self.txn)? {
+            let (k, v) = entry?;
+            crc = hash_change(crc, k, v)?;
+        }
+        crc = crc32c_append(crc, index.as_bytes());
+        for entry in self.store.index.iter(self.txn)? {
+            let (raw, tag) = entry?;
+            let (key, at) = split_history_key(&raw).ok_or_else(|| corrupt("history key"))?;
+            crc = crc32c_append(crc32c_append(crc, &legacy_history_key(&key, at)), tag);
+        }
+        crc = crc32c_append(crc, meta.as_bytes());
+        for entry in self.store.meta.iter(self.txn)? {
+            let (k, v) = entry?;
+            let legacy;
+            let v = match k {
+                COMPACT_NEXT => {
+                    legacy = Revision::from_bytes(v).ok_or_else(|| corrupt("compaction cursor"))?.legacy_bytes();
+                    &legacy[..]
+                }
+                _ => v,
+            };
+            crc = crc32c_append(crc32c_append(crc, k), v);
+        }
+        Ok(crc)
     }
 
     /// etcd's `HashKV` (`hashByRev`): CRC-32C over the key-value history up to `requested` (0 = the
@@ -66,29 +91,22 @@ impl ReadView<'_> {
             let (k, v) = entry?;
             let at = Revision::from_bytes(k).ok_or(EtcdError::Internal)?;
             if pending && at.main <= self.compact_rev {
-                let (tag, kv) = decode_change(v)?;
+                let (tag, kv) = decode_change(at, v)?;
                 if !self.kept_by_compaction(at, &kv.key, tag)? {
                     continue;
                 }
             }
-            crc = crc32c_append(crc32c_append(crc, k), v);
+            crc = hash_change(crc, k, v)?;
         }
         Ok(KvHash { hash: crc, compact_rev: self.compact_rev })
     }
 }
 
-/// Extends `crc` with a table's name, then each of its keys and values.
-fn hash_records<'t, K: AsRef<[u8]>>(
-    mut crc: u32,
-    name: &str,
-    records: impl Iterator<Item = heed::Result<(K, &'t [u8])>>,
-) -> Result<u32, EtcdError> {
-    crc = crc32c_append(crc, name.as_bytes());
-    for entry in records {
-        let (k, v) = entry?;
-        crc = crc32c_append(crc32c_append(crc, k.as_ref()), v);
-    }
-    Ok(crc)
+/// Extends `crc` with one `kv_revs` record, as layout 2 stored it.
+fn hash_change(crc: u32, key: &[u8], record: &[u8]) -> Result<u32, EtcdError> {
+    let at = Revision::from_bytes(key).ok_or_else(|| corrupt("revision key"))?;
+    let (tag, kv) = decode_change(at, record)?;
+    Ok(crc32c_append(crc32c_append(crc, &at.legacy_bytes()), &legacy_change(tag, &kv)))
 }
 
 #[cfg(test)]

@@ -5,8 +5,8 @@
 //! writes it: the value is stored once, in `kv_revs`).
 
 use heed::RwTxn;
-use prost::Message;
 
+use super::record::encode_change;
 use super::revision::{history_key, Revision};
 use super::store::{KvStore, COMPACT_REV, CURRENT_REV, TAG_PUT, TAG_TOMBSTONE};
 use crate::error::EtcdError;
@@ -27,10 +27,7 @@ impl KvStore {
         } else {
             (TAG_PUT, kv.clone())
         };
-        let mut change = Vec::with_capacity(1 + record.encoded_len());
-        change.push(tag);
-        record.encode(&mut change).map_err(|_| EtcdError::Internal)?;
-        self.revs.put(txn, &at.to_bytes(), &change)?;
+        self.revs.put(txn, &at.to_bytes(), &encode_change(at, tag, &record))?;
         self.index.put(txn, &history_key(&record.key, at), &[tag])?;
         Ok(())
     }

@@ -7,10 +7,14 @@ pub(crate) mod encoded_events;
 pub(crate) mod hash;
 pub(crate) mod import;
 pub(crate) mod kv;
+pub(crate) mod record;
 pub(crate) mod revision;
 pub(crate) mod store;
 pub(crate) mod txn;
+pub(crate) mod upgrade;
 
+#[cfg(test)]
+mod footprint_tests;
 #[cfg(test)]
 mod model_tests;
 

@@ -1,7 +1,8 @@
 //! The multi-version key-value store on LMDB: what each revision of each key was.
 //!
 //! Tables (all in the `kv` environment):
-//! - `kv_revs`:  revision → tag + `KeyValue` (every change, in order: the one place a value is stored)
+//! - `kv_revs`:  revision → the change's record (`record.rs`: every change, in order, the one place a
+//!   value is stored)
 //! - `kv_index`: escape(key) ++ revision → tag (each key's versions in order: its newest entry is the
 //!   key as it is now, absent if that entry is a tombstone)
 //! - `kv_meta`:  current and compacted revision, and how far the removal of compacted versions got
@@ -14,7 +15,8 @@
 //!
 //! `kv_index` is keyed by etcd keys, which may be as long as a request: it is a [`Table`], which keeps
 //! LMDB's byte order for keys of any length (`storage/table.rs`). `kv_revs` is keyed by revision
-//! (16 bytes) and holds the key in its value, where LMDB has no size limit.
+//! (5 bytes for a store of a million changes, `revision.rs`) and holds the key in its value, where
+//! LMDB has no size limit.
 //!
 //! All writes of one raft entry happen in one LMDB write transaction (`WriteTxn`), which the state machine
 //! commits together with the applied log id.
@@ -22,9 +24,10 @@
 use std::ops::Bound;
 
 use heed::{PutFlags, RoTxn, RwTxn};
-use prost::Message;
 
-use super::revision::{history_bound, history_key, history_prefix, split_history_key, Revision, REVISION_LEN};
+pub(super) use super::record::decode_change;
+use super::record::encode_change;
+use super::revision::{history_bound, history_key, history_prefix, prefix_len, split_history_key, Revision};
 use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
 use crate::proto::mvccpb::{event::EventType, Event, KeyValue};
@@ -112,16 +115,6 @@ pub(super) fn corrupt(what: &str) -> EtcdError {
     EtcdError::Internal
 }
 
-fn decode_kv(bytes: &[u8]) -> Result<KeyValue, EtcdError> {
-    KeyValue::decode(bytes).map_err(|_| corrupt("key-value"))
-}
-
-/// Splits a `kv_revs` record into its tag and key-value.
-pub(super) fn decode_change(bytes: &[u8]) -> Result<(u8, KeyValue), EtcdError> {
-    let (&tag, kv) = bytes.split_first().ok_or_else(|| corrupt("change record"))?;
-    Ok((tag, decode_kv(kv)?))
-}
-
 /// Reads at one revision of the store: either a read transaction or a write transaction in progress.
 pub(crate) struct ReadView<'a> {
     pub(super) store: &'a KvStore,
@@ -181,10 +174,11 @@ impl ReadView<'_> {
 
     /// The newest index entry of `key` (at any revision this view sees): its revision and tag.
     pub(super) fn newest(&self, key: &[u8]) -> Result<Option<(Revision, u8)>, EtcdError> {
-        let Some((raw, tag)) = self.store.index.last_with_prefix(self.txn, &history_prefix(key))? else {
+        let prefix = history_prefix(key);
+        let Some((raw, tag)) = self.store.index.last_with_prefix(self.txn, &prefix)? else {
             return Ok(None);
         };
-        let at = raw.len().checked_sub(REVISION_LEN).and_then(|i| Revision::from_bytes(&raw[i..]));
+        let at = raw.get(prefix.len()..).and_then(Revision::from_bytes);
         let at = at.ok_or_else(|| corrupt("history key"))?;
         Ok(Some((at, *tag.first().ok_or_else(|| corrupt("history tag"))?)))
     }
@@ -192,7 +186,7 @@ impl ReadView<'_> {
     /// The key-value a put recorded at revision `at`.
     pub(super) fn kv_at(&self, at: Revision) -> Result<KeyValue, EtcdError> {
         let bytes = self.store.revs.get(self.txn, &at.to_bytes())?.ok_or_else(|| corrupt("missing revision"))?;
-        Ok(decode_change(bytes)?.1)
+        Ok(decode_change(at, bytes)?.1)
     }
 
     /// The key-values puts recorded at `revisions` (distinct), in the order given. They are read in
@@ -223,7 +217,7 @@ impl ReadView<'_> {
                 if at > wanted {
                     return Err(corrupt("missing revision"));
                 }
-                found[slot] = Some(decode_change(bytes)?.1);
+                found[slot] = Some(decode_change(at, bytes)?.1);
                 next += 1;
                 passed = 0;
                 progressed = true;
@@ -261,7 +255,7 @@ impl ReadView<'_> {
         let mut newest: Option<(Revision, bool)> = None;
         for entry in self.store.index.range(self.txn, start, end)? {
             let (raw, tag) = entry?;
-            let split = raw.len().checked_sub(REVISION_LEN).ok_or_else(|| corrupt("history key"))?;
+            let split = prefix_len(&raw).ok_or_else(|| corrupt("history key"))?;
             let (escaped, at) = raw.split_at(split);
             if escaped != walking.as_slice() {
                 if let Some((at, true)) = newest.take() {
@@ -320,7 +314,7 @@ impl ReadView<'_> {
             if at.main > self.rev {
                 break;
             }
-            let (tag, kv) = decode_change(bytes)?;
+            let (tag, kv) = decode_change(at, bytes)?;
             // Replay from the compacted revision itself meets what pending removal has not removed yet:
             // skipped as if removed, so replay never depends on how far removal got.
             if at.main <= self.compact_rev && !self.kept_by_compaction(at, &kv.key, tag)? {
@@ -391,9 +385,7 @@ impl<'e> WriteTxn<'_, 'e> {
 
     fn record(&mut self, kv: &KeyValue, tag: u8) -> Result<(), EtcdError> {
         let at = Revision::new(self.begin_rev + 1, self.changes);
-        let mut change = Vec::with_capacity(1 + kv.encoded_len());
-        change.push(tag);
-        kv.encode(&mut change).map_err(|_| EtcdError::Internal)?;
+        let change = encode_change(at, tag, kv);
         // Revisions only grow, so the record goes after every other: appending skips the search and
         // fills pages (LMDB splits a page it appends to at the end, not in the middle). A record out of
         // order would be refused (MDB_KEYEXIST), never written over.
@@ -556,5 +548,55 @@ mod tests {
         }
         let txn = env.read_txn().unwrap();
         assert_eq!(kv.view(&txn).unwrap().range(&KeyRange::new(b"k", b"l"), 0, 0, true).unwrap().count, 0);
+    }
+
+    /// Keys whose history entries (key, terminator, a 5- to 6-byte revision) end just below, at and
+    /// just past the longest key `Table` stores whole, and past LMDB's 511 bytes: each written twice,
+    /// every other one deleted, compacted, then read now and as of before the deletions.
+    #[test]
+    fn keys_around_lmdbs_limit_keep_their_history_through_compaction() {
+        let (_dir, env, kv) = store();
+        let chunk = crate::storage::table::CHUNK;
+        let lengths: Vec<usize> = (chunk - 10..chunk + 4).chain([511, 512, 4096]).collect();
+        let key = |len: usize| vec![b'k'; len - 1].into_iter().chain([b'0' + (len % 10) as u8]).collect::<Vec<u8>>();
+        for round in 0..2 {
+            for &len in &lengths {
+                write(&env, &kv, |w| w.put(&key(len), format!("{round}-{len}").into_bytes(), 0).unwrap());
+            }
+        }
+        let before_deletes = write(&env, &kv, |w| w.rev());
+        for &len in lengths.iter().step_by(2) {
+            write(&env, &kv, |w| w.delete_range(&KeyRange::Single(key(len)), false).unwrap());
+        }
+        write(&env, &kv, |w| w.compact(before_deletes).unwrap());
+        loop {
+            let mut txn = env.write_txn().unwrap();
+            let step = kv.compaction_step(&mut txn, 3).unwrap();
+            txn.commit().unwrap();
+            if step.pending.is_none() {
+                break;
+            }
+        }
+        let txn = env.read_txn().unwrap();
+        let view = kv.view(&txn).unwrap();
+        let all = KeyRange::new(b"\0", b"\0");
+        let read = |rev| -> Vec<(usize, Vec<u8>)> {
+            view.range(&all, rev, 0, false).unwrap().kvs.into_iter().map(|kv| (kv.key.len(), kv.value)).collect()
+        };
+        let mut then: Vec<(usize, Vec<u8>)> =
+            lengths.iter().map(|&len| (len, format!("1-{len}").into_bytes())).collect();
+        then.sort_by_key(|(len, _)| key(*len));
+        assert_eq!(read(before_deletes), then);
+        let now: Vec<_> =
+            then.iter().filter(|(len, _)| lengths.iter().position(|l| l == len).unwrap() % 2 == 1).cloned().collect();
+        assert_eq!(read(0), now);
+        for &len in &lengths {
+            let found = view.range(&KeyRange::Single(key(len)), 0, 0, false).unwrap().kvs;
+            assert_eq!(found.len(), now.iter().filter(|(l, _)| *l == len).count(), "key of {len} bytes");
+        }
+        // What the compaction keeps: each key's second put, and the deletions above it.
+        let records = kv.records_for_tests(&txn);
+        let kept = lengths.len() + (lengths.len() - now.len());
+        assert_eq!((records[0].len(), records[1].len()), (kept, kept));
     }
 }

@@ -148,7 +148,13 @@ fn lmdb_tables_and_indexed_keys(db_bytes: &[u8]) -> (Vec<String>, Vec<Vec<u8>>) 
         None => Vec::new(),
     };
     for key in &mut keys {
-        key.truncate(key.len() - 18);
+        // An index key is the escaped key (0x00 as 0x00 0xff), 0x00 0x00, then the revision (5 bytes
+        // for a small store since kv layout 3): cut at the terminator.
+        let mut end = 0;
+        while end + 1 < key.len() && !(key[end] == 0 && key[end + 1] == 0) {
+            end += if key[end] == 0 { 2 } else { 1 };
+        }
+        key.truncate(end);
     }
     keys.dedup();
     (names, keys)

@@ -7,11 +7,22 @@
 //!   (`mvcc/store.rs`). `kv_live` is empty: its database stays in data dirs that had it (LMDB frees
 //!   its pages; removing the name itself would take heed's `unsafe` `remove`).
 //!
-//! The migration empties `kv_live` (with the groups its long keys had in `long_keys`) and records the
-//! version, in one write transaction, synced when it dropped anything: a crash before the commit leaves layout 1 whole, to be
-//! migrated at the next open; after it, layout 2. Snapshots of layout 1 carry `kv_live`'s records:
-//! installing one skips them (`snapshot/format.rs`) and removes the groups they named
-//! (`skip_legacy_live`), so an installed state is layout 2 as well.
+//! - Layout 3: revisions and `kv_revs` records in short encodings (`mvcc/revision.rs`,
+//!   `mvcc/record.rs`): 5 bytes instead of 16 per revision, varints instead of protobuf fields, about
+//!   a fifth less space per key and version. `Hash` and `HashKV` hash layout 2's forms, so their values
+//!   are the same for the same data in either layout.
+//!
+//! The migration from 1 empties `kv_live` (with the groups its long keys had in `long_keys`) and records
+//! layout 2, in one write transaction: a crash before the commit leaves layout 1 whole, to be migrated
+//! at the next open; after it, layout 2. Snapshots of layout 1 carry `kv_live`'s records: installing
+//! one skips them (`snapshot/format.rs`) and removes the groups they named (`skip_legacy_live`).
+//!
+//! The migration from 2 converts the kv tables in steps of `UPGRADE_STEP` records, each its own
+//! write transaction (bounded memory and dirty pages, whatever the store's size), then records layout
+//! 3; what is left to convert is read from the data (`mvcc/upgrade.rs`), so a crash in between
+//! resumes. The environment is synced once at the end, when anything was converted. An installed
+//! snapshot is recorded as layout 2 and converted right after its commit: a snapshot of a member of
+//! layout 2 (or 1) installs on this version, and one of layout 3 has nothing to convert.
 
 use super::state::{BoxError, State};
 use crate::storage::table::LongKeys;
@@ -19,11 +30,17 @@ use crate::storage::table::LongKeys;
 /// The `sm_meta` key of the layout's version.
 const LAYOUT: &[u8] = b"layout";
 /// The layout this version writes.
-const CURRENT: u32 = 2;
+const CURRENT: u32 = 3;
+/// The layout whose encodings `mvcc/upgrade.rs` converts.
+const SHORT_ENCODINGS: u32 = 3;
+/// The layout with each value stored once.
+const VALUES_ONCE: u32 = 2;
+/// Legacy records converted per write transaction of the migration to layout 3.
+const UPGRADE_STEP: usize = 10_000;
 
 impl State {
     /// Brings the tables to the current layout if they are of an older one; refuses a newer one.
-    pub(super) fn migrate_layout(&self) -> Result<(), BoxError> {
+    pub(in crate::raft::state_machine) fn migrate_layout(&self) -> Result<(), BoxError> {
         let recorded = {
             let txn = self.read_txn()?;
             self.read_meta::<u32>(&txn, LAYOUT)?
@@ -36,14 +53,30 @@ impl State {
             _ => {}
         }
         let started = std::time::Instant::now();
-        let mut txn = self.env.write_txn()?;
-        let live = self.legacy_live.main_db().len(&txn)?;
-        self.legacy_live.clear(&mut txn)?;
-        self.meta.put(&mut txn, LAYOUT, &postcard::to_allocvec(&CURRENT)?)?;
-        txn.commit()?;
-        if live > 0 {
-            // Synced once, so that no later crash can bring layout 1's records back under layout 2's
-            // version. A fresh data dir (nothing dropped) is not synced: losing its version record
+        let mut live = 0;
+        if recorded.is_none_or(|layout| layout < VALUES_ONCE) {
+            let mut txn = self.env.write_txn()?;
+            live = self.legacy_live.main_db().len(&txn)?;
+            self.legacy_live.clear(&mut txn)?;
+            self.meta.put(&mut txn, LAYOUT, &postcard::to_allocvec(&VALUES_ONCE)?)?;
+            txn.commit()?;
+        }
+        let mut steps = 0u64;
+        loop {
+            let mut txn = self.env.write_txn()?;
+            let done = self.kv.upgrade_step(&mut txn, UPGRADE_STEP)?;
+            if done {
+                self.meta.put(&mut txn, LAYOUT, &postcard::to_allocvec(&SHORT_ENCODINGS)?)?;
+            }
+            txn.commit()?;
+            if done {
+                break;
+            }
+            steps += 1;
+        }
+        if live > 0 || steps > 0 {
+            // Synced once, so that no later crash can bring an older layout's records back under the
+            // new version (each step is also safe on its own: what is left is read from the data). A fresh data dir (nothing dropped) is not synced: losing its version record
             // only means recording it again, and a member's kv environment is never synced while
             // it runs (`raft/unsynced.rs`).
             self.sync()?;
@@ -51,8 +84,9 @@ impl State {
                 from = recorded.unwrap_or(1),
                 to = CURRENT,
                 dropped = live,
+                converted_steps = steps,
                 elapsed = ?started.elapsed(),
-                "kv tables migrated: kv_live emptied, each value stored once"
+                "kv tables migrated: each value stored once, in short encodings"
             );
         }
         Ok(())
@@ -75,12 +109,14 @@ impl SkippedLive {
         Ok(())
     }
 
-    /// Removes the groups the skipped records opened, and records the current layout, in `txn`.
+    /// Removes the groups the skipped records opened, and records layout 2 in `txn`: the installed
+    /// tables may be of layout 2's encodings, which `migrate_layout`, called after the commit,
+    /// converts (it finds nothing to convert in a snapshot of layout 3).
     pub(super) fn finish(self, state: &State, txn: &mut heed::RwTxn) -> Result<(), BoxError> {
         for id in self.groups {
             state.long.remove_group(txn, id)?;
         }
-        state.meta.put(txn, LAYOUT, &postcard::to_allocvec(&CURRENT)?)?;
+        state.meta.put(txn, LAYOUT, &postcard::to_allocvec(&VALUES_ONCE)?)?;
         Ok(())
     }
 }
@@ -234,6 +270,64 @@ mod tests {
         assert_eq!(records_but_the_group_counter(&target), records);
         assert_eq!(current(&target), kvs);
         assert_eq!(target.legacy_live.main_db().len(&target.read_txn().unwrap()).unwrap(), 0);
+        assert_eq!(layout(&target), Some(CURRENT));
+    }
+
+    /// `kv_revs` as stored and `kv_index` as its `Table` reads (long keys whole: the conversion
+    /// moves them to new groups of `long_keys`).
+    fn kv_records(state: &State) -> Vec<(Vec<u8>, Vec<u8>)> {
+        state.kv.records_for_tests(&state.read_txn().unwrap()).concat()
+    }
+
+    /// Makes the tables what layout 2 held for the same entries (`KvStore::downgrade_for_tests`).
+    fn downgrade_to_2(state: &State) {
+        let mut txn = state.env.write_txn().unwrap();
+        state.kv.downgrade_for_tests(&mut txn);
+        state.meta.put(&mut txn, LAYOUT, &postcard::to_allocvec(&VALUES_ONCE).unwrap()).unwrap();
+        txn.commit().unwrap();
+    }
+
+    /// Fails without the conversion at open: the tables keep layout 2's encodings, which layout 3's
+    /// reads refuse as corrupt.
+    #[test]
+    fn a_data_dir_of_layout_2_opens_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let (records, kvs, hash) = {
+            let sm = open(dir.path());
+            let state = sm.state();
+            fill(&state);
+            let before = (kv_records(&state), current(&state), kv_hashes(&state));
+            downgrade_to_2(&state);
+            assert_ne!(kv_records(&state), before.0);
+            before
+        };
+        let sm = open(dir.path());
+        let state = sm.state();
+        assert_eq!(layout(&state), Some(CURRENT));
+        assert_eq!(kv_records(&state), records);
+        assert_eq!(current(&state), kvs);
+        assert_eq!(kv_hashes(&state), hash, "Hash of the kv tables and HashKV unchanged");
+    }
+
+    /// A snapshot a member of layout 2 built installs on a member of layout 3 as the same state.
+    #[test]
+    fn a_snapshot_of_layout_2_installs_as_layout_3() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (source, target) = (open(a.path()), open(b.path()));
+        let source = source.state();
+        fill(&source);
+        let (records, kvs) = (kv_records(&source), current(&source));
+        downgrade_to_2(&source);
+        let (meta, _) = source.build_snapshot().unwrap();
+        let legacy = a.path().join("layout-2.snap");
+        {
+            let txn = source.read_txn().unwrap();
+            format::write(std::fs::File::create(&legacy).unwrap(), &meta, &source.tables(), &txn, &|| false).unwrap();
+        }
+        let target = target.state();
+        target.install_snapshot(&meta, std::fs::File::open(&legacy).unwrap(), None).unwrap();
+        assert_eq!(kv_records(&target), records);
+        assert_eq!(current(&target), kvs);
         assert_eq!(layout(&target), Some(CURRENT));
     }
 }

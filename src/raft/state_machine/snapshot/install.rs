@@ -56,6 +56,8 @@ impl State {
         // member whose current snapshot is older than its purged log.
         self.snaps.publish(temp, meta)?;
         txn.commit()?;
+        // A snapshot of a member of an older layout holds its encodings (`layout.rs`).
+        self.migrate_layout()?;
         // openraft purges the log behind the snapshot: the installed state must survive a power loss.
         self.sync()?;
         self.rebuild_after_install()
@@ -98,6 +100,7 @@ impl State {
         tracing::warn!(snapshot = %meta, "the current snapshot is newer than the applied state: installing it");
         // Nothing else uses the snap dir while the state opens: the current file stays this one.
         self.load_growing(&self.snaps.current_path(), &meta)?.commit()?;
+        self.migrate_layout()?;
         self.sync()?;
         Ok(())
     }
