@@ -12,6 +12,8 @@ pub(crate) mod http;
 pub(crate) mod kv;
 pub(crate) mod lease;
 pub(crate) mod maintenance;
+mod read_ahead;
+pub(crate) mod require_leader;
 pub(crate) mod requester;
 pub(crate) mod run;
 pub(crate) mod stream_credential;
@@ -202,6 +204,9 @@ fn routes(node: Arc<Node>) -> Routes {
     let gateway = crate::gateway::router(grpc.clone(), node.max_request_bytes);
     // etcd's grpc_server_* metrics for every gRPC call of a client (the gateway's in-process calls
     // are not counted: they are the HTTP requests it serves).
-    let grpc = grpc.into_axum_router().layer(axum::middleware::from_fn(grpc_metrics::record));
+    let grpc = grpc
+        .into_axum_router()
+        .layer(axum::middleware::from_fn_with_state(node.clone(), require_leader::refuse_without_leader))
+        .layer(axum::middleware::from_fn(grpc_metrics::record));
     Routes::from(grpc.merge(http::router(node)).merge(gateway))
 }
