@@ -32,7 +32,7 @@ pub(crate) mod index;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use tokio::sync::{broadcast, Notify};
+use tokio::sync::{broadcast, watch, Notify};
 
 use self::backlog::Backlog;
 use self::index::{WatchIndex, WatcherId};
@@ -45,6 +45,8 @@ pub(crate) const TOUCHED_LIMIT: usize = 128;
 
 pub(crate) struct WatchHub {
     state: Mutex<Hub>,
+    /// The hub's revision, for streams waiting to answer a progress request (`revisions`).
+    revision: watch::Sender<i64>,
 }
 
 struct Hub {
@@ -97,6 +99,7 @@ impl WatchHub {
                 next_id: 0,
                 found: Vec::new(),
             }),
+            revision: watch::Sender::new(revision),
         });
         let weak = Arc::downgrade(&hub);
         tokio::spawn(async move {
@@ -104,7 +107,14 @@ impl WatchHub {
                 let received = live.recv().await;
                 let Some(hub) = weak.upgrade() else { return };
                 match received {
-                    Ok(batch) => hub.lock().commit(batch),
+                    Ok(batch) => {
+                        let revision = {
+                            let mut state = hub.lock();
+                            state.commit(batch);
+                            state.revision
+                        };
+                        hub.revision.send_if_modified(|seen| std::mem::replace(seen, revision) != revision);
+                    }
                     Err(broadcast::error::RecvError::Lagged(missed)) => {
                         tracing::warn!(
                             missed,
@@ -144,6 +154,12 @@ impl WatchHub {
             Some(Entry { synced: None, .. }) => false,
         };
         watchers.iter().all(quiet).then_some(hub.revision)
+    }
+
+    /// The hub's revision as it moves: a progress request waits for it to reach the revision the
+    /// member had applied when the request came (etcd answers at its store's revision).
+    pub(crate) fn revisions(&self) -> watch::Receiver<i64> {
+        self.revision.subscribe()
     }
 
     /// Synced watchers, for tests and metrics.

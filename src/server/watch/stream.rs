@@ -39,6 +39,12 @@ struct Running {
     in_hub: WatcherId,
 }
 
+/// What woke a stream: a request (or the end of them), or a change a deferred progress waits for.
+enum Woken {
+    Request(Option<Result<WatchRequest, Status>>),
+    Progress,
+}
+
 /// One client stream: reads requests, starts and stops watchers.
 pub(super) struct WatchStream {
     node: Arc<Node>,
@@ -46,8 +52,9 @@ pub(super) struct WatchStream {
     out: Outbox,
     watchers: HashMap<i64, Running>,
     next_id: i64,
-    /// A progress request waits for the watchers to settle.
-    progress_deferred: bool,
+    /// A progress request waits for the watchers to settle and for the hub to reach this revision
+    /// (the member's when the request came).
+    progress_deferred: Option<i64>,
     /// Told by a watcher each time it settles (`Watcher::settled`).
     settled: Arc<Notify>,
 }
@@ -55,39 +62,43 @@ pub(super) struct WatchStream {
 impl WatchStream {
     pub(super) fn new(node: Arc<Node>, who: Result<StreamCredential, String>, out: Outbox) -> Self {
         let settled = Arc::new(Notify::new());
-        WatchStream { node, who, out, watchers: HashMap::new(), next_id: 0, progress_deferred: false, settled }
+        WatchStream { node, who, out, watchers: HashMap::new(), next_id: 0, progress_deferred: None, settled }
     }
 
     /// Serves the stream's requests (read ahead of their handling: `read_ahead.rs`) until the client
     /// is gone. A request the stream cannot take (an error reading it, too many waiting) ends it with
     /// that error.
     pub(super) async fn run(mut self, mut requests: ReadAhead<WatchRequest>) {
+        let mut hub_revision = self.node.watch_hub.revisions();
         loop {
             let settled = self.settled.clone();
-            let req = tokio::select! {
-                req = requests.next() => req,
-                _ = settled.notified(), if self.progress_deferred => {
+            let deferred = self.progress_deferred.is_some();
+            let woken = tokio::select! {
+                req = requests.next() => Woken::Request(req),
+                _ = settled.notified(), if deferred => Woken::Progress,
+                _ = hub_revision.changed(), if deferred => Woken::Progress,
+            };
+            let req = match woken {
+                Woken::Progress => {
                     if self.progress().await {
                         continue;
                     }
                     break;
                 }
-            };
-            let req = match req {
-                Some(Ok(req)) => req,
-                Some(Err(status)) => {
+                Woken::Request(Some(Ok(req))) => req,
+                Woken::Request(Some(Err(status))) => {
                     self.end_with(status);
                     break;
                 }
-                None => break,
+                Woken::Request(None) => break,
             };
             let sent = match req.request_union {
                 Some(RequestUnion::CreateRequest(create)) => self.create(create).await,
                 Some(RequestUnion::CancelRequest(cancel)) => self.cancel(cancel.watch_id).await,
                 // One answer for the requests made while one is deferred, as etcd.
-                Some(RequestUnion::ProgressRequest(_)) if self.progress_deferred => true,
+                Some(RequestUnion::ProgressRequest(_)) if self.progress_deferred.is_some() => true,
                 Some(RequestUnion::ProgressRequest(_)) => {
-                    self.progress_deferred = true;
+                    self.progress_deferred = Some(self.node.revision());
                     self.progress().await
                 }
                 None => true,
@@ -110,16 +121,18 @@ impl WatchStream {
         self.out.end_with(status);
     }
 
-    /// Answers the deferred progress request if every watcher has settled; false when the client is gone.
+    /// Answers the deferred progress request if every watcher has settled and the hub has reached
+    /// the request's revision; false when the client is gone.
     async fn progress(&mut self) -> bool {
+        let Some(wanted) = self.progress_deferred else { return true };
         let watchers: Vec<WatcherId> = self.watchers.values().map(|running| running.in_hub).collect();
         if watchers.is_empty() {
             // etcd 3.5 (`progressIfSync` over no watchers) answers nothing.
-            self.progress_deferred = false;
+            self.progress_deferred = None;
             return true;
         }
-        let Some(revision) = self.node.watch_hub.progress(&watchers) else { return true };
-        self.progress_deferred = false;
+        let Some(revision) = self.node.watch_hub.progress(&watchers).filter(|&at| at >= wanted) else { return true };
+        self.progress_deferred = None;
         self.send(WatchResponse { header: self.node.header(revision), watch_id: INVALID_WATCH_ID, ..Default::default() })
             .await
     }
