@@ -9,8 +9,8 @@ use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::read_ahead::{read_ahead, READ_AHEAD_BYTES};
-use super::require_leader::{leader_lost, stream_requires_leader};
 use super::requester::requester;
+use super::require_leader::{leader_lost, stream_requires_leader};
 use super::stream_credential::StreamCredential;
 use crate::apply::Applied;
 use crate::auth::check::Authorizer;

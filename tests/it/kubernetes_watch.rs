@@ -233,8 +233,8 @@ async fn raw_stream(
     let (mut sender, connection) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await.expect("handshake");
     tokio::spawn(connection);
-    let frames = futures::stream::iter(messages.into_iter().map(|m| Ok(Frame::data(m))))
-        .chain(futures::stream::pending());
+    let frames =
+        futures::stream::iter(messages.into_iter().map(|m| Ok(Frame::data(m)))).chain(futures::stream::pending());
     let response = sender.send_request(grpc_request(endpoint, path, Box::pin(frames))).await.expect("a response");
     assert_eq!(response.status(), 200);
     (sender, response.into_body())
@@ -242,7 +242,11 @@ async fn raw_stream(
 
 type RawBody = StreamBody<std::pin::Pin<Box<dyn futures::Stream<Item = Result<Frame<Bytes>, Infallible>> + Send>>>;
 
-fn grpc_request(endpoint: &str, path: &str, frames: std::pin::Pin<Box<dyn futures::Stream<Item = Result<Frame<Bytes>, Infallible>> + Send>>) -> hyper::Request<RawBody> {
+fn grpc_request(
+    endpoint: &str,
+    path: &str,
+    frames: std::pin::Pin<Box<dyn futures::Stream<Item = Result<Frame<Bytes>, Infallible>> + Send>>,
+) -> hyper::Request<RawBody> {
     hyper::Request::post(format!("http://{endpoint}{path}"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")

@@ -10,8 +10,8 @@
 //! The stream can also be ended with an error (`Outbox::end_with`: no leader, too many requests):
 //! the error goes out ahead of what is queued, as etcd's handler returns it, and ends the stream.
 
-use std::pin::Pin;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
@@ -61,7 +61,10 @@ pub(crate) fn outbox(responses: usize, bytes: usize) -> (Outbox, Replies) {
     let bytes = bytes.clamp(1, u32::MAX as usize);
     let (end, ended) = oneshot::channel();
     let end = Arc::new(Mutex::new(Some(end)));
-    (Outbox { queue, room: Arc::new(Semaphore::new(bytes)), bytes, end }, Replies { queue: receiver, ended: Some(ended), failed: false })
+    (
+        Outbox { queue, room: Arc::new(Semaphore::new(bytes)), bytes, end },
+        Replies { queue: receiver, ended: Some(ended), failed: false },
+    )
 }
 
 impl Outbox {

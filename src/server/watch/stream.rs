@@ -133,8 +133,12 @@ impl WatchStream {
         }
         let Some(revision) = self.node.watch_hub.progress(&watchers).filter(|&at| at >= wanted) else { return true };
         self.progress_deferred = None;
-        self.send(WatchResponse { header: self.node.header(revision), watch_id: INVALID_WATCH_ID, ..Default::default() })
-            .await
+        self.send(WatchResponse {
+            header: self.node.header(revision),
+            watch_id: INVALID_WATCH_ID,
+            ..Default::default()
+        })
+        .await
     }
 
     async fn send(&self, resp: WatchResponse) -> bool {
