@@ -628,8 +628,8 @@ mod tests {
     fn gauges_render_as_etcd_names_them() {
         let text = render(&NodeGauges {
             member_id: 0xbdae9bbc11dd390d,
-            server_version: "3.4.0",
-            cluster_version: "3.4",
+            server_version: "3.5.13",
+            cluster_version: "3.5",
             has_leader: true,
             is_leader: false,
             is_learner: false,
@@ -646,7 +646,7 @@ mod tests {
             "etcd_server_is_leader 0",
             "etcd_server_is_learner 0",
             "etcd_server_id{server_id=\"bdae9bbc11dd390d\"} 1",
-            "etcd_server_version{server_version=\"3.4.0\"} 1",
+            "etcd_server_version{server_version=\"3.5.13\"} 1",
             "etcd_server_proposals_committed_total 7",
             "etcd_server_proposals_applied_total 7",
             "etcd_server_quota_backend_bytes 2147483648",

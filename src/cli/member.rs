@@ -48,6 +48,12 @@ pub struct ServeArgs {
     /// Maximum client request size in bytes the server will accept.
     #[arg(long, env = "ETCD_MAX_REQUEST_BYTES", default_value_t = 1_572_864)]
     pub max_request_bytes: u32,
+    /// Duration of periodic watch progress notifications (0: etcd's default, 10m).
+    #[arg(long, env = "ETCD_WATCH_PROGRESS_NOTIFY_INTERVAL")]
+    pub watch_progress_notify_interval: Option<String>,
+    /// etcd 3.4's name of --watch-progress-notify-interval.
+    #[arg(long, env = "ETCD_EXPERIMENTAL_WATCH_PROGRESS_NOTIFY_INTERVAL")]
+    pub experimental_watch_progress_notify_interval: Option<String>,
     /// Minimum duration interval that a client should wait before pinging server (accepted as etcd's;
     /// keyward's HTTP/2 server cannot enforce a client ping policy).
     #[arg(long, env = "ETCD_GRPC_KEEPALIVE_MIN_TIME", default_value = "5s")]

@@ -67,7 +67,6 @@ const UNSUPPORTED: &[(&str, &str, &str)] = &[
     ("experimental-backend-bbolt-freelist-type", "map", "experimental in etcd"),
     ("experimental-enable-lease-checkpoint", "false", "leases are always checkpointed"),
     ("experimental-compaction-batch-limit", "1000", "experimental in etcd"),
-    ("experimental-watch-progress-notify-interval", "10m0s", "experimental in etcd"),
     ("experimental-warning-apply-duration", "100ms", "experimental in etcd"),
 ];
 

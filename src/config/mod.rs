@@ -22,6 +22,7 @@ mod file;
 mod listeners;
 mod logging;
 mod tls;
+pub(crate) mod watch_progress;
 
 pub(crate) use cluster::ClusterState;
 pub(crate) use error::ConfigError;
@@ -53,6 +54,8 @@ pub struct Config {
     pub heartbeat_interval: std::time::Duration,
     pub election_timeout: std::time::Duration,
     pub max_request_bytes: usize,
+    /// `--watch-progress-notify-interval` (`watch_progress.rs`).
+    pub watch_progress_notify_interval: std::time::Duration,
     /// Client connection bounds and HTTP/2 settings (`frontend/connection_limits.rs`).
     pub connections: crate::frontend::connection_limits::ConnectionLimits,
     pub max_txn_ops: usize,
@@ -132,6 +135,11 @@ impl ServeArgs {
             return Err(invalid("--max-txn-ops must be at least 1"));
         }
         let quota = crate::space::Quota::from_flag(self.quota_backend_bytes);
+        let watch_progress_notify_interval = watch_progress::interval(
+            self.watch_progress_notify_interval.as_deref(),
+            self.experimental_watch_progress_notify_interval.as_deref(),
+        )
+        .map_err(invalid)?;
         Ok(Config {
             audit: auth::audit(&self), // before the fields move out of `self`
             name: self.name,
@@ -146,6 +154,7 @@ impl ServeArgs {
             heartbeat_interval: std::time::Duration::from_millis(self.heartbeat_interval),
             election_timeout: std::time::Duration::from_millis(self.election_timeout),
             max_request_bytes: self.max_request_bytes as usize,
+            watch_progress_notify_interval,
             connections,
             max_txn_ops: self.max_txn_ops as usize,
             snapshot_count: self.snapshot_count.max(1),

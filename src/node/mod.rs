@@ -73,6 +73,8 @@ pub(crate) struct Node {
     /// Notified when the leader says this member was removed from the cluster.
     removed: tokio::sync::Notify,
     pub(crate) max_request_bytes: usize,
+    /// `--watch-progress-notify-interval`: how often an idle watcher that asked for progress gets one.
+    pub(crate) watch_progress_notify_interval: Duration,
     pub(crate) max_txn_ops: usize,
     /// Who is calling: `--client-cert-auth`, `--trusted-proxy-cn` (see `identity/rules.rs`).
     pub(crate) identity: IdentityRules,
@@ -100,6 +102,11 @@ struct Held {
 impl Node {
     pub(crate) fn is_leader(&self) -> bool {
         self.leader() == Some(self.member_id)
+    }
+
+    /// `--election-timeout`.
+    pub(crate) fn election_timeout(&self) -> Duration {
+        self.election_timeout
     }
 
     /// The leader this member knows of; none once the raft core has stopped (openraft's metrics keep

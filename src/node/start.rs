@@ -84,6 +84,7 @@ impl Node {
             election_timeout: config.election_timeout,
             removed: tokio::sync::Notify::new(),
             max_request_bytes: config.max_request_bytes,
+            watch_progress_notify_interval: config.watch_progress_notify_interval,
             max_txn_ops: config.max_txn_ops,
             identity,
             tokens,

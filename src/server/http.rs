@@ -79,7 +79,7 @@ async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {
 
 async fn version() -> impl IntoResponse {
     let body = format!(
-        r#"{{"etcdserver":"{ETCD_API_VERSION}","etcdcluster":"{ETCD_API_VERSION}","keyward":"{}"}}"#,
+        r#"{{"etcdserver":"{ETCD_API_VERSION}","etcdcluster":"{ETCD_CLUSTER_VERSION}.0","keyward":"{}"}}"#,
         env!("CARGO_PKG_VERSION")
     );
     ([(header::CONTENT_TYPE, "application/json")], body)

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
+use super::read_ahead::{read_ahead, READ_AHEAD_BYTES};
 use super::requester::requester;
+use super::require_leader::{leader_lost, stream_requires_leader};
 use super::stream_credential::StreamCredential;
 use crate::apply::Applied;
 use crate::auth::check::Authorizer;
@@ -83,9 +85,12 @@ impl Lease for LeaseService {
         request: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<KeepAliveStream>, Status> {
         let credential = StreamCredential::of(&self.node, &request)?;
+        let requires_leader = stream_requires_leader(request.metadata());
         let node = self.node.clone();
         let keeper = credential.clone();
-        let responses = request.into_inner().then(move |req| {
+        // Read ahead of their answers: a burst of keep-alives must not end the connection (`read_ahead.rs`).
+        let requests = read_ahead(request.into_inner(), READ_AHEAD_BYTES);
+        let responses = requests.then(move |req| {
             let (node, credential) = (node.clone(), keeper.clone());
             async move {
                 let req = req?;
@@ -103,9 +108,19 @@ impl Lease for LeaseService {
             }
         });
         // The stream ends with etcd's error at the apply that voids its token, whether or not the
-        // client sends another keep-alive.
+        // client sends another keep-alive; opened with `WithRequireLeader`, also once the member has
+        // lost its leader (`require_leader.rs`).
         let node = self.node.clone();
-        let voided = Box::pin(async move { Status::from(credential.voided(&node, "lease_keep_alive").await) });
+        let voided = Box::pin(async move {
+            let voided = async { Status::from(credential.voided(&node, "lease_keep_alive").await) };
+            if !requires_leader {
+                return voided.await;
+            }
+            tokio::select! {
+                status = voided => status,
+                status = leader_lost(&node) => status,
+            }
+        });
         Ok(Response::new(Box::pin(until_voided(responses, voided))))
     }
 

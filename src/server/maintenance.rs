@@ -30,10 +30,14 @@ use crate::proto::etcdserverpb::{
 };
 use crate::raft::state_machine::State;
 
-/// The etcd API version keyward speaks.
-pub(crate) const ETCD_API_VERSION: &str = "3.4.0";
-/// Its major.minor, as etcd reports its cluster version.
-pub(crate) const ETCD_CLUSTER_VERSION: &str = "3.4";
+/// The etcd version whose behaviour keyward implements, reported by `Status.version`, `/version` and
+/// `etcd_server_version`. Clients branch on it: kube-apiserver turns on `RequestWatchProgress` (its
+/// consistent reads from the watch cache) only from 3.4.31 or 3.5.13, the releases where etcd ordered
+/// requested progress notifications with the stream's events (etcd #15695) and sent them for watchers
+/// that had no events (etcd #17566), which keyward's watch stream does (`server/watch/stream.rs`).
+pub(crate) const ETCD_API_VERSION: &str = "3.5.13";
+/// Its major.minor, as etcd reports its cluster version (`etcd_cluster_version`; `/version` adds `.0`).
+pub(crate) const ETCD_CLUSTER_VERSION: &str = "3.5";
 
 /// Bytes per snapshot chunk, as etcd's `snapshotSendBufferSize`.
 const SNAPSHOT_CHUNK: usize = 32 * 1024;

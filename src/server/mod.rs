@@ -16,7 +16,9 @@ pub(crate) mod lease;
 pub(crate) mod lock;
 pub(crate) mod maintenance;
 mod probes;
+mod read_ahead;
 pub(crate) mod requester;
+pub(crate) mod require_leader;
 pub(crate) mod run;
 pub(crate) mod stream_credential;
 pub(crate) mod watch;
@@ -241,7 +243,10 @@ fn routes(node: Arc<Node>) -> Routes {
     let gateway = crate::gateway::router(grpc.clone(), node.max_request_bytes);
     // etcd's grpc_server_* metrics for every gRPC call of a client (the gateway's in-process calls
     // are not counted: they are the HTTP requests it serves).
-    let grpc = grpc.into_axum_router().layer(axum::middleware::from_fn(grpc_metrics::record));
+    let grpc = grpc
+        .into_axum_router()
+        .layer(axum::middleware::from_fn_with_state(node.clone(), require_leader::refuse_without_leader))
+        .layer(axum::middleware::from_fn(grpc_metrics::record));
     // A path no route takes is answered as etcd's mux answers it (404, or Unimplemented for gRPC),
     // in place of tonic's Unimplemented for every request.
     let router = grpc.merge(http::router(node)).merge(gateway).fallback(crate::gateway::unknown_path);

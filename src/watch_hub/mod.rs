@@ -15,6 +15,11 @@
 //! store later, as etcd's unsynced watchers do. What a slow watcher costs the member is thus bounded
 //! by the backlog and its stream's queue, not by what is written meanwhile.
 //!
+//! A stream's progress (etcd's `RequestProgress`, `progressIfSync`): the hub answers at which
+//! revision every watcher of a stream has had all its events queued (`WatchHub::progress`), only once
+//! each is synced with nothing pending or being sent. A progress response at that revision is thus
+//! never ahead of an event not yet sent on the stream (etcd #15695).
+//!
 //! Why a top-level folder and not beside the Watch service (`server/watch/`), its one user: the hub
 //! belongs to the member, not to a client stream. `Node` starts it on the commit broadcast before
 //! anything is applied (so that it sees every batch) and holds it; the service only registers
@@ -27,7 +32,7 @@ pub(crate) mod index;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use tokio::sync::{broadcast, Notify};
+use tokio::sync::{broadcast, watch, Notify};
 
 use self::backlog::Backlog;
 use self::index::{WatchIndex, WatcherId};
@@ -40,6 +45,8 @@ pub(crate) const TOUCHED_LIMIT: usize = 128;
 
 pub(crate) struct WatchHub {
     state: Mutex<Hub>,
+    /// The hub's revision, for streams waiting to answer a progress request (`revisions`).
+    revision: watch::Sender<i64>,
 }
 
 struct Hub {
@@ -66,6 +73,10 @@ struct Synced {
     from: i64,
     /// Revisions of the batches that touched it since it last took them.
     touched: Vec<i64>,
+    /// It took batches and has not said it queued their events yet (`Registration::settled`).
+    sending: bool,
+    /// The lowest revision a progress may report for it (`Registration::try_sync`).
+    progress_floor: i64,
 }
 
 /// What a watcher has to deliver (`Registration::take`).
@@ -88,6 +99,7 @@ impl WatchHub {
                 next_id: 0,
                 found: Vec::new(),
             }),
+            revision: watch::Sender::new(revision),
         });
         let weak = Arc::downgrade(&hub);
         tokio::spawn(async move {
@@ -95,7 +107,14 @@ impl WatchHub {
                 let received = live.recv().await;
                 let Some(hub) = weak.upgrade() else { return };
                 match received {
-                    Ok(batch) => hub.lock().commit(batch),
+                    Ok(batch) => {
+                        let revision = {
+                            let mut state = hub.lock();
+                            state.commit(batch);
+                            state.revision
+                        };
+                        hub.revision.send_if_modified(|seen| std::mem::replace(seen, revision) != revision);
+                    }
                     Err(broadcast::error::RecvError::Lagged(missed)) => {
                         tracing::warn!(
                             missed,
@@ -118,6 +137,29 @@ impl WatchHub {
         hub.next_id += 1;
         hub.watchers.insert(id, Entry { range, wake: wake.clone(), synced: None });
         Registration { hub: self.clone(), id, wake, since: hub.revision }
+    }
+
+    /// The hub's revision if each of `watchers` (of one stream) has had all its events up to it
+    /// queued: synced, nothing touched it that it has not sent, and the revision not below its
+    /// progress floor.
+    /// `None` while one of them is catching up or sending: the stream asks again later.
+    pub(crate) fn progress(&self, watchers: &[WatcherId]) -> Option<i64> {
+        let hub = self.lock();
+        let quiet = |id: &WatcherId| match hub.watchers.get(id) {
+            // Gone: it ended (its registration dropped) and owes nothing.
+            None => true,
+            Some(Entry { synced: Some(s), .. }) => {
+                s.touched.is_empty() && !s.sending && s.progress_floor <= hub.revision
+            }
+            Some(Entry { synced: None, .. }) => false,
+        };
+        watchers.iter().all(quiet).then_some(hub.revision)
+    }
+
+    /// The hub's revision as it moves: a progress request waits for it to reach the revision the
+    /// member had applied when the request came (etcd answers at its store's revision).
+    pub(crate) fn revisions(&self) -> watch::Receiver<i64> {
+        self.revision.subscribe()
     }
 
     /// Synced watchers, for tests and metrics.
@@ -211,9 +253,18 @@ pub(crate) struct Registration {
 }
 
 impl Registration {
+    /// This watcher's id in the hub (for `WatchHub::progress`).
+    pub(crate) fn id(&self) -> WatcherId {
+        self.id
+    }
+
     /// Joins the synced watchers if `next`, the watcher's first undelivered revision, is past the
     /// hub's revision (nothing the hub has taken is left for it); false when it must catch up first.
-    pub(crate) fn try_sync(&self, next: i64) -> bool {
+    /// `progress_floor`: the lowest revision a progress may report for it: what it covered before
+    /// joining (a replay from the store may read past the hub: a progress below it would go back),
+    /// and the start revision it asked for (a progress below it would make a client resume before
+    /// it: etcd #20229).
+    pub(crate) fn try_sync(&self, next: i64, progress_floor: i64) -> bool {
         let mut hub = self.hub.lock();
         if next <= hub.revision {
             return false;
@@ -222,7 +273,7 @@ impl Registration {
         let Some(entry) = watchers.get_mut(&self.id) else { return false };
         if entry.synced.is_none() {
             index.insert(self.id, &entry.range);
-            entry.synced = Some(Synced { from: next, touched: Vec::new() });
+            entry.synced = Some(Synced { from: next, touched: Vec::new(), sending: false, progress_floor });
         }
         true
     }
@@ -239,6 +290,7 @@ impl Registration {
         let through = hub.revision;
         let Some(Entry { synced: Some(synced), .. }) = hub.watchers.get_mut(&self.id) else { return Pending::Unsynced };
         let touched = std::mem::take(&mut synced.touched);
+        synced.sending |= !touched.is_empty();
         let batches: Option<Vec<_>> = touched.iter().map(|&revision| hub.backlog.at(revision)).collect();
         match batches {
             Some(batches) => Pending::Batches { batches, through },
@@ -246,6 +298,14 @@ impl Registration {
                 hub.unsync(self.id);
                 Pending::Unsynced
             }
+        }
+    }
+
+    /// The watcher queued the events of what it took (`take`): a stream's progress may count it.
+    pub(crate) fn settled(&self) {
+        let mut hub = self.hub.lock();
+        if let Some(Entry { synced: Some(synced), .. }) = hub.watchers.get_mut(&self.id) {
+            synced.sending = false;
         }
     }
 
@@ -315,10 +375,10 @@ mod tests {
         let idle: Vec<_> =
             (0..1000).map(|i| hub.register(KeyRange::new(format!("idle/{i}").as_bytes(), b""))).collect();
         for watcher in [&single, &prefix, &from_key, &elsewhere].into_iter().chain(&idle) {
-            assert!(watcher.try_sync(11));
+            assert!(watcher.try_sync(11, 0));
         }
-        assert!(!unsynced.try_sync(10), "behind the hub: must catch up first");
-        assert!(later.try_sync(13));
+        assert!(!unsynced.try_sync(10, 0), "behind the hub: must catch up first");
+        assert!(later.try_sync(13, 0));
         assert_eq!(hub.synced(), 1005);
 
         hub.lock().commit(batch(11, &["a/1"]));
@@ -359,7 +419,7 @@ mod tests {
         let hub = WatchHub::start(live, 0);
         let slow = hub.register(KeyRange::new(b"k", b""));
         let other = hub.register(KeyRange::new(b"o", b""));
-        assert!(slow.try_sync(1) && other.try_sync(1));
+        assert!(slow.try_sync(1, 0) && other.try_sync(1, 0));
         for revision in 1..=TOUCHED_LIMIT as i64 + 1 {
             hub.lock().commit(batch(revision, &["k"]));
         }

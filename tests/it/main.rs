@@ -34,6 +34,7 @@ mod etcdctl_kv;
 mod forged_identity;
 mod fuzz_config;
 mod gateway;
+mod kubernetes_watch;
 mod kv_client;
 mod lease;
 mod limits;

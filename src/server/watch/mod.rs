@@ -14,7 +14,8 @@
 //!
 //! Its files, top down:
 //! - `mod.rs`: the service, and the tonic server that serves it on `wire.rs`'s codec.
-//! - `stream.rs`: one client stream: reads its requests, creates and cancels its watchers.
+//! - `stream.rs`: one client stream: reads its requests, creates and cancels its watchers, answers
+//!   progress requests once its watchers have settled.
 //! - `watcher.rs`: one watcher: its state, its loop (synced or catching up), the permission re-check,
 //!   sending its events.
 //! - `from_hub.rs`: delivering the hub's batches: live while synced, from the hub's backlog to catch up.
@@ -47,6 +48,8 @@ use tonic::{Request, Response, Status, Streaming};
 use self::outbox::{outbox, STREAM_BYTES, STREAM_RESPONSES};
 use self::stream::WatchStream;
 use self::wire::{WatchCodec, WatchReply};
+use super::read_ahead::{read_ahead, READ_AHEAD_BYTES};
+use super::require_leader::{leader_lost, stream_requires_leader};
 use super::stream_credential::StreamCredential;
 use crate::node::Node;
 use crate::proto::etcdserverpb::WatchRequest;
@@ -69,8 +72,17 @@ impl WatchService {
         // etcd puts Go's status text of the refusal in the cancel reason.
         let who = StreamCredential::of(&self.node, &request)
             .map_err(|s| format!("rpc error: code = {:?} desc = {}", s.code(), s.message()));
+        if stream_requires_leader(request.metadata()) {
+            let (node, out) = (self.node.clone(), out.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    status = leader_lost(&node) => out.end_with(status),
+                    _ = out.closed() => {}
+                }
+            });
+        }
         let stream = WatchStream::new(self.node.clone(), who, out);
-        tokio::spawn(stream.run(request.into_inner()));
+        tokio::spawn(stream.run(read_ahead(request.into_inner(), READ_AHEAD_BYTES)));
         Ok(Response::new(Box::pin(replies)))
     }
 }

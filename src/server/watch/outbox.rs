@@ -6,13 +6,17 @@
 //! encoded size from the stream's byte budget, given back when tonic takes it out. A sender waits for
 //! room: a watcher that waits leaves the live fan-out and later catches up (`watch_hub/`). A response
 //! larger than the whole budget takes all of it, and so goes alone.
+//!
+//! The stream can also be ended with an error (`Outbox::end_with`: no leader, too many requests):
+//! the error goes out ahead of what is queued, as etcd's handler returns it, and ends the stream.
 
+use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use futures::Stream;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 
 use super::wire::WatchReply;
@@ -28,11 +32,17 @@ pub(crate) struct Outbox {
     queue: mpsc::Sender<Queued>,
     room: Arc<Semaphore>,
     bytes: usize,
+    /// Ends the stream with an error (taken by the first `end_with`).
+    end: Arc<Mutex<Option<oneshot::Sender<Status>>>>,
 }
 
 /// The receiving side: the response stream tonic sends.
 pub(crate) struct Replies {
     queue: mpsc::Receiver<Queued>,
+    /// `None` once it fired or can no longer fire.
+    ended: Option<oneshot::Receiver<Status>>,
+    /// The stream ended with an error: nothing follows it.
+    failed: bool,
 }
 
 struct Queued {
@@ -49,7 +59,12 @@ pub(crate) struct Gone;
 pub(crate) fn outbox(responses: usize, bytes: usize) -> (Outbox, Replies) {
     let (queue, receiver) = mpsc::channel(responses);
     let bytes = bytes.clamp(1, u32::MAX as usize);
-    (Outbox { queue, room: Arc::new(Semaphore::new(bytes)), bytes }, Replies { queue: receiver })
+    let (end, ended) = oneshot::channel();
+    let end = Arc::new(Mutex::new(Some(end)));
+    (
+        Outbox { queue, room: Arc::new(Semaphore::new(bytes)), bytes, end },
+        Replies { queue: receiver, ended: Some(ended), failed: false },
+    )
 }
 
 impl Outbox {
@@ -69,12 +84,33 @@ impl Outbox {
     pub(crate) async fn closed(&self) {
         self.queue.closed().await
     }
+
+    /// Ends the stream with `status`, ahead of what is still queued (only the first call counts).
+    pub(crate) fn end_with(&self, status: Status) {
+        if let Some(end) = self.end.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            let _ = end.send(status);
+        }
+    }
 }
 
 impl Stream for Replies {
     type Item = Result<WatchReply, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if let Some(ended) = self.ended.as_mut() {
+            if let Poll::Ready(status) = Pin::new(ended).poll(cx) {
+                self.ended = None;
+                if let Ok(status) = status {
+                    // Closing the queue tells every sender that the client is gone.
+                    self.queue.close();
+                    self.failed = true;
+                    return Poll::Ready(Some(Err(status)));
+                }
+            }
+        }
+        if self.failed {
+            return Poll::Ready(None);
+        }
         self.queue.poll_recv(cx).map(|queued| queued.map(|q| q.reply))
     }
 }

@@ -2,14 +2,21 @@
 //! task of its own, `watcher.rs`), answers progress requests, and stops its watchers when the client
 //! is gone. Creation is where a watch is refused: an empty range, a duplicate id, a credential that
 //! does not stand or lacks read permission on the whole range.
+//!
+//! A progress request (`RequestProgress`) is answered as etcd 3.5.13 answers it: at a revision up to
+//! which every watcher of the stream has had all its events queued (`WatchHub::progress`), so the
+//! response is never ahead of an event not yet sent (etcd #15695). While one is catching up or
+//! sending, the answer is deferred (more requests meanwhile get that one answer) until the watchers
+//! have settled, whether or not events came through (etcd #17566). A stream without watchers gets no
+//! answer, as in etcd 3.5.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinHandle;
-use tonic::Streaming;
+use tonic::Status;
 
 use super::outbox::Outbox;
 use super::watcher::Watcher;
@@ -18,7 +25,9 @@ use crate::keyrange::KeyRange;
 use crate::node::Node;
 use crate::proto::etcdserverpb::watch_request::RequestUnion;
 use crate::proto::etcdserverpb::{WatchCreateRequest, WatchRequest, WatchResponse};
+use crate::server::read_ahead::ReadAhead;
 use crate::server::stream_credential::StreamCredential;
+use crate::watch_hub::index::WatcherId;
 
 /// etcd's id for responses that belong to no watcher (progress responses to a progress request).
 const INVALID_WATCH_ID: i64 = -1;
@@ -26,6 +35,14 @@ const INVALID_WATCH_ID: i64 = -1;
 struct Running {
     stop: oneshot::Sender<()>,
     task: JoinHandle<()>,
+    /// Its id in the member's watch hub.
+    in_hub: WatcherId,
+}
+
+/// What woke a stream: a request (or the end of them), or a change a deferred progress waits for.
+enum Woken {
+    Request(Option<Result<WatchRequest, Status>>),
+    Progress,
 }
 
 /// One client stream: reads requests, starts and stops watchers.
@@ -35,21 +52,54 @@ pub(super) struct WatchStream {
     out: Outbox,
     watchers: HashMap<i64, Running>,
     next_id: i64,
+    /// A progress request waits for the watchers to settle and for the hub to reach this revision
+    /// (the member's when the request came).
+    progress_deferred: Option<i64>,
+    /// Told by a watcher each time it settles (`Watcher::settled`).
+    settled: Arc<Notify>,
 }
 
 impl WatchStream {
     pub(super) fn new(node: Arc<Node>, who: Result<StreamCredential, String>, out: Outbox) -> Self {
-        WatchStream { node, who, out, watchers: HashMap::new(), next_id: 0 }
+        let settled = Arc::new(Notify::new());
+        WatchStream { node, who, out, watchers: HashMap::new(), next_id: 0, progress_deferred: None, settled }
     }
 
-    pub(super) async fn run(mut self, mut requests: Streaming<WatchRequest>) {
-        while let Some(Ok(req)) = requests.next().await {
+    /// Serves the stream's requests (read ahead of their handling: `read_ahead.rs`) until the client
+    /// is gone. A request the stream cannot take (an error reading it, too many waiting) ends it with
+    /// that error.
+    pub(super) async fn run(mut self, mut requests: ReadAhead<WatchRequest>) {
+        let mut hub_revision = self.node.watch_hub.revisions();
+        loop {
+            let settled = self.settled.clone();
+            let deferred = self.progress_deferred.is_some();
+            let woken = tokio::select! {
+                req = requests.next() => Woken::Request(req),
+                _ = settled.notified(), if deferred => Woken::Progress,
+                _ = hub_revision.changed(), if deferred => Woken::Progress,
+            };
+            let req = match woken {
+                Woken::Progress => {
+                    if self.progress().await {
+                        continue;
+                    }
+                    break;
+                }
+                Woken::Request(Some(Ok(req))) => req,
+                Woken::Request(Some(Err(status))) => {
+                    self.end_with(status);
+                    break;
+                }
+                Woken::Request(None) => break,
+            };
             let sent = match req.request_union {
                 Some(RequestUnion::CreateRequest(create)) => self.create(create).await,
                 Some(RequestUnion::CancelRequest(cancel)) => self.cancel(cancel.watch_id).await,
+                // One answer for the requests made while one is deferred, as etcd.
+                Some(RequestUnion::ProgressRequest(_)) if self.progress_deferred.is_some() => true,
                 Some(RequestUnion::ProgressRequest(_)) => {
-                    let header = self.node.header(self.node.revision());
-                    self.send(WatchResponse { header, watch_id: INVALID_WATCH_ID, ..Default::default() }).await
+                    self.progress_deferred = Some(self.node.revision());
+                    self.progress().await
                 }
                 None => true,
             };
@@ -64,6 +114,31 @@ impl WatchStream {
             let _ = running.stop.send(());
             running.task.abort();
         }
+    }
+
+    /// Ends the stream with `status` ahead of what it still has queued.
+    fn end_with(&self, status: Status) {
+        self.out.end_with(status);
+    }
+
+    /// Answers the deferred progress request if every watcher has settled and the hub has reached
+    /// the request's revision; false when the client is gone.
+    async fn progress(&mut self) -> bool {
+        let Some(wanted) = self.progress_deferred else { return true };
+        let watchers: Vec<WatcherId> = self.watchers.values().map(|running| running.in_hub).collect();
+        if watchers.is_empty() {
+            // etcd 3.5 (`progressIfSync` over no watchers) answers nothing.
+            self.progress_deferred = None;
+            return true;
+        }
+        let Some(revision) = self.node.watch_hub.progress(&watchers).filter(|&at| at >= wanted) else { return true };
+        self.progress_deferred = None;
+        self.send(WatchResponse {
+            header: self.node.header(revision),
+            watch_id: INVALID_WATCH_ID,
+            ..Default::default()
+        })
+        .await
     }
 
     async fn send(&self, resp: WatchResponse) -> bool {
@@ -121,10 +196,12 @@ impl WatchStream {
         if !self.send(created).await {
             return false;
         }
-        let watcher = Watcher::new(id, range, &req, rev, who, &self.node);
+        let watcher = Watcher::new(id, range.clone(), &req, rev, who, &self.node, self.settled.clone());
+        let hub = self.node.watch_hub.register(range);
+        let in_hub = hub.id();
         let (stop, stopped) = oneshot::channel();
-        let task = watcher.spawn(self.node.clone(), self.out.clone(), stopped);
-        self.watchers.insert(id, Running { stop, task });
+        let task = watcher.spawn(self.node.clone(), hub, self.out.clone(), stopped);
+        self.watchers.insert(id, Running { stop, task, in_hub });
         true
     }
 

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{oneshot, watch, Notify};
 use tokio::task::JoinHandle;
 
 use super::fragments::fragments;
@@ -26,9 +26,6 @@ use crate::proto::mvccpb::Event;
 use crate::server::stream_credential::StreamCredential;
 use crate::watch_hub::Registration;
 
-/// How often a watcher that asked for progress notifications gets one when idle (etcd's default).
-const PROGRESS_NOTIFY_INTERVAL: Duration = Duration::from_secs(600);
-
 /// One watcher: what it watches and how, and how far it got.
 pub(super) struct Watcher {
     pub(super) id: i64,
@@ -39,6 +36,13 @@ pub(super) struct Watcher {
     no_put: bool,
     no_delete: bool,
     progress_notify: bool,
+    /// How often it gets a progress notification when idle, if it asked for them (`progress_notify`).
+    progress_interval: Duration,
+    /// The start revision the client asked for (0: none): no progress may report less.
+    start_revision: i64,
+    /// Told each time this watcher has queued all it owes (joined, or sent what touched it): its
+    /// stream may then answer a deferred progress request (`stream.rs`).
+    settled: Arc<Notify>,
     pub(super) fragment: bool,
     credential: StreamCredential,
     /// The auth revision (and whether auth was on) at which this watcher's permission was last confirmed.
@@ -70,7 +74,7 @@ pub(super) enum Live {
 
 impl Watcher {
     /// A watcher `id` of `range` as `req` asks, created when the store was at `rev`: it starts at
-    /// `req.start_revision`, or after `rev` when none is given.
+    /// `req.start_revision`, or after `rev` when none is given. `settled` is its stream's.
     pub(super) fn new(
         id: i64,
         range: KeyRange,
@@ -78,6 +82,7 @@ impl Watcher {
         rev: i64,
         credential: StreamCredential,
         node: &Node,
+        settled: Arc<Notify>,
     ) -> Watcher {
         Watcher {
             id,
@@ -87,6 +92,9 @@ impl Watcher {
             no_put: req.filters.contains(&(FilterType::Noput as i32)),
             no_delete: req.filters.contains(&(FilterType::Nodelete as i32)),
             progress_notify: req.progress_notify,
+            progress_interval: node.watch_progress_notify_interval,
+            start_revision: req.start_revision.max(0),
+            settled,
             fragment: req.fragment,
             credential,
             auth_checked: (node.auth_revision(), node.auth_enabled()),
@@ -94,10 +102,15 @@ impl Watcher {
         }
     }
 
-    /// Registers with the member's watch hub (unsynced) and runs as a task of its own until it ends or
-    /// `stopped` fires.
-    pub(super) fn spawn(self, node: Arc<Node>, out: Outbox, stopped: oneshot::Receiver<()>) -> JoinHandle<()> {
-        let hub = node.watch_hub.register(self.range.clone());
+    /// Runs as a task of its own, registered with the member's watch hub as `hub` (unsynced), until
+    /// it ends or `stopped` fires.
+    pub(super) fn spawn(
+        self,
+        node: Arc<Node>,
+        hub: Registration,
+        out: Outbox,
+        stopped: oneshot::Receiver<()>,
+    ) -> JoinHandle<()> {
         tokio::spawn(self.run(node, hub, out, stopped))
     }
 
@@ -129,7 +142,7 @@ impl Watcher {
         out: &Outbox,
         stopped: &mut oneshot::Receiver<()>,
     ) -> End {
-        let mut progress = tokio::time::interval(PROGRESS_NOTIFY_INTERVAL);
+        let mut progress = tokio::time::interval(self.progress_interval);
         progress.tick().await;
         let mut synced = false;
         loop {
@@ -148,7 +161,10 @@ impl Watcher {
                 };
                 // What is pending goes first: a progress response says all before it was delivered.
                 match self.take_pending(node, hub, out, stopped).await {
-                    Live::Delivered => {}
+                    Live::Delivered => {
+                        hub.settled();
+                        self.settled.notify_one();
+                    }
                     Live::Missed => {
                         hub.unsync();
                         synced = false;
@@ -167,8 +183,9 @@ impl Watcher {
             }
             // Unsynced: nothing left before the hub's revision, it joins; else it catches up from the
             // hub's backlog (in memory, shared by every watcher), or from the store.
-            if hub.try_sync(self.next) {
+            if hub.try_sync(self.next, self.start_revision.max(self.next - 1)) {
                 synced = true;
+                self.settled.notify_one();
                 continue;
             }
             match self.catch_up(node, hub, out, stopped).await {
@@ -293,6 +310,9 @@ mod tests {
             no_put: false,
             no_delete: false,
             progress_notify: false,
+            progress_interval: Duration::from_secs(600),
+            start_revision: 0,
+            settled: Arc::new(Notify::new()),
             fragment: false,
             credential: StreamCredential::standing(Requester::Member),
             auth_checked: (node.auth_revision(), node.auth_enabled()),

@@ -383,6 +383,9 @@ where
                 );
             }
             ready!(self.poll_ready(cx))?;
+            // keyward patch: read no frame while the DATA frame budget is
+            // full; the user's reads make room (`Counts::poll_data_frame_room`).
+            ready!(self.inner.streams.poll_data_frame_room(cx));
 
             match self
                 .inner

@@ -86,6 +86,10 @@ pub(super) struct Counts {
     /// Number of empty, non-final DATA frames received over the lifetime of
     /// the connection.
     num_recv_empty_data_frames: usize,
+
+    /// keyward patch: the connection task, waiting for room in the DATA frame
+    /// budget before it reads the next frame (see `poll_data_frame_room`).
+    data_frame_room_waiter: Option<std::task::Waker>,
 }
 
 impl Counts {
@@ -106,7 +110,23 @@ impl Counts {
             data_frame_budget: Budget::new(config.data_frame_budget.resolve(None)),
             data_frame_budget_is_auto: config.data_frame_budget.is_auto(),
             num_recv_empty_data_frames: 0,
+            data_frame_room_waiter: None,
         }
+    }
+
+    /// keyward patch: `Ready` when the DATA frame budget has room for one more
+    /// small frame, so that reading the next frame cannot exhaust it; else the
+    /// task is woken when the user takes a frame out (`release_data_frame`).
+    /// The connection then stops reading (TCP pushes back on the peer) instead
+    /// of ending itself with `GOAWAY(ENHANCE_YOUR_CALM)` while its streams'
+    /// handlers are merely slower than the network.
+    pub fn poll_data_frame_room(&mut self, cx: &std::task::Context) -> std::task::Poll<()> {
+        let budget = &self.data_frame_budget;
+        if budget.max.saturating_sub(budget.spent) >= DEFAULT_DATA_FRAME_OVERHEAD_THRESHOLD {
+            return std::task::Poll::Ready(());
+        }
+        self.data_frame_room_waiter = Some(cx.waker().clone());
+        std::task::Poll::Pending
     }
 
     pub fn set_target_connection_window_size(&mut self, size: WindowSize) {
@@ -143,6 +163,10 @@ impl Counts {
         if payload_len != 0 && payload_len < DEFAULT_DATA_FRAME_OVERHEAD_THRESHOLD {
             self.data_frame_budget
                 .replenish(DEFAULT_DATA_FRAME_OVERHEAD_THRESHOLD - payload_len);
+            // keyward patch: the connection may be waiting for this room.
+            if let Some(waiter) = self.data_frame_room_waiter.take() {
+                waiter.wake();
+            }
         }
     }
 

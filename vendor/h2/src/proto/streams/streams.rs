@@ -139,6 +139,11 @@ where
         Ok(())
     }
 
+    /// keyward patch: see `Counts::poll_data_frame_room`.
+    pub fn poll_data_frame_room(&mut self, cx: &Context) -> Poll<()> {
+        self.inner.lock().unwrap().counts.poll_data_frame_room(cx)
+    }
+
     pub fn next_incoming(&mut self) -> Option<StreamRef<B>> {
         let mut me = self.inner.lock().unwrap();
         let me = &mut *me;
