@@ -27,6 +27,7 @@ mod defrag;
 mod deploy;
 mod doc_paths;
 mod durability;
+mod etcd_backup;
 mod etcd_config;
 mod etcdctl_endpoints;
 mod etcdctl_kv;

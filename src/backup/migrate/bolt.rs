@@ -52,6 +52,13 @@ fn corrupt(what: impl Into<String>) -> BoltError {
     BoltError::Corrupt(what.into())
 }
 
+/// Whether the file at `path` starts as a bbolt database (its first meta page has bbolt's magic): a
+/// backup in etcd's format, whatever else is wrong with it.
+pub(crate) fn has_magic(path: &Path) -> bool {
+    let mut head = [0u8; PAGE_HEADER + 4];
+    File::open(path).and_then(|f| f.read_exact_at(&mut head, 0)).is_ok() && head[PAGE_HEADER..] == MAGIC.to_le_bytes()
+}
+
 pub(crate) struct Bolt {
     file: File,
     /// Bytes of the file that belong to the database (a trailing digest excluded).

@@ -20,14 +20,9 @@ use crate::backup::restore::backup_file::BackupFile;
 use crate::backup::restore::NewDataDir;
 use crate::cli::backup::RestoreArgs;
 
-/// bbolt's magic, where an etcd-format backup has it.
-const BOLT_MAGIC: [u8; 4] = 0xED0C_DAEDu32.to_le_bytes();
-
 pub(crate) fn run(args: RestoreArgs) -> anyhow::Result<()> {
     let checked = BackupFile::check(&args.file, args.skip_hash_check)?;
-    let mut source = File::open(&args.file).with_context(|| format!("cannot open snapshot {}", args.file.display()))?;
-    let mut head = [0u8; 20];
-    if source.read_exact(&mut head).is_ok() && head[16..20] == BOLT_MAGIC {
+    if crate::backup::migrate::bolt::has_magic(&args.file) {
         return restore_etcd_format(&args, checked.db_len);
     }
     checked.check_lmdb(&args.file)?;

@@ -6,7 +6,7 @@
 //! Opening a `State` also installs a current snapshot newer than the applied state
 //! (`snapshot/install.rs`); a defragment opens the next one with what this one `Carried`.
 
-use std::fs::File;
+
 use std::path::Path;
 use std::sync::{Arc, OnceLock, RwLock};
 
@@ -250,7 +250,7 @@ impl State {
 
     /// Writes a copy of the environment to `file`, as `compaction` says (tests: a data dir's copy).
     #[cfg(test)]
-    pub(crate) fn copy_to_file(&self, file: &mut File, compaction: heed::CompactionOption) -> heed::Result<()> {
+    pub(crate) fn copy_to_file(&self, file: &mut std::fs::File, compaction: heed::CompactionOption) -> heed::Result<()> {
         let _pin = self.mapping.pin();
         self.env.copy_to_file(file, compaction).map(drop)
     }
