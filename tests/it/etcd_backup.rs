@@ -124,9 +124,9 @@ fn a_backup_in_keywards_older_format_still_restores() {
 #[test]
 fn damaged_pages_under_a_valid_digest_are_refused() {
     let source = Server::start(Kind::Keyward);
-    for i in 0..200 {
-        ok(source.etcdctl(&["put", &format!("key-{i:03}"), &"v".repeat(100)]));
-    }
+    // One txn of 100 puts (one etcdctl run): a `key` bucket of several leaf pages under a branch page.
+    let puts: String = (0..100).map(|i| format!("put key-{i:03} {}\n", "v".repeat(200))).collect();
+    ok(source.etcdctl_stdin(&["txn"], &format!("\n{puts}\n\n")));
     let tmp = tempfile::tempdir().unwrap();
     let backup = tmp.path().join("good.db");
     ok(source.etcdctl(&["snapshot", "save", &backup.display().to_string()]));
