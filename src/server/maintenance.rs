@@ -253,9 +253,7 @@ fn write_backend(state: &State) -> Result<(File, u64), EtcdError> {
     let start = Instant::now();
     let exported = crate::backup::export::write_etcd_backend(state, file).map_err(|e| match e {
         crate::backup::export::ExportError::Store(e) => e,
-        crate::backup::export::ExportError::Write(crate::backup::export::bolt_writer::WriteError::Io(e)) => {
-            io_error(e)
-        }
+        crate::backup::export::ExportError::Write(crate::backup::export::bolt_writer::WriteError::Io(e)) => io_error(e),
         crate::backup::export::ExportError::Write(e) => {
             tracing::error!(error = %e, "cannot write the state as an etcd backend");
             EtcdError::Internal

@@ -141,28 +141,40 @@ fn damaged_pages_under_a_valid_digest_are_refused() {
     };
     let page = |n: usize| n * 4096..(n + 1) * 4096;
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
-        ("meta-pages", {
-            let mut b = db.to_vec();
-            b[16 + 20] ^= 1;
-            b[4096 + 16 + 20] ^= 1;
-            b
-        }, "checksum mismatch"),
-        ("page-flags", {
-            let mut b = db.to_vec();
-            for n in 3..pages {
-                b[page(n)][8] = 0xff;
-            }
-            b
-        }, "corrupt bbolt database"),
-        ("element-offsets", {
-            let mut b = db.to_vec();
-            for n in 3..pages {
-                for at in (16..64).step_by(16) {
-                    b[page(n)][at + 4..at + 8].copy_from_slice(&u32::MAX.to_le_bytes());
+        (
+            "meta-pages",
+            {
+                let mut b = db.to_vec();
+                b[16 + 20] ^= 1;
+                b[4096 + 16 + 20] ^= 1;
+                b
+            },
+            "checksum mismatch",
+        ),
+        (
+            "page-flags",
+            {
+                let mut b = db.to_vec();
+                for n in 3..pages {
+                    b[page(n)][8] = 0xff;
                 }
-            }
-            b
-        }, "corrupt bbolt database"),
+                b
+            },
+            "corrupt bbolt database",
+        ),
+        (
+            "element-offsets",
+            {
+                let mut b = db.to_vec();
+                for n in 3..pages {
+                    for at in (16..64).step_by(16) {
+                        b[page(n)][at + 4..at + 8].copy_from_slice(&u32::MAX.to_le_bytes());
+                    }
+                }
+                b
+            },
+            "corrupt bbolt database",
+        ),
         ("cut-under-its-high-water-mark", db[..db.len() - 4096].to_vec(), "is truncated"),
     ];
     let me = Flags::new("r");

@@ -86,7 +86,10 @@ impl BackupFile {
             u64::from_le_bytes(x)
         };
         if u32_at(&meta0, 16) != LMDB_MAGIC {
-            bail!("snapshot {} is not a backup: neither etcd's format (bbolt) nor keyward's older one (LMDB)", path.display());
+            bail!(
+                "snapshot {} is not a backup: neither etcd's format (bbolt) nor keyward's older one (LMDB)",
+                path.display()
+            );
         }
         let psize = u64::from(u32_at(&meta0, LMDB_PSIZE_AT));
         if !(512..=65536).contains(&psize) || !psize.is_power_of_two() {

@@ -6,7 +6,6 @@
 //! Opening a `State` also installs a current snapshot newer than the applied state
 //! (`snapshot/install.rs`); a defragment opens the next one with what this one `Carried`.
 
-
 use std::path::Path;
 use std::sync::{Arc, OnceLock, RwLock};
 
@@ -250,7 +249,11 @@ impl State {
 
     /// Writes a copy of the environment to `file`, as `compaction` says (tests: a data dir's copy).
     #[cfg(test)]
-    pub(crate) fn copy_to_file(&self, file: &mut std::fs::File, compaction: heed::CompactionOption) -> heed::Result<()> {
+    pub(crate) fn copy_to_file(
+        &self,
+        file: &mut std::fs::File,
+        compaction: heed::CompactionOption,
+    ) -> heed::Result<()> {
         let _pin = self.mapping.pin();
         self.env.copy_to_file(file, compaction).map(drop)
     }
