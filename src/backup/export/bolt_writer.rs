@@ -24,10 +24,17 @@ use crate::backup::migrate::bolt::{fnv1a, BRANCH, BUCKET_LEAF, ELEMENT, LEAF, MA
 pub(crate) const PAGE_SIZE: usize = 4096;
 /// bbolt's freelist page flag.
 const FREELIST: u16 = 0x10;
-/// bbolt's largest key (`MaxKeySize`): a longer one would be refused by bbolt's next write.
-pub(crate) const MAX_KEY: usize = 32_768;
 /// bbolt's largest value (`MaxValueSize`).
 const MAX_VALUE: usize = (1 << 31) - 2;
+/// The longest key an element can describe (its length is a u32). bbolt's `Put` takes keys of at most
+/// 32 KiB (`MaxKeySize`), but reads any: a keyward user or role name past that (keyward's limit is
+/// the request size) is written, so the backup is whole; etcd reads it, and only a `Put` of that very
+/// key would be refused there.
+const MAX_KEY: usize = u32::MAX as usize;
+/// Elements a page holds before it may be written for lack of room (bbolt's `minKeysPerPage`): pages
+/// of elements larger than a page each (overflow pages) still branch two ways, so a tree of `n` keys
+/// is at most about log2(n) levels deep.
+const MIN_KEYS_PER_PAGE: usize = 2;
 /// A bucket header: root page id, sequence.
 const BUCKET_HEADER: usize = 16;
 /// The first data page: after the two meta pages and the freelist.
@@ -157,7 +164,7 @@ impl BucketBuilder {
 
     fn add(&mut self, writer: &mut BoltWriter, key: &[u8], value: &[u8], flags: u32) -> Result<(), WriteError> {
         if key.is_empty() || key.len() > MAX_KEY {
-            return Err(self.invalid(format!("a key of {} bytes (bbolt takes 1 to {MAX_KEY})", key.len())));
+            return Err(self.invalid(format!("a key of {} bytes (a bbolt element takes 1 to {MAX_KEY})", key.len())));
         }
         if value.len() > MAX_VALUE {
             return Err(self.invalid(format!("a value of {} bytes (bbolt takes at most {MAX_VALUE})", value.len())));
@@ -170,7 +177,7 @@ impl BucketBuilder {
     }
 
     /// Adds an element to the open page of `level`, writing that page first if the element does not
-    /// fit (and passing it up).
+    /// fit and the page holds enough (and passing it up).
     fn push(
         &mut self,
         writer: &mut BoltWriter,
@@ -185,7 +192,7 @@ impl BucketBuilder {
         }
         let page = &self.levels[level];
         let grows_to = page.size() + ELEMENT + key.len() + value.len();
-        if !page.elements.is_empty() && grows_to > PAGE_SIZE {
+        if page.elements.len() >= MIN_KEYS_PER_PAGE && grows_to > PAGE_SIZE {
             self.write_level(writer, level)?;
         }
         let page = &mut self.levels[level];
@@ -356,7 +363,7 @@ mod tests {
     }
 
     #[test]
-    fn keys_out_of_order_empty_or_too_long_are_refused() {
+    fn keys_out_of_order_or_empty_are_refused() {
         let file = tempfile::NamedTempFile::new().unwrap();
         let mut writer = BoltWriter::new(file.reopen().unwrap()).unwrap();
         let mut bucket = writer.bucket("b");
@@ -365,8 +372,27 @@ mod tests {
             let err = bucket.put(&mut writer, key, b"").unwrap_err().to_string();
             assert!(err.starts_with("bucket b: "), "{err}");
         }
-        bucket.put(&mut writer, &vec![b'c'; MAX_KEY], b"").unwrap();
-        let err = bucket.put(&mut writer, &vec![b'd'; MAX_KEY + 1], b"").unwrap_err().to_string();
-        assert!(err.contains("32768"), "{err}");
+    }
+
+    /// Keys longer than bbolt's `MaxKeySize` (long user names), each larger than a page, are written
+    /// and read back, on leaf pages and as branch pages' keys.
+    #[test]
+    fn keys_past_bbolts_put_limit_and_past_a_page_read_back() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let mut writer = BoltWriter::new(file.reopen().unwrap()).unwrap();
+        let mut bucket = writer.bucket("long");
+        // 100 of them: pages of at least two elements keep the tree shallow (one element per page
+        // would stack a level per key, past what a reader accepts).
+        let keys: Vec<Vec<u8>> = (0..100u8).map(|i| vec![i + 1; 40_000]).collect();
+        for key in &keys {
+            bucket.put(&mut writer, key, b"v").unwrap();
+        }
+        let long = bucket.finish(&mut writer).unwrap();
+        let mut root = writer.bucket("");
+        root.put_bucket(&mut writer, b"long", long).unwrap();
+        let (_, len) = writer.finish(root).unwrap();
+        let bolt = Bolt::open(file.path(), len).unwrap();
+        let read = read_all(&bolt, &bolt.bucket(b"long").unwrap().unwrap());
+        assert_eq!(read, keys.into_iter().map(|k| (k, b"v".to_vec())).collect::<Vec<_>>());
     }
 }

@@ -158,7 +158,7 @@ pub(crate) fn write_etcd_backend(state: &State, file: File) -> Result<Exported, 
     add(&mut top, &mut writer, "meta", bucket)?;
 
     let revision = revision.max(view.compact_rev);
-    drop(view);
+    // The rest is the file's own pages: the transaction ends first.
     drop(txn);
     let (file, len) = writer.finish(top)?;
     Ok(Exported { file, len, revision })
