@@ -88,6 +88,21 @@ impl LeaseStore {
         Ok(out)
     }
 
+    /// Calls `f` with every lease in id order (as big-endian bytes: etcd's `lease` bucket order), one
+    /// record in memory at a time (a backup of any number of leases).
+    pub(crate) fn for_each<E: From<EtcdError>>(
+        &self,
+        txn: &RoTxn,
+        mut f: impl FnMut(i64, LeaseRecord) -> Result<(), E>,
+    ) -> Result<(), E> {
+        for item in self.leases.iter(txn).map_err(EtcdError::from)? {
+            let (id, bytes) = item.map_err(EtcdError::from)?;
+            let id = i64::from_be_bytes(id.try_into().map_err(|_| corrupt())?);
+            f(id, LeaseRecord::decode(bytes)?)?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn put(&self, txn: &mut RwTxn, id: i64, record: &LeaseRecord) -> Result<(), EtcdError> {
         let bytes = postcard::to_allocvec(record).map_err(|_| EtcdError::Internal)?;
         Ok(self.leases.put(txn, &id_key(id), &bytes)?)

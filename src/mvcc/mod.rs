@@ -4,6 +4,7 @@
 pub(crate) mod compaction;
 pub(crate) mod counts;
 pub(crate) mod encoded_events;
+pub(crate) mod export;
 pub(crate) mod hash;
 pub(crate) mod import;
 pub(crate) mod kv;

@@ -42,10 +42,6 @@ pub(crate) const ETCD_CLUSTER_VERSION: &str = "3.5";
 /// Bytes per snapshot chunk, as etcd's `snapshotSendBufferSize`.
 const SNAPSHOT_CHUNK: usize = 32 * 1024;
 
-/// `etcdctl snapshot save` accepts a stream only if its length is a multiple of 512 plus the 32-byte
-/// SHA-256 digest (`hasChecksum` in etcd's snapshot package).
-const SNAPSHOT_ALIGN: u64 = 512;
-
 /// Chunks read ahead of the client.
 const SNAPSHOT_QUEUE: usize = 4;
 
@@ -187,15 +183,16 @@ impl Maintenance for MaintenanceService {
         }))
     }
 
-    /// A consistent copy of the kv LMDB environment (`<data-dir>/member/kv/data.mdb`, compacted: free
-    /// pages left out), streamed in 32 KiB chunks, followed — as etcd does — by one last chunk holding
-    /// the SHA-256 of everything sent before it. `remaining_bytes` counts the database bytes still to
-    /// come (0 on the last database chunk and on the digest). The copy's length is padded with zeros to
-    /// a multiple of 512 bytes if needed, since `etcdctl snapshot save` checks for that.
+    /// The applied state as an etcd backend (a bbolt database, `backup/export/`), streamed in 32 KiB
+    /// chunks, followed — as etcd does — by one last chunk holding the SHA-256 of everything sent
+    /// before it. `remaining_bytes` counts the database bytes still to come (0 on the last database
+    /// chunk and on the digest). `etcdctl snapshot status` and `restore` read it as an etcd backup.
     ///
-    /// The copy is written to a temp file under `<data-dir>/member/` that is unlinked as soon as it is
-    /// created: the open handle keeps it readable while streaming, and its space is freed when the
-    /// stream ends or the client goes away — a crash leaves nothing behind.
+    /// The database is written from one read transaction to a temp file under `<data-dir>/member/`
+    /// that is unlinked as soon as it is created: the transaction ends when the file is written (a
+    /// slow client does not keep LMDB from reusing pages), the open handle keeps the file readable
+    /// while streaming, and its space is freed when the stream ends or the client goes away — a crash
+    /// leaves nothing behind.
     async fn snapshot(
         &self,
         request: Request<SnapshotRequest>,
@@ -204,7 +201,7 @@ impl Maintenance for MaintenanceService {
         // The state, not only its env: a defragment waits for the copy to end before it swaps.
         let state = self.node.state();
         let (file, total) =
-            tokio::task::spawn_blocking(move || copy_env(&state)).await.map_err(|_| EtcdError::Internal)??;
+            tokio::task::spawn_blocking(move || write_backend(&state)).await.map_err(|_| EtcdError::Internal)??;
         let header = self.node.header(0);
         let (tx, rx) = mpsc::channel(SNAPSHOT_QUEUE);
         tokio::task::spawn_blocking(move || send_snapshot(file, total, header, tx));
@@ -244,14 +241,14 @@ fn io_error(err: std::io::Error) -> EtcdError {
     EtcdError::from(heed::Error::Io(err))
 }
 
-/// Copies the environment into an anonymous (already unlinked) file; returns it rewound, with the
-/// number of bytes to stream (the copy, padded to `SNAPSHOT_ALIGN`).
-fn copy_env(state: &State) -> Result<(File, u64), EtcdError> {
+/// Writes the state as an etcd backend into an anonymous (already unlinked) file; returns it rewound,
+/// with its length (whole 4 KiB pages: a multiple of 512, as `etcdctl snapshot save` expects).
+fn write_backend(state: &State) -> Result<(File, u64), EtcdError> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let dir = snapshot_dir(state);
     let path = dir.join(format!("snapshot-{}-{}.tmp", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
     // Owner-only even for the moment before the unlink: it is a copy of every key and password hash.
-    let mut file = File::options()
+    let file = File::options()
         .read(true)
         .write(true)
         .create_new(true)
@@ -260,26 +257,24 @@ fn copy_env(state: &State) -> Result<(File, u64), EtcdError> {
         .map_err(io_error)?;
     remove_temp(&path);
     let start = Instant::now();
-    if let Err(err) = state.copy_to_file(&mut file, heed::CompactionOption::Enabled) {
-        // A compacting copy fails if the environment ever leaked a page; a plain copy still works.
-        tracing::warn!(error = %err, "compacting snapshot copy failed; copying without compaction");
-        file.set_len(0).map_err(io_error)?;
-        file.rewind().map_err(io_error)?;
-        state.copy_to_file(&mut file, heed::CompactionOption::Disabled)?;
-    }
+    let exported = crate::backup::export::write_etcd_backend(state, file).map_err(|e| match e {
+        crate::backup::export::ExportError::Store(e) => e,
+        crate::backup::export::ExportError::Write(crate::backup::export::bolt_writer::WriteError::Io(e)) => io_error(e),
+        crate::backup::export::ExportError::Write(e) => {
+            tracing::error!(error = %e, "cannot write the state as an etcd backend");
+            EtcdError::Internal
+        }
+    })?;
     crate::metrics::BACKEND_SNAPSHOT_SECONDS.observe(start.elapsed().as_secs_f64());
-    let copied = file.metadata().map_err(io_error)?.len();
-    let total = copied.div_ceil(SNAPSHOT_ALIGN) * SNAPSHOT_ALIGN;
-    if total != copied {
-        file.set_len(total).map_err(io_error)?;
-    }
+    let mut file = exported.file;
     file.rewind().map_err(io_error)?;
     tracing::info!(
-        total_bytes = total,
+        total_bytes = exported.len,
+        revision = exported.revision,
         took = ?start.elapsed(),
-        "copied the kv database for a snapshot"
+        "wrote the kv state as an etcd backend for a snapshot"
     );
-    Ok((file, total))
+    Ok((file, exported.len))
 }
 
 fn remove_temp(path: &Path) {

@@ -6,8 +6,8 @@
 //! `move-leader`) a client per endpoint whose HTTP/2 `:authority` is the whole URL; keyward serves
 //! them through its patched h2 (`vendor/h2/PATCH.md`).
 //!
-//! Offline commands are not here: `snapshot status|restore` read etcd's bbolt files (keyward's are
-//! LMDB; `keyward snapshot status|restore` reads them) and `migrate` converts an etcd v2 data dir.
+//! Offline commands are not here: `snapshot status|restore` read the backup file, not a server (keyward's
+//! backups are etcd's format: `etcd_backup.rs` runs them), and `migrate` converts an etcd v2 data dir.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};

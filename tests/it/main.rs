@@ -28,6 +28,7 @@ mod deploy;
 mod details;
 mod doc_paths;
 mod durability;
+mod etcd_backup;
 mod etcd_config;
 mod etcdctl_endpoints;
 mod etcdctl_kv;

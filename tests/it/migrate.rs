@@ -9,20 +9,10 @@ use std::path::Path;
 
 use crate::common::etcd_errors::{AUTH_FAILED, COMPACTED, PERMISSION_DENIED};
 use crate::common::restore::{
-    comparable_get, keyward, leftovers, member_args, observations, ok, populate, strings, Flags, Member, ROOT,
+    comparable_get, keyward, leftovers, member_args, observations, ok, populate, same_status_as_etcdctl, strings,
+    Flags, Member, ROOT,
 };
-use crate::common::{self, Kind, Output, Server};
-
-/// `keyward snapshot status` of an etcd backup prints what `etcdctl snapshot status` prints.
-#[track_caller]
-fn same_status_as_etcdctl(file: &Path) {
-    let file = file.display().to_string();
-    for format in ["simple", "table", "json", "fields"] {
-        let ours = ok(keyward(&strings(&["snapshot", "status", &file, "-w", format]))).stdout;
-        let etcds = ok(common::etcdctl("127.0.0.1:1", &["snapshot", "status", &file, "-w", format])).stdout;
-        assert_eq!(ours, etcds, "-w {format}");
-    }
-}
+use crate::common::{Kind, Output, Server};
 
 fn migrate(file: &Path, me: &Flags, data_dir: &Path, extra: &[&str]) -> Output {
     let mut args = strings(&["migrate", "--etcd-snapshot", &file.display().to_string()]);

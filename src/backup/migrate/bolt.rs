@@ -22,15 +22,15 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-const MAGIC: u32 = 0xED0C_DAED;
-const VERSION: u32 = 2;
-const BRANCH: u16 = 0x01;
-const LEAF: u16 = 0x02;
-const META: u16 = 0x04;
+pub(crate) const MAGIC: u32 = 0xED0C_DAED;
+pub(crate) const VERSION: u32 = 2;
+pub(crate) const BRANCH: u16 = 0x01;
+pub(crate) const LEAF: u16 = 0x02;
+pub(crate) const META: u16 = 0x04;
 /// A leaf element that is a nested bucket.
-const BUCKET_LEAF: u32 = 0x01;
-const PAGE_HEADER: usize = 16;
-const ELEMENT: usize = 16;
+pub(crate) const BUCKET_LEAF: u32 = 0x01;
+pub(crate) const PAGE_HEADER: usize = 16;
+pub(crate) const ELEMENT: usize = 16;
 const META_LEN: usize = 64;
 /// Deeper than any bbolt tree can be (each level multiplies the fan-out).
 const MAX_DEPTH: usize = 64;
@@ -50,6 +50,13 @@ pub(crate) enum BoltError {
 
 fn corrupt(what: impl Into<String>) -> BoltError {
     BoltError::Corrupt(what.into())
+}
+
+/// Whether the file at `path` starts as a bbolt database (its first meta page has bbolt's magic): a
+/// backup in etcd's format, whatever else is wrong with it.
+pub(crate) fn has_magic(path: &Path) -> bool {
+    let mut head = [0u8; PAGE_HEADER + 4];
+    File::open(path).and_then(|f| f.read_exact_at(&mut head, 0)).is_ok() && head[PAGE_HEADER..] == MAGIC.to_le_bytes()
 }
 
 pub(crate) struct Bolt {
@@ -293,6 +300,6 @@ fn read_u64(buf: &[u8], at: usize) -> Result<u64, BoltError> {
 }
 
 /// bbolt's meta checksum: FNV-1a, 64 bits.
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }

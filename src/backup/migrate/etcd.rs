@@ -32,15 +32,18 @@ use crate::raft::state_machine::State;
 /// dirty-page spilling (docs/architecture.md, Known limits).
 const CHANGES_PER_COMMIT: usize = 20_000;
 
-/// etcd's `leasepb.Lease`.
+/// etcd's `leasepb.Lease`, with keyward's lease owner in a field etcd skips (`backup/export/`).
 #[derive(Clone, PartialEq, Message)]
-struct EtcdLease {
+pub(crate) struct EtcdLease {
     #[prost(int64, tag = "1")]
-    id: i64,
+    pub id: i64,
     #[prost(int64, tag = "2")]
-    ttl: i64,
+    pub ttl: i64,
     #[prost(int64, tag = "3")]
-    remaining_ttl: i64,
+    pub remaining_ttl: i64,
+    /// The user who granted the lease with auth on (keyward's backups only).
+    #[prost(string, optional, tag = "100")]
+    pub owner: Option<String>,
 }
 
 /// What was imported.
@@ -75,7 +78,7 @@ pub(crate) fn import(bolt: &Bolt, state: &State) -> anyhow::Result<Imported> {
     if let Some(leases) = bucket("lease")? {
         bolt.for_each(&leases, |id, value| {
             let lease = EtcdLease::decode(value).map_err(|e| bad("lease", id, e))?;
-            let record = LeaseRecord { ttl: lease.ttl, remaining_ttl: lease.remaining_ttl, owner: None };
+            let record = LeaseRecord { ttl: lease.ttl, remaining_ttl: lease.remaining_ttl, owner: lease.owner };
             state.leases.put(&mut txn, lease.id, &record).map_err(|e| bad("lease", id, e))?;
             imported.leases += 1;
             Ok(())

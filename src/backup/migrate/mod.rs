@@ -1,5 +1,6 @@
 //! `keyward migrate`: an etcd 3.4/3.5 snapshot (`etcdctl snapshot save`'s file, a bbolt database with
-//! or without its trailing SHA-256) into a new keyward data dir.
+//! or without its trailing SHA-256) into a new keyward data dir. keyward's own backups are in the
+//! same format (`backup/export/`), and `keyward snapshot restore` reads them with `into_new_data_dir`.
 //!
 //! - `bolt.rs`: reading bbolt files (why not a crate: see there);
 //! - `etcd.rs`: etcd's buckets → keyward's tables;
@@ -11,8 +12,9 @@ pub(crate) mod etcd;
 use anyhow::anyhow;
 
 use crate::backup::restore::backup_file::BackupFile;
+use crate::backup::restore::new_data_dir::Restored;
 use crate::backup::restore::NewDataDir;
-use crate::cli::backup::MigrateArgs;
+use crate::cli::backup::{MemberFlags, MigrateArgs};
 
 /// Runs `keyward migrate`; the error names the file or flag.
 pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
@@ -25,18 +27,14 @@ pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
             .is_ok_and(|()| head[16..] == 0xBEEF_C0DEu32.to_le_bytes());
         if keyward_backup {
             anyhow!(
-                "{} is a keyward backup (LMDB), not an etcd one: use keyward snapshot restore",
+                "{} is a backup in keyward's older format (LMDB), not an etcd one: use keyward snapshot restore",
                 args.etcd_snapshot.display()
             )
         } else {
             anyhow!("{}: {e}", args.etcd_snapshot.display())
         }
     })?;
-    let mut dir = NewDataDir::create(&args.member)?;
-    let state = dir.state()?;
-    let imported = etcd::import(&bolt, &state).map_err(|e| anyhow!("{}: {e:#}", args.etcd_snapshot.display()))?;
-    drop(state);
-    let restored = dir.finish(imported.consistent_index)?;
+    let (imported, restored) = into_new_data_dir(&bolt, &args.etcd_snapshot, &args.member)?;
     println!(
         "migrated {} into {}: revision {} (compacted {}), {} changes, {} leases, {} users, {} roles, auth {} \
          (revision {}), {} alarms; member {:x}, cluster {:x}",
@@ -55,4 +53,19 @@ pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
         restored.cluster_id,
     );
     Ok(())
+}
+
+/// A new data dir (`member`'s flags) holding the etcd backend `bolt` read from `path`: what `keyward
+/// migrate` and `keyward snapshot restore` of an etcd-format backup (etcd's or keyward's) both do.
+pub(crate) fn into_new_data_dir(
+    bolt: &bolt::Bolt,
+    path: &std::path::Path,
+    member: &MemberFlags,
+) -> anyhow::Result<(etcd::Imported, Restored)> {
+    let mut dir = NewDataDir::create(member)?;
+    let state = dir.state()?;
+    let imported = etcd::import(bolt, &state).map_err(|e| anyhow!("{}: {e:#}", path.display()))?;
+    drop(state);
+    let restored = dir.finish(imported.consistent_index)?;
+    Ok((imported, restored))
 }

@@ -68,7 +68,8 @@ const LMDB_LAST_PAGE_AT: usize = 136;
 const LMDB_TXNID_AT: usize = 144;
 
 impl BackupFile {
-    /// Checks that the database part is a whole LMDB environment: a meta page with LMDB's magic, and
+    /// For a backup in keyward's older format (an LMDB copy, before backups were in etcd's format):
+    /// checks that the database part is a whole LMDB environment: a meta page with LMDB's magic, and
     /// every page its newest meta page counts inside the file. LMDB maps the file and trusts it: a
     /// truncated file would crash the process (SIGBUS) on the first read past its end, so this is
     /// checked before it is opened. (A page corrupted in place is caught by the digest only.)
@@ -76,7 +77,7 @@ impl BackupFile {
         let mut file = File::open(path).with_context(|| format!("cannot open snapshot {}", path.display()))?;
         let mut meta0 = [0u8; LMDB_TXNID_AT + 8];
         if self.db_len < meta0.len() as u64 || file.read_exact(&mut meta0).is_err() {
-            bail!("snapshot {} is too short to be a keyward backup", path.display());
+            bail!("snapshot {} is too short to be a backup", path.display());
         }
         let u32_at = |b: &[u8], at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
         let u64_at = |b: &[u8], at: usize| {
@@ -85,7 +86,10 @@ impl BackupFile {
             u64::from_le_bytes(x)
         };
         if u32_at(&meta0, 16) != LMDB_MAGIC {
-            bail!("snapshot {} is not a keyward backup (no LMDB database)", path.display());
+            bail!(
+                "snapshot {} is not a backup: neither etcd's format (bbolt) nor keyward's older one (LMDB)",
+                path.display()
+            );
         }
         let psize = u64::from(u32_at(&meta0, LMDB_PSIZE_AT));
         if !(512..=65536).contains(&psize) || !psize.is_power_of_two() {

@@ -1,10 +1,15 @@
-//! `keyward snapshot restore FILE`: a new member's data dir from a keyward backup, with etcdutl's flags.
+//! `keyward snapshot restore FILE`: a new member's data dir from a backup, with etcdutl's flags.
 //!
-//! The backup's database (after its digest is checked) becomes `member/kv/data.mdb` of a new data dir
-//! (`restore::NewDataDir`): every table comes with it — keys and their history, leases, users, roles,
-//! the auth flag and revision, and the alarms (etcd's restore keeps its alarm bucket too; a NOSPACE
-//! alarm is cleared with `etcdctl alarm disarm`). The source cluster's applied log id and membership
-//! are replaced by the new cluster's.
+//! A backup in etcd's format (what keyward's Snapshot RPC streams, `backup/export/`, and what etcd's
+//! does) is read as `keyward migrate` reads it (`backup/migrate/`): keys and their history, leases,
+//! users, roles, the auth flag and revision, and the alarms (etcd's restore keeps its alarm bucket
+//! too; a NOSPACE alarm is cleared with `etcdctl alarm disarm`).
+//!
+//! A backup in keyward's older format (an LMDB copy, streamed before keyward wrote etcd's format) is
+//! still restored, as it was: its database, after its digest is checked, becomes `member/kv/data.mdb`
+//! of the new data dir (`restore::NewDataDir`), every table with it. It costs this one branch.
+//!
+//! Either way the source cluster's applied log id and membership are replaced by the new cluster's.
 
 use std::fs::File;
 use std::io::Read;
@@ -15,19 +20,10 @@ use crate::backup::restore::backup_file::BackupFile;
 use crate::backup::restore::NewDataDir;
 use crate::cli::backup::RestoreArgs;
 
-/// bbolt's magic, where an etcd backup has it: such a file is for `keyward migrate`.
-const BOLT_MAGIC: [u8; 4] = 0xED0C_DAEDu32.to_le_bytes();
-
 pub(crate) fn run(args: RestoreArgs) -> anyhow::Result<()> {
     let checked = BackupFile::check(&args.file, args.skip_hash_check)?;
-    let mut source = File::open(&args.file).with_context(|| format!("cannot open snapshot {}", args.file.display()))?;
-    let mut head = [0u8; 20];
-    if source.read_exact(&mut head).is_ok() && head[16..20] == BOLT_MAGIC {
-        bail!(
-            "snapshot {} is an etcd backup (bbolt), not a keyward one: use keyward migrate --etcd-snapshot {}",
-            args.file.display(),
-            args.file.display()
-        );
+    if crate::backup::migrate::bolt::has_magic(&args.file) {
+        return restore_etcd_format(&args, checked.db_len);
     }
     checked.check_lmdb(&args.file)?;
     let mut dir = NewDataDir::create(&args.member)?;
@@ -60,6 +56,24 @@ pub(crate) fn run(args: RestoreArgs) -> anyhow::Result<()> {
         "restored snapshot {} into {} (revision {revision}, raft index {}; member {:x}, cluster {:x})",
         args.file.display(),
         restored.data_dir.display(),
+        restored.applied_index,
+        restored.member_id,
+        restored.cluster_id
+    );
+    Ok(())
+}
+
+/// A backup in etcd's format (keyward's since it writes them so, or etcd's own): read as `keyward
+/// migrate` reads it.
+fn restore_etcd_format(args: &RestoreArgs, db_len: u64) -> anyhow::Result<()> {
+    let bolt = crate::backup::migrate::bolt::Bolt::open(&args.file, db_len)
+        .map_err(|e| anyhow!("snapshot {}: {e}", args.file.display()))?;
+    let (imported, restored) = crate::backup::migrate::into_new_data_dir(&bolt, &args.file, &args.member)?;
+    println!(
+        "restored snapshot {} into {} (revision {}, raft index {}; member {:x}, cluster {:x})",
+        args.file.display(),
+        restored.data_dir.display(),
+        imported.revision,
         restored.applied_index,
         restored.member_id,
         restored.cluster_id

@@ -1,5 +1,6 @@
-//! `keyward snapshot status FILE`: for an etcd backup, exactly what `etcdctl snapshot status` prints
-//! (`migrate::etcd::status`); for a keyward backup, its hash (keyward's `Hash`: CRC-32C over every table, as
+//! `keyward snapshot status FILE`: for a backup in etcd's format (etcd's, and keyward's since it
+//! writes that format), exactly what `etcdctl snapshot status` prints (`migrate::etcd::status`); for
+//! a backup in keyward's older format (an LMDB copy), its hash (keyward's `Hash`: CRC-32C over every table, as
 //! `etcdctl endpoint hash` shows it for the member), revision, total keys (records in every table,
 //! as etcd counts every bucket's keys) and size (the database, digest excluded), printed as etcdctl
 //! prints them (`-w simple|table|json|fields`). The backup is read from a private copy: its LMDB
@@ -37,8 +38,10 @@ pub(crate) fn status(path: &std::path::Path) -> anyhow::Result<Status> {
     if checked.has_digest {
         BackupFile::check(path, false)?;
     }
-    if let Ok(bolt) = crate::backup::migrate::bolt::Bolt::open(path, checked.db_len) {
-        // An etcd backup (before `keyward migrate`): etcdctl's numbers for it.
+    if crate::backup::migrate::bolt::has_magic(path) {
+        // etcd's format (etcd's backups and keyward's): etcdctl's numbers for it.
+        let bolt = crate::backup::migrate::bolt::Bolt::open(path, checked.db_len)
+            .map_err(|e| anyhow!("snapshot {}: {e}", path.display()))?;
         let (hash, revision, total_keys, total_size) =
             crate::backup::migrate::etcd::status(&bolt).map_err(|e| anyhow!("{}: {e}", path.display()))?;
         return Ok(Status { hash, revision, total_keys, total_size });

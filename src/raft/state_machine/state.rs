@@ -6,7 +6,6 @@
 //! Opening a `State` also installs a current snapshot newer than the applied state
 //! (`snapshot/install.rs`); a defragment opens the next one with what this one `Carried`.
 
-use std::fs::File;
 use std::path::Path;
 use std::sync::{Arc, OnceLock, RwLock};
 
@@ -248,8 +247,13 @@ impl State {
         self.env.real_disk_size()
     }
 
-    /// Writes a copy of the environment to `file`, as `compaction` says (`etcdctl snapshot save`).
-    pub(crate) fn copy_to_file(&self, file: &mut File, compaction: heed::CompactionOption) -> heed::Result<()> {
+    /// Writes a copy of the environment to `file`, as `compaction` says (tests: a data dir's copy).
+    #[cfg(test)]
+    pub(crate) fn copy_to_file(
+        &self,
+        file: &mut std::fs::File,
+        compaction: heed::CompactionOption,
+    ) -> heed::Result<()> {
         let _pin = self.mapping.pin();
         self.env.copy_to_file(file, compaction).map(drop)
     }
@@ -275,8 +279,14 @@ impl State {
 
     pub(super) fn applied_state(&self) -> Result<(Option<LogId>, StoredMembership), BoxError> {
         let txn = self.read_txn()?;
-        let applied = self.read_meta::<Option<LogId>>(&txn, APPLIED)?.flatten();
-        let membership = self.read_meta(&txn, MEMBERSHIP)?.unwrap_or_default();
+        self.applied_in(&txn)
+    }
+
+    /// The applied log id and membership as of `txn` (a backup's consistent index and members, read
+    /// with the tables they go with).
+    pub(crate) fn applied_in(&self, txn: &heed::RoTxn) -> Result<(Option<LogId>, StoredMembership), BoxError> {
+        let applied = self.read_meta::<Option<LogId>>(txn, APPLIED)?.flatten();
+        let membership = self.read_meta(txn, MEMBERSHIP)?.unwrap_or_default();
         Ok((applied, membership))
     }
 }

@@ -80,6 +80,11 @@ impl Member {
         Member::spawn_with(me, cluster, data_dir, log, &me.client_url(), &[])
     }
 
+    /// A real etcd on a data dir `etcdctl snapshot restore` made (etcd takes the same flags).
+    pub(crate) fn spawn_etcd(me: &Flags, cluster: &[Flags], data_dir: &Path, log: &Path) -> Member {
+        Member::spawn_program(super::etcd_bin(), &[], me, cluster, data_dir, log, &me.client_url(), &[])
+    }
+
     /// `spawn` with another client URL (`https://`) and more flags.
     pub(crate) fn spawn_with(
         me: &Flags,
@@ -89,7 +94,21 @@ impl Member {
         client_url: &str,
         extra: &[String],
     ) -> Member {
-        let mut args = vec!["serve".to_string()];
+        Member::spawn_program(keyward_bin(), &["serve"], me, cluster, data_dir, log, client_url, extra)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn spawn_program(
+        program: PathBuf,
+        command: &[&str],
+        me: &Flags,
+        cluster: &[Flags],
+        data_dir: &Path,
+        log: &Path,
+        client_url: &str,
+        extra: &[String],
+    ) -> Member {
+        let mut args = strings(command);
         args.extend(member_args(me, cluster, data_dir));
         args.extend(extra.iter().cloned());
         args.extend([
@@ -101,10 +120,10 @@ impl Member {
         ]);
         let out = File::create(log).expect("member log");
         let err = out.try_clone().expect("member log");
-        let mut cmd = Command::new(keyward_bin());
+        let mut cmd = Command::new(&program);
         cmd.args(&args).stdin(Stdio::null()).stdout(out).stderr(err);
         scrub_env(&mut cmd);
-        let child = cmd.spawn().expect("spawn keyward serve");
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", program.display()));
         Member { flags: me.clone(), child, log: log.to_path_buf() }
     }
 
@@ -236,4 +255,16 @@ pub(crate) fn observations(run: &dyn Fn(&[&str]) -> Output, lease: &str) -> Vec<
     let keys = ttl.stdout.split("attached keys").nth(1).unwrap_or_default().trim().to_string();
     seen.push(("lease timetolive --keys".into(), ttl.success(), keys));
     seen
+}
+
+/// `keyward snapshot status` of an etcd-format backup (etcd's or keyward's) prints what `etcdctl
+/// snapshot status` prints, in each of its formats.
+#[track_caller]
+pub(crate) fn same_status_as_etcdctl(file: &Path) {
+    let file = file.display().to_string();
+    for format in ["simple", "table", "json", "fields"] {
+        let ours = ok(keyward(&strings(&["snapshot", "status", &file, "-w", format]))).stdout;
+        let etcds = ok(etcdctl("127.0.0.1:1", &["snapshot", "status", &file, "-w", format])).stdout;
+        assert_eq!(ours, etcds, "-w {format}");
+    }
 }
