@@ -8,7 +8,7 @@ use std::sync::Arc;
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::read_ahead::{read_ahead, READ_AHEAD_BYTES};
+use super::read_ahead::read_ahead;
 use super::requester::requester;
 use super::require_leader::{leader_lost, stream_requires_leader};
 use super::stream_credential::StreamCredential;
@@ -89,7 +89,7 @@ impl Lease for LeaseService {
         let node = self.node.clone();
         let keeper = credential.clone();
         // Read ahead of their answers: a burst of keep-alives must not end the connection (`read_ahead.rs`).
-        let requests = read_ahead(request.into_inner(), READ_AHEAD_BYTES);
+        let requests = read_ahead(request.into_inner());
         let responses = requests.then(move |req| {
             let (node, credential) = (node.clone(), keeper.clone());
             async move {

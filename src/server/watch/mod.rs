@@ -48,7 +48,7 @@ use tonic::{Request, Response, Status, Streaming};
 use self::outbox::{outbox, STREAM_BYTES, STREAM_RESPONSES};
 use self::stream::WatchStream;
 use self::wire::{WatchCodec, WatchReply};
-use super::read_ahead::{read_ahead, READ_AHEAD_BYTES};
+use super::read_ahead::read_ahead;
 use super::require_leader::{leader_lost, stream_requires_leader};
 use super::stream_credential::StreamCredential;
 use crate::node::Node;
@@ -82,7 +82,7 @@ impl WatchService {
             });
         }
         let stream = WatchStream::new(self.node.clone(), who, out);
-        tokio::spawn(stream.run(read_ahead(request.into_inner(), READ_AHEAD_BYTES)));
+        tokio::spawn(stream.run(read_ahead(request.into_inner())));
         Ok(Response::new(Box::pin(replies)))
     }
 }
