@@ -33,8 +33,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::common;
 use crate::common::pki::{Cert, Pki};
+use crate::common::{self, grpc_frame};
 use keyward::proto::etcdserverpb::{
     AuthUserListResponse, AuthenticateRequest, AuthenticateResponse, RangeRequest, RangeResponse,
 };
@@ -772,15 +772,6 @@ impl H2 {
 
 fn is_grpc(headers: &HeaderMap) -> bool {
     headers.get("content-type").and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("application/grpc"))
-}
-
-/// A gRPC length-prefixed message, uncompressed.
-fn grpc_frame(message: &[u8]) -> Bytes {
-    let mut framed = Vec::with_capacity(message.len() + 5);
-    framed.push(0);
-    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    framed.extend_from_slice(message);
-    Bytes::from(framed)
 }
 
 /// A gRPC call over HTTP/1.1 written byte by byte: header names exactly as given (mixed case

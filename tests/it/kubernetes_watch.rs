@@ -26,7 +26,7 @@ use keyward::proto::etcdserverpb::{
 use prost::Message as _;
 
 use crate::common::cluster::{Cluster, Options};
-use crate::common::{self, Kind, Server};
+use crate::common::{self, grpc_frame, Kind, Server};
 
 /// How long a test waits for what must come; only a bound on a failure, never a measure.
 const PATIENCE: Duration = Duration::from_secs(120);
@@ -211,15 +211,6 @@ fn assert_no_leader(what: &str, result: Result<(), etcd_client::Error>) {
 // ---------------------------------------------------------------------------
 
 const AT_ONCE: usize = 10_000;
-
-/// A gRPC length-prefixed message, uncompressed.
-fn grpc_frame(message: &[u8]) -> Bytes {
-    let mut framed = Vec::with_capacity(message.len() + 5);
-    framed.push(0);
-    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    framed.extend_from_slice(message);
-    Bytes::from(framed)
-}
 
 /// Opens a streaming call on a raw HTTP/2 connection whose body sends each of `messages` as a DATA
 /// frame of its own (as grpc-go does) and then stays open; the connection's sender (for a further

@@ -1186,3 +1186,12 @@ pub(crate) fn mode_of(path: &Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
     std::fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).permissions().mode() & 0o7777
 }
+
+/// A gRPC length-prefixed message, uncompressed.
+pub(crate) fn grpc_frame(message: &[u8]) -> bytes::Bytes {
+    let mut framed = Vec::with_capacity(message.len() + 5);
+    framed.push(0);
+    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend_from_slice(message);
+    bytes::Bytes::from(framed)
+}
