@@ -17,6 +17,7 @@ use std::io::Read;
 use anyhow::{anyhow, bail, Context as _};
 
 use crate::backup::restore::backup_file::BackupFile;
+use crate::backup::restore::new_data_dir::Restored;
 use crate::backup::restore::NewDataDir;
 use crate::cli::backup::RestoreArgs;
 
@@ -51,15 +52,7 @@ pub(crate) fn run(args: RestoreArgs) -> anyhow::Result<()> {
         (revision, applied.map_or(1, |id| id.index))
     };
     drop(state);
-    let restored = dir.finish(index)?;
-    println!(
-        "restored snapshot {} into {} (revision {revision}, raft index {}; member {:x}, cluster {:x})",
-        args.file.display(),
-        restored.data_dir.display(),
-        restored.applied_index,
-        restored.member_id,
-        restored.cluster_id
-    );
+    report(&args, revision, &dir.finish(index)?);
     Ok(())
 }
 
@@ -69,14 +62,18 @@ fn restore_etcd_format(args: &RestoreArgs, db_len: u64) -> anyhow::Result<()> {
     let bolt = crate::backup::migrate::bolt::Bolt::open(&args.file, db_len)
         .map_err(|e| anyhow!("snapshot {}: {e}", args.file.display()))?;
     let (imported, restored) = crate::backup::migrate::into_new_data_dir(&bolt, &args.file, &args.member)?;
+    report(args, imported.revision, &restored);
+    Ok(())
+}
+
+/// The line a restore ends with, whichever format the backup was in.
+fn report(args: &RestoreArgs, revision: i64, restored: &Restored) {
     println!(
-        "restored snapshot {} into {} (revision {}, raft index {}; member {:x}, cluster {:x})",
+        "restored snapshot {} into {} (revision {revision}, raft index {}; member {:x}, cluster {:x})",
         args.file.display(),
         restored.data_dir.display(),
-        imported.revision,
         restored.applied_index,
         restored.member_id,
         restored.cluster_id
     );
-    Ok(())
 }
