@@ -308,3 +308,106 @@ fn candidate_layout_4_index() {
         }
     }
 }
+
+/// How full the candidate's pages are after a migration from layout 3 (the question the design in
+/// docs/performance.md leaves open): a layout 3 `kv_index` of three passes of `ARRIVALS`' order (or the
+/// bench model's) converted in place, in steps of 10,000 entries in key order, into one table of two
+/// regions, history (`00 01 ++` the layout 3 entry) and newest (`00 03 ++ key` → tag and revision);
+/// then the history region removed, as a compaction of every older revision would.
+/// `cargo test --release --lib candidate_layout_4_migration -- --ignored --nocapture`.
+#[test]
+#[ignore = "measurement: prints the migrated table's pages"]
+fn candidate_layout_4_migration() {
+    use super::revision::{history_key, prefix_len, Revision};
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    use std::ops::Bound;
+    let keys: usize = std::env::var("KEYS").ok().and_then(|k| k.parse().ok()).unwrap_or(200_000);
+    let batch: usize = std::env::var("BATCH").ok().and_then(|k| k.parse().ok()).unwrap_or(34);
+    let order = recorded_arrivals(keys).unwrap_or_else(|| {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let mut order: Vec<usize> = (0..keys).collect();
+        for window in order.chunks_mut(100) {
+            window.shuffle(&mut rng);
+        }
+        order
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let (env, [index]) = crate::storage::open(dir.path(), ["kv_index"], crate::storage::Durability::Deferred).unwrap();
+    let show = |what: &str| {
+        let p = pages(&env, index);
+        eprintln!("migration: {what:26} {:6.1} B/key ({} entries)", p.bytes() as f64 / keys as f64, p.entries);
+    };
+    let mut revision = 1i64;
+    for _pass in 0..3 {
+        for chunk in order.chunks(batch) {
+            let mut txn = env.write_txn().unwrap();
+            for &i in chunk {
+                revision += 1;
+                index.put(&mut txn, &history_key(&bench_key("kv/", i), Revision::new(revision, 0)), &[1]).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+    }
+    show("layout 3, 3 passes");
+    const HISTORY: [u8; 2] = [0, 1];
+    const NEWEST: [u8; 2] = [0, 3];
+    const LAYOUT_3_FROM: [u8; 2] = [0, 4];
+    loop {
+        let mut txn = env.write_txn().unwrap();
+        // The next entries of layout 3, whole keys only: the last key's entries wait for the next step
+        // unless the walk reached the end (its last entry is the key's newest).
+        let mut old: Vec<(Vec<u8>, u8)> = Vec::new();
+        let mut reached_end = true;
+        for entry in index.range(&txn, &(Bound::Included(&LAYOUT_3_FROM[..]), Bound::Unbounded)).unwrap() {
+            let (k, v) = entry.unwrap();
+            if old.len() == 10_000 {
+                reached_end = false;
+                break;
+            }
+            old.push((k.to_vec(), v[0]));
+        }
+        if old.is_empty() {
+            break;
+        }
+        let split = |raw: &[u8]| prefix_len(raw).unwrap();
+        if !reached_end {
+            let last = old.last().unwrap().0.clone();
+            old.retain(|(k, _)| k[..split(k)] != last[..split(&last)]);
+            assert!(!old.is_empty(), "a key with more entries than a step");
+        }
+        for (k, _) in &old {
+            index.delete(&mut txn, k).unwrap();
+        }
+        let mut newest = Vec::new();
+        for (n, (k, tag)) in old.iter().enumerate() {
+            let at = split(k);
+            let is_newest = old.get(n + 1).is_none_or(|(next, _)| next[..split(next)] != k[..at]);
+            if is_newest {
+                // The key unescaped is the bench's (no zero bytes): drop the terminator.
+                newest.push(([&NEWEST[..], &k[..at - 2]].concat(), [&[*tag][..], &k[at..]].concat()));
+            } else {
+                index.put(&mut txn, &[&HISTORY[..], k].concat(), &[*tag]).unwrap();
+            }
+        }
+        for (k, v) in newest {
+            index.put(&mut txn, &k, &v).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    show("migrated");
+    loop {
+        let mut txn = env.write_txn().unwrap();
+        let range = (Bound::Included(&HISTORY[..]), Bound::Excluded(&[0u8, 2][..]));
+        let doomed: Vec<Vec<u8>> =
+            index.range(&txn, &range).unwrap().take(1000).map(|e| e.unwrap().0.to_vec()).collect();
+        for k in &doomed {
+            index.delete(&mut txn, k).unwrap();
+        }
+        txn.commit().unwrap();
+        if doomed.is_empty() {
+            break;
+        }
+    }
+    show("migrated, history removed");
+}
