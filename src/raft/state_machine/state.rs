@@ -39,7 +39,9 @@ pub(crate) struct State {
     pub(super) env: LmdbEnv,
     pub(super) mapping: Mapping,
     /// Writes `data.mdb` back in paced slices, so that the kernel never has a burst of it to write
-    /// ahead of the raft log's `fdatasync` (`storage/paced_writeback.rs`).
+    /// ahead of the raft log's `fdatasync` (`storage/paced_writeback.rs`). Held for its thread, which
+    /// stops when the `State` is dropped; only tests read it.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(super) writeback: PacedWriteback,
     pub kv: KvStore,
     pub leases: LeaseStore,
