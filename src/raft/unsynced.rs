@@ -10,6 +10,11 @@
 //! a clean shutdown has synced the environment. Found at start with another boot id (or unreadable),
 //! the environment is thrown away and rebuilt from the snapshot and the log, as etcd replays its WAL
 //! onto its backend.
+//!
+//! While a member runs, `storage/paced_writeback.rs` writes the environment's dirty pages back in
+//! small slices (`sync_file_range`) so that the kernel never writes a burst of them ahead of the raft
+//! log's `fdatasync`. That is a schedule, not durability: nothing is synced or flushed, so a page may
+//! still be lost or torn at a power loss, and every rule above stands unchanged.
 
 use std::fs::{self, File};
 use std::io::{self, Write};

@@ -1,6 +1,7 @@
 //! LMDB environments: the one place keyward opens an environment. Its two `unsafe` blocks (the flags
 //! and the open, below), the map's remap in `mapping.rs` and `sync_file_range` in `paced_sync.rs` are
-//! the only `unsafe` code in keyward, each with a SAFETY comment.
+//! the only `unsafe` code in keyward, each with a SAFETY comment (tests add `cachestat`, in
+//! `paced_writeback.rs`).
 //!
 //! A member has one environment, `<data-dir>/member/kv/` (the state machine: MVCC data, applied log
 //! id, membership; `raft/state_machine/`). The raft log is not in LMDB: it is segment files in
@@ -16,6 +17,7 @@ pub(crate) mod compacted;
 pub(crate) mod data_dir;
 pub(crate) mod mapping;
 pub(crate) mod paced_sync;
+pub(crate) mod paced_writeback;
 pub(crate) mod table;
 
 pub(crate) use mapping::Writes;

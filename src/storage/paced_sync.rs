@@ -35,7 +35,7 @@ pub(crate) fn sync(file: &File) -> io::Result<u64> {
 /// Starts writing back `[offset, offset + len)` and waits until it is written (not durable: no disk
 /// cache flush, no metadata).
 #[cfg(target_os = "linux")]
-fn write_back(file: &File, offset: u64, len: u64) -> io::Result<()> {
+pub(super) fn write_back(file: &File, offset: u64, len: u64) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
     let (offset, len) =
@@ -52,7 +52,7 @@ fn write_back(file: &File, offset: u64, len: u64) -> io::Result<()> {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn write_back(_file: &File, _offset: u64, _len: u64) -> io::Result<()> {
+pub(super) fn write_back(_file: &File, _offset: u64, _len: u64) -> io::Result<()> {
     Err(io::Error::new(io::ErrorKind::Unsupported, "sync_file_range is Linux's"))
 }
 

@@ -56,6 +56,8 @@ mod space_tests;
 mod state;
 #[cfg(test)]
 mod testing;
+#[cfg(test)]
+mod writeback_tests;
 
 pub(crate) use self::committed::Committed;
 pub(crate) use self::kv_env::KvEnv;

@@ -21,6 +21,7 @@ use crate::raft::{LogId, StoredMembership};
 use crate::space::alarm::AlarmStore;
 use crate::space::Space;
 use crate::storage::mapping::{self, Mapping, ReadTxn};
+use crate::storage::paced_writeback::PacedWriteback;
 use crate::storage::table::{LongKeys, Table};
 use crate::storage::{self, Db, LmdbEnv, Writes};
 
@@ -37,6 +38,11 @@ pub(crate) struct State {
     /// Not public: every use of the map goes through `mapping`'s pin (`read_txn`, `sync`, ...).
     pub(super) env: LmdbEnv,
     pub(super) mapping: Mapping,
+    /// Writes `data.mdb` back in paced slices, so that the kernel never has a burst of it to write
+    /// ahead of the raft log's `fdatasync` (`storage/paced_writeback.rs`). Held for its thread, which
+    /// stops when the `State` is dropped; only tests read it.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(super) writeback: PacedWriteback,
     pub kv: KvStore,
     pub leases: LeaseStore,
     pub auth: AuthStore,
@@ -104,12 +110,14 @@ impl State {
         let (env, dbs) = storage::open_with(kv_dir, names, storage::Durability::Deferred, writes, map_size as usize)?;
         let mapping = Mapping::new(kv_dir, &env, writes, ceiling as u64)?;
         tracing::info!(dir = %kv_dir.display(), ?writes, reserved = mapping.reserved(), "kv environment opened");
+        let writeback = PacedWriteback::start(&kv_dir.join("data.mdb"))?;
         let [revs, index, kv_meta, leases, lease_keys, users, roles, auth_meta, alarms, long_keys, meta, legacy_live] =
             dbs;
         let long = LongKeys::new(long_keys);
         let state = State {
             env,
             mapping,
+            writeback,
             kv: KvStore::new([revs, index, kv_meta], long),
             leases: LeaseStore::new([leases, lease_keys], long),
             auth: AuthStore::new([users, roles, auth_meta], long),
