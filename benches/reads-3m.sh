@@ -4,7 +4,7 @@
 #
 # Every cluster of a configuration runs at once (idle but for heartbeats), and the cells go round
 # them REPS times (ABAB...), so load from elsewhere on the machine falls on all of them alike:
-#   etcd         the real etcd, 3 members
+#   etcd         the real etcd, 3 members (logins get 60 s: bcrypt at nice 19 starves on a loaded machine)
 #   base         keyward at $BASE (e.g. the build before this change; skipped when unset)
 #   quorum       keyward at $KW, a heartbeat round per read index (the default)
 #   lease        keyward at $KW with --leader-lease-reads
@@ -107,7 +107,7 @@ for auth in $AUTHS; do
             before="$tmp/before" after="$tmp/after" json="$tmp/$auth-$n-$rep.json"
             [ "$n" != etcd ] && scrape "$auth-$n" > "$before"
             load="$(cut -d' ' -f1 /proc/loadavg)"
-            "$GOLOAD" --endpoints "${EP[$auth-$n]}" "${user[@]}" --clients 100 --conns 10 --duration "$DURATION" \
+            "$GOLOAD" --endpoints "${EP[$auth-$n]}" "${user[@]}" --clients 100 --conns 10 --duration "$DURATION" --dial-timeout 60s \
                 "${SIZES[@]}" -w json range --consistency l > "$json" 2> "$json.err" || echo "  $auth-$n: FAILED $(tail -1 "$json.err")" >&2
             rounds="-\t-\t-\t-\t-\t-\t-\t-"
             if [ "$n" != etcd ]; then
