@@ -1049,6 +1049,49 @@ async fn check_register_history(stop: Arc<AtomicBool>, tasks: Vec<JoinHandle<Vec
     assert!(reads >= 10 && history.len() - unknown >= 50, "too little completed to check anything");
 }
 
+/// The leader's read indexes, summed over the members' `/metrics`: `(by its lease, by a quorum round)`.
+fn read_index_confirmations(cluster: &Cluster) -> (f64, f64) {
+    let mut sums = (0.0, 0.0);
+    for m in &cluster.members {
+        let (_, text) = common::http_get(&m.addr(), "/metrics");
+        let count = |by: &str| {
+            common::metric_if_any(&text, &format!("keyward_read_index_confirmations_total{{by=\"{by}\"}}"))
+                .unwrap_or(0.0)
+        };
+        sums = (sums.0 + count("lease"), sums.1 + count("quorum"));
+    }
+    sums
+}
+
+/// Linearizable reads through every member see a put made through each, with the leader's read
+/// indexes vouched for by its lease (the default; no heartbeat round) or, with
+/// `--leader-lease-reads=false`, by a heartbeat round each, never by the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_indexes_come_from_the_leader_lease_unless_it_is_off() {
+    for lease in [true, false] {
+        let flags: &[&str] = if lease { &[] } else { &["--leader-lease-reads=false"] };
+        let cluster = blocking(|| Cluster::start(Options::new(3).flags(flags)));
+        cluster.leader().await;
+        let before = blocking(|| read_index_confirmations(&cluster));
+        for (i, m) in cluster.members.iter().enumerate() {
+            m.client().await.put(format!("lease/{i}"), "v", None).await.expect("put");
+            for other in &cluster.members {
+                let got = other.client().await.get(format!("lease/{i}"), None).await.expect("linearizable get");
+                assert_eq!(got.kvs().len(), 1, "{}: the put through {} (lease reads {lease})", other.name, m.name);
+            }
+        }
+        let after = blocking(|| read_index_confirmations(&cluster));
+        let (by_lease, by_quorum) = (after.0 - before.0, after.1 - before.1);
+        if lease {
+            // Nine reads; one whose lease lapsed on a busy machine takes a quorum round instead.
+            assert!(by_lease >= 1.0, "no read index from the lease ({by_lease} lease, {by_quorum} quorum)");
+        } else {
+            assert_eq!(by_lease, 0.0, "the lease is off");
+            assert!(by_quorum >= 9.0, "a quorum round per read index: {by_quorum} for nine reads");
+        }
+    }
+}
+
 /// Three clients put, get and compare-and-set one key through random members while the leader is
 /// killed (-9) three times (and restarted); the recorded history must be linearizable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
