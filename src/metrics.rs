@@ -319,6 +319,36 @@ fn counter_vec(name: &str, help: &str, label: &str) -> IntCounterVec {
     )
 }
 
+/// Read index rounds (`node/read_rounds.rs`) by kind: `member` (every member's own; a follower's ask
+/// the leader) and `leader` (the leader's, serving its own members' rounds and the followers').
+pub(crate) static READ_INDEX_ROUNDS: LazyLock<IntCounterVec> =
+    LazyLock::new(|| counter_vec("keyward_read_index_rounds_total", "Read index rounds, by kind.", "kind"));
+
+/// The linearizable reads those rounds served: reads per round is this over the rounds.
+pub(crate) static READ_INDEX_READS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec("keyward_read_index_reads_total", "Reads served by read index rounds, by kind of round.", "kind")
+});
+
+/// The leader's read indexes by what confirmed them: `lease` (`node/read_lease.rs`) or `quorum` (a
+/// heartbeat round).
+pub(crate) static READ_INDEX_CONFIRMATIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec("keyward_read_index_confirmations_total", "The leader's read indexes, by what confirmed them.", "by")
+});
+
+/// How long a round took, from its start to its read index.
+pub(crate) static READ_INDEX_ROUND_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register(
+        HistogramVec::new(
+            HistogramOpts::new("keyward_read_index_round_duration_seconds", "Read index round durations, by kind.")
+                .buckets(
+                    exponential_buckets(0.000_05, 2.0, 16).unwrap_or_else(|e| unreachable!("static buckets: {e}")),
+                ),
+            &["kind"],
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
 /// Snapshots sent to a member (`To`, its id in hex) and installed there (`cluster/snapshot_sender.rs`).
 pub(crate) static SNAPSHOT_SEND_SUCCESS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec("etcd_network_snapshot_send_success", "Total number of successful snapshot sends", "To")
@@ -601,6 +631,10 @@ fn register_every_family() {
     for family in [&HEALTH_CHECKS, &AUTH_DENIALS, &TLS_HANDSHAKE_FAILURES, &PEER_REQUESTS_REFUSED] {
         LazyLock::force(family);
     }
+    for family in [&READ_INDEX_ROUNDS, &READ_INDEX_READS, &READ_INDEX_CONFIRMATIONS] {
+        LazyLock::force(family);
+    }
+    LazyLock::force(&READ_INDEX_ROUND_SECONDS);
     for histogram in [&WAL_FSYNC_SECONDS, &BACKEND_COMMIT_SECONDS, &DEFRAG_SECONDS, &BACKEND_SNAPSHOT_SECONDS] {
         LazyLock::force(histogram);
     }

@@ -193,6 +193,11 @@ pub struct ServeArgs {
     /// Path to a CRL (PEM) of revoked peer certificates, refused at the handshake.
     #[arg(long, env = "ETCD_PEER_CRL_FILE")]
     pub peer_crl_file: Option<PathBuf>,
+    /// Serve linearizable reads on the leader under a read lease instead of a heartbeat round per
+    /// read index (keyward; docs/architecture.md "read"; `false` for a heartbeat round per read
+    /// index, as etcd): every member must set the same value and --election-timeout.
+    #[arg(long, env = "KEYWARD_LEADER_LEASE_READS", num_args = 0..=1, default_missing_value = "true", default_value = "true")]
+    pub leader_lease_reads: bool,
     /// Time (in milliseconds) of a heartbeat interval.
     #[arg(long, env = "ETCD_HEARTBEAT_INTERVAL", default_value_t = 100)]
     pub heartbeat_interval: u64,

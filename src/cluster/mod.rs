@@ -7,6 +7,8 @@
 //!   the leader and `snapshot_receiver.rs` on the follower.
 //! - `peer_service.rs`: the serving side, on the peer listener that `server/mod.rs` binds; it calls
 //!   the member through `LocalMember` (implemented in `node/for_peers.rs`).
+//! - `quorum_acks.rs`: when each peer last accepted this member's AppendEntries (a leader's read
+//!   lease, `node/read_lease.rs`, rests on it).
 //! - `peer_guard.rs`: the gate every peer request passes first (members only, by `admission.rs`).
 //! - `bootstrap.rs`: `--initial-cluster-state new` (every initial member initializes raft with the same
 //!   membership) and `existing` (ask the running members who this member is).
@@ -23,5 +25,6 @@ pub(crate) mod network;
 pub(crate) mod peer_guard;
 pub(crate) mod peer_service;
 pub(crate) mod peers;
+pub(crate) mod quorum_acks;
 mod snapshot_receiver;
 mod snapshot_sender;

@@ -25,6 +25,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::peers::Peers;
+use super::quorum_acks::{boot_clock, QuorumAcks};
 use crate::proto::keywardpb::RaftMessage;
 use crate::raft::member::MemberNode;
 use crate::raft::{NodeId, TypeConfig};
@@ -32,17 +33,20 @@ use crate::raft::{NodeId, TypeConfig};
 #[derive(Clone)]
 pub(crate) struct PeerNetwork {
     peers: Arc<Peers>,
+    acks: Arc<QuorumAcks>,
 }
 
 impl PeerNetwork {
-    pub(crate) fn new(peers: Arc<Peers>) -> Self {
-        PeerNetwork { peers }
+    /// `acks` learns of every AppendEntries a peer accepts.
+    pub(crate) fn new(peers: Arc<Peers>, acks: Arc<QuorumAcks>) -> Self {
+        PeerNetwork { peers, acks }
     }
 }
 
 /// The connection to one peer, as openraft uses it.
 pub(crate) struct PeerConnection {
     peers: Arc<Peers>,
+    acks: Arc<QuorumAcks>,
     pub(super) target: NodeId,
     url: Option<String>,
     /// How far the last snapshot transfer to this peer got (`snapshot_sender.rs`): the next attempt
@@ -54,7 +58,13 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     type Network = PeerConnection;
 
     async fn new_client(&mut self, target: NodeId, node: &MemberNode) -> PeerConnection {
-        PeerConnection { peers: self.peers.clone(), target, url: node.peer_url().map(str::to_string), resume: None }
+        PeerConnection {
+            peers: self.peers.clone(),
+            acks: self.acks.clone(),
+            target,
+            url: node.peer_url().map(str::to_string),
+            resume: None,
+        }
     }
 }
 
@@ -128,7 +138,13 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, MemberNode, RaftError<NodeId>>> {
-        self.call(Rpc::AppendEntries, &rpc, &option).await
+        let sent = boot_clock();
+        let answer = self.call(Rpc::AppendEntries, &rpc, &option).await?;
+        // Any answer but a higher vote: the peer took `rpc.vote` as its leader's (`quorum_acks.rs`).
+        if rpc.vote.is_committed() && !matches!(answer, AppendEntriesResponse::HigherVote(_)) {
+            self.acks.accepted(self.target, *rpc.vote.leader_id(), sent);
+        }
+        Ok(answer)
     }
 
     async fn install_snapshot(

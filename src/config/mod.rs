@@ -53,6 +53,8 @@ pub struct Config {
     pub cluster_token: String,
     pub heartbeat_interval: std::time::Duration,
     pub election_timeout: std::time::Duration,
+    /// `--leader-lease-reads` (`node/read_lease.rs`).
+    pub leader_lease_reads: bool,
     pub max_request_bytes: usize,
     /// `--watch-progress-notify-interval` (`watch_progress.rs`).
     pub watch_progress_notify_interval: std::time::Duration,
@@ -153,6 +155,7 @@ impl ServeArgs {
             cluster_token: self.initial_cluster_token,
             heartbeat_interval: std::time::Duration::from_millis(self.heartbeat_interval),
             election_timeout: std::time::Duration::from_millis(self.election_timeout),
+            leader_lease_reads: self.leader_lease_reads,
             max_request_bytes: self.max_request_bytes as usize,
             watch_progress_notify_interval,
             connections,

@@ -40,6 +40,7 @@ mod leader;
 pub(crate) mod login_throttle;
 mod propose;
 mod read;
+mod read_lease;
 mod read_rounds;
 mod start;
 #[cfg(test)]

@@ -5,6 +5,10 @@
 //! round is in flight wait for the next round and then share it: one round serves all of them. They
 //! must not join the round in flight: its read index was fixed before they arrived, and a write
 //! acknowledged in between would be missing from what they read.
+//!
+//! On the leader a round may also be confirmed by its read lease (`read_lease.rs`,
+//! `--leader-lease-reads`) instead of a heartbeat round. `/metrics` counts the rounds, the reads they
+//! served and their durations (`keyward_read_index_*`).
 
 use std::sync::{Arc, Mutex};
 
@@ -12,8 +16,10 @@ use futures::future::{BoxFuture, FutureExt};
 use openraft::error::RaftError;
 use tokio::sync::oneshot;
 
+use super::read_lease::ReadLease;
 use crate::error::EtcdError;
 use crate::frontend::answers::{Handed, ANSWERS};
+use crate::metrics;
 use crate::raft::Raft;
 
 /// One round: the read index a quorum confirmed.
@@ -26,6 +32,8 @@ pub(super) struct ReadRounds {
 }
 
 struct Inner {
+    /// The rounds' label in `/metrics`.
+    kind: &'static str,
     fetch: Fetch,
     pending: Mutex<Pending>,
 }
@@ -40,8 +48,8 @@ struct Pending {
 }
 
 impl ReadRounds {
-    pub(super) fn new(fetch: Fetch) -> Self {
-        Self { inner: Arc::new(Inner { fetch, pending: Mutex::new(Pending::default()) }) }
+    pub(super) fn new(kind: &'static str, fetch: Fetch) -> Self {
+        Self { inner: Arc::new(Inner { kind, fetch, pending: Mutex::new(Pending::default()) }) }
     }
 
     /// The read index of the first round that starts after this call.
@@ -73,7 +81,12 @@ impl ReadRounds {
                 }
                 std::mem::take(&mut pending.waiting)
             };
+            let started = std::time::Instant::now();
             let index = (self.inner.fetch)().await;
+            let kind = [self.inner.kind];
+            metrics::READ_INDEX_ROUND_SECONDS.with_label_values(&kind).observe(started.elapsed().as_secs_f64());
+            metrics::READ_INDEX_ROUNDS.with_label_values(&kind).inc();
+            metrics::READ_INDEX_READS.with_label_values(&kind).inc_by(round.len() as u64);
             for reader in round {
                 let _ = reader.send((index.clone(), ANSWERS.hand()));
             }
@@ -81,16 +94,25 @@ impl ReadRounds {
     }
 }
 
-/// The rounds of a leader: openraft confirms leadership with a quorum and names the read index. A
-/// member that does not lead answers "no leader".
-pub(super) fn confirmed_by_quorum(raft: Raft) -> Fetch {
+/// The rounds of a leader: its read lease names the read index while it holds (with `lease`), else
+/// openraft confirms leadership with a quorum and names it. A member that does not lead answers "no
+/// leader".
+pub(super) fn confirmed_by_leader(raft: Raft, lease: Option<ReadLease>) -> Fetch {
     Box::new(move || {
-        let raft = raft.clone();
+        let (raft, lease) = (raft.clone(), lease.clone());
         async move {
+            if let Some(index) = match &lease {
+                Some(lease) => lease.read_index(&raft).await,
+                None => None,
+            } {
+                metrics::READ_INDEX_CONFIRMATIONS.with_label_values(&["lease"]).inc();
+                return Ok(index);
+            }
             let (read, _applied) = raft.get_read_log_id().await.map_err(|e| match e {
                 RaftError::APIError(_) => EtcdError::NoLeader,
                 RaftError::Fatal(_) => EtcdError::Stopped,
             })?;
+            metrics::READ_INDEX_CONFIRMATIONS.with_label_values(&["quorum"]).inc();
             Ok(read.map_or(0, |id| id.index))
         }
         .boxed()
@@ -107,15 +129,18 @@ mod tests {
 
     /// Rounds that each return their own number and wait for a permit before returning.
     fn counted(rounds: Arc<AtomicU64>, gate: Arc<Semaphore>) -> ReadRounds {
-        ReadRounds::new(Box::new(move || {
-            let number = rounds.fetch_add(1, Ordering::SeqCst) + 1;
-            let gate = gate.clone();
-            async move {
-                gate.acquire().await.expect("gate open").forget();
-                Ok(number)
-            }
-            .boxed()
-        }))
+        ReadRounds::new(
+            "test",
+            Box::new(move || {
+                let number = rounds.fetch_add(1, Ordering::SeqCst) + 1;
+                let gate = gate.clone();
+                async move {
+                    gate.acquire().await.expect("gate open").forget();
+                    Ok(number)
+                }
+                .boxed()
+            }),
+        )
     }
 
     #[tokio::test]
@@ -178,7 +203,7 @@ mod tests {
 
     #[tokio::test]
     async fn errors_reach_every_reader_of_the_round() {
-        let rounds = ReadRounds::new(Box::new(|| async { Err(EtcdError::NoLeader) }.boxed()));
+        let rounds = ReadRounds::new("test", Box::new(|| async { Err(EtcdError::NoLeader) }.boxed()));
         let (a, b) = tokio::join!(rounds.read_index(), rounds.read_index());
         assert_eq!((a, b), (Err(EtcdError::NoLeader), Err(EtcdError::NoLeader)));
     }

@@ -12,12 +12,14 @@ use openraft::storage::RaftLogStorage;
 
 use super::auth_service::AuthService;
 use super::latest_applied::LatestApplied;
+use super::read_lease::ReadLease;
 use super::writes::Writes;
 use super::{jobs, read_rounds, Held, Node};
 use crate::auth::tokens::Tokens;
 use crate::cluster::bootstrap;
 use crate::cluster::network::PeerNetwork;
 use crate::cluster::peers::Peers;
+use crate::cluster::quorum_acks::QuorumAcks;
 use crate::config::{ClusterState, Config};
 use crate::error::EtcdError;
 use crate::lease::lessor::Lessor;
@@ -57,21 +59,26 @@ impl Node {
         let (member_id, cluster_id) = place_in_cluster(&mut log, &peers, config).await?;
         // What this member knows was committed: applied before it serves (see `catch_up`).
         let committed_at_start = log.read_committed().await?;
-        let (raft_thread, raft) = start_raft(config, member_id, &peers, log, sm).await?;
+        let acks = Arc::new(QuorumAcks::default());
+        let (raft_thread, raft) = start_raft(config, member_id, &peers, acks.clone(), log, sm).await?;
+        let read_lease = config.leader_lease_reads.then(|| ReadLease::new(acks, member_id, raft.config()));
         let sole_voter = initialize(&raft, config, member_id).await?;
         let auth = AuthService::start(config, &state)?;
         let logged = raft.metrics().borrow().last_log_index;
         let proposer = Proposer::start(raft_thread.handle(), raft.clone(), config.max_request_bytes)?;
         let node = Arc::new_cyclic(|me: &std::sync::Weak<Node>| Node {
             writes: Writes::new(proposer, member_id),
-            read_rounds: read_rounds::ReadRounds::new({
+            read_rounds: read_rounds::ReadRounds::new("member", {
                 let me = me.clone();
                 Box::new(move || {
                     let me = me.clone();
                     async move { me.upgrade().ok_or(EtcdError::Stopped)?.fetch_read_index().await }.boxed()
                 })
             }),
-            leader_read_rounds: read_rounds::ReadRounds::new(read_rounds::confirmed_by_quorum(raft.clone())),
+            leader_read_rounds: read_rounds::ReadRounds::new(
+                "leader",
+                read_rounds::confirmed_by_leader(raft.clone(), read_lease),
+            ),
             raft,
             kv,
             latest,
@@ -218,13 +225,14 @@ async fn start_raft(
     config: &Config,
     member_id: NodeId,
     peers: &Arc<Peers>,
+    acks: Arc<QuorumAcks>,
     log: Wal,
     sm: StateMachine,
 ) -> anyhow::Result<(RaftThread, Raft)> {
     let raft_config = Arc::new(raft_config(config)?);
     // openraft's core, state machine worker and replication tasks run on the raft thread.
     let raft_thread = RaftThread::start()?;
-    let network = PeerNetwork::new(peers.clone());
+    let network = PeerNetwork::new(peers.clone(), acks);
     let raft = raft_thread.run(Raft::new(member_id, raft_config, network, log, sm)).await?;
     Ok((raft_thread, raft))
 }

@@ -1,7 +1,8 @@
 //! A 3-member keyward cluster end to end (issue 11): replication, auth across members, peer mTLS
 //! with client-certificate identities, membership changes, kill -9 of the leader under writers, all
 //! members killed at once, the stale-permission race across members, a linearizability check of one
-//! register under repeated leader kills, network partitions (network namespaces, root only), and a
+//! register under repeated leader kills and under pauses (SIGSTOP) of the leader with lease reads,
+//! network partitions (network namespaces, root only), and a
 //! member that needs a snapshot to catch up.
 //!
 //! The members run with `--heartbeat-interval 50 --election-timeout 500` so elections are quick; every
@@ -21,6 +22,8 @@ use crate::common::cluster::{Cluster, Member, Netns, Options, SETTLE_TIMEOUT};
 use crate::common::etcd_errors::{AUTH_OLD_REVISION, INVALID_AUTH_TOKEN, PERMISSION_DENIED, USER_EMPTY};
 use crate::common::pki;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Permission, RoleRevokePermissionOptions, Txn, TxnOp};
+use register::{Call, Op, Outcome};
+use tokio::task::JoinHandle;
 
 /// Runs blocking harness work (process starts, etcdctl) without stalling the runtime's other tasks.
 fn blocking<T>(f: impl FnOnce() -> T) -> T {
@@ -964,17 +967,12 @@ mod register {
     }
 }
 
-/// Three clients put, get and compare-and-set one key through random members while the leader is
-/// killed (-9) three times (and restarted); the recorded history must be linearizable.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_register_stays_linearizable_under_leader_kills() {
-    use register::{Call, Op, Outcome};
+/// Clients that put, get and compare-and-set the key `reg` through random members until `stop`
+/// (or [`MAX_OPS`] each), each recording its history (times since `start`).
+async fn register_clients(cluster: &Cluster, start: Instant, stop: &Arc<AtomicBool>) -> Vec<JoinHandle<Vec<Op>>> {
     const CLIENTS: usize = 3;
-    /// Bounds the history (and the checker's work) if the kills take long.
+    /// Bounds the history (and the checker's work) if the faults take long.
     const MAX_OPS: usize = 300;
-    let mut cluster = blocking(|| Cluster::start(Options::new(3)));
-    let start = Instant::now();
-    let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for client in 0..CLIENTS {
         let mut members = Vec::new();
@@ -1000,7 +998,7 @@ async fn one_register_stays_linearizable_under_leader_kills() {
                 let outcome = match call {
                     Call::Put(v) => c.put("reg", v.to_string(), None).await.map(|_| Outcome::Put),
                     Call::Get => c.get("reg", None).await.map(|r| {
-                        let value = r.kvs().first().map(|kv| kv.value_str().unwrap().parse::<u64>().unwrap());
+                        let value = register_value(&r);
                         last_read = value;
                         Outcome::Get(value)
                     }),
@@ -1011,27 +1009,35 @@ async fn one_register_stays_linearizable_under_leader_kills() {
                         c.txn(txn).await.map(|r| Outcome::Cas(r.succeeded()))
                     }
                 };
-                let returned = start.elapsed().as_nanos() as u64;
-                let outcome = outcome.unwrap_or(Outcome::Unknown);
-                let returned = (outcome != Outcome::Unknown).then_some(returned);
-                history.push(Op { client, call, outcome, invoked, returned });
-                // Paced, so the history spans every kill while staying small enough to check.
-                let pause = if returned.is_none() { 100 } else { 20 };
+                let op = recorded(client, call, outcome.ok(), invoked, start);
+                history.push(op);
+                // Paced, so the history spans every fault while staying small enough to check.
+                let pause = if op.returned.is_none() { 100 } else { 20 };
                 tokio::time::sleep(Duration::from_millis(pause)).await;
             }
             history
         }));
     }
-    for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        let leader = cluster.leader().await;
-        blocking(|| cluster.members[leader].kill_9());
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        blocking(|| cluster.members[leader].restart());
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tasks
+}
+
+/// The register's value in a get's response.
+fn register_value(response: &etcd_client::GetResponse) -> Option<u64> {
+    response.kvs().first().map(|kv| kv.value_str().unwrap().parse::<u64>().unwrap())
+}
+
+/// An operation invoked at `invoked` that just returned `outcome` (`None`: it failed or timed out, so
+/// its outcome is unknown).
+fn recorded(client: usize, call: Call, outcome: Option<Outcome>, invoked: u64, start: Instant) -> Op {
+    let returned = outcome.map(|_| start.elapsed().as_nanos() as u64);
+    Op { client, call, outcome: outcome.unwrap_or(Outcome::Unknown), invoked, returned }
+}
+
+/// Stops the clients, joins their histories with `more`, and checks that the register's history is
+/// linearizable and that enough completed to mean something.
+async fn check_register_history(stop: Arc<AtomicBool>, tasks: Vec<JoinHandle<Vec<Op>>>, more: Vec<Op>) {
     stop.store(true, Ordering::Release);
-    let mut history = Vec::new();
+    let mut history = more;
     for t in tasks {
         history.extend(t.await.expect("client"));
     }
@@ -1041,6 +1047,128 @@ async fn one_register_stays_linearizable_under_leader_kills() {
     eprintln!("{} operations ({unknown} with unknown outcome, {reads} reads of a value): {checked:?}", history.len());
     checked.unwrap_or_else(|e| panic!("the history of the register is not linearizable: {e}"));
     assert!(reads >= 10 && history.len() - unknown >= 50, "too little completed to check anything");
+}
+
+/// The leader's read indexes, summed over the members' `/metrics`: `(by its lease, by a quorum round)`.
+fn read_index_confirmations(cluster: &Cluster) -> (f64, f64) {
+    let mut sums = (0.0, 0.0);
+    for m in &cluster.members {
+        let (_, text) = common::http_get(&m.addr(), "/metrics");
+        let count = |by: &str| {
+            common::metric_if_any(&text, &format!("keyward_read_index_confirmations_total{{by=\"{by}\"}}"))
+                .unwrap_or(0.0)
+        };
+        sums = (sums.0 + count("lease"), sums.1 + count("quorum"));
+    }
+    sums
+}
+
+/// Linearizable reads through every member see a put made through each, with the leader's read
+/// indexes vouched for by its lease (the default; no heartbeat round) or, with
+/// `--leader-lease-reads=false`, by a heartbeat round each, never by the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_indexes_come_from_the_leader_lease_unless_it_is_off() {
+    for lease in [true, false] {
+        let flags: &[&str] = if lease { &[] } else { &["--leader-lease-reads=false"] };
+        let cluster = blocking(|| Cluster::start(Options::new(3).flags(flags)));
+        cluster.leader().await;
+        let before = blocking(|| read_index_confirmations(&cluster));
+        for (i, m) in cluster.members.iter().enumerate() {
+            m.client().await.put(format!("lease/{i}"), "v", None).await.expect("put");
+            for other in &cluster.members {
+                let got = other.client().await.get(format!("lease/{i}"), None).await.expect("linearizable get");
+                assert_eq!(got.kvs().len(), 1, "{}: the put through {} (lease reads {lease})", other.name, m.name);
+            }
+        }
+        let after = blocking(|| read_index_confirmations(&cluster));
+        let (by_lease, by_quorum) = (after.0 - before.0, after.1 - before.1);
+        if lease {
+            // Nine reads; one whose lease lapsed on a busy machine takes a quorum round instead.
+            assert!(by_lease >= 1.0, "no read index from the lease ({by_lease} lease, {by_quorum} quorum)");
+        } else {
+            assert_eq!(by_lease, 0.0, "the lease is off");
+            assert!(by_quorum >= 9.0, "a quorum round per read index: {by_quorum} for nine reads");
+        }
+    }
+}
+
+/// Three clients put, get and compare-and-set one key through random members while the leader is
+/// killed (-9) three times (and restarted); the recorded history must be linearizable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_register_stays_linearizable_under_leader_kills() {
+    let mut cluster = blocking(|| Cluster::start(Options::new(3)));
+    let start = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks = register_clients(&cluster, start, &stop).await;
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let leader = cluster.leader().await;
+        blocking(|| cluster.members[leader].kill_9());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        blocking(|| cluster.members[leader].restart());
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    check_register_history(stop, tasks, Vec::new()).await;
+}
+
+/// With leader lease reads on, the same clients run while the leader is paused (SIGSTOP) three times
+/// until the others have elected a new leader. Then a value is put through the new leader, reads
+/// of it are sent to the paused member (queued in its sockets), and the old leader is resumed with
+/// its successor paused in turn, so that only the remaining follower's answers, and its own lease,
+/// can tell it that it no longer leads. A read that returned the value from before the put is
+/// caught as a history that is not linearizable: it fails so with a lease longer than the election
+/// timeout (docs/architecture.md, "read").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_register_stays_linearizable_with_the_leader_paused() {
+    /// The client number of the put through the new leader and the reads queued behind it.
+    const PROBE: usize = 9;
+    let cluster = blocking(|| Cluster::start(Options::new(3).flags(&["--leader-lease-reads"])));
+    let start = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks = register_clients(&cluster, start, &stop).await;
+    let mut probes = Vec::new();
+    for round in 0..3u64 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let old = cluster.leader().await;
+        let others: Vec<usize> = (0..3).filter(|&i| i != old).collect();
+        // Connected before the pause: a frozen member answers no handshake.
+        let mut readers = Vec::new();
+        for _ in 0..3 {
+            readers.push(cluster.members[old].try_client_with(None, Duration::from_secs(5)).await.expect("connect"));
+        }
+        cluster.members[old].pause();
+        let new = cluster.leader_among(&others).await;
+        let mut writer = cluster.members[new].try_client_with(None, Duration::from_secs(5)).await.expect("connect");
+        let value = (PROBE as u64 + 1) * 1_000_000 + round;
+        let invoked = start.elapsed().as_nanos() as u64;
+        let put = writer.put("reg", value.to_string(), None).await.map(|_| Outcome::Put);
+        probes.push(recorded(PROBE, Call::Put(value), put.ok(), invoked, start));
+        let reads: Vec<_> = readers
+            .into_iter()
+            .map(|mut reader| {
+                tokio::spawn(async move {
+                    let invoked = start.elapsed().as_nanos() as u64;
+                    let get = reader.get("reg", None).await.map(|r| Outcome::Get(register_value(&r)));
+                    recorded(PROBE, Call::Get, get.ok(), invoked, start)
+                })
+            })
+            .collect();
+        // The reads are on their way; then only the remaining follower is left to tell the old
+        // leader it was replaced.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        cluster.members[new].pause();
+        cluster.members[old].resume();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        cluster.members[new].resume();
+        for read in reads {
+            probes.push(read.await.expect("probe read"));
+        }
+    }
+    // Operations sent to a paused member time out (2 s): let the clients complete more on a settled
+    // cluster, so that the history holds enough to check on a busy machine too.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    eprintln!("probes (the put through the new leader, the reads of the old one): {probes:?}");
+    check_register_history(stop, tasks, probes).await;
 }
 
 // ---------------------------------------------------------------------------
