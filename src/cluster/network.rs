@@ -128,7 +128,11 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, MemberNode, RaftError<NodeId>>> {
-        self.call(Rpc::AppendEntries, &rpc, &option).await
+        let kind = if rpc.entries.is_empty() { "heartbeat" } else { "entries" };
+        let sent = std::time::Instant::now();
+        let answer = self.call(Rpc::AppendEntries, &rpc, &option).await;
+        crate::metrics::PEER_APPEND_ROUND_TRIP_SECONDS.with_label_values(&[kind]).observe(sent.elapsed().as_secs_f64());
+        answer
     }
 
     async fn install_snapshot(
