@@ -28,6 +28,12 @@ impl WriteQueue {
         self.pending.load(Ordering::Acquire) == 0
     }
 
+    /// Writes submitted and not finished.
+    #[cfg(test)]
+    pub(super) fn pending(&self) -> usize {
+        self.pending.load(Ordering::Acquire)
+    }
+
     /// Runs `job` on the writer thread after every job submitted before it.
     pub(super) fn submit(&self, job: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
         let mut sender = super::lock(&self.sender);
