@@ -208,7 +208,10 @@ impl Wal {
     }
 
     /// Runs `change` on the writer thread, after every write submitted before it.
-    async fn write_queued(&self, change: impl FnOnce(&Wal) -> std::io::Result<()> + Send + 'static) -> std::io::Result<()> {
+    async fn write_queued(
+        &self,
+        change: impl FnOnce(&Wal) -> std::io::Result<()> + Send + 'static,
+    ) -> std::io::Result<()> {
         let this = self.clone();
         self.inner.queue.run(move || change(&this)).await
     }
@@ -370,10 +373,13 @@ impl RaftLogStorage<TypeConfig> for Wal {
         // counts the leader in the quorum when the callback reports the flush (Raft thesis 10.2.1).
         if made_here {
             let this = self.clone();
-            return self.inner.queue.submit(move || {
-                let _ = write(&this);
-            })
-            .map_err(|e| StorageIOError::write_logs(any_error(e)).into());
+            return self
+                .inner
+                .queue
+                .submit(move || {
+                    let _ = write(&this);
+                })
+                .map_err(|e| StorageIOError::write_logs(any_error(e)).into());
         }
         // A follower's append: openraft's core waits for the flush before it answers the leader.
         // When nothing else waits for the raft thread (`raft/thread.rs`), the write runs inline,

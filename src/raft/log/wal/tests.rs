@@ -409,7 +409,12 @@ async fn no_write_follows_a_failed_write_that_could_not_be_undone() {
 /// Holds the log's writer thread until the returned sender is dropped or sent to.
 fn hold_writer(log: &Wal) -> std::sync::mpsc::Sender<()> {
     let (release, hold) = std::sync::mpsc::channel::<()>();
-    log.inner.queue.submit(move || { let _ = hold.recv(); }).unwrap();
+    log.inner
+        .queue
+        .submit(move || {
+            let _ = hold.recv();
+        })
+        .unwrap();
     release
 }
 
