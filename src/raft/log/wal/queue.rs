@@ -9,7 +9,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// A write to run on the writer thread.
 type Job = Box<dyn FnOnce() + Send>;
@@ -36,7 +36,8 @@ impl WriteQueue {
 
     /// Runs `job` on the writer thread after every job submitted before it.
     pub(super) fn submit(&self, job: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
-        let mut sender = super::lock(&self.sender);
+        // Poison carries no meaning: the sender is replaced whole or not at all.
+        let mut sender = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
         if sender.is_none() {
             *sender = Some(self.start()?);
         }
