@@ -11,7 +11,9 @@
 #   (c) auth, JWT RS256                      (e)   auth, simple token, a user with 10,000 permissions
 #   (d) TLS, client-cert-auth, CN user       (g)   Authenticate throughput (bcrypt cost 10)
 #   (h) a 3-member cluster of each (keyward against a real 3-member etcd), auth with JWT RS256; the
-#       clients' connections are spread over the three members, so followers forward to the leader
+#       clients' connections are spread over the three members, so followers forward to the leader,
+#       except put at 1 client, which goes to the leader (found with `endpoint status`) in both
+#   (j) as (h) without auth
 #   (i) keyward only: TLS with client-cert-auth directly vs through `keyward grpc-proxy` forwarding the
 #       client's certificate (the proxy's overhead; its own table, proxy/direct ratios)
 # cells: put and linearizable range at 1 client (1 conn) and at 100 clients over 10 conns, txn-put at
@@ -23,6 +25,7 @@
 # Environment: DURATION (per cell, in seconds: default 5s), AUTH_DURATION (per Authenticate cell, default
 #   15s), PERMS (grants of the (e) user, default 10000),
 #   OUT (report path, default target/compare.md), ETCD (etcd binary), KEEP_TMP=1 (keep the temp dir),
+#   BIN_DIR (keyward and keyward-bench from this directory, not built: e.g. a baseline's release build),
 #   CONFIGS (which configurations run, default "a b c d h": (b) includes (e) and (g); the report's
 #   targets cover what ran),
 #   PROFILE=1 (also record a perf profile of keyward's put path at 100 clients, if perf works; builds and
@@ -42,12 +45,13 @@ ETCD="${ETCD:-/usr/bin/etcd}"
 # stripped release binary.
 PROFILE_DIR=release
 [ "${PROFILE:-0}" = 1 ] && PROFILE_DIR=profiling
-KW="$root/target/$PROFILE_DIR/keyward"
-KWB="$root/target/$PROFILE_DIR/keyward-bench"
+BIN_DIR="${BIN_DIR:-}"
+KW="${BIN_DIR:-$root/target/$PROFILE_DIR}/keyward"
+KWB="${BIN_DIR:-$root/target/$PROFILE_DIR}/keyward-bench"
 GOLOAD="$root/target/clientv3-load"
 LOAD="${LOAD:-}"
 PREFIX="bench/"
-CONFIGS="${CONFIGS:-a b c d h i}"
+CONFIGS="${CONFIGS:-a b c d h i j}"
 # want X: configuration X is in $CONFIGS
 want() { [[ " $CONFIGS " == *" $1 "* ]]; }
 # The servers each cell runs on, in order: keyward then etcd, except in (i).
@@ -61,8 +65,10 @@ for tool in openssl jq python3; do command -v "$tool" >/dev/null || die "$tool i
 
 case "$LOAD" in go | rust | "") ;; *) die "LOAD=$LOAD: go or rust" ;; esac
 
-echo "building keyward ($PROFILE_DIR)..." >&2
-(cd "$root" && cargo build --profile "$PROFILE_DIR" --quiet) || die "cargo build --profile $PROFILE_DIR failed"
+if [ -z "$BIN_DIR" ]; then
+    echo "building keyward ($PROFILE_DIR)..." >&2
+    (cd "$root" && cargo build --profile "$PROFILE_DIR" --quiet) || die "cargo build --profile $PROFILE_DIR failed"
+fi
 case "$LOAD" in
     go)
         echo "building clientv3-load..." >&2
@@ -331,6 +337,36 @@ standard_cells tls "${as_alice[@]}"
 stop_all tls
 fi
 
+# leader_endpoint KIND CLIENT_FLAGS...: the client URL of KIND's cluster leader (`endpoint status`: the
+# member whose id is the leader it reports), so that a 1-client cell measures the leader's own path, not
+# a follower's forward. The flags (--user, --password) are etcdctl's too.
+leader_endpoint() {
+    local kind="$1" statuses
+    shift
+    statuses="$(ETCDCTL_API=3 etcdctl --endpoints "${EP[$kind]}" "$@" --dial-timeout 2s endpoint status -w json 2> /dev/null)" \
+        || die "endpoint status on the $kind cluster failed"
+    jq -r '[.[] | select(.Status.header.member_id == .Status.leader) | .Endpoint][0] // empty' <<< "$statuses"
+}
+
+# cluster_cells CONFIG CLIENT_FLAGS... : put at 1 client to the leader, put and linearizable range at 100
+# clients spread over the three members
+cluster_cells() {
+    local config="$1" kind leader
+    shift
+    declare -A spread
+    for kind in "${KINDS[@]}"; do
+        spread[$kind]="${EP[$kind]}"
+        leader="$(leader_endpoint "$kind" "$@")"
+        [ -n "$leader" ] || die "no leader found in the $kind cluster"
+        echo "  $config: the $kind leader is $leader" >&2
+        EP[$kind]="$leader"
+    done
+    cell "$config" put-c1 1 1 "$@" -- put
+    for kind in "${KINDS[@]}"; do EP[$kind]="${spread[$kind]}"; done
+    cell "$config" put-c100 100 10 "$@" -- put
+    cell "$config" range-l-c100 100 10 "$@" -- range --consistency l
+}
+
 # --- (h) 3-member clusters, auth with JWT RS256 ----------------------------------------------------
 if want h; then
 echo "(h) 3-member clusters, auth, JWT RS256" >&2
@@ -342,10 +378,18 @@ for kind in keyward etcd; do
 done
 cluster_user=(--user bench1 --password pw1)
 seed "${cluster_user[@]}"
-cell jwt-3m put-c1 1 1 "${cluster_user[@]}" -- put
-cell jwt-3m put-c100 100 10 "${cluster_user[@]}" -- put
-cell jwt-3m range-l-c100 100 10 "${cluster_user[@]}" -- range --consistency l
+cluster_cells jwt-3m "${cluster_user[@]}"
 stop_clusters jwt-3m
+fi
+
+# --- (j) 3-member clusters, no auth ----------------------------------------------------------------
+if want j; then
+echo "(j) 3-member clusters, no auth" >&2
+for kind in keyward etcd; do start_cluster "$kind" none-3m; done
+for kind in keyward etcd; do wait_ready "$kind"; done
+seed
+cluster_cells none-3m
+stop_clusters none-3m
 fi
 
 # --- (i) the proxy's overhead: keyward direct vs through keyward grpc-proxy -------------------------
@@ -487,6 +531,13 @@ PY
     echo "Targets:"
     echo
     verdict() { if [ "$(echo "$1" | bc -l)" = 1 ]; then echo met; else echo "NOT met"; fi; }
+    for config in none-3m jwt-3m; do
+        ran "$config" put-c1 || continue
+        r=$(echo "$(get "$config" put-c1 keyward 4) / $(get "$config" put-c1 etcd 4)" | bc -l)
+        p=$(echo "$(get "$config" put-c1 keyward 7) / $(get "$config" put-c1 etcd 7)" | bc -l)
+        printf -- "- put, 1 client to the leader, %s: %.2fx (target >= 1.0: %s), p99 %.2fx (target <= 1.0: %s)\n" \
+            "$config" "$r" "$(verdict "$r >= 1.0")" "$p" "$(verdict "$p <= 1.0")"
+    done
     for config in jwt tls jwt-3m; do
         ran "$config" put-c100 || continue
         kt=$(get "$config" put-c100 keyward 4); et=$(get "$config" put-c100 etcd 4)
@@ -495,7 +546,13 @@ PY
         printf -- "- put, 100 clients, %s: throughput %.2fx (target >= 2.0: %s), p99 %.2fx (target <= 0.5: %s)\n" \
             "$config" "$r" "$(verdict "$r >= 2.0")" "$p" "$(verdict "$p <= 0.5")"
     done
-    for config in simple jwt tls jwt-3m; do
+    if ran none-3m put-c100; then
+        r=$(echo "$(get none-3m put-c100 keyward 4) / $(get none-3m put-c100 etcd 4)" | bc -l)
+        p=$(echo "$(get none-3m put-c100 keyward 7) / $(get none-3m put-c100 etcd 7)" | bc -l)
+        printf -- "- put, 100 clients, none-3m: %.2fx (target >= 1.5: %s), p99 %.2fx (target <= 1.0: %s)\n" \
+            "$r" "$(verdict "$r >= 1.5")" "$p" "$(verdict "$p <= 1.0")"
+    fi
+    for config in simple jwt tls none-3m jwt-3m; do
         ran "$config" range-l-c100 || continue
         r=$(echo "$(get "$config" range-l-c100 keyward 4) / $(get "$config" range-l-c100 etcd 4)" | bc -l)
         printf -- "- linearizable range, 100 clients, %s: %.2fx (target >= 1.5: %s)\n" "$config" "$r" "$(verdict "$r >= 1.5")"

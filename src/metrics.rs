@@ -38,6 +38,45 @@ pub(crate) static WAL_FSYNC_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     )
 });
 
+/// An AppendEntries to a follower, from the leader's send to its answer (etcd's
+/// `etcd_network_peer_round_trip_time_seconds` measures a probe instead): `kind` is `entries` or
+/// `heartbeat` (none). With the follower's own handling time below, it shows where a replicated
+/// write's time goes (docs/performance.md, issue 33).
+pub(crate) static PEER_APPEND_ROUND_TRIP_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register(
+        HistogramVec::new(
+            HistogramOpts::new(
+                "keyward_peer_append_entries_round_trip_seconds",
+                "AppendEntries sent by this member as the leader, from send to answer.",
+            )
+            .buckets(peer_buckets()),
+            &["kind"],
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
+/// An AppendEntries received as a follower, from its decoding to its answer (the follower's log
+/// write and sync included): `kind` as above.
+pub(crate) static PEER_APPEND_HANDLING_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register(
+        HistogramVec::new(
+            HistogramOpts::new(
+                "keyward_peer_append_entries_handling_seconds",
+                "AppendEntries received by this member, from decoding to answer.",
+            )
+            .buckets(peer_buckets()),
+            &["kind"],
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
+/// 50 us to about 1.6 s: a loopback round trip to a slow sync.
+fn peer_buckets() -> Vec<f64> {
+    exponential_buckets(0.00005, 2.0, 16).unwrap_or_else(|e| unreachable!("static buckets: {e}"))
+}
+
 /// The commit of one applied batch's kv transaction: etcd's backend commit.
 pub(crate) static BACKEND_COMMIT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     histogram(

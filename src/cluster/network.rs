@@ -138,8 +138,13 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, MemberNode, RaftError<NodeId>>> {
+        let kind = if rpc.entries.is_empty() { "heartbeat" } else { "entries" };
         let sent = boot_clock();
-        let answer = self.call(Rpc::AppendEntries, &rpc, &option).await?;
+        let answer = self.call(Rpc::AppendEntries, &rpc, &option).await;
+        crate::metrics::PEER_APPEND_ROUND_TRIP_SECONDS
+            .with_label_values(&[kind])
+            .observe(boot_clock().saturating_sub(sent).as_secs_f64());
+        let answer = answer?;
         // Any answer but a higher vote: the peer took `rpc.vote` as its leader's (`quorum_acks.rs`).
         if rpc.vote.is_committed() && !matches!(answer, AppendEntriesResponse::HigherVote(_)) {
             self.acks.accepted(self.target, *rpc.vote.leader_id(), sent);

@@ -125,7 +125,16 @@ async fn raft_call<Req: DeserializeOwned, Resp: Serialize, E: Serialize>(
 impl Peer for PeerService {
     async fn append_entries(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_cluster(&request, false)?;
-        raft_call(request, async |req| self.member.raft().append_entries(req).await).await
+        raft_call(request, async |req: openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig>| {
+            let kind = if req.entries.is_empty() { "heartbeat" } else { "entries" };
+            let received = std::time::Instant::now();
+            let answer = self.member.raft().append_entries(req).await;
+            crate::metrics::PEER_APPEND_HANDLING_SECONDS
+                .with_label_values(&[kind])
+                .observe(received.elapsed().as_secs_f64());
+            answer
+        })
+        .await
     }
 
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {

@@ -71,6 +71,22 @@ impl LogCache {
         let from = (start - first) as usize;
         Some(self.entries.range(from..=from + (end - start) as usize).cloned().collect())
     }
+
+    /// The entries from `start` up to `end` that the window holds, if it holds `start` (so they
+    /// continue what ends before `start`); else none.
+    pub(crate) fn tail(&self, start: u64, end: Bound<u64>) -> Vec<Entry> {
+        let Some(first) = self.entries.front().map(|e| e.log_id.index) else { return Vec::new() };
+        if start < first {
+            return Vec::new();
+        }
+        let within = |index: u64| match end {
+            Bound::Included(end) => index <= end,
+            Bound::Excluded(end) => index < end,
+            Bound::Unbounded => true,
+        };
+        let from = (start - first) as usize;
+        self.entries.iter().skip(from).take_while(|e| within(e.log_id.index)).cloned().collect()
+    }
 }
 
 #[cfg(test)]
@@ -97,6 +113,17 @@ mod tests {
         assert_eq!(cache.get(&(0..3)), None, "index 0 is not held");
         assert_eq!(cache.get(&(8..12)), None, "index 11 is not held");
         assert_eq!(cache.get(&(5..)), None, "open ranges go to the log");
+    }
+
+    #[test]
+    fn tail_continues_from_a_held_index_only() {
+        let mut cache = LogCache::default();
+        cache.append((5..=10).map(entry));
+        assert_eq!(indices(Some(cache.tail(8, Bound::Excluded(10)))), Some(vec![8, 9]));
+        assert_eq!(indices(Some(cache.tail(9, Bound::Unbounded))), Some(vec![9, 10]));
+        assert_eq!(indices(Some(cache.tail(10, Bound::Included(20)))), Some(vec![10]));
+        assert!(cache.tail(4, Bound::Unbounded).is_empty(), "4 is not held: nothing would continue 3");
+        assert!(cache.tail(11, Bound::Unbounded).is_empty());
     }
 
     #[test]

@@ -28,6 +28,7 @@
 //! once more (`space/mod.rs`); if the disk is still full the write fails, which stops the raft core.
 
 pub(crate) mod migrate;
+mod queue;
 pub(crate) mod recover;
 pub(crate) mod segment;
 mod write;
@@ -45,6 +46,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{RaftLogReader, StorageIOError, Vote};
 
+use self::queue::WriteQueue;
 use self::segment::{Loc, Segment, State};
 use crate::raft::log::cache::LogCache;
 use crate::raft::{any_error, blocking, Entry, LogId, NodeId, StorageError, TypeConfig};
@@ -72,6 +74,8 @@ struct Inner {
     index: Mutex<Index>,
     /// Writes, one at a time.
     writer: Mutex<Writer>,
+    /// Writes that must not block the raft thread, in the order submitted (`queue.rs`).
+    queue: WriteQueue,
 }
 
 struct Index {
@@ -150,6 +154,7 @@ impl Wal {
             applied: OnceLock::new(),
             index: Mutex::new(index),
             writer: Mutex::new(Writer { end: found.end, active, broken: false }),
+            queue: WriteQueue::default(),
         };
         Ok(Wal { inner: Arc::new(inner) })
     }
@@ -193,6 +198,22 @@ impl Wal {
         let Some(applied) = self.inner.applied.get() else { return false };
         let committed = lock(&self.inner.committed).map_or(0, |id| id.index);
         committed > applied.load(Ordering::Acquire)
+    }
+
+    /// Whether `entries` are this member's own, made as the leader: openraft (`vendor/openraft`,
+    /// PATCH.md) then goes on to replicate them while they are written, and does not wait.
+    fn made_here(&self, entries: &[Entry]) -> bool {
+        let Some((member, _)) = lock(&self.inner.index).state.identity else { return false };
+        entries.last().is_some_and(|entry| entry.log_id.leader_id.node_id == member)
+    }
+
+    /// Runs `change` on the writer thread, after every write submitted before it.
+    async fn write_queued(
+        &self,
+        change: impl FnOnce(&Wal) -> std::io::Result<()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let this = self.clone();
+        self.inner.queue.run(move || change(&this)).await
     }
 
     fn recent(&self) -> MutexGuard<'_, LogCache> {
@@ -239,7 +260,28 @@ impl RaftLogReader<TypeConfig> for Wal {
         if let Some(entries) = self.recent().get(&range) {
             return Ok(entries);
         }
-        let bounds = (range.start_bound().cloned(), range.end_bound().cloned());
+        // Older entries come from the files; the newest may still be being written (a leader sends
+        // its entries while it writes them), so whatever the files do not hold yet comes from the cache.
+        let mut entries = self.read_durable((range.start_bound().cloned(), range.end_bound().cloned())).await?;
+        let next = match (entries.last(), range.start_bound()) {
+            (Some(last), _) => Some(last.log_id.index + 1),
+            (None, Bound::Included(&i)) => Some(i),
+            (None, Bound::Excluded(&i)) => i.checked_add(1),
+            (None, Bound::Unbounded) => None,
+        };
+        if let Some(next) = next {
+            let rest = (Bound::Included(next), range.end_bound().cloned());
+            if !is_empty(rest) {
+                entries.extend(self.recent().tail(next, range.end_bound().cloned()));
+            }
+        }
+        Ok(entries)
+    }
+}
+
+impl Wal {
+    /// The entries in `range` that are durable, read from the segment files.
+    async fn read_durable(&self, bounds: (Bound<u64>, Bound<u64>)) -> Result<Vec<Entry>, StorageError> {
         if is_empty(bounds) {
             return Ok(Vec::new()); // `BTreeMap::range` panics on an inverted range
         }
@@ -286,9 +328,10 @@ impl RaftLogStorage<TypeConfig> for Wal {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
-        let (this, vote) = (self.clone(), *vote);
-        blocking(move || this.write(Change::Vote(vote)).map_err(|e| StorageIOError::write_vote(any_error(e)).into()))
+        let vote = *vote;
+        self.write_queued(move |this| this.write(Change::Vote(vote)))
             .await
+            .map_err(|e| StorageIOError::write_vote(any_error(e)).into())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
@@ -318,38 +361,52 @@ impl RaftLogStorage<TypeConfig> for Wal {
         let entries: Vec<Entry> = entries.into_iter().collect();
         // Readable at once: openraft reads only entries it knows are flushed, or ships them to peers.
         self.recent().append(entries.iter().cloned());
+        let made_here = self.made_here(&entries);
         let write = move |this: &Wal| {
             let result = this.write(Change::Append(&entries));
             let report = result.as_ref().map(|_| ()).map_err(|e| std::io::Error::new(e.kind(), e.to_string()));
             callback.log_io_completed(report);
-            result.map_err(|e| StorageIOError::write_logs(any_error(e)).into())
+            result
         };
-        // openraft 0.9's core waits for the flush before it goes on. When nothing else waits for the
-        // raft thread (`raft/thread.rs`), the write runs inline, blocking it in the sync: a hop to
-        // another thread and back would cost more than the write. When committed entries wait to be
-        // applied, the write goes to the blocking pool, so the apply runs on the raft thread while
-        // the disk syncs: under load one entry applies while the next one is made durable.
-        if self.apply_pending() {
+        // A leader's own entries: openraft (patched, `vendor/openraft/PATCH.md`) does not wait for
+        // this write; it sends the entries to the followers while the writer thread syncs them, and
+        // counts the leader in the quorum when the callback reports the flush (Raft thesis 10.2.1).
+        if made_here {
             let this = self.clone();
-            blocking(move || write(&this)).await
+            return self
+                .inner
+                .queue
+                .submit(move || {
+                    let _ = write(&this);
+                })
+                .map_err(|e| StorageIOError::write_logs(any_error(e)).into());
+        }
+        // A follower's append: openraft's core waits for the flush before it answers the leader.
+        // When nothing else waits for the raft thread (`raft/thread.rs`), the write runs inline,
+        // blocking it in the sync: a hop to another thread and back would cost more than the write.
+        // When committed entries wait to be applied, or earlier writes are still queued (an inline
+        // write would overtake them), the write goes to the writer thread, so the apply runs on the
+        // raft thread while the disk syncs: under load one entry applies while the next one is made durable.
+        let result = if self.apply_pending() || !self.inner.queue.is_idle() {
+            let this = self.clone();
+            self.inner.queue.run(move || write(&this)).await
         } else {
             write(self)
-        }
+        };
+        result.map_err(|e| StorageIOError::write_logs(any_error(e)).into())
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         self.recent().truncate(log_id.index);
-        let this = self.clone();
-        blocking(move || {
-            this.write(Change::Truncate(log_id.index)).map_err(|e| StorageIOError::write_logs(any_error(e)).into())
-        })
-        .await
+        self.write_queued(move |this| this.write(Change::Truncate(log_id.index)))
+            .await
+            .map_err(|e| StorageIOError::write_logs(any_error(e)).into())
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         self.recent().purge(log_id.index);
-        let this = self.clone();
-        blocking(move || this.write(Change::Purge(log_id)).map_err(|e| StorageIOError::write_logs(any_error(e)).into()))
+        self.write_queued(move |this| this.write(Change::Purge(log_id)))
             .await
+            .map_err(|e| StorageIOError::write_logs(any_error(e)).into())
     }
 }

@@ -403,3 +403,80 @@ async fn no_write_follows_a_failed_write_that_could_not_be_undone() {
     let mut log = open(dir.path());
     assert_eq!(ids(&mut log).await, vec![(1, 1)]);
 }
+
+// --- the leader's own appends: submitted, written behind the caller's back, in order -------------
+
+/// Holds the log's writer thread until the returned sender is dropped or sent to.
+fn hold_writer(log: &Wal) -> std::sync::mpsc::Sender<()> {
+    let (release, hold) = std::sync::mpsc::channel::<()>();
+    log.inner
+        .queue
+        .submit(move || {
+            let _ = hold.recv();
+        })
+        .unwrap();
+    release
+}
+
+/// Waits (yielding to the runtime) until the log serves `index`, durable or not.
+async fn until_readable(log: &mut Wal, index: u64) {
+    while log.try_get_log_entries(index..=index).await.unwrap().is_empty() {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn last_durable(log: &Wal) -> Option<u64> {
+    let index = lock(&log.inner.index);
+    index.entries.keys().next_back().copied()
+}
+
+#[tokio::test]
+async fn a_leaders_entries_are_served_before_they_are_durable_and_become_durable_after() {
+    use openraft::storage::RaftLogStorageExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path());
+    log.set_identity((1, 99)).unwrap(); // the entries' leader (node 1) is this member
+    log.append_now(&[entry(1, 1, 10), entry(1, 2, 10), entry(1, 3, 10)]).unwrap();
+
+    let release = hold_writer(&log);
+    let mut appending = log.clone();
+    let appended = tokio::spawn(async move { appending.blocking_append([entry(1, 4, 10), entry(1, 5, 10)]).await });
+    until_readable(&mut log, 5).await;
+    assert_eq!(last_durable(&log), Some(3), "4 and 5 wait behind the held writer");
+    // Replication reads from where a follower is: the files hold 1..=3, the cache the rest.
+    let served: Vec<u64> = log.try_get_log_entries(1..6).await.unwrap().iter().map(|e| e.log_id.index).collect();
+    assert_eq!(served, vec![1, 2, 3, 4, 5], "entries not yet durable are served after the durable ones");
+
+    release.send(()).unwrap();
+    appended.await.unwrap().unwrap();
+    assert_eq!(last_durable(&log), Some(5));
+    drop(log);
+    assert_eq!(ids(&mut open(dir.path())).await, vec![(1, 1), (1, 2), (1, 3), (1, 4), (1, 5)]);
+}
+
+#[tokio::test]
+async fn writes_reach_the_disk_in_the_order_they_were_made() {
+    use openraft::storage::RaftLogStorageExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path());
+    log.set_identity((1, 99)).unwrap();
+    log.append_now(&[entry(1, 1, 10), entry(1, 2, 10)]).unwrap();
+
+    // The leader's append is still queued when a new leader's truncation (a later term) arrives: the
+    // truncation must not overtake it, or the append would bring back what it removed.
+    let release = hold_writer(&log);
+    let mut appending = log.clone();
+    let appended = tokio::spawn(async move { appending.blocking_append([entry(1, 3, 10), entry(1, 4, 10)]).await });
+    until_readable(&mut log, 4).await;
+    let mut truncating = log.clone();
+    let truncated = tokio::spawn(async move { truncating.truncate(log_id(1, 4)).await });
+    while log.inner.queue.pending() < 3 {
+        tokio::task::yield_now().await; // the hold, the append and the truncation are all queued
+    }
+    release.send(()).unwrap();
+    appended.await.unwrap().unwrap();
+    truncated.await.unwrap().unwrap();
+    assert_eq!(last_durable(&log), Some(3));
+    drop(log);
+    assert_eq!(ids(&mut open(dir.path())).await, vec![(1, 1), (1, 2), (1, 3)]);
+}
