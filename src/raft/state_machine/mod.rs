@@ -58,8 +58,8 @@ mod state;
 mod testing;
 
 pub(crate) use self::committed::Committed;
-pub(crate) use self::snapshot::receiving::Inbox as SnapshotInbox;
 pub(crate) use self::kv_env::KvEnv;
+pub(crate) use self::snapshot::receiving::Inbox as SnapshotInbox;
 pub(crate) use self::state::State;
 #[cfg(test)]
 pub(crate) use self::testing::TableRecords;

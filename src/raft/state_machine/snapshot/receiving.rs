@@ -66,8 +66,7 @@ impl Inbox {
     /// An empty partial file for the snapshot `meta`, replacing whatever was received before.
     pub(crate) fn begin(&self, meta: &Meta) -> io::Result<Box<SnapshotData>> {
         let path = self.dir.join(DATA);
-        let file =
-            OpenOptions::new().read(true).write(true).create(true).truncate(true).mode(FILE_MODE).open(&path)?;
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).mode(FILE_MODE).open(&path)?;
         // The data is empty before the metadata names another snapshot (see the module doc).
         let encoded = postcard::to_allocvec(meta).map_err(io::Error::other)?;
         let temp = self.dir.join(format!("{META}.tmp"));
