@@ -144,7 +144,7 @@ impl SnapshotReceiver {
         match install.await {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(Refused::Corrupt)) => Err(mismatch(&req, 0)),
-            Ok(Err(Refused::Raft(e))) => Err(e),
+            Ok(Err(Refused::Raft(e))) => Err(*e),
             Err(e) => Err(RaftError::Fatal(Fatal::StorageError(install_panicked(&req.meta, e)))),
         }
     }
@@ -160,7 +160,7 @@ impl SnapshotReceiver {
 enum Refused {
     /// It failed its check (a torn or forged file): removed, to be sent again from byte 0.
     Corrupt,
-    Raft(ReceiveError),
+    Raft(Box<ReceiveError>),
 }
 
 /// A snapshot half-received is left for another; its bytes are overwritten by the next one's.
@@ -197,7 +197,7 @@ async fn install(
     let (my_vote, committed) = raft
         .with_raft_state(|state| (*state.vote_ref(), state.committed))
         .await
-        .map_err(|e| Refused::Raft(RaftError::Fatal(e)))?;
+        .map_err(|e| Refused::Raft(Box::new(RaftError::Fatal(e))))?;
     if meta.last_log_id <= committed {
         metrics::SNAPSHOT_RECEIVE_SUCCESS.with_label_values(&[&from]).inc();
         tracing::info!(snapshot = %meta.snapshot_id, committed = ?committed, "a snapshot received is already covered: not installed");
@@ -235,7 +235,7 @@ async fn install(
         }
         Err(fatal) => {
             metrics::SNAPSHOT_RECEIVE_FAILURES.with_label_values(&[&from]).inc();
-            Err(Refused::Raft(RaftError::Fatal(fatal)))
+            Err(Refused::Raft(Box::new(RaftError::Fatal(fatal))))
         }
     }
 }

@@ -251,7 +251,7 @@ fn snap_dir(member: &Member) -> PathBuf {
 /// The size of the snapshot the leader logged sending.
 fn snapshot_size_sent(cluster: &Cluster, leader: usize) -> u64 {
     let log = cluster.members[leader].log();
-    let line = log.lines().filter(|l| l.contains("sending a snapshot")).last().expect("the leader sent a snapshot");
+    let line = log.lines().rev().find(|l| l.contains("sending a snapshot")).expect("the leader sent a snapshot");
     line.split(" size=").nth(1).and_then(|rest| rest.split(' ').next()).and_then(|n| n.parse().ok()).expect("a size")
 }
 
