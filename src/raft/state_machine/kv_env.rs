@@ -52,9 +52,9 @@ impl KvEnv {
     }
 
     /// Where this member receives snapshots from a leader (`snapshot/receiving.rs`).
-    pub(crate) fn snapshot_inbox(&self) -> super::SnapshotInbox {
+    pub(crate) fn snapshot_inbox(&self) -> super::snapshot::receiving::Inbox {
         let state = self.current();
-        super::SnapshotInbox::new(state.snaps.path(), state.tables().len())
+        super::snapshot::receiving::Inbox::new(state.snaps.path(), state.tables().len())
     }
 
     /// Whether a defragment is running.

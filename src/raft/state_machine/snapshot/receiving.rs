@@ -37,7 +37,7 @@ pub(crate) struct Inbox {
 }
 
 impl Inbox {
-    pub(in crate::raft::state_machine) fn new(dir: &Path, tables: usize) -> Inbox {
+    pub(crate) fn new(dir: &Path, tables: usize) -> Inbox {
         Inbox { dir: dir.to_path_buf(), tables }
     }
 
