@@ -37,6 +37,7 @@ use crate::proto::keywardpb::{
     MembershipRequest, MembershipResponse, ProposeResponse, PublishRequest, PublishResponse, RaftMessage,
     ReadIndexRequest, ReadIndexResponse, RemovedRequest, RemovedResponse,
 };
+use crate::raft::state_machine::SnapshotInbox;
 use crate::raft::{NodeId, Raft};
 
 pub(crate) type LoginAttemptReplies =
@@ -48,6 +49,8 @@ pub(crate) trait LocalMember: Send + Sync + 'static {
     fn cluster_id(&self) -> u64;
     fn member_id(&self) -> u64;
     fn raft(&self) -> &Raft;
+    /// Where this member receives a snapshot (`cluster/snapshot_receiver.rs`).
+    fn snapshot_inbox(&self) -> SnapshotInbox;
     fn lessor(&self) -> &Lessor;
     fn is_leader(&self) -> bool;
     fn header(&self, revision: i64) -> Option<ResponseHeader>;
@@ -72,7 +75,8 @@ pub(crate) struct PeerService {
 
 impl PeerService {
     pub(crate) fn new(member: Arc<dyn LocalMember>) -> Self {
-        PeerService { member, snapshots: SnapshotReceiver::default() }
+        let snapshots = SnapshotReceiver::new(member.snapshot_inbox());
+        PeerService { member, snapshots }
     }
 
     /// Refuses a request from another cluster (`unknown_ok`: a joining member that does not know

@@ -3,14 +3,21 @@
 //! when the leader's deadline drops the call.
 //!
 //! The chunks of one snapshot (same metadata, so same bytes: a snapshot id names one build) go into
-//! the temp file openraft's `begin_receiving_snapshot` gives (`raft/state_machine/snapshot/data.rs`),
-//! each written at its offset after an explicit seek (a call dropped mid-write may have left the file
-//! anywhere). The file is kept between calls, and the follower says where the transfer stands: a
-//! chunk at any other offset than the end of what was received (one sent again after its answer was
-//! lost, or a new attempt starting over at 0) is answered `SnapshotMismatch` with that offset, where
-//! the leader continues (`snapshot_sender.rs`) — a transfer interrupted mid-way resumes, across
-//! attempts and leader terms. A chunk of another snapshot must start at 0, and replaces the one
-//! being received. Each chunk also renews the leader's lease here (`heard_from_leader`).
+//! the member's one partial file (`raft/state_machine/snapshot/receiving.rs`), each written at its
+//! offset after an explicit seek (a call dropped mid-write may have left the file anywhere). The file
+//! is kept between calls and across restarts of this member, and the follower says where the transfer
+//! stands: a chunk at any other offset than the end of what was received (one sent again after its
+//! answer was lost, a new attempt starting over at 0, or the first chunk a restarted follower sees)
+//! is answered `SnapshotMismatch` with that offset, where the leader continues
+//! (`snapshot_sender.rs`) — a transfer interrupted mid-way resumes, across attempts, leader terms and
+//! follower restarts. A chunk of another snapshot must start at 0, and replaces the one being
+//! received. Each chunk also renews the leader's lease here (`heard_from_leader`).
+//!
+//! The peer port is a trust boundary: whatever a peer sends, a chunk is refused with an error and the
+//! member goes on serving. Offsets are only ever the end of what was received; the last chunk's file
+//! is checked whole (metadata, structure, checksum: `format::verify`) before openraft is asked to
+//! install it, because a failed install stops this member's raft for good. A file that fails the
+//! check is removed and answered as a transfer to begin again at 0.
 //!
 //! The last chunk installs the snapshot in a task of its own, which holds the receiver until it is
 //! done: a leader that gave up on the call and sends the chunk again waits for the install instead of
@@ -29,6 +36,7 @@ use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 
 use crate::metrics;
 use crate::raft::member::MemberNode;
+use crate::raft::state_machine::SnapshotInbox;
 use crate::raft::{NodeId, Raft, TypeConfig};
 
 type SnapshotData = <TypeConfig as openraft::RaftTypeConfig>::SnapshotData;
@@ -36,9 +44,9 @@ type SnapshotMeta = openraft::SnapshotMeta<NodeId, MemberNode>;
 type ReceiveError = RaftError<NodeId, InstallSnapshotError>;
 
 /// The snapshot being received, if any, kept between InstallSnapshot calls.
-#[derive(Default)]
 pub(crate) struct SnapshotReceiver {
     receiving: Arc<tokio::sync::Mutex<Option<Receiving>>>,
+    inbox: SnapshotInbox,
 }
 
 struct Receiving {
@@ -52,6 +60,10 @@ struct Receiving {
 }
 
 impl SnapshotReceiver {
+    pub(crate) fn new(inbox: SnapshotInbox) -> Self {
+        SnapshotReceiver { receiving: Arc::default(), inbox }
+    }
+
     /// Takes one chunk of a snapshot from the leader; the last one installs it.
     pub(crate) async fn receive(
         &self,
@@ -66,43 +78,53 @@ impl SnapshotReceiver {
         }
         heard_from_leader(raft, req.vote, committed).await?;
         let mut receiving = self.receiving.clone().lock_owned().await;
-        let current = receiving.as_ref().is_some_and(|r| r.meta == req.meta);
-        if !current {
-            if req.offset != 0 {
+        let from = req.vote.leader_id().voted_for().map_or_else(String::new, |id| format!("{id:x}"));
+        if !receiving.as_ref().is_some_and(|r| r.meta == req.meta) {
+            // What an earlier run of this member received of it, if anything, is where it goes on.
+            let inbox = self.inbox.clone();
+            let meta = req.meta.clone();
+            let kept = tokio::task::spawn_blocking(move || inbox.resume(&meta))
+                .await
+                .map_err(|e| storage_error(&req.meta, ErrorVerb::Read, std::io::Error::other(e.to_string())))?
+                .map_err(|e| storage_error(&req.meta, ErrorVerb::Read, e))?;
+            if let Some((data, received)) = kept {
+                if let Some(abandoned) = receiving.take() {
+                    abandon(abandoned);
+                }
+                tracing::info!(snapshot = %req.meta.snapshot_id, from, received, "resuming a snapshot received in part");
+                let meta = req.meta.clone();
+                *receiving = Some(Receiving { meta, data, received, from: from.clone(), started: Instant::now() });
+            } else if req.offset != 0 {
                 return Err(mismatch(&req, 0));
+            } else {
+                if let Some(abandoned) = receiving.take() {
+                    abandon(abandoned);
+                }
+                let (inbox, meta) = (self.inbox.clone(), req.meta.clone());
+                let data = tokio::task::spawn_blocking(move || inbox.begin(&meta))
+                    .await
+                    .map_err(|e| storage_error(&req.meta, ErrorVerb::Write, std::io::Error::other(e.to_string())))?
+                    .map_err(|e| storage_error(&req.meta, ErrorVerb::Write, e))?;
+                tracing::info!(snapshot = %req.meta.snapshot_id, from, "receiving a snapshot");
+                let meta = req.meta.clone();
+                *receiving = Some(Receiving { meta, data, received: 0, from, started: Instant::now() });
             }
-            if let Some(abandoned) = receiving.take() {
-                tracing::warn!(snapshot = %abandoned.meta.snapshot_id, received = abandoned.received, "a snapshot half-received is abandoned for another");
-                metrics::SNAPSHOT_RECEIVE_FAILURES.with_label_values(&[&abandoned.from]).inc();
-                discard(abandoned.data);
-            }
-            let data = raft.begin_receiving_snapshot().await.map_err(|e| match e {
-                RaftError::Fatal(fatal) => RaftError::Fatal(fatal),
-                RaftError::APIError(never) => match never {},
-            })?;
-            let from = req.vote.leader_id().voted_for().map_or_else(String::new, |id| format!("{id:x}"));
-            tracing::info!(snapshot = %req.meta.snapshot_id, from, "receiving a snapshot");
-            *receiving = Some(Receiving { meta: req.meta.clone(), data, received: 0, from, started: Instant::now() });
         }
         let Some(current) = receiving.as_mut() else {
             return Err(mismatch(&req, 0));
         };
         // The follower says where the transfer stands: a chunk sent again whose first answer was lost,
-        // or a new attempt (a new leader term) starting over at 0, continues from there.
+        // a new attempt (a new leader term) starting over at 0, or a transfer this member resumes after
+        // a restart, continues from there.
         if req.offset != current.received {
             return Err(mismatch(&req, current.received));
         }
         if let Err(e) = write_at(&mut current.data, req.offset, &req.data).await {
             metrics::SNAPSHOT_RECEIVE_FAILURES.with_label_values(&[&current.from]).inc();
             if let Some(failed) = receiving.take() {
-                discard(failed.data);
+                self.discard(failed.data);
             }
-            let subject = ErrorSubject::Snapshot(Some(req.meta.signature()));
-            return Err(RaftError::Fatal(Fatal::StorageError(StorageError::from_io_error(
-                subject,
-                ErrorVerb::Write,
-                e,
-            ))));
+            return Err(RaftError::Fatal(Fatal::StorageError(storage_error(&req.meta, ErrorVerb::Write, e))));
         }
         metrics::SNAPSHOT_RECEIVED_BYTES.with_label_values(&[&current.from]).inc_by(req.data.len() as u64);
         current.received = req.offset + req.data.len() as u64;
@@ -112,18 +134,39 @@ impl SnapshotReceiver {
         let Some(received) = receiving.take() else {
             return Err(mismatch(&req, 0));
         };
-        let (raft, vote) = (raft.clone(), req.vote);
+        let (raft, vote, inbox) = (raft.clone(), req.vote, self.inbox.clone());
         // Holds `receiving` until installed, even if the leader's deadline drops this call.
         let install = tokio::spawn(async move {
-            let installed = install(&raft, vote, received).await;
+            let installed = install(&raft, vote, received, inbox).await;
             drop(receiving);
             installed
         });
         match install.await {
-            Ok(answer) => answer,
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(Refused::Corrupt)) => Err(mismatch(&req, 0)),
+            Ok(Err(Refused::Raft(e))) => Err(*e),
             Err(e) => Err(RaftError::Fatal(Fatal::StorageError(install_panicked(&req.meta, e)))),
         }
     }
+
+    /// Removes the partial file (with `data`, its open handle) on a blocking thread: removing a
+    /// multi-GB file takes a while.
+    fn discard(&self, data: Box<SnapshotData>) {
+        discard(data, self.inbox.clone());
+    }
+}
+
+/// Why a received snapshot was not installed.
+enum Refused {
+    /// It failed its check (a torn or forged file): removed, to be sent again from byte 0.
+    Corrupt,
+    Raft(Box<ReceiveError>),
+}
+
+/// A snapshot half-received is left for another; its bytes are overwritten by the next one's.
+fn abandon(abandoned: Receiving) {
+    tracing::warn!(snapshot = %abandoned.meta.snapshot_id, received = abandoned.received, "a snapshot half-received is abandoned for another");
+    metrics::SNAPSHOT_RECEIVE_FAILURES.with_label_values(&[&abandoned.from]).inc();
 }
 
 /// A chunk from the leader is word from the leader, as etcd's MsgSnap is: told to the raft core as an
@@ -143,24 +186,48 @@ async fn heard_from_leader(
     }
 }
 
-/// Installs a snapshot received whole, unless this member already covers it.
+/// Installs a snapshot received whole, unless this member already covers it or it fails its check.
 async fn install(
     raft: &Raft,
     vote: Vote<NodeId>,
     received: Receiving,
-) -> Result<InstallSnapshotResponse<NodeId>, ReceiveError> {
-    let Receiving { meta, data, received: size, from, started } = received;
-    let (my_vote, committed) =
-        raft.with_raft_state(|state| (*state.vote_ref(), state.committed)).await.map_err(RaftError::Fatal)?;
-    metrics::SNAPSHOT_RECEIVE_SUCCESS.with_label_values(&[&from]).inc();
+    inbox: SnapshotInbox,
+) -> Result<InstallSnapshotResponse<NodeId>, Refused> {
+    let Receiving { meta, mut data, received: size, from, started } = received;
+    let (my_vote, committed) = raft
+        .with_raft_state(|state| (*state.vote_ref(), state.committed))
+        .await
+        .map_err(|e| Refused::Raft(Box::new(RaftError::Fatal(e))))?;
     if meta.last_log_id <= committed {
+        metrics::SNAPSHOT_RECEIVE_SUCCESS.with_label_values(&[&from]).inc();
         tracing::info!(snapshot = %meta.snapshot_id, committed = ?committed, "a snapshot received is already covered: not installed");
-        discard(data);
+        discard(data, inbox);
         return Ok(InstallSnapshotResponse { vote: my_vote });
     }
-    tracing::info!(snapshot = %meta.snapshot_id, size, received_in = ?started.elapsed(), "installing a snapshot received");
+    let received_in = started.elapsed();
+    // tokio's file completes a write in the background: the check reads what the last one wrote.
+    let checking = Instant::now();
+    let checked = match data.flush().await {
+        Ok(()) => {
+            let (inbox, meta) = (inbox.clone(), meta.clone());
+            tokio::task::spawn_blocking(move || inbox.verify(&meta).map_err(|e| e.to_string()))
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()))
+        }
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(error) = checked {
+        tracing::warn!(snapshot = %meta.snapshot_id, from, size, error, "a snapshot received fails its check: removed, not installed");
+        metrics::SNAPSHOT_RECEIVE_FAILURES.with_label_values(&[&from]).inc();
+        discard(data, inbox);
+        return Err(Refused::Corrupt);
+    }
+    metrics::SNAPSHOT_RECEIVE_SUCCESS.with_label_values(&[&from]).inc();
+    tracing::info!(snapshot = %meta.snapshot_id, size, ?received_in, checked_in = ?checking.elapsed(), "installing a snapshot received");
     let installing = Instant::now();
     let answer = raft.install_full_snapshot(vote, Snapshot { meta: meta.clone(), snapshot: data }).await;
+    // The data became `current.snap`; what is left is the partial file's metadata.
+    let _ = tokio::task::spawn_blocking(move || inbox.remove()).await;
     match answer {
         Ok(response) => {
             tracing::info!(snapshot = %meta.snapshot_id, installed_in = ?installing.elapsed(), "snapshot installed");
@@ -168,7 +235,7 @@ async fn install(
         }
         Err(fatal) => {
             metrics::SNAPSHOT_RECEIVE_FAILURES.with_label_values(&[&from]).inc();
-            Err(RaftError::Fatal(fatal))
+            Err(Refused::Raft(Box::new(RaftError::Fatal(fatal))))
         }
     }
 }
@@ -181,9 +248,19 @@ async fn write_at(data: &mut SnapshotData, offset: u64, bytes: &[u8]) -> std::io
     data.flush().await
 }
 
-/// Drops a snapshot file (removing a multi-GB file takes a while) on a blocking thread.
-fn discard(data: Box<SnapshotData>) {
-    tokio::task::spawn_blocking(move || drop(data));
+/// Closes a snapshot file and removes the partial file, on a blocking thread (removing a multi-GB
+/// file takes a while).
+fn discard(data: Box<SnapshotData>, inbox: SnapshotInbox) {
+    tokio::task::spawn_blocking(move || {
+        drop(data);
+        if let Err(e) = inbox.remove() {
+            tracing::warn!(error = %e, "cannot remove the snapshot received in part");
+        }
+    });
+}
+
+fn storage_error(meta: &SnapshotMeta, verb: ErrorVerb, e: std::io::Error) -> StorageError<NodeId> {
+    StorageError::from_io_error(ErrorSubject::Snapshot(Some(meta.signature())), verb, e)
 }
 
 /// The answer to a chunk at the wrong offset: where this member expects the next one.

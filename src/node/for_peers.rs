@@ -14,6 +14,7 @@ use crate::proto::etcdserverpb::{
     ResponseHeader,
 };
 use crate::proto::keywardpb::{LoginAttemptRequest, PublishRequest};
+use crate::raft::state_machine::SnapshotInbox;
 use crate::raft::{NodeId, Raft};
 
 #[tonic::async_trait]
@@ -28,6 +29,10 @@ impl LocalMember for Node {
 
     fn raft(&self) -> &Raft {
         &self.raft
+    }
+
+    fn snapshot_inbox(&self) -> SnapshotInbox {
+        self.kv.snapshot_inbox()
     }
 
     fn lessor(&self) -> &Lessor {

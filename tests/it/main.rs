@@ -50,6 +50,7 @@ mod proxy;
 mod rejoin;
 mod restore;
 mod snapshot_memory;
+mod snapshot_transfer;
 mod space;
 mod tls;
 mod watch;

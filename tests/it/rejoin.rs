@@ -134,6 +134,9 @@ async fn rejoin(scenario: Scenario) {
     // change, may have sent a part of another one before.)
     assert_eq!(installed.len(), 1, "one snapshot installed:\n{}", story());
     assert!(received_bytes < 2.0 * installed[0], "{received_bytes} bytes received for one snapshot:\n{}", story());
+    // Every member holds the same store (`etcdctl endpoint hashkv`), the installed one included.
+    let hashes: Vec<String> = cluster.members.iter().map(|m| blocking(|| m.hashkv())).collect();
+    assert!(hashes.iter().all(|h| *h == hashes[0] && h != "null"), "HashKV differs: {hashes:?}");
 }
 
 /// `n` values of `bytes` bytes each under `value/`, eight puts at a time.

@@ -51,6 +51,12 @@ impl KvEnv {
         Some(write(&self.current()))
     }
 
+    /// Where this member receives snapshots from a leader (`snapshot/receiving.rs`).
+    pub(crate) fn snapshot_inbox(&self) -> super::snapshot::receiving::Inbox {
+        let state = self.current();
+        super::snapshot::receiving::Inbox::new(state.snaps.path(), state.tables().len())
+    }
+
     /// Whether a defragment is running.
     pub(crate) fn defragmenting(&self) -> bool {
         self.defragmenting.load(std::sync::atomic::Ordering::Relaxed)

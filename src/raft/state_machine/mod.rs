@@ -61,6 +61,7 @@ mod writeback_tests;
 
 pub(crate) use self::committed::Committed;
 pub(crate) use self::kv_env::KvEnv;
+pub(crate) use self::snapshot::receiving::Inbox as SnapshotInbox;
 pub(crate) use self::state::State;
 #[cfg(test)]
 pub(crate) use self::testing::TableRecords;
@@ -216,7 +217,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         fn failed(meta: &Meta, e: impl std::fmt::Display) -> StorageError {
             StorageIOError::write_snapshot(Some(meta.signature()), any_error(e)).into()
         }
+        let syncing = std::time::Instant::now();
         let (file, received) = snapshot.finish().await.map_err(|e| failed(meta, e))?;
+        let synced_ms = syncing.elapsed().as_millis() as u64;
+        tracing::info!(snapshot = %meta.snapshot_id, synced_ms, "snapshot file flushed and synced for install");
         let (kv, meta) = (self.kv.clone(), meta.clone());
         blocking(move || kv.write(|state| state.install_snapshot(&meta, file, received)).map_err(|e| failed(&meta, e)))
             .await

@@ -255,6 +255,18 @@ impl Member {
         self.client_url.split("://").nth(1).unwrap_or(&self.client_url).parse().expect("client URL host:port")
     }
 
+    /// The member's `--data-dir`.
+    pub(crate) fn data_dir(&self) -> PathBuf {
+        self.dir.as_ref().expect("the member's temp dir").path().join("data")
+    }
+
+    /// `etcdctl endpoint hashkv` of this member: the hash of its MVCC store at its revision.
+    pub(crate) fn hashkv(&self) -> String {
+        let out = self.ctl(&["endpoint", "hashkv", "-w", "json"]);
+        let parsed: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("hashkv JSON {out}: {e}"));
+        parsed[0]["HashKV"]["hash"].to_string()
+    }
+
     pub(crate) fn log_path(&self) -> PathBuf {
         self.dir.as_ref().unwrap().path().join("member.log")
     }

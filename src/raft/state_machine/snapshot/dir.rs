@@ -75,7 +75,7 @@ impl SnapDir {
             .create_new(true)
             .mode(crate::storage::data_dir::FILE_MODE)
             .open(&path)?;
-        Ok((TempFile { path, renamed: false }, file))
+        Ok((TempFile { path, renamed: false, kept: false }, file))
     }
 
     /// Makes a complete, synced snapshot file `temp` (of `meta`) the current one, unless the current
@@ -116,14 +116,22 @@ impl SnapDir {
     }
 }
 
-/// A temp file in the snap dir: removed when dropped, unless it was renamed into place.
+/// A temp file in the snap dir: removed when dropped, unless it was renamed into place or is kept
+/// (a snapshot being received, which outlives this process: `receiving.rs`).
 #[derive(Debug)]
 pub struct TempFile {
     path: PathBuf,
     renamed: bool,
+    kept: bool,
 }
 
 impl TempFile {
+    /// The file at `path`, which dropping it leaves in place: only a rename or an explicit removal
+    /// ends it.
+    pub(super) fn kept(path: PathBuf) -> TempFile {
+        TempFile { path, renamed: false, kept: true }
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -137,7 +145,7 @@ impl TempFile {
 
 impl Drop for TempFile {
     fn drop(&mut self) {
-        if self.renamed {
+        if self.renamed || self.kept {
             return;
         }
         if let Err(e) = std::fs::remove_file(&self.path) {

@@ -220,6 +220,39 @@ pub(crate) fn load(
     Ok(())
 }
 
+/// Checks a whole snapshot file without loading it: its metadata is `expected`, it has `tables` tables
+/// (or one more, kv layout 1's `kv_live`), every key is one LMDB takes (1 to `LMDB_MAX_KEY` bytes) and
+/// comes after the one before it in its table, and the checksum matches. What passes, `load` takes
+/// (short of a full disk): a received file is checked before openraft is asked to install it, since
+/// a failed install stops this member's raft for good.
+pub(crate) fn verify(file: File, expected: &Meta, tables: usize) -> Result<(), BoxError> {
+    let (meta, mut reader) = Reader::open(file)?;
+    if meta != *expected {
+        return Err(format!("the snapshot file holds {meta}, not {expected}").into());
+    }
+    let count = reader.count()?;
+    if count != tables as u64 && count != tables as u64 + 1 {
+        return Err(corrupt(&format!("{count} tables where this version has {tables}")).into());
+    }
+    let (mut key, mut previous, mut value) = (Vec::new(), Vec::new(), Vec::new());
+    for table in 0..count {
+        previous.clear();
+        for record in 0..reader.count()? {
+            reader.bytes(&mut key)?;
+            if key.is_empty() || key.len() > crate::storage::LMDB_MAX_KEY {
+                return Err(corrupt(&format!("a key of {} bytes in table {table}", key.len())).into());
+            }
+            if record > 0 && key <= previous {
+                return Err(corrupt(&format!("records out of order in table {table}")).into());
+            }
+            reader.bytes(&mut value)?;
+            std::mem::swap(&mut key, &mut previous);
+        }
+    }
+    reader.finish()?;
+    Ok(())
+}
+
 /// Whether `file` starts like a version 1 snapshot.
 pub(crate) fn is_current_version(file: &mut File) -> io::Result<bool> {
     let mut magic = [0u8; MAGIC.len()];

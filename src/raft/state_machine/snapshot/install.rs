@@ -4,6 +4,7 @@
 
 use std::fs::File;
 use std::path::Path;
+use std::time::Instant;
 
 use super::dir::TempFile;
 use super::format::{self, Meta};
@@ -50,17 +51,31 @@ impl State {
             // machine's snapshot): copied in, so that it can become current.
             _ => self.copy_in(file)?,
         };
+        let loading = Instant::now();
         let txn = self.load_growing(temp.path(), meta)?;
+        let loaded = loading.elapsed();
         // Current before the commit: a crash in between leaves a snapshot newer than the applied
         // state, which `open` installs (`install_current_if_newer`); the other order could leave a
         // member whose current snapshot is older than its purged log.
         self.snaps.publish(temp, meta)?;
+        let committing = Instant::now();
         txn.commit()?;
+        let committed = committing.elapsed();
         // A snapshot of a member of an older layout holds its encodings (`layout.rs`).
         self.migrate_layout()?;
-        // openraft purges the log behind the snapshot: the installed state must survive a power loss.
-        self.sync()?;
-        self.rebuild_after_install()
+        // No sync of the environment: openraft purges the log behind the snapshot, and what it covered
+        // survives a power loss as `current.snap` (synced, renamed, its directory synced above), from
+        // which a member whose environment may be torn is rebuilt (`raft/unsynced.rs`), as after a
+        // build (`build.rs`). Syncing here wrote every installed page to the disk a second time.
+        self.rebuild_after_install()?;
+        tracing::info!(
+            snapshot = %meta.snapshot_id,
+            load_ms = loaded.as_millis() as u64,
+            commit_ms = committed.as_millis() as u64,
+            total_ms = loading.elapsed().as_millis() as u64,
+            "snapshot loaded into the state machine"
+        );
+        Ok(())
     }
 
     /// Copies a snapshot file into a synced temp file of the snap dir.

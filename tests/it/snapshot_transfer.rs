@@ -1,0 +1,335 @@
+//! The snapshot transfer between members (issue 30, part C), through the real peer listener:
+//!
+//! - a follower killed (SIGKILL) in the middle of receiving a snapshot keeps what it received
+//!   (`<member>/snap/receiving.part`) and, restarted, resumes at that offset: it receives less than
+//!   the whole snapshot the second time, and ends with the others' `HashKV`;
+//! - the receiver is a trust boundary on the peer port: a peer without a member certificate is
+//!   refused, and one with a member certificate that sends chunks out of order, past the end, at a
+//!   huge offset, of another snapshot mid-transfer, or a last chunk that is garbage, truncated, of
+//!   another snapshot or with a bad checksum gets an error for each, never an installed snapshot;
+//!   the member keeps serving, and a real snapshot installs on it afterwards.
+//!
+//! The chunks a hostile peer sends are openraft's `InstallSnapshotRequest`, postcard-encoded as a
+//! member encodes them (`cluster/network.rs`), with an empty membership in their metadata.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, GetOptions};
+use keyward::proto::keywardpb::peer_client::PeerClient;
+use keyward::proto::keywardpb::RaftMessage;
+use openraft::error::{InstallSnapshotError, RaftError};
+use openraft::raft::InstallSnapshotResponse;
+use openraft::{BasicNode, CommittedLeaderId, LogId, SnapshotMeta, StoredMembership, Vote};
+use rcgen::SanType;
+use tonic::transport::Channel;
+
+use crate::common;
+use crate::common::cluster::{Cluster, Member, Options};
+use crate::common::pki::{self, Cert};
+
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// A follower killed mid-transfer and restarted resumes at the offset it kept. Reverted to a temp
+/// file that a restart loses, the second run receives the whole snapshot again (and logs no
+/// "resuming").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_killed_mid_transfer_resumes_at_its_offset() {
+    let mut cluster = blocking(|| Cluster::start(Options::new(3).flags(&["--snapshot-count", "100"])));
+    let leader = cluster.leader().await;
+    let down = (0..3).find(|&i| i != leader).unwrap();
+    let client = common::auth::connect(&cluster.members[leader].client_url).await;
+    // 192 values of 512 KiB: a snapshot of about 100 MB, some seconds to send on loopback.
+    put_values(&client, 192, 512 << 10).await;
+    blocking(|| cluster.members[down].kill_9());
+    let mut writer = client.clone();
+    for i in 0..350 {
+        put_retrying(&mut writer, &format!("down/{i:06}"), b"v").await;
+    }
+    let last_revision = put_retrying(&mut writer, "down/last", b"here").await;
+
+    let partial = snap_dir(&cluster.members[down]).join("receiving.part");
+    blocking(|| cluster.members[down].spawn());
+    // Killed as soon as the first bytes are on disk: a few chunks of a 160 MB snapshot.
+    let waiting = Instant::now();
+    while std::fs::metadata(&partial).map_or(0, |m| m.len()) == 0 {
+        assert!(
+            waiting.elapsed() < Duration::from_secs(300),
+            "no snapshot received:\n{}",
+            cluster.members[down].log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    blocking(|| cluster.members[down].kill_9());
+    let kept = std::fs::metadata(&partial).expect("the partial file survives the kill").len();
+    let size = snapshot_size_sent(&cluster, leader);
+    assert!(kept > 0 && kept < size, "kept {kept} of {size} bytes: the transfer was not interrupted");
+
+    // The log of the second run only: the member appends to the same file.
+    let log_before = cluster.members[down].log().len();
+    blocking(|| cluster.members[down].spawn());
+    wait_for_revision(&cluster.members[down], last_revision).await;
+    let rejoined = &cluster.members[down];
+    let log = rejoined.log()[log_before..].to_string();
+    let received = metric_sum(rejoined, "keyward_network_snapshot_received_bytes_total");
+    eprintln!("snapshot of {size} bytes: {kept} kept across the kill, {received} received after the restart");
+    assert!(log.contains("resuming a snapshot received in part"), "no resume:\n{log}");
+    assert!(!log.contains("receiving a snapshot"), "the transfer began again at byte 0:\n{log}");
+    assert!(received < size as f64, "{received} bytes received again for a snapshot of {size}");
+    assert!(received >= (size - kept) as f64, "{received} bytes received: less than what was missing");
+    assert!(log.contains("snapshot installed"), "not installed:\n{log}");
+    assert!(!partial.exists(), "the partial file outlived the install");
+    assert_hashkv_equal(&cluster);
+}
+
+/// A hostile holder of a member certificate sends every malformed chunk the module doc lists to a
+/// follower; each gets an error, the follower installs none of it and keeps serving, and a real
+/// snapshot then installs on it. Reverted to installing without `format::verify`, the garbage last
+/// chunk's install fails inside openraft, which stops the follower's raft for good (the real
+/// snapshot then never installs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_peer_cannot_break_the_snapshot_receiver() {
+    let mut cluster = blocking(|| Cluster::start(Options::new(3).peer_tls().flags(&["--snapshot-count", "100"])));
+    let leader = cluster.leader().await;
+    let target = (0..3).find(|&i| i != leader).unwrap();
+    let mut admin = cluster.members[leader].client().await;
+    for i in 0..20 {
+        admin.put(format!("before/{i}"), "v", None).await.expect("put");
+    }
+    let status = admin.status().await.expect("status");
+    let header = status.header().expect("header");
+    let (cluster_id, term, leader_id) = (header.cluster_id(), status.raft_term(), status.leader());
+    let vote = Vote::new_committed(term, leader_id);
+    let peer_url = cluster.members[target].peer_url.clone();
+    let ca = cluster.peer_ca_file();
+
+    // Without a member certificate: a client certificate of the peer CA names no member.
+    let outsider = cluster.peer_cert("outsider", pki::client_params(Some("outsider")));
+    let mut as_outsider = peer_client(&peer_url, &ca, Some(&outsider));
+    let refused =
+        send(&mut as_outsider, cluster_id, &chunk(vote, &meta("outsider", term, leader_id), 0, b"x", false)).await;
+    assert!(refused.is_err(), "a peer without a member certificate was served: {refused:?}");
+
+    let mut params = pki::server_params("hostile-member");
+    params.subject_alt_names = vec![SanType::IpAddress("127.0.0.1".parse().unwrap())];
+    let member_cert = cluster.peer_cert("hostile-member", params);
+    let mut hostile = peer_client(&peer_url, &ca, Some(&member_cert));
+    let a = meta("hostile-a", term, leader_id);
+    let b = meta("hostile-b", term, leader_id);
+    let expect_error =
+        async |hostile: &mut PeerClient<Channel>, what: &str, request: Chunk| match send(hostile, cluster_id, &request)
+            .await
+        {
+            Ok(Ok(response)) => panic!("{what}: accepted ({response:?})"),
+            Ok(Err(e)) => eprintln!("{what}: {e}"),
+            Err(status) => eprintln!("{what}: {status:?}"),
+        };
+    expect_error(&mut hostile, "a first chunk not at 0", chunk(vote, &a, 4096, b"late", false)).await;
+    let first = send(&mut hostile, cluster_id, &chunk(vote, &a, 0, &[7u8; 1000], false)).await;
+    assert!(matches!(first, Ok(Ok(_))), "a first chunk at 0 is taken: {first:?}");
+    expect_error(&mut hostile, "a chunk past the end", chunk(vote, &a, 5000, b"gap", false)).await;
+    expect_error(&mut hostile, "a chunk out of order", chunk(vote, &a, 500, b"back", false)).await;
+    expect_error(&mut hostile, "a huge offset", chunk(vote, &a, u64::MAX - 1, b"huge", false)).await;
+    expect_error(&mut hostile, "another snapshot mid-transfer", chunk(vote, &b, 1000, b"other", false)).await;
+    expect_error(&mut hostile, "a last chunk of garbage", chunk(vote, &a, 1000, &[9u8; 64], true)).await;
+    // A file that starts as a snapshot and is cut short.
+    let whole = forged_snapshot(&b, 6);
+    let start = send(&mut hostile, cluster_id, &chunk(vote, &b, 0, &whole[..whole.len() / 2], false)).await;
+    assert!(matches!(start, Ok(Ok(_))), "{start:?}");
+    expect_error(&mut hostile, "a truncated last chunk", chunk(vote, &b, (whole.len() / 2) as u64, &[], true)).await;
+    // Whole files that fail the check for one reason each.
+    let c = meta("hostile-c", term, leader_id);
+    let mut bad_checksum = forged_snapshot(&c, 6);
+    let last = bad_checksum.len() - 1;
+    bad_checksum[last] ^= 0xff;
+    expect_error(&mut hostile, "a bad checksum", chunk(vote, &c, 0, &bad_checksum, true)).await;
+    expect_error(
+        &mut hostile,
+        "a file of another snapshot than announced",
+        chunk(vote, &c, 0, &forged_snapshot(&a, 6), true),
+    )
+    .await;
+    expect_error(&mut hostile, "a file with no table", chunk(vote, &c, 0, &forged_snapshot(&c, 0), true)).await;
+    // A chunk far beyond the peer port's message limit is refused before it is read whole.
+    let huge = vec![0u8; 96 << 20];
+    expect_error(&mut hostile, "a 96 MiB chunk", chunk(vote, &meta("hostile-d", term, leader_id), 0, &huge, false))
+        .await;
+    drop(huge);
+
+    // The member is still up, still serves, and installed nothing: the five whole files were refused
+    // by the receiver's check, not by a failed install.
+    let follower = &cluster.members[target];
+    let refused = follower.log().matches("fails its check").count();
+    assert_eq!(refused, 5, "files refused by the check:\n{}", follower.log_tail(40));
+    assert!(!follower.log().contains("snapshot installed"), "something was installed:\n{}", follower.log_tail(40));
+    let mut direct = Client::connect([follower.client_url.as_str()], None).await.expect("the follower serves");
+    let count = direct.get("before/", Some(GetOptions::new().with_prefix().with_count_only())).await.expect("get");
+    assert_eq!(count.count(), 20, "the follower's data is intact");
+
+    // A real snapshot installs on it afterwards (over the hostile partial file).
+    blocking(|| cluster.members[target].kill_9());
+    for i in 0..350 {
+        put_retrying(&mut admin, &format!("down/{i:06}"), b"v").await;
+    }
+    let last_revision = put_retrying(&mut admin, "down/last", b"here").await;
+    blocking(|| cluster.members[target].spawn());
+    wait_for_revision(&cluster.members[target], last_revision).await;
+    let follower = &cluster.members[target];
+    assert!(
+        follower.log().contains("snapshot installed"),
+        "the real snapshot was not installed:\n{}",
+        follower.log_tail(40)
+    );
+    assert!(!snap_dir(follower).join("receiving.part").exists(), "a partial file outlived the install");
+    assert_hashkv_equal(&cluster);
+}
+
+/// openraft's `InstallSnapshotRequest`, field for field, with a membership of no node (so any node
+/// type encodes the same).
+#[derive(serde::Serialize)]
+struct Chunk {
+    vote: Vote<u64>,
+    meta: SnapshotMeta<u64, BasicNode>,
+    offset: u64,
+    data: Vec<u8>,
+    done: bool,
+}
+
+type Answer = Result<InstallSnapshotResponse<u64>, RaftError<u64, InstallSnapshotError>>;
+
+fn chunk(vote: Vote<u64>, meta: &SnapshotMeta<u64, BasicNode>, offset: u64, data: &[u8], done: bool) -> Chunk {
+    Chunk { vote, meta: meta.clone(), offset, data: data.to_vec(), done }
+}
+
+/// A snapshot's metadata claiming an entry far ahead of anything applied (so it is never covered).
+fn meta(id: &str, term: u64, leader: u64) -> SnapshotMeta<u64, BasicNode> {
+    let last = LogId::new(CommittedLeaderId::new(term, leader), 1 << 40);
+    SnapshotMeta { last_log_id: Some(last), last_membership: StoredMembership::default(), snapshot_id: id.into() }
+}
+
+/// A snapshot file in keyward's format (`raft/state_machine/snapshot/format.rs`) for `meta`, with
+/// `tables` empty tables and a correct checksum.
+fn forged_snapshot(meta: &SnapshotMeta<u64, BasicNode>, tables: u8) -> Vec<u8> {
+    let encoded = postcard::to_allocvec(meta).unwrap();
+    let mut file = b"keyward-snap-v2\n".to_vec();
+    file.extend_from_slice(&(encoded.len() as u32).to_le_bytes());
+    file.extend_from_slice(&encoded);
+    file.push(tables);
+    file.extend(std::iter::repeat_n(0u8, tables as usize));
+    let crc = crc32c::crc32c(&file);
+    file.extend_from_slice(&crc.to_le_bytes());
+    file
+}
+
+async fn send(client: &mut PeerClient<Channel>, cluster_id: u64, chunk: &Chunk) -> Result<Answer, tonic::Status> {
+    let mut request = tonic::Request::new(RaftMessage { payload: postcard::to_allocvec(chunk).unwrap() });
+    request.metadata_mut().insert("keyward-cluster-id", format!("{cluster_id:x}").parse().unwrap());
+    request.set_timeout(Duration::from_secs(30));
+    let answer = client.install_snapshot(request).await?.into_inner();
+    Ok(postcard::from_bytes(&answer.payload).expect("a decodable answer"))
+}
+
+/// A peer-protocol client of `peer_url` presenting `cert`, trusting `ca` for the member's certificate.
+fn peer_client(peer_url: &str, ca: &Path, cert: Option<&Cert>) -> PeerClient<Channel> {
+    let tls = keyward::client_config(
+        ca,
+        cert.map(|c| (c.cert.as_path(), c.key.as_path())),
+        ("--cacert", "--cert", "--key"),
+        &keyward::TlsPolicy::default(),
+    )
+    .expect("client TLS configuration");
+    let channel = keyward::lazy_channel(peer_url, Some(&tls), Duration::from_secs(5)).expect("a channel");
+    PeerClient::new(channel).max_encoding_message_size(usize::MAX).max_decoding_message_size(usize::MAX)
+}
+
+fn snap_dir(member: &Member) -> PathBuf {
+    member.data_dir().join("member").join("snap")
+}
+
+/// The size of the snapshot the leader logged sending.
+fn snapshot_size_sent(cluster: &Cluster, leader: usize) -> u64 {
+    let log = cluster.members[leader].log();
+    let line = log.lines().rev().find(|l| l.contains("sending a snapshot")).expect("the leader sent a snapshot");
+    line.split(" size=").nth(1).and_then(|rest| rest.split(' ').next()).and_then(|n| n.parse().ok()).expect("a size")
+}
+
+/// Every member's `etcdctl endpoint hashkv` is the same.
+fn assert_hashkv_equal(cluster: &Cluster) {
+    let hashes: Vec<String> = cluster.members.iter().map(|m| blocking(|| m.hashkv())).collect();
+    assert!(hashes.iter().all(|h| *h == hashes[0] && h != "null"), "HashKV differs: {hashes:?}");
+}
+
+/// `n` values of `bytes` bytes each under `value/`, two puts at a time. A put that timed out (a
+/// member busy on a loaded machine) is put again, for ten minutes at most: the same key, so the store
+/// ends the same.
+async fn put_values(client: &Client, n: usize, bytes: usize) {
+    let value = vec![b'x'; bytes];
+    let mut workers = Vec::new();
+    let started = Instant::now();
+    for worker in 0..2 {
+        let (mut client, value) = (client.clone(), value.clone());
+        workers.push(tokio::spawn(async move {
+            for i in (worker..n).step_by(2) {
+                loop {
+                    match client.put(format!("value/{i:06}"), value.clone(), None).await {
+                        Ok(_) => break,
+                        Err(e) if e.to_string().contains("request timed out") => {
+                            assert!(started.elapsed() < Duration::from_secs(600), "puts still time out: {e}")
+                        }
+                        Err(e) => panic!("put a value: {e}"),
+                    }
+                }
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await.expect("a put worker");
+    }
+}
+
+/// Puts `key`, again while it times out (a member busy on a loaded machine; the same key, so the
+/// store ends the same), for ten minutes at most; returns its revision.
+async fn put_retrying(client: &mut Client, key: &str, value: &[u8]) -> i64 {
+    let started = Instant::now();
+    loop {
+        match client.put(key, value, None).await {
+            Ok(put) => return put.header().expect("header").revision(),
+            Err(e) if e.to_string().contains("request timed out") => {
+                assert!(started.elapsed() < Duration::from_secs(600), "puts still time out: {e}")
+            }
+            Err(e) => panic!("put {key}: {e}"),
+        }
+    }
+}
+
+/// Waits until `member` serves `revision` from its own state (a serializable read); panics after ten
+/// minutes.
+async fn wait_for_revision(member: &Member, revision: i64) {
+    let started = Instant::now();
+    let mut client: Option<Client> = None;
+    loop {
+        if client.is_none() {
+            client = Client::connect([member.client_url.as_str()], None).await.ok();
+        }
+        if let Some(c) = client.as_mut() {
+            if let Ok(r) = c.get("down/last", Some(GetOptions::new().with_serializable())).await {
+                if r.header().is_some_and(|h| h.revision() >= revision) && r.count() == 1 {
+                    return;
+                }
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(600), "not caught up after 10 min:\n{}", member.log_tail(40));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The sum of a counter's series (every label) in a member's `/metrics`.
+fn metric_sum(member: &Member, name: &str) -> f64 {
+    let (_, text) = common::http_get(&member.addr(), "/metrics");
+    text.lines()
+        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
