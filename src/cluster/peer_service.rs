@@ -16,6 +16,7 @@
 
 use std::sync::Arc;
 
+use openraft::raft::AppendEntriesResponse;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::{Request, Response, Status, Streaming};
@@ -37,6 +38,7 @@ use crate::proto::keywardpb::{
     MembershipRequest, MembershipResponse, ProposeResponse, PublishRequest, PublishResponse, RaftMessage,
     ReadIndexRequest, ReadIndexResponse, RemovedRequest, RemovedResponse,
 };
+use crate::raft::election_timer::ElectionTimer;
 use crate::raft::{NodeId, Raft};
 
 pub(crate) type LoginAttemptReplies =
@@ -49,6 +51,7 @@ pub(crate) trait LocalMember: Send + Sync + 'static {
     fn member_id(&self) -> u64;
     fn raft(&self) -> &Raft;
     fn lessor(&self) -> &Lessor;
+    fn election_timer(&self) -> &ElectionTimer;
     fn is_leader(&self) -> bool;
     fn header(&self, revision: i64) -> Option<ResponseHeader>;
     async fn propose_forwarded(&self, req: InternalRaftRequest)
@@ -125,17 +128,40 @@ async fn raft_call<Req: DeserializeOwned, Resp: Serialize, E: Serialize>(
 impl Peer for PeerService {
     async fn append_entries(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_cluster(&request, false)?;
-        raft_call(request, async |req| self.member.raft().append_entries(req).await).await
+        raft_call(request, async |req| {
+            let answer = self.member.raft().append_entries(req).await;
+            // Accepted from a leader of this term or a newer one: the election timer starts over.
+            if matches!(&answer, Ok(a) if !matches!(a, AppendEntriesResponse::HigherVote(_))) {
+                self.member.election_timer().reset();
+            }
+            answer
+        })
+        .await
     }
 
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_cluster(&request, false)?;
-        raft_call(request, async |req| self.member.raft().vote(req).await).await
+        raft_call(request, async |req| {
+            let answer = self.member.raft().vote(req).await;
+            // As etcd's: a voter that granted its vote waits a whole timeout before campaigning.
+            if matches!(&answer, Ok(a) if a.vote_granted) {
+                self.member.election_timer().reset();
+            }
+            answer
+        })
+        .await
     }
 
     async fn install_snapshot(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_cluster(&request, false)?;
-        raft_call(request, async |req| self.snapshots.receive(self.member.raft(), req).await).await
+        raft_call(request, async |req| {
+            let answer = self.snapshots.receive(self.member.raft(), req).await;
+            if answer.is_ok() {
+                self.member.election_timer().reset();
+            }
+            answer
+        })
+        .await
     }
 
     async fn propose(&self, request: Request<InternalRaftRequest>) -> Result<Response<ProposeResponse>, Status> {
@@ -233,7 +259,7 @@ impl Peer for PeerService {
     async fn elections(&self, request: Request<ElectionsRequest>) -> Result<Response<ElectionsResponse>, Status> {
         self.check_cluster(&request, false)?;
         let enabled = request.into_inner().enabled;
-        self.member.raft().runtime_config().elect(enabled);
+        self.member.election_timer().pause(!enabled);
         tracing::info!(enabled, "elections paused or resumed by the leader for a leadership transfer");
         Ok(Response::new(ElectionsResponse {}))
     }

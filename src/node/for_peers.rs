@@ -14,6 +14,7 @@ use crate::proto::etcdserverpb::{
     ResponseHeader,
 };
 use crate::proto::keywardpb::{LoginAttemptRequest, PublishRequest};
+use crate::raft::election_timer::ElectionTimer;
 use crate::raft::{NodeId, Raft};
 
 #[tonic::async_trait]
@@ -32,6 +33,10 @@ impl LocalMember for Node {
 
     fn lessor(&self) -> &Lessor {
         &self.lessor
+    }
+
+    fn election_timer(&self) -> &ElectionTimer {
+        &self.election_timer
     }
 
     fn is_leader(&self) -> bool {
