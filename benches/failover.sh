@@ -3,20 +3,21 @@
 # with the same flags (--heartbeat-interval $HB, --election-timeout $ET).
 #
 # failover (default): per round and per server (keyward, etcd, interleaved), a fresh cluster gets a
-# steady write load (benches/failover-load: one etcd clientv3 client per follower endpoint, sequential
-# puts of fresh keys, each with a 7 s deadline, retried at once after an error); after $WARM s the
-# leader is killed with kill -9. One line per surviving endpoint: the time from the kill to the first
-# write sent after the kill and accepted there, the errors meanwhile (and their messages), the longest
-# write held across the kill; then the survivors' leader changes and the load's check that no
-# acknowledged write is missing and none applied twice.
+# steady write load (benches/failover-load: one etcd clientv3 client per follower endpoint, a put of a
+# fresh key every 20 ms whether the previous one was answered or not, each with a 7 s deadline); after
+# $WARM s the leader is killed with kill -9. One line per surviving endpoint: the time from the kill to
+# the first write sent after the kill and accepted there, the errors meanwhile (and their messages),
+# the longest write held across the kill (sent before it, accepted after); then the survivors' leader
+# changes and the load's check that no acknowledged write is missing and none applied twice.
 #
 # stability: both clusters at once under a steady write load (keyward-bench, 4 clients over all
 # members) while $BURNERS CPU burners (`yes > /dev/null`, nice 0) keep the cores busy, for $STABLE s;
 # then each member's leader changes (etcd_server_leader_changes_seen_total: 1 is the first election).
 #
 # Usage: benches/failover.sh [failover|stability]
-# Environment: ROUNDS (5), HB (100), ET (1000), WARM (3), AFTER (6: load seconds after the kill),
-#   STABLE (300), BURNERS (2), KW (target/release/keyward), KWB (keyward-bench), ETCD (/usr/bin/etcd),
+# Environment: ROUNDS (5), HB (100), ET (1000), WARM (3), AFTER (10: load seconds after the kill, more
+#   than a put's 7 s deadline), STABLE (300), BURNERS (2), KW (target/release/keyward), KWB
+#   (keyward-bench), ETCD (/usr/bin/etcd),
 #   LOADER (target/failover-load, built by benches/failover-load/build.sh when missing), KEEP_TMP=1,
 #   KEYWARD_LOG (e.g. warn,openraft::core=info for the election's timeline in the kept logs).
 set -uo pipefail
@@ -27,7 +28,7 @@ ROUNDS="${ROUNDS:-5}"
 HB="${HB:-100}"
 ET="${ET:-1000}"
 WARM="${WARM:-3}"
-AFTER="${AFTER:-6}"
+AFTER="${AFTER:-10}"
 STABLE="${STABLE:-300}"
 BURNERS="${BURNERS:-2}"
 KW="${KW:-$root/target/release/keyward}"
@@ -85,7 +86,7 @@ stop_cluster() {
 }
 
 failover_round() {
-    local kind="$1" round="$2" tag="$1-$2" i lead survivors="" killed_ns changes=0
+    local kind="$1" round="$2" tag="$1-$2" i lead survivors="" killed_ns changes=""
     cluster "$kind" "$tag"
     lead="$(leader_of)"
     for i in 1 2 3; do [ "$i" = "$lead" ] || survivors+="${survivors:+,}127.0.0.1:${client[$i]}"; done
@@ -98,7 +99,7 @@ failover_round() {
     wait "$loader"
     for i in 1 2 3; do
         [ "$i" = "$lead" ] && continue
-        changes=$((changes + $(metric "${client[$i]}" etcd_server_leader_changes_seen_total | cut -d. -f1)))
+        changes+=" $(metric "${client[$i]}" etcd_server_leader_changes_seen_total)"
     done
     awk -v kind="$kind" -v round="$round" -v k="$killed_ns" '
         $1 == "req" {
@@ -107,7 +108,7 @@ failover_round() {
             if (st == "ok" && s < k && e > k && e - k > held[ep]) held[ep] = e - k
             if (s >= k && !(ep in first)) {
                 if (st == "ok") first[ep] = e - k
-                else { errs[ep]++; msg = $0; sub(/^([^ ]+ ){5}/, "", msg); msgs[ep, msg]++ }
+                else { errs[ep]++; msg = $6; for (i = 7; i <= NF; i++) msg = msg " " $i; msgs[ep, msg]++ }
             }
         }
         $1 == "verify" { verify = $0 }
@@ -121,7 +122,7 @@ failover_round() {
             }
             printf "failover %-7s round=%s %s\n", kind, round, verify == "" ? "verify missing" : verify
         }' "$tmp/$tag.load"
-    echo "failover $(printf '%-7s' "$kind") round=$round survivors_leader_changes=$changes (2 = first election + the failover)"
+    echo "failover $(printf '%-7s' "$kind") round=$round survivors_leader_changes_seen_total:$changes (2 each = the first election + the failover)"
     stop_cluster
     [ "${KEEP_TMP:-0}" = 1 ] || rm -rf "$tmp/$tag"-m?
 }

@@ -1,6 +1,6 @@
 // Command failover-load is the steady write load of benches/failover.sh: one etcd 3.4 clientv3 client
 // per endpoint (each pinned to its endpoint, as a Patroni member talks to its own etcd member), each
-// doing sequential puts of fresh keys with a per-request deadline, retrying at once after an error.
+// starting a put of a fresh key every -every with a per-request deadline, answered or not.
 // Every request is one line on stdout: "req ENDPOINT START_NS END_NS ok|err MESSAGE"; the script
 // finds the kill time among them. With -verify, after the load it reads every key back through the
 // endpoints still up and prints one line:
@@ -34,6 +34,7 @@ type result struct {
 func main() {
 	endpoints := flag.String("endpoints", "", "comma-separated endpoints; one client each")
 	duration := flag.Duration("duration", 10*time.Second, "how long to put")
+	every := flag.Duration("every", 20*time.Millisecond, "one put per endpoint this often, whether the previous one is answered or not")
 	timeout := flag.Duration("timeout", 7*time.Second, "each put's deadline (etcd's request timeout: 5 s + 2 election timeouts)")
 	prefix := flag.String("prefix", "failover/", "key prefix")
 	verify := flag.Bool("verify", true, "read every key back after the load")
@@ -61,24 +62,37 @@ func main() {
 		go func(i int, ep string, c *clientv3.Client) {
 			defer wg.Done()
 			var mine []result
+			var inflight sync.WaitGroup
+			var mineMu sync.Mutex
+			// One put every -every, each in its own goroutine: a put held by a dead leader does not
+			// hold back the next one, so the first accepted put after a kill is when the member
+			// could first accept one.
+			ticker := time.NewTicker(*every)
+			defer ticker.Stop()
 			for seq := 0; time.Now().Before(end); seq++ {
 				key := fmt.Sprintf("%s%d/%08d", *prefix, i, seq)
-				ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-				start := time.Now()
-				_, err := c.Put(ctx, key, "v")
-				stop := time.Now()
-				cancel()
-				mine = append(mine, result{key, err == nil})
-				msg := "ok -"
-				if err != nil {
-					msg = "err " + strings.ReplaceAll(err.Error(), "\n", " ")
-					// A refused connection fails at once: a short pause keeps the log readable.
-					time.Sleep(10 * time.Millisecond)
-				}
-				mu.Lock()
-				fmt.Printf("req %s %d %d %s\n", ep, start.UnixNano(), stop.UnixNano(), msg)
-				mu.Unlock()
+				inflight.Add(1)
+				go func(key string) {
+					defer inflight.Done()
+					ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+					start := time.Now()
+					_, err := c.Put(ctx, key, "v")
+					stop := time.Now()
+					cancel()
+					msg := "ok -"
+					if err != nil {
+						msg = "err " + strings.ReplaceAll(err.Error(), "\n", " ")
+					}
+					mineMu.Lock()
+					mine = append(mine, result{key, err == nil})
+					mineMu.Unlock()
+					mu.Lock()
+					fmt.Printf("req %s %d %d %s\n", ep, start.UnixNano(), stop.UnixNano(), msg)
+					mu.Unlock()
+				}(key)
+				<-ticker.C
 			}
+			inflight.Wait()
 			out[i] = mine
 		}(i, ep, c)
 	}

@@ -63,11 +63,7 @@ impl Resend {
     fn allows(self, status: &tonic::Status) -> bool {
         match self {
             Resend::IfUnsent => never_sent(status),
-            Resend::Always => {
-                never_sent(status)
-                    || matches!(status.code(), tonic::Code::Unavailable | tonic::Code::Cancelled)
-                        && !status.message().starts_with("etcdserver:")
-            }
+            Resend::Always => never_sent(status) || crate::error::is_transport_failure(status),
         }
     }
 }
