@@ -153,7 +153,8 @@ stability() {
         IFS=: read -r kind p1 p2 p3 <<< "$entry"
         local line="stability $(printf '%-7s' "$kind") leader_changes_seen_total:"
         for p in $p1 $p2 $p3; do line+=" $(metric "$p" etcd_server_leader_changes_seen_total)"; done
-        echo "$line (1 each = the first election only) requests: $(grep -m1 -i 'requests/sec\|Requests/sec' "$tmp/stable-$kind.bench" | tr -s ' ')"
+        local bench="$tmp/stable-$kind.bench"
+        echo "$line (1 each = the first election only);$(grep -m1 'requests:' "$bench" | tr -s ' ');$(grep -m1 'throughput:' "$bench" | tr -s ' ')"
     done
 }
 
