@@ -9,8 +9,11 @@
 use std::sync::{Arc, Mutex};
 
 use futures::future::{BoxFuture, FutureExt};
-use openraft::error::RaftError;
+use std::time::Duration;
+
+use openraft::error::{CheckIsLeaderError, RaftError};
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use crate::error::EtcdError;
 use crate::frontend::answers::{Handed, ANSWERS};
@@ -83,15 +86,28 @@ impl ReadRounds {
 
 /// The rounds of a leader: openraft confirms leadership with a quorum and names the read index. A
 /// member that does not lead answers "no leader".
+///
+/// openraft gives each voter's answer one heartbeat interval and fails the round when a quorum did
+/// not answer within it ("quorum not enough"); on a busy machine a live follower answers later than
+/// that. etcd's read index waits for the quorum's answers within its request timeout instead, so a
+/// round that missed its quorum is tried again, up to etcd's request timeout (5 s + 2 election
+/// timeouts), before the read fails.
 pub(super) fn confirmed_by_quorum(raft: Raft) -> Fetch {
     Box::new(move || {
         let raft = raft.clone();
         async move {
-            let (read, _applied) = raft.get_read_log_id().await.map_err(|e| match e {
-                RaftError::APIError(_) => EtcdError::NoLeader,
-                RaftError::Fatal(_) => EtcdError::Stopped,
-            })?;
-            Ok(read.map_or(0, |id| id.index))
+            let election = Duration::from_millis(raft.config().election_timeout_max);
+            let patience = Instant::now() + Duration::from_secs(5) + 2 * election;
+            loop {
+                match raft.get_read_log_id().await {
+                    Ok((read, _applied)) => return Ok(read.map_or(0, |id| id.index)),
+                    Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) if Instant::now() < patience => {
+                        tracing::debug!(error = %e, "a read round missed its quorum; trying again");
+                    }
+                    Err(RaftError::APIError(_)) => return Err(EtcdError::NoLeader),
+                    Err(RaftError::Fatal(_)) => return Err(EtcdError::Stopped),
+                }
+            }
         }
         .boxed()
     })
