@@ -141,7 +141,10 @@ impl Differential {
         let outs = thread::scope(|scope| {
             [0, 1]
                 .map(|side| {
-                    let args = self.args_for(side, args);
+                    // 30 s per command, not the harness's 5 s: with both cores busy a login's bcrypt
+                    // (either server) can take seconds, and how long is not what is compared. A
+                    // step's own --command-timeout comes later and wins.
+                    let args = [vec!["--command-timeout=30s".to_string()], self.args_for(side, args)].concat();
                     let server = self.servers()[side];
                     scope.spawn(move || {
                         let args: Vec<&str> = args.iter().map(String::as_str).collect();
