@@ -198,13 +198,21 @@ impl From<Status> for EtcdError {
             // The leader did not answer in time (etcd's "request timed out"), or could not be reached
             // (it changed, or is going): both retryable for a client.
             Code::DeadlineExceeded => EtcdError::Timeout,
-            Code::Unavailable | Code::Cancelled if !status.message().starts_with("etcdserver:") => {
+            _ if is_transport_failure(&status) => {
                 tracing::debug!(error = %status, "forwarding to the leader failed");
                 EtcdError::LeaderChanged
             }
             code => EtcdError::FromLeader { code: code as i32, message: status.message().to_string() },
         }
     }
+}
+
+/// Whether `status` is this side's failure to reach the peer or to hear its answer, not an answer: a
+/// status made here from a transport error carries that error as its source (one decoded from the
+/// peer's answer has none), or is the channel's Unavailable or Cancelled without etcd's text.
+pub(crate) fn is_transport_failure(status: &Status) -> bool {
+    std::error::Error::source(status).is_some()
+        || matches!(status.code(), Code::Unavailable | Code::Cancelled) && !status.message().starts_with("etcdserver:")
 }
 
 impl From<EtcdError> for Status {
@@ -216,6 +224,21 @@ impl From<EtcdError> for Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A forward whose connection broke mid-call comes back as tonic's "transport error" (code Unknown,
+    /// its cause as source): the client gets etcd's retryable "leader changed", not Unknown.
+    #[test]
+    fn a_transport_failure_is_leader_changed_and_an_answer_is_passed_on() {
+        let broken = Status::from_error(Box::new(std::io::Error::other("connection reset")));
+        assert_eq!(broken.code(), Code::Unknown);
+        assert!(is_transport_failure(&broken));
+        assert_eq!(EtcdError::from(broken), EtcdError::LeaderChanged);
+        let answer = Status::new(Code::Unknown, "some answer of the leader");
+        assert!(!is_transport_failure(&answer));
+        assert!(matches!(EtcdError::from(answer), EtcdError::FromLeader { .. }));
+        assert!(is_transport_failure(&Status::unavailable("tcp connect error")));
+        assert!(!is_transport_failure(&Status::from(EtcdError::NoLeader)));
+    }
 
     #[test]
     fn statuses_carry_etcds_code_and_text() {

@@ -16,6 +16,7 @@
 
 use std::sync::Arc;
 
+use openraft::raft::AppendEntriesResponse;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::{Request, Response, Status, Streaming};
@@ -38,6 +39,7 @@ use crate::proto::keywardpb::{
     ReadIndexRequest, ReadIndexResponse, RemovedRequest, RemovedResponse,
 };
 use crate::raft::state_machine::SnapshotInbox;
+use crate::raft::election_timer::ElectionTimer;
 use crate::raft::{NodeId, Raft};
 
 pub(crate) type LoginAttemptReplies =
@@ -52,6 +54,7 @@ pub(crate) trait LocalMember: Send + Sync + 'static {
     /// Where this member receives a snapshot (`cluster/snapshot_receiver.rs`).
     fn snapshot_inbox(&self) -> SnapshotInbox;
     fn lessor(&self) -> &Lessor;
+    fn election_timer(&self) -> &ElectionTimer;
     fn is_leader(&self) -> bool;
     fn header(&self, revision: i64) -> Option<ResponseHeader>;
     async fn propose_forwarded(&self, req: InternalRaftRequest)
@@ -136,6 +139,10 @@ impl Peer for PeerService {
             crate::metrics::PEER_APPEND_HANDLING_SECONDS
                 .with_label_values(&[kind])
                 .observe(received.elapsed().as_secs_f64());
+            // Accepted from a leader of this term or a newer one: the election timer starts over.
+            if matches!(&answer, Ok(a) if !matches!(a, AppendEntriesResponse::HigherVote(_))) {
+                self.member.election_timer().reset();
+            }
             answer
         })
         .await
@@ -143,12 +150,27 @@ impl Peer for PeerService {
 
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_cluster(&request, false)?;
-        raft_call(request, async |req| self.member.raft().vote(req).await).await
+        raft_call(request, async |req| {
+            let answer = self.member.raft().vote(req).await;
+            // As etcd's: a voter that granted its vote waits a whole timeout before campaigning.
+            if matches!(&answer, Ok(a) if a.vote_granted) {
+                self.member.election_timer().reset();
+            }
+            answer
+        })
+        .await
     }
 
     async fn install_snapshot(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_cluster(&request, false)?;
-        raft_call(request, async |req| self.snapshots.receive(self.member.raft(), req).await).await
+        raft_call(request, async |req| {
+            let answer = self.snapshots.receive(self.member.raft(), req).await;
+            if answer.is_ok() {
+                self.member.election_timer().reset();
+            }
+            answer
+        })
+        .await
     }
 
     async fn propose(&self, request: Request<InternalRaftRequest>) -> Result<Response<ProposeResponse>, Status> {
@@ -246,7 +268,7 @@ impl Peer for PeerService {
     async fn elections(&self, request: Request<ElectionsRequest>) -> Result<Response<ElectionsResponse>, Status> {
         self.check_cluster(&request, false)?;
         let enabled = request.into_inner().enabled;
-        self.member.raft().runtime_config().elect(enabled);
+        self.member.election_timer().pause(!enabled);
         tracing::info!(enabled, "elections paused or resumed by the leader for a leadership transfer");
         Ok(Response::new(ElectionsResponse {}))
     }

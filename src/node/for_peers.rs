@@ -15,6 +15,7 @@ use crate::proto::etcdserverpb::{
 };
 use crate::proto::keywardpb::{LoginAttemptRequest, PublishRequest};
 use crate::raft::state_machine::SnapshotInbox;
+use crate::raft::election_timer::ElectionTimer;
 use crate::raft::{NodeId, Raft};
 
 #[tonic::async_trait]
@@ -37,6 +38,10 @@ impl LocalMember for Node {
 
     fn lessor(&self) -> &Lessor {
         &self.lessor
+    }
+
+    fn election_timer(&self) -> &ElectionTimer {
+        &self.election_timer
     }
 
     fn is_leader(&self) -> bool {

@@ -8,12 +8,21 @@
 //! member has applied it; lease keep-alives reach the leader's lease clock; membership changes run on
 //! the leader; so does the login throttle (`node/login_throttle.rs`).
 //!
-//! During an election a request waits for the new leader (up to two election timeouts, as etcd's
-//! proposals wait), and a member that answers "not leader" before doing anything is asked again at
-//! the leader it names next. After that the answer is etcd's retryable "no leader".
+//! During an election a request waits for the new leader (up to two of the longest randomized
+//! election timeouts, 4 E), and a member that answers "not leader" before doing anything is asked
+//! again at the leader it names next. A leader that cannot be reached is one that died or is dying
+//! (this member learns so only when a new one is elected, up to 2 E later): the request waits for
+//! the next leader within the same patience and is sent there — when that cannot apply it twice.
+//! A request that never left (the connection was refused: `tonic::ConnectError`) is always safe
+//! to send again; a read, a lease renewal or a lease's time-to-live is safe to send again whatever
+//! happened to it. A write that was sent and whose answer was lost may or may not be committed:
+//! as etcd, the client is told "leader changed" and decides. After the patience the answer is etcd's
+//! retryable "no leader" (or "leader changed").
 
 use std::future::Future;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::future::{BoxFuture, FutureExt};
 use tonic::transport::Channel;
@@ -40,19 +49,53 @@ const REROUTES: usize = 3;
 
 type Leader = PeerClient<Channel>;
 
+/// Whether a forwarded request may be sent again after the leader could not be reached.
+#[derive(Clone, Copy, PartialEq)]
+pub(super) enum Resend {
+    /// Only if it never left this member: it changes state at the leader (a write, a membership
+    /// change, a login attempt).
+    IfUnsent,
+    /// Whatever happened to it: doing it twice is doing it once (a read index, a lease renewal).
+    Always,
+}
+
+impl Resend {
+    fn allows(self, status: &tonic::Status) -> bool {
+        match self {
+            Resend::IfUnsent => never_sent(status),
+            Resend::Always => never_sent(status) || crate::error::is_transport_failure(status),
+        }
+    }
+}
+
+/// Whether `status` is the channel's failure to connect: the request was never sent.
+fn never_sent(status: &tonic::Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(err) = source {
+        if err.is::<tonic::ConnectError>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
 impl Node {
     /// Runs `here` if this member leads, else `there` against the leader; see the module docs. `here`'s
     /// future is held as it is, since on the leader every request runs it (membership changes, rare and
-    /// large, box theirs); `there`'s are boxed.
+    /// large, box theirs); `there`'s are boxed. `resend` says when `there` may run again after the
+    /// leader could not be reached.
     pub(super) async fn on_leader<'a, T, Here: Future<Output = Result<T, EtcdError>>>(
         &'a self,
+        resend: Resend,
         here: impl FnOnce() -> Here,
         mut there: impl FnMut(Leader) -> BoxFuture<'a, Result<T, tonic::Status>>,
     ) -> Result<T, EtcdError> {
         let not_leader = EtcdError::NotLeader.to_string();
+        let patience = Instant::now() + 4 * self.election_timeout;
         let mut tried = 0;
         loop {
-            let leader = self.await_leader().await?;
+            let leader = self.await_leader(patience).await?;
             if leader == self.member_id {
                 return here().await;
             }
@@ -67,21 +110,35 @@ impl Node {
                     let heartbeat = Duration::from_millis(self.raft.config().heartbeat_interval);
                     tokio::time::sleep(heartbeat).await;
                 }
+                // The leader is gone or going: wait for the next one, then send it there.
+                Err(status) if resend.allows(&status) && Instant::now() < patience => {
+                    tracing::debug!(leader = format!("{leader:x}"), error = %status, "leader unreachable; waiting for the next");
+                    Box::pin(self.await_leader_change(leader, patience)).await;
+                }
                 answer => return answer.map_err(EtcdError::from),
             }
         }
     }
 
-    /// The leader, waiting up to two election timeouts for one to be elected.
-    async fn await_leader(&self) -> Result<NodeId, EtcdError> {
+    /// The leader, waiting until `patience` for one to be elected.
+    async fn await_leader(&self, patience: Instant) -> Result<NodeId, EtcdError> {
         if let Some(leader) = self.leader() {
             return Ok(leader);
         }
-        let patience = Duration::from_millis(2 * self.raft.config().election_timeout_max);
+        let wait = patience.saturating_duration_since(Instant::now());
         // Boxed: only a request during an election waits here, and inline this wait would be part of
         // every request's future (each is moved into a box of its own per call).
-        let _ = Box::pin(self.raft.wait(Some(patience)).metrics(|m| m.current_leader.is_some(), "a leader")).await;
+        let _ = Box::pin(self.raft.wait(Some(wait)).metrics(|m| m.current_leader.is_some(), "a leader")).await;
         self.leader().ok_or(EtcdError::NoLeader)
+    }
+
+    /// Waits until this member knows of a leader other than `unreachable`, for at most a heartbeat
+    /// interval (then `unreachable` is tried again: it may only have lost a connection) and never
+    /// past `patience`.
+    async fn await_leader_change(&self, unreachable: NodeId, patience: Instant) {
+        let heartbeat = Duration::from_millis(self.raft.config().heartbeat_interval);
+        let wait = heartbeat.min(patience.saturating_duration_since(Instant::now()));
+        let _ = self.raft.wait(Some(wait)).metrics(|m| m.current_leader != Some(unreachable), "another leader").await;
     }
 
     fn forwarded<T>(&self, message: T) -> tonic::Request<T> {
@@ -96,6 +153,7 @@ impl Node {
         let copy = || req.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let (index, result) = self
             .on_leader(
+                Resend::IfUnsent,
                 move || async move {
                     let here = take().ok_or(EtcdError::Internal)?;
                     self.writes.proposer().propose(here).await.map(|p| (None, p.result))
@@ -143,6 +201,7 @@ impl Node {
     /// One round of `read_index`: the leader's read index, asked of it if this member does not lead.
     pub(super) async fn fetch_read_index(&self) -> Result<u64, EtcdError> {
         self.on_leader(
+            Resend::Always,
             move || self.leader_read_rounds.read_index(),
             |mut leader| {
                 let req = self.forwarded(ReadIndexRequest {});
@@ -169,6 +228,7 @@ impl Node {
     /// Renews lease `id` on the leader's clock: its TTL, or 0 for an unknown or expired lease.
     pub(crate) async fn lease_renew(&self, id: i64) -> Result<i64, EtcdError> {
         self.on_leader(
+            Resend::Always,
             move || async move { Ok(self.lessor.renew(id).unwrap_or(0)) },
             |mut leader| {
                 let req = self.forwarded(LeaseKeepAliveRequest { id });
@@ -181,6 +241,7 @@ impl Node {
     /// `(granted TTL, remaining seconds)` of lease `id` on the leader's clock.
     pub(crate) async fn lease_time_to_live(&self, id: i64) -> Result<Option<(i64, i64)>, EtcdError> {
         self.on_leader(
+            Resend::Always,
             move || async move { Ok(self.lessor.time_to_live(id)) },
             |mut leader| {
                 let req = self.forwarded(LeaseTimeToLiveRequest { id, keys: false });
@@ -199,6 +260,7 @@ impl Node {
         let local = req.clone();
         let id = self
             .on_leader(
+                Resend::IfUnsent,
                 move || {
                     async move {
                         let now =
@@ -223,6 +285,7 @@ impl Node {
     pub(crate) async fn member_remove(&self, req: MemberRemoveRequest) -> Result<(), EtcdError> {
         let id = req.id;
         self.on_leader(
+            Resend::IfUnsent,
             move || {
                 async move {
                     let membership = membership::current(&self.raft);
@@ -250,6 +313,7 @@ impl Node {
     pub(crate) async fn member_update(&self, req: MemberUpdateRequest) -> Result<(), EtcdError> {
         let local = req.clone();
         self.on_leader(
+            Resend::IfUnsent,
             move || async move { membership::update(&self.raft, local.id, local.peer_ur_ls).await }.boxed(),
             |mut leader| {
                 let req = self.forwarded(req.clone());
@@ -262,6 +326,7 @@ impl Node {
     pub(crate) async fn member_promote(&self, req: MemberPromoteRequest) -> Result<(), EtcdError> {
         let id = req.id;
         self.on_leader(
+            Resend::IfUnsent,
             move || async move { membership::promote(&self.raft, id).await }.boxed(),
             |mut leader| {
                 let req = self.forwarded(req);
@@ -285,6 +350,7 @@ impl Node {
     pub(crate) async fn publish_member(&self, req: PublishRequest) -> Result<(), EtcdError> {
         let local = req.clone();
         self.on_leader(
+            Resend::IfUnsent,
             move || {
                 async move { membership::publish(&self.raft, local.member_id, local.name, local.client_urls).await }
                     .boxed()

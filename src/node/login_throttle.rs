@@ -103,6 +103,7 @@ impl Node {
         let timeout = throttle.limits().max_delay + CHECK_ALLOWANCE;
         let attempt = self
             .on_leader(
+                super::leader::Resend::IfUnsent,
                 || async move { throttle.attempt(user, source).await.map(LoginAttempt::Here) },
                 |mut leader| {
                     let (sender, steps) = tokio::sync::mpsc::channel(2);

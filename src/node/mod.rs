@@ -71,6 +71,8 @@ pub(crate) struct Node {
     pub(crate) peers: Arc<Peers>,
     /// `--election-timeout`: how much longer every lease lives when a new leader takes over.
     election_timeout: Duration,
+    /// When this member campaigns; the peer service resets it (`raft/election_timer.rs`).
+    election_timer: Arc<crate::raft::election_timer::ElectionTimer>,
     /// Notified when the leader says this member was removed from the cluster.
     removed: tokio::sync::Notify,
     pub(crate) max_request_bytes: usize,

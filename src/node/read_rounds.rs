@@ -11,10 +11,13 @@
 //! served and their durations (`keyward_read_index_*`).
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures::future::{BoxFuture, FutureExt};
-use openraft::error::RaftError;
+
+use openraft::error::{CheckIsLeaderError, RaftError};
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::read_lease::ReadLease;
 use crate::error::EtcdError;
@@ -22,7 +25,7 @@ use crate::frontend::answers::{Handed, ANSWERS};
 use crate::metrics;
 use crate::raft::Raft;
 
-/// One round: the read index a quorum confirmed.
+/// One round: the read index the leader confirmed (by its read lease or a quorum round).
 pub(super) type Fetch = Box<dyn Fn() -> BoxFuture<'static, Result<u64, EtcdError>> + Send + Sync>;
 
 /// Shares rounds of `fetch` among the reads that wait for them; cloning shares the rounds.
@@ -97,6 +100,12 @@ impl ReadRounds {
 /// The rounds of a leader: its read lease names the read index while it holds (with `lease`), else
 /// openraft confirms leadership with a quorum and names it. A member that does not lead answers "no
 /// leader".
+///
+/// openraft gives each voter's answer one heartbeat interval and fails the round when a quorum did
+/// not answer within it ("quorum not enough"); on a busy machine a live follower answers later than
+/// that. etcd's read index waits for the quorum's answers within its request timeout instead, so a
+/// round that missed its quorum is tried again, up to etcd's request timeout (5 s + 2 election
+/// timeouts), before the read fails.
 pub(super) fn confirmed_by_leader(raft: Raft, lease: Option<ReadLease>) -> Fetch {
     Box::new(move || {
         let (raft, lease) = (raft.clone(), lease.clone());
@@ -108,12 +117,21 @@ pub(super) fn confirmed_by_leader(raft: Raft, lease: Option<ReadLease>) -> Fetch
                 metrics::READ_INDEX_CONFIRMATIONS.with_label_values(&["lease"]).inc();
                 return Ok(index);
             }
-            let (read, _applied) = raft.get_read_log_id().await.map_err(|e| match e {
-                RaftError::APIError(_) => EtcdError::NoLeader,
-                RaftError::Fatal(_) => EtcdError::Stopped,
-            })?;
-            metrics::READ_INDEX_CONFIRMATIONS.with_label_values(&["quorum"]).inc();
-            Ok(read.map_or(0, |id| id.index))
+            let election = Duration::from_millis(raft.config().election_timeout_max);
+            let patience = Instant::now() + Duration::from_secs(5) + 2 * election;
+            loop {
+                match raft.get_read_log_id().await {
+                    Ok((read, _applied)) => {
+                        metrics::READ_INDEX_CONFIRMATIONS.with_label_values(&["quorum"]).inc();
+                        return Ok(read.map_or(0, |id| id.index));
+                    }
+                    Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) if Instant::now() < patience => {
+                        tracing::debug!(error = %e, "a read round missed its quorum; trying again");
+                    }
+                    Err(RaftError::APIError(_)) => return Err(EtcdError::NoLeader),
+                    Err(RaftError::Fatal(_)) => return Err(EtcdError::Stopped),
+                }
+            }
         }
         .boxed()
     })

@@ -23,6 +23,7 @@ use crate::cluster::quorum_acks::QuorumAcks;
 use crate::config::{ClusterState, Config};
 use crate::error::EtcdError;
 use crate::lease::lessor::Lessor;
+use crate::raft::election_timer::ElectionTimer;
 use crate::raft::log::wal::Wal;
 use crate::raft::proposer::Proposer;
 use crate::raft::state_machine::{State, StateMachine};
@@ -60,7 +61,7 @@ impl Node {
         // What this member knows was committed: applied before it serves (see `catch_up`).
         let committed_at_start = log.read_committed().await?;
         let acks = Arc::new(QuorumAcks::default());
-        let (raft_thread, raft) = start_raft(config, member_id, &peers, acks.clone(), log, sm).await?;
+        let (raft_thread, raft, election_timer) = start_raft(config, member_id, &peers, acks.clone(), log, sm).await?;
         let read_lease = config.leader_lease_reads.then(|| ReadLease::new(acks, member_id, raft.config()));
         let sole_voter = initialize(&raft, config, member_id).await?;
         let auth = AuthService::start(config, &state)?;
@@ -89,6 +90,7 @@ impl Node {
             cluster_token: config.cluster_token.clone(),
             peers,
             election_timeout: config.election_timeout,
+            election_timer,
             removed: tokio::sync::Notify::new(),
             max_request_bytes: config.max_request_bytes,
             watch_progress_notify_interval: config.watch_progress_notify_interval,
@@ -220,7 +222,8 @@ async fn place_in_cluster(log: &mut Wal, peers: &Peers, config: &Config) -> anyh
     Ok((member_id, cluster_id))
 }
 
-/// Starts openraft with this member's log and state machine.
+/// Starts openraft with this member's log and state machine, and the election timer that decides
+/// when this member campaigns (`raft/election_timer.rs`).
 async fn start_raft(
     config: &Config,
     member_id: NodeId,
@@ -228,13 +231,21 @@ async fn start_raft(
     acks: Arc<QuorumAcks>,
     log: Wal,
     sm: StateMachine,
-) -> anyhow::Result<(RaftThread, Raft)> {
+) -> anyhow::Result<(RaftThread, Raft, Arc<ElectionTimer>)> {
     let raft_config = Arc::new(raft_config(config)?);
     // openraft's core, state machine worker and replication tasks run on the raft thread.
     let raft_thread = RaftThread::start()?;
     let network = PeerNetwork::new(peers.clone(), acks);
     let raft = raft_thread.run(Raft::new(member_id, raft_config, network, log, sm)).await?;
-    Ok((raft_thread, raft))
+    // On the raft thread too: its ticks stop while that thread does not run, as etcd's raft loop's.
+    let timer = Arc::new(ElectionTimer::default());
+    raft_thread.handle().spawn(timer.clone().run(
+        raft.clone(),
+        member_id,
+        config.heartbeat_interval,
+        config.election_timeout,
+    ));
+    Ok((raft_thread, raft, timer))
 }
 
 /// openraft's settings, from the member's flags.
@@ -244,9 +255,15 @@ fn raft_config(config: &Config) -> anyhow::Result<openraft::Config> {
     let raft_config = openraft::Config {
         cluster_name: config.cluster_token.clone(),
         heartbeat_interval: heartbeat,
-        // etcd randomizes each election timeout in [timeout, 2 × timeout).
-        election_timeout_min: election,
-        election_timeout_max: 2 * election,
+        // Campaigns are keyward's election timer's (`raft/election_timer.rs`: etcd's randomized
+        // [E, 2E), in ticks). openraft's own would wait out a lease of `election_timeout_max` and then
+        // a wall-clock timeout drawn once per process, and would campaign after a stall of this
+        // member's own raft thread. What remains of openraft's settings is its leader lease: a voter
+        // refuses votes for `election_timeout_max` after it heard from a leader, which at E is
+        // etcd's check-quorum lease (`inLease`). The minimum only has to be valid.
+        enable_elect: false,
+        election_timeout_min: election / 2,
+        election_timeout_max: election,
         // A single raft message stays within the peer transport's limit.
         snapshot_max_chunk_size: 4 << 20,
         max_payload_entries: crate::cluster::peers::max_append_entries(config.max_request_bytes),

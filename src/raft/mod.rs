@@ -3,7 +3,7 @@
 //! - `log/`: the raft log (`log/wal/`, the live one; `log/legacy.rs`, the LMDB log of older versions,
 //!   read only to migrate it);
 //! - `state_machine/`: the applied state on LMDB, its snapshots, and Defragment;
-//! - `thread.rs`: the OS thread openraft runs on; `proposer.rs`: group commit of client requests;
+//! - `thread.rs`: the OS thread openraft runs on; `election_timer.rs`: when a voter campaigns; `proposer.rs`: group commit of client requests;
 //!   `relay.rs`: their answers handed back to the gRPC runtime;
 //! - `member.rs`: what the membership records per member; `unsynced.rs`: whether the kv environment
 //!   must be rebuilt after an operating-system crash.
@@ -17,6 +17,7 @@
 // move the allocation to every call site.
 #![allow(clippy::result_large_err)]
 
+pub(crate) mod election_timer;
 pub(crate) mod log;
 pub(crate) mod member;
 pub(crate) mod proposer;

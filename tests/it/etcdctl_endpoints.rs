@@ -141,7 +141,11 @@ impl Differential {
         let outs = thread::scope(|scope| {
             [0, 1]
                 .map(|side| {
-                    let args = self.args_for(side, args);
+                    // 30 s per command and per dial (etcdctl logs in while it dials), not the
+                    // harness's 5 s: with both cores busy a login's bcrypt can take seconds, and how
+                    // long is not what is compared. A step's own --command-timeout comes later and wins.
+                    let timeouts = ["--command-timeout=30s", "--dial-timeout=30s"].map(String::from).to_vec();
+                    let args = [timeouts, self.args_for(side, args)].concat();
                     let server = self.servers()[side];
                     scope.spawn(move || {
                         let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -32,6 +32,7 @@ mod etcd_backup;
 mod etcd_config;
 mod etcdctl_endpoints;
 mod etcdctl_kv;
+mod failover;
 mod forged_identity;
 mod fuzz_config;
 mod gateway;

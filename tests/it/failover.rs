@@ -1,0 +1,73 @@
+//! Failover as etcd's (issue 33): a write sent through a follower after the leader died waits for the
+//! next leader instead of failing at once, and a follower that was stopped past its election timeout
+//! does not depose a live leader when it runs again (its election timer counts ticks of its raft
+//! thread, as etcd's counts ticks of its raft loop: `raft/election_timer.rs`).
+//!
+//! Members run with the harness's `--heartbeat-interval 50 --election-timeout 500`; waits are
+//! generous deadlines, never measurements (`benches/failover.sh` measures).
+
+use std::process::Command;
+use std::time::Duration;
+
+use crate::common::cluster::{Cluster, Options};
+
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// kill -9 of the leader, then a put through a follower at once: the follower still knows the dead
+/// member as leader, its forward finds the port closed (the request never left), so it waits for the
+/// next leader and proposes there — applied once. Before, it failed at once with "leader changed"
+/// (the follower learns of the death only when the next leader is elected, an election timeout
+/// later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_through_a_follower_after_the_leader_died_waits_for_the_next_leader() {
+    let mut cluster = blocking(|| Cluster::start(Options::new(3)));
+    let old = cluster.leader().await;
+    let follower = (old + 1) % 3;
+    let mut client = cluster.members[follower].client().await;
+    client.put("failover/before", "1", None).await.expect("put before the kill");
+    blocking(|| cluster.members[old].kill_9());
+    // Long enough for the follower's connection to the dead leader to see its end, far shorter than
+    // the election timeout: the put below is forwarded to a closed port.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    client.put("failover/after", "1", None).await.expect("a put after the kill waits for the next leader");
+    let got = client.get("failover/after", None).await.expect("get");
+    assert_eq!(got.kvs().len(), 1);
+    assert_eq!(got.kvs()[0].version(), 1, "applied once");
+    let others: Vec<usize> = (0..3).filter(|&i| i != old).collect();
+    assert_ne!(cluster.leader_among(&others).await, old);
+}
+
+/// A follower stopped with SIGSTOP for longer than any election timeout (and longer than openraft's
+/// own lease plus timeout, 4 × 500 ms) and then continued keeps its leader: every member reports the
+/// same leader and term afterwards. With openraft's wall-clock timer it campaigned as it resumed,
+/// before it handled the leader's heartbeats, and its higher term deposed the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_stopped_past_its_election_timeout_does_not_depose_the_leader() {
+    let cluster = blocking(|| Cluster::start(Options::new(3)));
+    let leader = cluster.leader().await;
+    let (leader_id, _, term) = cluster.status(leader).await.expect("leader status");
+    let paused = (leader + 1) % 3;
+    let pid = cluster.members[paused].pid().expect("running").to_string();
+    let signal = |sig: &str| {
+        let status = Command::new("kill").args([sig, &pid]).status().expect("run kill");
+        assert!(status.success(), "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    signal("-CONT");
+    // Twice the longest election timeout for a campaign to show, then writes through the resumed member.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut client = cluster.members[paused].client().await;
+    client.put("failover/resumed", "1", None).await.expect("put through the resumed member");
+    for i in 0..3 {
+        let (_, seen_leader, seen_term) = cluster.status(i).await.expect("status");
+        assert_eq!(
+            (seen_leader, seen_term),
+            (leader_id, term),
+            "{} sees another leader or term: an election happened",
+            cluster.members[i].name
+        );
+    }
+}
