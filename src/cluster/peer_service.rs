@@ -38,8 +38,8 @@ use crate::proto::keywardpb::{
     MembershipRequest, MembershipResponse, ProposeResponse, PublishRequest, PublishResponse, RaftMessage,
     ReadIndexRequest, ReadIndexResponse, RemovedRequest, RemovedResponse,
 };
-use crate::raft::state_machine::SnapshotInbox;
 use crate::raft::election_timer::ElectionTimer;
+use crate::raft::state_machine::SnapshotInbox;
 use crate::raft::{NodeId, Raft};
 
 pub(crate) type LoginAttemptReplies =

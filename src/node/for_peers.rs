@@ -14,8 +14,8 @@ use crate::proto::etcdserverpb::{
     ResponseHeader,
 };
 use crate::proto::keywardpb::{LoginAttemptRequest, PublishRequest};
-use crate::raft::state_machine::SnapshotInbox;
 use crate::raft::election_timer::ElectionTimer;
+use crate::raft::state_machine::SnapshotInbox;
 use crate::raft::{NodeId, Raft};
 
 #[tonic::async_trait]
