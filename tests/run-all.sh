@@ -64,6 +64,14 @@ if [ -z "$h2_builds" ] || grep -qv '/vendor/h2)' <<<"$h2_builds"; then
     echo "$h2_builds" >&2
     failed+=("h2 patch")
 fi
+# The same for openraft (vendor/openraft/PATCH.md: a leader writes its own log while it replicates it):
+# a registry openraft would silently drop the patch.
+raft_builds=$(cargo tree -e normal,build,dev --prefix none --format '{p}' | grep -E '^openraft v' | sort -u)
+if [ -z "$raft_builds" ] || grep -qv '/vendor/openraft)' <<<"$raft_builds"; then
+    echo "openraft does not resolve to vendor/openraft (the patch in Cargo.toml no longer applies):" >&2
+    echo "$raft_builds" >&2
+    failed+=("openraft patch")
+fi
 cargo fmt --all -- --check || failed+=("cargo fmt --check")
 cargo clippy --all-targets -- -D warnings || failed+=("cargo clippy")
 

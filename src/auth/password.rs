@@ -2,9 +2,12 @@
 //!
 //! bcrypt is expensive by design (~80 ms at cost 10), so it runs in the API layer, never on the apply
 //! path or the async threads. The pool has one thread per core, so Authenticate alone can use every
-//! core; each thread runs at the lowest scheduling priority (nice 19), so when the apply loop or
-//! request handling wants a core the kernel gives it to them (CFS weighs nice 19 at 15 against 1024
-//! for nice 0): a burst of Authenticate calls slows down, not the writes.
+//! core; each thread runs at a low scheduling priority (nice 10), so when the apply loop or request
+//! handling wants a core the kernel gives it to them (CFS weighs nice 10 at 110 against 1024 for
+//! nice 0): a burst of Authenticate calls slows down, not the writes. Not the lowest (nice 19, weight
+//! 15): there a login waited behind any other busy process on the host about 70 times its own CPU
+//! time (a cost-10 login took over 5 s beside a compiler, past etcdctl's 2 s dial timeout, which
+//! covers its login); at nice 10 about 10 times.
 //!
 //! The queue is bounded: when it is full a login is refused at once with etcd's "too many requests"
 //! rather than queued without limit, and a queued job whose caller has gone (the client hung up) is
@@ -18,8 +21,8 @@ use tokio::sync::oneshot;
 
 use crate::error::EtcdError;
 
-/// The nice value of bcrypt threads: the lowest priority that still gets idle cores.
-const BCRYPT_NICE: i32 = 19;
+/// The nice value of bcrypt threads: below the write path's, not starved by other processes.
+const BCRYPT_NICE: i32 = 10;
 
 /// Jobs waiting for a bcrypt thread: about ten seconds of work at cost 10 on two cores. Past it,
 /// "too many requests".

@@ -15,6 +15,7 @@
 //! without importing `node`, which imports `cluster`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use openraft::raft::AppendEntriesResponse;
 use serde::de::DeserializeOwned;
@@ -164,9 +165,18 @@ impl Peer for PeerService {
     async fn install_snapshot(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_cluster(&request, false)?;
         raft_call(request, async |req| {
+            let timer = self.member.election_timer();
+            let hearing = timer.hearing();
             let answer = self.snapshots.receive(self.member.raft(), req).await;
+            drop(hearing);
             if answer.is_ok() {
-                self.member.election_timer().reset();
+                // No heartbeat comes while the snapshot streams: wait for the next chunk as long as
+                // the leader would before campaigning (`raft/election_timer.rs`).
+                let config = self.member.raft().config();
+                timer.hold(super::snapshot_sender::next_chunk_patience(
+                    config.snapshot_max_chunk_size as usize,
+                    Duration::from_millis(config.election_timeout_max),
+                ));
             }
             answer
         })

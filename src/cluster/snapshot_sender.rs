@@ -259,6 +259,13 @@ fn last_chunk_deadline(option: &RPCOption, size: u64) -> Duration {
     option.hard_ttl() + at_rate(size, INSTALL_RATE_FLOOR)
 }
 
+/// How long a follower that accepted a chunk waits for the next before it may campaign
+/// (`raft/election_timer.rs`): the longest a chunk of `chunk` bytes may take to cross here, beyond
+/// openraft's per-RPC timeout (its `install_snapshot_timeout`, 200 ms), covered by an election timeout.
+pub(crate) fn next_chunk_patience(chunk: usize, election_timeout: Duration) -> Duration {
+    election_timeout + Duration::from_secs(1) + at_rate(chunk as u64, TRANSFER_RATE_FLOOR)
+}
+
 fn at_rate(bytes: u64, per_second: u64) -> Duration {
     Duration::from_secs_f64(bytes as f64 / per_second as f64)
 }

@@ -8,8 +8,11 @@
 //! 1. A follower that accepts an AppendEntries of this leader (term `T`) records its vote for it,
 //!    committed, and touches the vote's time no earlier than the request was sent
 //!    (`cluster/quorum_acks.rs` keeps the send times). openraft 0.9's follower then refuses every
-//!    vote request until its leader lease (`election_timeout_max`) has passed since that touch
-//!    (`Engine::handle_vote_req`), and does not campaign itself before lease + election timeout.
+//!    vote request until its leader lease (`election_timeout_max`, `--election-timeout`) has passed
+//!    since that touch (`Engine::handle_vote_req`), and does not campaign itself before an election
+//!    timeout of its raft thread's ticks has passed since it last heard from the leader
+//!    (`raft/election_timer.rs`: ticks missed while the thread is busy are not made up, so never
+//!    sooner in wall time).
 //!    A restarted follower sets the time of its persisted committed vote to its start, so a crash
 //!    and restart do not shorten the window.
 //! 2. A new leader needs the votes of a majority, which shares a member with the majority that
@@ -23,8 +26,8 @@
 //!    pause of this process by SIGSTOP, a slow read) does not matter: the read waits for the apply
 //!    of that index and reads a state at least that new, which was current after the check.
 //!
-//! The lease is `election_timeout_min` less a tenth, shorter than the followers' refusal
-//! (`election_timeout_max`): the tenth covers clock rate error (NTP slews at most 500 ppm; the tenth
+//! The lease is `election_timeout_min` (half of `--election-timeout`, `node/start.rs`) less a
+//! tenth, shorter than the followers' refusal (`election_timeout_max`): the tenth covers clock rate error (NTP slews at most 500 ppm; the tenth
 //! is 200 times that) and the send time is taken before the request goes, the follower's touch
 //! after it arrives. Clocks are the boot clock on both sides of the comparison here (monotonic, counts
 //! suspended time: a leader that wakes from a suspend sees its lease as old as it is); wall-clock

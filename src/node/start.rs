@@ -260,7 +260,8 @@ fn raft_config(config: &Config) -> anyhow::Result<openraft::Config> {
         // a wall-clock timeout drawn once per process, and would campaign after a stall of this
         // member's own raft thread. What remains of openraft's settings is its leader lease: a voter
         // refuses votes for `election_timeout_max` after it heard from a leader, which at E is
-        // etcd's check-quorum lease (`inLease`). The minimum only has to be valid.
+        // etcd's check-quorum lease (`inLease`). The minimum bounds the leader's read lease
+        // (`node/read_lease.rs`: a tenth less than E/2, well inside the voters' refusal of E).
         enable_elect: false,
         election_timeout_min: election / 2,
         election_timeout_max: election,

@@ -16,10 +16,18 @@
 //! [E, 2E) in ticks, drawn again after every reset (etcd's `randomizedElectionTimeout`). openraft
 //! still refuses a vote while it heard from a leader within its lease, `election_timeout_max`, set
 //! to E: etcd's check-quorum (`inLease`). A leader transfer pauses it (`node/transfer.rs`).
+//!
+//! A snapshot streaming from the leader holds it too: openraft's leader sends a follower no
+//! heartbeat while it sends it a snapshot, and one chunk (4 MiB) or the install after the last one
+//! can take longer than an election timeout on a busy machine. Campaigning then would depose the
+//! leader mid-transfer, again and again (seen: a follower that campaigned 174 times while two
+//! leaders in turn restarted their transfers to it). So while a chunk is being handled, and after
+//! one was accepted for as long as the leader waits for the next to cross (`hold`), the timer
+//! counts as having heard from the leader.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use rand::Rng;
 use tokio::time::MissedTickBehavior;
@@ -32,12 +40,50 @@ pub(crate) struct ElectionTimer {
     /// Counts what resets the timer: a leader's message accepted, a vote granted.
     heard: AtomicU64,
     paused: AtomicBool,
+    /// Messages of the leader being handled now (`hearing`).
+    handling: AtomicUsize,
+    /// Until when a snapshot transfer under way counts as hearing from the leader (`hold`).
+    held_until: Mutex<Option<Instant>>,
+}
+
+/// A message of the leader being handled: the timer counts as hearing from it until dropped.
+pub(crate) struct Hearing<'a>(&'a ElectionTimer);
+
+impl Drop for Hearing<'_> {
+    fn drop(&mut self) {
+        self.0.handling.fetch_sub(1, Ordering::Relaxed);
+        self.0.reset();
+    }
 }
 
 impl ElectionTimer {
     /// A leader's AppendEntries or snapshot chunk was accepted, or a vote was granted.
     pub(crate) fn reset(&self) {
         self.heard.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A message of the leader (a snapshot chunk, whose install may take long) is being handled.
+    pub(crate) fn hearing(&self) -> Hearing<'_> {
+        self.handling.fetch_add(1, Ordering::Relaxed);
+        self.reset();
+        Hearing(self)
+    }
+
+    /// A snapshot transfer is under way: no campaign for `patience` (the leader's wait for the next
+    /// chunk), then the election timeout as usual.
+    pub(crate) fn hold(&self, patience: Duration) {
+        *self.held_until.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now() + patience);
+        self.reset();
+    }
+
+    /// Whether a message of the leader is being handled or a snapshot transfer holds the timer.
+    fn held(&self) -> bool {
+        self.handling.load(Ordering::Relaxed) > 0
+            || self
+                .held_until
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_some_and(|until| Instant::now() < until)
     }
 
     /// Pauses (or resumes) campaigning: a leader transfer to another member is under way.
@@ -60,7 +106,7 @@ impl ElectionTimer {
                 !m.state.is_leader() && m.membership_config.membership().voter_ids().any(|v| v == me)
             };
             let heard = self.heard.load(Ordering::Relaxed);
-            if !may_campaign || heard != seen || self.paused.load(Ordering::Relaxed) {
+            if !may_campaign || heard != seen || self.paused.load(Ordering::Relaxed) || self.held() {
                 (seen, elapsed, timeout) = (heard, 0, randomized(base));
                 continue;
             }

@@ -159,6 +159,13 @@ fn without_header(_: &Server, text: &str) -> String {
     }
 }
 
+/// etcdctl's arguments with 30 s to dial (which logs in) and to run, before `args` (whose own
+/// timeouts come later and win): a debug build reading megabytes of long keys on a busy machine took
+/// more than etcdctl's 5 s, and how long is not what is compared.
+fn with_patience(args: &[&str]) -> Vec<String> {
+    ["--command-timeout=30s", "--dial-timeout=30s"].iter().chain(args).map(|a| a.to_string()).collect()
+}
+
 /// etcd and the candidate, driven through etcdctl in lockstep.
 struct Pair {
     name: &'static str,
@@ -182,13 +189,13 @@ impl Pair {
 
     /// Same arguments on both sides; returns etcd's output.
     fn step(&mut self, args: &[&str]) -> Output {
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let args = with_patience(args);
         let [etcd, _] = self.compare(&|_| args.clone(), None, &as_is);
         etcd
     }
 
     fn step_stdin(&mut self, args: &[&str], stdin: &str) -> Output {
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let args = with_patience(args);
         let [etcd, _] = self.compare(&|_| args.clone(), Some(stdin), &as_is);
         etcd
     }
