@@ -25,7 +25,7 @@ use rcgen::SanType;
 use tonic::transport::Channel;
 
 use crate::common;
-use crate::common::cluster::{Cluster, Member, Options};
+use crate::common::cluster::{metric_sum, wait_for_revision, Cluster, Member, Options};
 use crate::common::pki::{self, Cert};
 
 fn blocking<T>(f: impl FnOnce() -> T) -> T {
@@ -302,34 +302,4 @@ async fn put_retrying(client: &mut Client, key: &str, value: &[u8]) -> i64 {
             Err(e) => panic!("put {key}: {e}"),
         }
     }
-}
-
-/// Waits until `member` serves `revision` from its own state (a serializable read); panics after ten
-/// minutes.
-async fn wait_for_revision(member: &Member, revision: i64) {
-    let started = Instant::now();
-    let mut client: Option<Client> = None;
-    loop {
-        if client.is_none() {
-            client = Client::connect([member.client_url.as_str()], None).await.ok();
-        }
-        if let Some(c) = client.as_mut() {
-            if let Ok(r) = c.get("down/last", Some(GetOptions::new().with_serializable())).await {
-                if r.header().is_some_and(|h| h.revision() >= revision) && r.count() == 1 {
-                    return;
-                }
-            }
-        }
-        assert!(started.elapsed() < Duration::from_secs(600), "not caught up after 10 min:\n{}", member.log_tail(40));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// The sum of a counter's series (every label) in a member's `/metrics`.
-fn metric_sum(member: &Member, name: &str) -> f64 {
-    let (_, text) = common::http_get(&member.addr(), "/metrics");
-    text.lines()
-        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }

@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, TlsOptions};
 use tempfile::TempDir;
 
 use super::pki::{self, client_params, server_params, Cert, Pki};
@@ -772,4 +772,34 @@ impl Drop for Netns {
     fn drop(&mut self) {
         self.remove();
     }
+}
+
+/// Waits until `member` serves `revision` and the key `down/last` (the last key the rejoin tests
+/// write) from its own state (a serializable read); panics after ten minutes.
+pub(crate) async fn wait_for_revision(member: &Member, revision: i64) {
+    let started = Instant::now();
+    let mut client: Option<Client> = None;
+    loop {
+        if client.is_none() {
+            client = Client::connect([member.client_url.as_str()], None).await.ok();
+        }
+        if let Some(c) = client.as_mut() {
+            if let Ok(r) = c.get("down/last", Some(GetOptions::new().with_serializable())).await {
+                if r.header().is_some_and(|h| h.revision() >= revision) && r.count() == 1 {
+                    return;
+                }
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(600), "not caught up after 10 min:\n{}", member.log_tail(40));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The sum of a counter's series (every label) in a member's `/metrics`.
+pub(crate) fn metric_sum(member: &Member, name: &str) -> f64 {
+    let (_, text) = super::http_get(&member.addr(), "/metrics");
+    text.lines()
+        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
