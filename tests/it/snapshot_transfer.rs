@@ -51,22 +51,43 @@ async fn a_follower_killed_mid_transfer_resumes_at_its_offset() {
     let last_revision = put_retrying(&mut writer, "down/last", b"here").await;
 
     let partial = snap_dir(&cluster.members[down]).join("receiving.part");
-    blocking(|| cluster.members[down].spawn());
-    // Killed as soon as the first bytes are on disk: a few chunks of a 160 MB snapshot.
-    let waiting = Instant::now();
-    while std::fs::metadata(&partial).map_or(0, |m| m.len()) == 0 {
-        assert!(
-            waiting.elapsed() < Duration::from_secs(300),
-            "no snapshot received:\n{}",
-            cluster.members[down].log_tail(40)
+    // The partial file must belong to the snapshot the leader sends after the restart: a build the
+    // last puts triggered that ends between the follower's two runs makes that a newer snapshot,
+    // which nobody could resume (the CI saw this once). So the follower is interrupted again until
+    // what it kept is of the leader's newest snapshot, with no build under way.
+    let mut attempts = 0;
+    let kept = loop {
+        attempts += 1;
+        wait_until_no_snapshot_is_building(&cluster.members[leader]).await;
+        let log_before = cluster.members[down].log().len();
+        blocking(|| cluster.members[down].spawn());
+        // Killed as soon as this run has written bytes: a few chunks of a 100 MB snapshot.
+        let waiting = Instant::now();
+        let begun = |log: &str| log.contains("receiving a snapshot") || log.contains("resuming a snapshot");
+        while !begun(&cluster.members[down].log()[log_before..])
+            || std::fs::metadata(&partial).map_or(0, |m| m.len()) == 0
+        {
+            assert!(
+                waiting.elapsed() < Duration::from_secs(300),
+                "no snapshot received:\n{}",
+                cluster.members[down].log_tail(40)
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        blocking(|| cluster.members[down].kill_9());
+        let kept = std::fs::metadata(&partial).expect("the partial file survives the kill").len();
+        let (sent, newest) = (
+            last_snapshot_id(&cluster, leader, "sending a snapshot"),
+            last_snapshot_id(&cluster, leader, "snapshot built"),
         );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    blocking(|| cluster.members[down].kill_9());
-    let kept = std::fs::metadata(&partial).expect("the partial file survives the kill").len();
+        if sent == newest && !snapshot_building(&cluster.members[leader]) {
+            break kept;
+        }
+        eprintln!("attempt {attempts}: {sent:?} was being sent, {newest:?} is the newest: interrupting it again");
+        assert!(attempts < 5, "the leader kept building snapshots:\n{}", cluster.members[leader].log_tail(40));
+    };
     let size = snapshot_size_sent(&cluster, leader);
     assert!(kept > 0 && kept < size, "kept {kept} of {size} bytes: the transfer was not interrupted");
-
     // The log of the second run only: the member appends to the same file.
     let log_before = cluster.members[down].log().len();
     blocking(|| cluster.members[down].spawn());
@@ -246,6 +267,32 @@ fn peer_client(peer_url: &str, ca: &Path, cert: Option<&Cert>) -> PeerClient<Cha
 
 fn snap_dir(member: &Member) -> PathBuf {
     member.data_dir().join("member").join("snap")
+}
+
+/// Waits until no snapshot build has been under way on `member` for two seconds: the build the last
+/// applied writes triggered is done.
+async fn wait_until_no_snapshot_is_building(member: &Member) {
+    let (waiting, mut quiet_since) = (Instant::now(), Instant::now());
+    while quiet_since.elapsed() < Duration::from_secs(2) {
+        if snapshot_building(member) {
+            quiet_since = Instant::now();
+        }
+        assert!(waiting.elapsed() < Duration::from_secs(300), "a snapshot build never ended:\n{}", member.log_tail(40));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Whether `member` is building a snapshot: its temp file is in the snap dir (`snapshot/dir.rs`).
+fn snapshot_building(member: &Member) -> bool {
+    let entries = std::fs::read_dir(snap_dir(member)).into_iter().flatten().flatten();
+    entries.into_iter().any(|entry| entry.file_name().to_string_lossy().starts_with("build-"))
+}
+
+/// The snapshot id of the last line of the leader's log that contains `message`.
+fn last_snapshot_id(cluster: &Cluster, leader: usize, message: &str) -> Option<String> {
+    let log = cluster.members[leader].log();
+    let line = log.lines().rev().find(|l| l.contains(message))?;
+    line.split(" snapshot=").nth(1).and_then(|rest| rest.split(' ').next()).map(str::to_string)
 }
 
 /// The size of the snapshot the leader logged sending.

@@ -2,7 +2,7 @@
 // tests (one file per server configuration, named on the command line as label=file) and prints
 // pass/fail/skip counts per configuration, then each test whose outcome differs between them.
 // It exits 1 if a configuration failed a test that the first configuration passed, or, given one
-// configuration only, if it failed any test.
+// configuration only or -strict first on the command line, if any configuration failed any test.
 package main
 
 import (
@@ -27,12 +27,17 @@ type run struct {
 }
 
 func main() {
-	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: tally label=results.json ...")
+	args := os.Args[1:]
+	strict := len(args) > 0 && args[0] == "-strict"
+	if strict {
+		args = args[1:]
+	}
+	if len(args) == 0 {
+		fmt.Fprintln(os.Stderr, "usage: tally [-strict] label=results.json ...")
 		os.Exit(2)
 	}
 	var runs []run
-	for _, arg := range os.Args[1:] {
+	for _, arg := range args {
 		label, file, ok := strings.Cut(arg, "=")
 		if !ok {
 			fmt.Fprintf(os.Stderr, "tally: %q is not label=file\n", arg)
@@ -46,13 +51,27 @@ func main() {
 		runs = append(runs, run{label: label, outcomes: outcomes})
 	}
 	printCounts(runs)
-	if regressions := printDifferences(runs); regressions > 0 {
+	regressions := printDifferences(runs)
+	if failed(runs, regressions, strict) {
 		os.Exit(1)
 	}
-	// With no reference to compare against, any failure fails.
-	if len(runs) == 1 && failures(runs[0]) > 0 {
-		os.Exit(1)
+}
+
+// failed says whether the runs fail the check: a regression against the reference (the first run)
+// always does; any failure does when there is no reference to compare against (one run) or when
+// every test is expected to pass (strict: a set that the reference server passes whole).
+func failed(runs []run, regressions int, strict bool) bool {
+	if regressions > 0 {
+		return true
 	}
+	if strict || len(runs) == 1 {
+		for _, r := range runs {
+			if failures(r) > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func failures(r run) int {

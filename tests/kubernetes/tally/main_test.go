@@ -35,3 +35,27 @@ not json
 		}
 	}
 }
+
+// Without -strict a failure the reference shares is no regression; with it, any failure fails, so a
+// run of keyward's configurations alone cannot pass with a test failing on all of them.
+func TestFailed(t *testing.T) {
+	reference := run{label: "keyward:1", outcomes: map[string]string{"TestA": "pass", "TestB": "fail"}}
+	other := run{label: "keyward:3", outcomes: map[string]string{"TestA": "pass", "TestB": "fail"}}
+	runs := []run{reference, other}
+	if failed(runs, 0, false) {
+		t.Error("a failure shared with the reference failed the check without -strict")
+	}
+	if !failed(runs, 0, true) {
+		t.Error("a failure passed the check with -strict")
+	}
+	if !failed(runs[:1], 0, false) {
+		t.Error("a failure of a lone configuration passed the check")
+	}
+	if !failed(runs, 1, false) {
+		t.Error("a regression passed the check")
+	}
+	passing := run{label: "keyward:1", outcomes: map[string]string{"TestA": "pass", "TestC": "skip"}}
+	if failed([]run{passing, passing}, 0, true) {
+		t.Error("runs with no failure failed the check with -strict")
+	}
+}
