@@ -1,9 +1,9 @@
 //! etcd KV semantics through a real gRPC client (the `etcd-client` crate) against `keyward serve`.
 //!
 //! Every test starts its own fresh single-member server, so revisions are predictable: an empty store is
-//! at revision 1 and the first write gets revision 2. Each test body is an `async fn check_*(kind)`
-//! that is run against keyward; with `KEYWARD_HARNESS_SELFTEST=1` the same bodies run against a real
-//! etcd 3.4 instead, which is how the expectations were checked.
+//! at revision 1 and the first write gets revision 2. Each test runs against keyward; with
+//! `KEYWARD_HARNESS_SELFTEST=1` the same tests run against a real etcd 3.4 instead, which is how the
+//! expectations were checked.
 
 use crate::common::etcd_errors::{
     COMPACTED, DUPLICATE_KEY, EMPTY_KEY, FUTURE_REV, KEY_NOT_FOUND, LEASE_NOT_FOUND, LEASE_PROVIDED, TOO_LARGE,
@@ -26,12 +26,13 @@ struct Fixture {
     c: Client,
 }
 
-async fn start(kind: Kind) -> Fixture {
-    start_with(kind, &[]).await
+/// keyward, or etcd 3.4 under `KEYWARD_HARNESS_SELFTEST=1`.
+async fn start() -> Fixture {
+    start_with(&[]).await
 }
 
-async fn start_with(kind: Kind, args: &[&str]) -> Fixture {
-    let server = Server::start_with(kind, args);
+async fn start_with(args: &[&str]) -> Fixture {
+    let server = Server::start_with(Kind::under_test(), args);
     let c = server.client().await;
     Fixture { server, c }
 }
@@ -98,8 +99,9 @@ fn as_get(resp: &TxnOpResponse) -> &GetResponse {
 // put / get, revisions and versions
 // ---------------------------------------------------------------------------
 
-async fn check_revisions_start_at_1_and_first_put_gets_revision_2(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+#[tokio::test]
+async fn revisions_start_at_1_and_first_put_gets_revision_2() {
+    let Fixture { server: _s, mut c } = start().await;
     let empty = get(&mut c, "a", None).await;
     assert_eq!(header_rev(&empty), 1, "empty store is at revision 1");
     assert!(empty.kvs().is_empty());
@@ -116,12 +118,8 @@ async fn check_revisions_start_at_1_and_first_put_gets_revision_2(kind: Kind) {
 }
 
 #[tokio::test]
-async fn revisions_start_at_1_and_first_put_gets_revision_2() {
-    check_revisions_start_at_1_and_first_put_gets_revision_2(Kind::under_test()).await;
-}
-
-async fn check_create_mod_revision_and_version_across_update_delete_recreate(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn create_mod_revision_and_version_across_update_delete_recreate() {
+    let Fixture { server: _s, mut c } = start().await;
     assert_eq!(put(&mut c, "k", "v1").await, 2);
     assert_eq!(put(&mut c, "other", "o").await, 3);
     assert_eq!(put(&mut c, "k", "v2").await, 4);
@@ -158,11 +156,6 @@ async fn check_create_mod_revision_and_version_across_update_delete_recreate(kin
     assert_eq!(meta(&get_kv(&mut c, "other").await.unwrap()), m("other", "o", 3, 3, 1));
 }
 
-#[tokio::test]
-async fn create_mod_revision_and_version_across_update_delete_recreate() {
-    check_create_mod_revision_and_version_across_update_delete_recreate(Kind::under_test()).await;
-}
-
 // ---------------------------------------------------------------------------
 // range
 // ---------------------------------------------------------------------------
@@ -174,8 +167,9 @@ async fn put_range_dataset(c: &mut Client) {
     }
 }
 
-async fn check_range_single_key_key_end_prefix_and_from_key(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+#[tokio::test]
+async fn range_single_key_key_end_prefix_and_from_key() {
+    let Fixture { server: _s, mut c } = start().await;
     put_range_dataset(&mut c).await;
 
     let one = get(&mut c, "b", None).await;
@@ -217,12 +211,8 @@ async fn check_range_single_key_key_end_prefix_and_from_key(kind: Kind) {
 }
 
 #[tokio::test]
-async fn range_single_key_key_end_prefix_and_from_key() {
-    check_range_single_key_key_end_prefix_and_from_key(Kind::under_test()).await;
-}
-
-async fn check_range_limit_sets_more_and_count_is_the_total(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn range_limit_sets_more_and_count_is_the_total() {
+    let Fixture { server: _s, mut c } = start().await;
     put_range_dataset(&mut c).await;
 
     let r = get(&mut c, "foo", Some(GetOptions::new().with_prefix().with_limit(2))).await;
@@ -257,12 +247,8 @@ async fn check_range_limit_sets_more_and_count_is_the_total(kind: Kind) {
 }
 
 #[tokio::test]
-async fn range_limit_sets_more_and_count_is_the_total() {
-    check_range_limit_sets_more_and_count_is_the_total(Kind::under_test()).await;
-}
-
-async fn check_range_at_historical_revision(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn range_at_historical_revision() {
+    let Fixture { server: _s, mut c } = start().await;
     assert_eq!(put(&mut c, "a", "1").await, 2);
     assert_eq!(put(&mut c, "a", "2").await, 3);
     assert_eq!(put(&mut c, "b", "1").await, 4);
@@ -297,11 +283,6 @@ async fn check_range_at_historical_revision(kind: Kind) {
     assert_eq!(keys(get(&mut c, "", all_at(-1)).await.kvs()), ["b", "c"]);
 }
 
-#[tokio::test]
-async fn range_at_historical_revision() {
-    check_range_at_historical_revision(Kind::under_test()).await;
-}
-
 /// Three keys whose orders by key, version, create, mod and value are five different permutations:
 ///
 /// | key | value | create | mod | version |
@@ -318,8 +299,9 @@ async fn put_sort_dataset(c: &mut Client) {
     assert_eq!(put(c, "s/a", "3").await, 7);
 }
 
-async fn check_range_sort_by_every_target_and_order(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+#[tokio::test]
+async fn range_sort_by_every_target_and_order() {
+    let Fixture { server: _s, mut c } = start().await;
     put_sort_dataset(&mut c).await;
     let cases = [
         (SortTarget::Key, ["s/a", "s/b", "s/c"]),
@@ -360,12 +342,8 @@ async fn check_range_sort_by_every_target_and_order(kind: Kind) {
 }
 
 #[tokio::test]
-async fn range_sort_by_every_target_and_order() {
-    check_range_sort_by_every_target_and_order(Kind::under_test()).await;
-}
-
-async fn check_range_keys_only_and_count_only(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn range_keys_only_and_count_only() {
+    let Fixture { server: _s, mut c } = start().await;
     put_sort_dataset(&mut c).await;
 
     let r = get(&mut c, "s/", Some(GetOptions::new().with_prefix().with_keys_only())).await;
@@ -396,12 +374,8 @@ async fn check_range_keys_only_and_count_only(kind: Kind) {
 }
 
 #[tokio::test]
-async fn range_keys_only_and_count_only() {
-    check_range_keys_only_and_count_only(Kind::under_test()).await;
-}
-
-async fn check_range_min_max_mod_and_create_revision_filters(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn range_min_max_mod_and_create_revision_filters() {
+    let Fixture { server: _s, mut c } = start().await;
     put_sort_dataset(&mut c).await;
     let filtered = |o: GetOptions| Some(o.with_prefix());
     // mods: a 7, b 4, c 6; creates: a 3, b 4, c 2
@@ -447,12 +421,8 @@ async fn check_range_min_max_mod_and_create_revision_filters(kind: Kind) {
 }
 
 #[tokio::test]
-async fn range_min_max_mod_and_create_revision_filters() {
-    check_range_min_max_mod_and_create_revision_filters(Kind::under_test()).await;
-}
-
-async fn check_range_serializable_reads_the_latest_applied_data(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn range_serializable_reads_the_latest_applied_data() {
+    let Fixture { server: _s, mut c } = start().await;
     put_range_dataset(&mut c).await;
     assert_eq!(put(&mut c, "b", "new").await, 10);
     let r = get(&mut c, "b", Some(GetOptions::new().with_serializable())).await;
@@ -466,17 +436,13 @@ async fn check_range_serializable_reads_the_latest_applied_data(kind: Kind) {
     assert_eq!(meta(&r.kvs()[0]), m("a", "v-a", 2, 2, 1));
 }
 
-#[tokio::test]
-async fn range_serializable_reads_the_latest_applied_data() {
-    check_range_serializable_reads_the_latest_applied_data(Kind::under_test()).await;
-}
-
 // ---------------------------------------------------------------------------
 // put options
 // ---------------------------------------------------------------------------
 
-async fn check_put_prev_kv_returns_the_previous_pair(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+#[tokio::test]
+async fn put_prev_kv_returns_the_previous_pair() {
+    let Fixture { server: _s, mut c } = start().await;
     let r = c.put("k", "1", Some(PutOptions::new().with_prev_key())).await.unwrap();
     assert!(r.prev_key().is_none(), "no previous pair for a new key");
     assert_eq!(r.header().unwrap().revision(), 2);
@@ -491,12 +457,8 @@ async fn check_put_prev_kv_returns_the_previous_pair(kind: Kind) {
 }
 
 #[tokio::test]
-async fn put_prev_kv_returns_the_previous_pair() {
-    check_put_prev_kv_returns_the_previous_pair(Kind::under_test()).await;
-}
-
-async fn check_put_ignore_value_keeps_the_value_and_bumps_version(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn put_ignore_value_keeps_the_value_and_bumps_version() {
+    let Fixture { server: _s, mut c } = start().await;
     put(&mut c, "k", "orig").await;
     let r = c.put("k", "", Some(PutOptions::new().with_ignore_value().with_prev_key())).await.unwrap();
     assert_eq!(r.header().unwrap().revision(), 3);
@@ -505,12 +467,8 @@ async fn check_put_ignore_value_keeps_the_value_and_bumps_version(kind: Kind) {
 }
 
 #[tokio::test]
-async fn put_ignore_value_keeps_the_value_and_bumps_version() {
-    check_put_ignore_value_keeps_the_value_and_bumps_version(Kind::under_test()).await;
-}
-
-async fn check_put_ignore_lease_keeps_the_lease_and_sets_the_value(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn put_ignore_lease_keeps_the_lease_and_sets_the_value() {
+    let Fixture { server: _s, mut c } = start().await;
     // without a lease: the value changes, the key stays lease-less
     put(&mut c, "k", "1").await;
     c.put("k", "2", Some(PutOptions::new().with_ignore_lease())).await.unwrap();
@@ -540,12 +498,8 @@ async fn check_put_ignore_lease_keeps_the_lease_and_sets_the_value(kind: Kind) {
 }
 
 #[tokio::test]
-async fn put_ignore_lease_keeps_the_lease_and_sets_the_value() {
-    check_put_ignore_lease_keeps_the_lease_and_sets_the_value(Kind::under_test()).await;
-}
-
-async fn check_put_ignore_value_or_lease_on_a_missing_key_is_key_not_found(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn put_ignore_value_or_lease_on_a_missing_key_is_key_not_found() {
+    let Fixture { server: _s, mut c } = start().await;
     put(&mut c, "other", "x").await;
     assert_status(
         c.put("missing", "", Some(PutOptions::new().with_ignore_value())).await,
@@ -581,17 +535,13 @@ async fn check_put_ignore_value_or_lease_on_a_missing_key_is_key_not_found(kind:
     assert!(get_kv(&mut c, "fresh").await.is_none());
 }
 
-#[tokio::test]
-async fn put_ignore_value_or_lease_on_a_missing_key_is_key_not_found() {
-    check_put_ignore_value_or_lease_on_a_missing_key_is_key_not_found(Kind::under_test()).await;
-}
-
 // ---------------------------------------------------------------------------
 // delete range
 // ---------------------------------------------------------------------------
 
-async fn check_delete_single_range_and_prefix(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+#[tokio::test]
+async fn delete_single_range_and_prefix() {
+    let Fixture { server: _s, mut c } = start().await;
     put_range_dataset(&mut c).await; // revisions 2..=9
 
     let d = c.delete("b", None).await.unwrap();
@@ -619,12 +569,8 @@ async fn check_delete_single_range_and_prefix(kind: Kind) {
 }
 
 #[tokio::test]
-async fn delete_single_range_and_prefix() {
-    check_delete_single_range_and_prefix(Kind::under_test()).await;
-}
-
-async fn check_delete_prev_kv_returns_the_deleted_pairs(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn delete_prev_kv_returns_the_deleted_pairs() {
+    let Fixture { server: _s, mut c } = start().await;
     put(&mut c, "p/1", "a").await;
     put(&mut c, "p/2", "b").await;
     put(&mut c, "p/1", "c").await;
@@ -640,12 +586,8 @@ async fn check_delete_prev_kv_returns_the_deleted_pairs(kind: Kind) {
 }
 
 #[tokio::test]
-async fn delete_prev_kv_returns_the_deleted_pairs() {
-    check_delete_prev_kv_returns_the_deleted_pairs(Kind::under_test()).await;
-}
-
-async fn check_delete_of_nothing_does_not_bump_the_revision(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn delete_of_nothing_does_not_bump_the_revision() {
+    let Fixture { server: _s, mut c } = start().await;
     put(&mut c, "a", "1").await;
     let d = c.delete("missing", None).await.unwrap();
     assert_eq!((d.deleted(), d.header().unwrap().revision()), (0, 2));
@@ -656,11 +598,6 @@ async fn check_delete_of_nothing_does_not_bump_the_revision(kind: Kind) {
     assert_eq!((d.deleted(), d.header().unwrap().revision()), (0, 3), "a deleted key");
     assert_eq!(current_revision(&mut c).await, 3);
     assert_eq!(put(&mut c, "b", "1").await, 4, "the next write takes the next revision");
-}
-
-#[tokio::test]
-async fn delete_of_nothing_does_not_bump_the_revision() {
-    check_delete_of_nothing_does_not_bump_the_revision(Kind::under_test()).await;
 }
 
 // ---------------------------------------------------------------------------
@@ -684,8 +621,9 @@ fn numeric_cases(n: i64) -> Vec<(CompareOp, i64, bool)> {
     ]
 }
 
-async fn check_txn_compare_every_target_with_every_result(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+#[tokio::test]
+async fn txn_compare_every_target_with_every_result() {
+    let Fixture { server: _s, mut c } = start().await;
     put(&mut c, "k", "b").await; // 2
     put(&mut c, "x", "y").await; // 3
     put(&mut c, "k", "b").await; // 4: k: create 2, mod 4, version 2, lease 0
@@ -744,12 +682,8 @@ async fn check_txn_compare_every_target_with_every_result(kind: Kind) {
 }
 
 #[tokio::test]
-async fn txn_compare_every_target_with_every_result() {
-    check_txn_compare_every_target_with_every_result(Kind::under_test()).await;
-}
-
-async fn check_txn_compare_over_a_range_requires_every_key_to_match(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn txn_compare_over_a_range_requires_every_key_to_match() {
+    let Fixture { server: _s, mut c } = start().await;
     put(&mut c, "r/1", "x").await; // 2
     put(&mut c, "r/2", "x").await; // 3
     put(&mut c, "r/3", "y").await; // 4
@@ -790,12 +724,8 @@ async fn check_txn_compare_over_a_range_requires_every_key_to_match(kind: Kind) 
 }
 
 #[tokio::test]
-async fn txn_compare_over_a_range_requires_every_key_to_match() {
-    check_txn_compare_over_a_range_requires_every_key_to_match(Kind::under_test()).await;
-}
-
-async fn check_txn_compare_on_a_missing_key_value_fails_but_version_0_holds(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn txn_compare_on_a_missing_key_value_fails_but_version_0_holds() {
+    let Fixture { server: _s, mut c } = start().await;
     let cases: Vec<(Compare, bool)> = vec![
         (Compare::value("m", CompareOp::Equal, ""), false),
         (Compare::value("m", CompareOp::NotEqual, "x"), false),
@@ -837,12 +767,8 @@ async fn check_txn_compare_on_a_missing_key_value_fails_but_version_0_holds(kind
 }
 
 #[tokio::test]
-async fn txn_compare_on_a_missing_key_value_fails_but_version_0_holds() {
-    check_txn_compare_on_a_missing_key_value_fails_but_version_0_holds(Kind::under_test()).await;
-}
-
-async fn check_txn_runs_the_success_or_the_failure_branch(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn txn_runs_the_success_or_the_failure_branch() {
+    let Fixture { server: _s, mut c } = start().await;
     put(&mut c, "flag", "on").await; // 2
     put(&mut c, "gone", "x").await; // 3
     let txn = |flag: &str| {
@@ -903,12 +829,8 @@ async fn check_txn_runs_the_success_or_the_failure_branch(kind: Kind) {
 }
 
 #[tokio::test]
-async fn txn_runs_the_success_or_the_failure_branch() {
-    check_txn_runs_the_success_or_the_failure_branch(Kind::under_test()).await;
-}
-
-async fn check_txn_nested_txns_run_their_own_branches(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn txn_nested_txns_run_their_own_branches() {
+    let Fixture { server: _s, mut c } = start().await;
     put(&mut c, "cfg", "1").await; // 2
                                    // (sibling nested txns must not put the same key, even in branches that do not run)
     let inner = |v: &str| {
@@ -984,12 +906,8 @@ async fn check_txn_nested_txns_run_their_own_branches(kind: Kind) {
 }
 
 #[tokio::test]
-async fn txn_nested_txns_run_their_own_branches() {
-    check_txn_nested_txns_run_their_own_branches(Kind::under_test()).await;
-}
-
-async fn check_txn_range_sees_the_txns_own_earlier_writes(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn txn_range_sees_the_txns_own_earlier_writes() {
+    let Fixture { server: _s, mut c } = start().await;
     put(&mut c, "k", "old").await; // 2
     put(&mut c, "d", "x").await; // 3
     let r = c
@@ -1015,12 +933,8 @@ async fn check_txn_range_sees_the_txns_own_earlier_writes(kind: Kind) {
 }
 
 #[tokio::test]
-async fn txn_range_sees_the_txns_own_earlier_writes() {
-    check_txn_range_sees_the_txns_own_earlier_writes(Kind::under_test()).await;
-}
-
-async fn check_txn_op_response_headers_carry_the_revision_seen_by_each_op(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn txn_op_response_headers_carry_the_revision_seen_by_each_op() {
+    let Fixture { server: _s, mut c } = start().await;
     put(&mut c, "k", "old").await; // 2
     put(&mut c, "d", "x").await; // 3
     let r = c
@@ -1059,12 +973,8 @@ async fn check_txn_op_response_headers_carry_the_revision_seen_by_each_op(kind: 
 }
 
 #[tokio::test]
-async fn txn_op_response_headers_carry_the_revision_seen_by_each_op() {
-    check_txn_op_response_headers_carry_the_revision_seen_by_each_op(Kind::under_test()).await;
-}
-
-async fn check_txn_writes_share_one_revision_and_read_only_txns_do_not_bump_it(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn txn_writes_share_one_revision_and_read_only_txns_do_not_bump_it() {
+    let Fixture { server: _s, mut c } = start().await;
     put(&mut c, "a", "0").await; // 2
     let r = c
         .txn(Txn::new().and_then([TxnOp::put("a", "1", None), TxnOp::put("b", "1", None), TxnOp::put("c", "1", None)]))
@@ -1101,11 +1011,6 @@ async fn check_txn_writes_share_one_revision_and_read_only_txns_do_not_bump_it(k
     assert_eq!(put(&mut c, "e", "1").await, 5);
 }
 
-#[tokio::test]
-async fn txn_writes_share_one_revision_and_read_only_txns_do_not_bump_it() {
-    check_txn_writes_share_one_revision_and_read_only_txns_do_not_bump_it(Kind::under_test()).await;
-}
-
 // ---------------------------------------------------------------------------
 // compaction
 // ---------------------------------------------------------------------------
@@ -1123,8 +1028,9 @@ async fn compacted_store(c: &mut Client) {
     assert_eq!(current_revision(c).await, 7, "a compaction is not a revision");
 }
 
-async fn check_compact_reads_below_the_compacted_revision_fail(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+#[tokio::test]
+async fn compact_reads_below_the_compacted_revision_fail() {
+    let Fixture { server: _s, mut c } = start().await;
     compacted_store(&mut c).await;
     for r in [2, 3, 5] {
         assert_status(c.get("a", Some(GetOptions::new().with_revision(r))).await, Code::OutOfRange, COMPACTED);
@@ -1155,12 +1061,8 @@ async fn check_compact_reads_below_the_compacted_revision_fail(kind: Kind) {
 }
 
 #[tokio::test]
-async fn compact_reads_below_the_compacted_revision_fail() {
-    check_compact_reads_below_the_compacted_revision_fail(Kind::under_test()).await;
-}
-
-async fn check_compact_keeps_the_latest_value_of_each_key_at_the_compacted_revision(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn compact_keeps_the_latest_value_of_each_key_at_the_compacted_revision() {
+    let Fixture { server: _s, mut c } = start().await;
     compacted_store(&mut c).await;
     let at6 = get(&mut c, "", Some(GetOptions::new().with_all_keys().with_revision(6))).await;
     assert_eq!(
@@ -1187,12 +1089,8 @@ async fn check_compact_keeps_the_latest_value_of_each_key_at_the_compacted_revis
 }
 
 #[tokio::test]
-async fn compact_keeps_the_latest_value_of_each_key_at_the_compacted_revision() {
-    check_compact_keeps_the_latest_value_of_each_key_at_the_compacted_revision(Kind::under_test()).await;
-}
-
-async fn check_compact_twice_or_below_is_compacted_and_future_revisions_fail(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn compact_twice_or_below_is_compacted_and_future_revisions_fail() {
+    let Fixture { server: _s, mut c } = start().await;
     // reading or compacting a future revision, before any compaction
     assert_status(c.get("a", Some(GetOptions::new().with_revision(2))).await, Code::OutOfRange, FUTURE_REV);
     compacted_store(&mut c).await;
@@ -1217,17 +1115,13 @@ async fn check_compact_twice_or_below_is_compacted_and_future_revisions_fail(kin
     assert_status(c.compact(7, None).await, Code::OutOfRange, COMPACTED);
 }
 
-#[tokio::test]
-async fn compact_twice_or_below_is_compacted_and_future_revisions_fail() {
-    check_compact_twice_or_below_is_compacted_and_future_revisions_fail(Kind::under_test()).await;
-}
-
 // ---------------------------------------------------------------------------
 // request errors: gRPC code and exact message
 // ---------------------------------------------------------------------------
 
-async fn check_error_empty_key_is_not_provided(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+#[tokio::test]
+async fn error_empty_key_is_not_provided() {
+    let Fixture { server: _s, mut c } = start().await;
     let ia = Code::InvalidArgument;
     assert_status(c.get("", None).await, ia, EMPTY_KEY);
     assert_status(c.get("", Some(GetOptions::new().with_range("z"))).await, ia, EMPTY_KEY);
@@ -1252,12 +1146,8 @@ async fn check_error_empty_key_is_not_provided(kind: Kind) {
 }
 
 #[tokio::test]
-async fn error_empty_key_is_not_provided() {
-    check_error_empty_key_is_not_provided(Kind::under_test()).await;
-}
-
-async fn check_error_ignore_value_with_a_value_and_ignore_lease_with_a_lease(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn error_ignore_value_with_a_value_and_ignore_lease_with_a_lease() {
+    let Fixture { server: _s, mut c } = start().await;
     put(&mut c, "k", "v").await;
     let ia = Code::InvalidArgument;
     assert_status(c.put("k", "x", Some(PutOptions::new().with_ignore_value())).await, ia, VALUE_PROVIDED);
@@ -1287,17 +1177,13 @@ async fn check_error_ignore_value_with_a_value_and_ignore_lease_with_a_lease(kin
     assert_eq!(current_revision(&mut c).await, 2);
 }
 
-#[tokio::test]
-async fn error_ignore_value_with_a_value_and_ignore_lease_with_a_lease() {
-    check_error_ignore_value_with_a_value_and_ignore_lease_with_a_lease(Kind::under_test()).await;
-}
-
 fn puts(n: usize) -> Vec<TxnOp> {
     (0..n).map(|i| TxnOp::put(format!("op/{i:04}"), "v", None)).collect()
 }
 
-async fn check_error_txn_with_more_than_128_ops_is_too_many_operations(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+#[tokio::test]
+async fn error_txn_with_more_than_128_ops_is_too_many_operations() {
+    let Fixture { server: _s, mut c } = start().await;
     let ia = Code::InvalidArgument;
     assert_status(c.txn(Txn::new().and_then(puts(129))).await, ia, TOO_MANY_OPS);
     assert_status(c.txn(Txn::new().or_else(puts(129))).await, ia, TOO_MANY_OPS);
@@ -1315,24 +1201,16 @@ async fn check_error_txn_with_more_than_128_ops_is_too_many_operations(kind: Kin
 }
 
 #[tokio::test]
-async fn error_txn_with_more_than_128_ops_is_too_many_operations() {
-    check_error_txn_with_more_than_128_ops_is_too_many_operations(Kind::under_test()).await;
-}
-
-async fn check_error_max_txn_ops_flag_limits_the_ops_per_txn(kind: Kind) {
-    let Fixture { server: _s, mut c } = start_with(kind, &["--max-txn-ops", "4"]).await;
+async fn error_max_txn_ops_flag_limits_the_ops_per_txn() {
+    let Fixture { server: _s, mut c } = start_with(&["--max-txn-ops", "4"]).await;
     assert_status(c.txn(Txn::new().and_then(puts(5))).await, Code::InvalidArgument, TOO_MANY_OPS);
     let r = c.txn(Txn::new().and_then(puts(4))).await.unwrap();
     assert_eq!(txn_rev(&r), 2);
 }
 
 #[tokio::test]
-async fn error_max_txn_ops_flag_limits_the_ops_per_txn() {
-    check_error_max_txn_ops_flag_limits_the_ops_per_txn(Kind::under_test()).await;
-}
-
-async fn check_error_duplicate_key_in_txn(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn error_duplicate_key_in_txn() {
+    let Fixture { server: _s, mut c } = start().await;
     let ia = Code::InvalidArgument;
     // two puts of the same key
     assert_status(
@@ -1425,12 +1303,8 @@ async fn check_error_duplicate_key_in_txn(kind: Kind) {
 }
 
 #[tokio::test]
-async fn error_duplicate_key_in_txn() {
-    check_error_duplicate_key_in_txn(Kind::under_test()).await;
-}
-
-async fn check_error_request_larger_than_max_request_bytes_is_too_large(kind: Kind) {
-    let Fixture { server: _s, mut c } = start_with(kind, &["--max-request-bytes", "1024"]).await;
+async fn error_request_larger_than_max_request_bytes_is_too_large() {
+    let Fixture { server: _s, mut c } = start_with(&["--max-request-bytes", "1024"]).await;
     let big = "x".repeat(2000);
     let ia = Code::InvalidArgument;
     assert_status(c.put("big", big.as_str(), None).await, ia, TOO_LARGE);
@@ -1442,12 +1316,8 @@ async fn check_error_request_larger_than_max_request_bytes_is_too_large(kind: Ki
 }
 
 #[tokio::test]
-async fn error_request_larger_than_max_request_bytes_is_too_large() {
-    check_error_request_larger_than_max_request_bytes_is_too_large(Kind::under_test()).await;
-}
-
-async fn check_error_put_with_an_unknown_lease_is_lease_not_found(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn error_put_with_an_unknown_lease_is_lease_not_found() {
+    let Fixture { server: _s, mut c } = start().await;
     assert_status(c.put("k", "v", Some(PutOptions::new().with_lease(12345))).await, Code::NotFound, LEASE_NOT_FOUND);
     assert_status(
         c.txn(
@@ -1465,12 +1335,8 @@ async fn check_error_put_with_an_unknown_lease_is_lease_not_found(kind: Kind) {
 }
 
 #[tokio::test]
-async fn error_put_with_an_unknown_lease_is_lease_not_found() {
-    check_error_put_with_an_unknown_lease_is_lease_not_found(Kind::under_test()).await;
-}
-
-async fn check_error_precedence_too_many_ops_then_empty_key_then_duplicate(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn error_precedence_too_many_ops_then_empty_key_then_duplicate() {
+    let Fixture { server: _s, mut c } = start().await;
     let ia = Code::InvalidArgument;
     let mut ops = puts(129);
     ops.push(TxnOp::put("", "v", None));
@@ -1520,12 +1386,8 @@ async fn check_error_precedence_too_many_ops_then_empty_key_then_duplicate(kind:
 }
 
 #[tokio::test]
-async fn error_precedence_too_many_ops_then_empty_key_then_duplicate() {
-    check_error_precedence_too_many_ops_then_empty_key_then_duplicate(Kind::under_test()).await;
-}
-
-async fn check_error_put_checks_the_lease_before_ignore_value_on_a_missing_key(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn error_put_checks_the_lease_before_ignore_value_on_a_missing_key() {
+    let Fixture { server: _s, mut c } = start().await;
     // etcd's applier looks the lease up first for a plain put (and second inside a txn)
     assert_status(
         c.put("missing", "", Some(PutOptions::new().with_ignore_value().with_lease(12345))).await,
@@ -1535,12 +1397,8 @@ async fn check_error_put_checks_the_lease_before_ignore_value_on_a_missing_key(k
 }
 
 #[tokio::test]
-async fn error_put_checks_the_lease_before_ignore_value_on_a_missing_key() {
-    check_error_put_checks_the_lease_before_ignore_value_on_a_missing_key(Kind::under_test()).await;
-}
-
-async fn check_error_write_txn_checks_its_puts_before_its_ranges(kind: Kind) {
-    let Fixture { server: _s, mut c } = start(kind).await;
+async fn error_write_txn_checks_its_puts_before_its_ranges() {
+    let Fixture { server: _s, mut c } = start().await;
     put(&mut c, "a", "1").await; // 2
     put(&mut c, "a", "2").await; // 3
     c.compact(3, None).await.unwrap();
@@ -1554,9 +1412,4 @@ async fn check_error_write_txn_checks_its_puts_before_its_ranges(kind: Kind) {
         Code::NotFound,
         LEASE_NOT_FOUND,
     );
-}
-
-#[tokio::test]
-async fn error_write_txn_checks_its_puts_before_its_ranges() {
-    check_error_write_txn_checks_its_puts_before_its_ranges(Kind::under_test()).await;
 }
