@@ -282,7 +282,8 @@ async fn wait_until_no_snapshot_is_building(member: &Member) {
     }
 }
 
-/// Whether `member` is building a snapshot: its temp file is in the snap dir (`snapshot/dir.rs`).
+/// Whether `member` is building a snapshot: its temp file is in the snap dir
+/// (`src/raft/state_machine/snapshot/dir.rs`).
 fn snapshot_building(member: &Member) -> bool {
     let entries = std::fs::read_dir(snap_dir(member)).into_iter().flatten().flatten();
     entries.into_iter().any(|entry| entry.file_name().to_string_lossy().starts_with("build-"))
@@ -308,8 +309,8 @@ fn assert_hashkv_equal(cluster: &Cluster) {
     assert!(hashes.iter().all(|h| *h == hashes[0] && h != "null"), "HashKV differs: {hashes:?}");
 }
 
-/// `n` values of `bytes` bytes each under `value/`, two puts at a time. A put that timed out (a
-/// member busy on a loaded machine) is put again, for ten minutes at most: the same key, so the store
+/// `n` values of `bytes` bytes each under `value/`, two puts at a time. A put that failed
+/// transiently (`transient`) is put again, for ten minutes at most: the same key, so the store
 /// ends the same.
 async fn put_values(client: &Client, n: usize, bytes: usize) {
     let value = vec![b'x'; bytes];
@@ -322,8 +323,8 @@ async fn put_values(client: &Client, n: usize, bytes: usize) {
                 loop {
                     match client.put(format!("value/{i:06}"), value.clone(), None).await {
                         Ok(_) => break,
-                        Err(e) if e.to_string().contains("request timed out") => {
-                            assert!(started.elapsed() < Duration::from_secs(600), "puts still time out: {e}")
+                        Err(e) if transient(&e) => {
+                            assert!(started.elapsed() < Duration::from_secs(600), "puts still fail: {e}")
                         }
                         Err(e) => panic!("put a value: {e}"),
                     }
@@ -336,17 +337,24 @@ async fn put_values(client: &Client, n: usize, bytes: usize) {
     }
 }
 
-/// Puts `key`, again while it times out (a member busy on a loaded machine; the same key, so the
-/// store ends the same), for ten minutes at most; returns its revision.
+/// Puts `key`, again while it fails transiently (`transient`; the same key, so the store ends the
+/// same), for ten minutes at most; returns its revision.
 async fn put_retrying(client: &mut Client, key: &str, value: &[u8]) -> i64 {
     let started = Instant::now();
     loop {
         match client.put(key, value, None).await {
             Ok(put) => return put.header().expect("header").revision(),
-            Err(e) if e.to_string().contains("request timed out") => {
-                assert!(started.elapsed() < Duration::from_secs(600), "puts still time out: {e}")
+            Err(e) if transient(&e) => {
+                assert!(started.elapsed() < Duration::from_secs(600), "puts still fail: {e}")
             }
             Err(e) => panic!("put {key}: {e}"),
         }
     }
+}
+
+/// An error a client retries: a member too busy to answer in time, or a leader lost to an election
+/// on a loaded machine (two of the three members are up while the follower is down).
+fn transient(e: &etcd_client::Error) -> bool {
+    let e = e.to_string();
+    ["request timed out", "no leader", "leader changed"].iter().any(|m| e.contains(m))
 }
