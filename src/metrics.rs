@@ -128,6 +128,17 @@ pub(crate) static LEADER_CHANGES: LazyLock<IntCounter> = LazyLock::new(|| {
     )
 });
 
+/// Leaderships given up for want of a quorum (`node/check_quorum.rs`).
+pub(crate) static LEADER_STEP_DOWNS: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(
+        IntCounter::new(
+            "keyward_server_leader_step_downs_total",
+            "Times this member gave up its leadership: no quorum of voters heard from within an election timeout.",
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
 /// Client requests proposed and not yet applied (or failed).
 pub(crate) static PROPOSALS_PENDING: LazyLock<IntGauge> = LazyLock::new(|| {
     register(
@@ -691,6 +702,7 @@ fn register_every_family() {
     LazyLock::force(&PROPOSALS_FAILED);
     LazyLock::force(&PROPOSALS_PENDING);
     LazyLock::force(&LEADER_CHANGES);
+    LazyLock::force(&LEADER_STEP_DOWNS);
 }
 
 #[cfg(test)]

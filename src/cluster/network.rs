@@ -46,7 +46,9 @@ impl PeerNetwork {
 /// The connection to one peer, as openraft uses it.
 pub(crate) struct PeerConnection {
     peers: Arc<Peers>,
-    acks: Arc<QuorumAcks>,
+    /// What the peer accepted of this member's leadership: AppendEntries here, snapshot chunks in
+    /// `snapshot_sender.rs`.
+    pub(super) acks: Arc<QuorumAcks>,
     pub(super) target: NodeId,
     url: Option<String>,
     /// How far the last snapshot transfer to this peer got (`snapshot_sender.rs`): the next attempt

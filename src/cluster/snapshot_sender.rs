@@ -34,6 +34,7 @@ use openraft::{AnyError, ErrorSubject, ErrorVerb, OptionalSend, Snapshot, Storag
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use super::network::{PeerConnection, Rpc};
+use super::quorum_acks::{boot_clock, BootTime};
 use crate::metrics;
 use crate::raft::{NodeId, TypeConfig};
 
@@ -115,13 +116,14 @@ impl PeerConnection {
             let deadline = if done { last_chunk_deadline(&option, size) } else { chunk_deadline(&option, chunk.len()) };
             let request = InstallSnapshotRequest { vote, meta: meta.clone(), offset, data: chunk, done };
             let call_option = RPCOption::new(deadline);
+            let sent = boot_clock();
             let call = tokio::time::timeout(deadline, self.call(Rpc::InstallSnapshot, &request, &call_option));
             let answer = tokio::select! {
                 closed = cancel.as_mut() => return Err(closed.into()),
                 answer = call => answer,
             };
             let step = match answer {
-                Ok(answer) => self.step(vote, &request, size, answer),
+                Ok(answer) => self.step(vote, &request, size, answer, sent),
                 Err(_) => Step::Retry(format!("no answer within {deadline:?}")),
             };
             let reason = match step {
@@ -193,7 +195,14 @@ impl PeerConnection {
         request: &InstallSnapshotRequest<TypeConfig>,
         size: u64,
         answer: Result<openraft::raft::InstallSnapshotResponse<NodeId>, ChunkError>,
+        sent: BootTime,
     ) -> Step {
+        // A chunk accepted renews the follower's leader lease as an AppendEntries does: it counts
+        // towards the leader's quorum (`quorum_acks.rs`), or a leader whose only live follower is
+        // receiving a snapshot would step down for want of one.
+        if answer.as_ref().is_ok_and(|response| response.vote <= vote) {
+            self.acks.accepted(self.target, *vote.leader_id(), sent);
+        }
         match answer {
             Ok(response) if response.vote > vote => Step::HigherVote(response.vote),
             Ok(response) if request.done => Step::Done(SnapshotResponse::new(response.vote)),

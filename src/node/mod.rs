@@ -14,7 +14,7 @@
 //!
 //! The rest of the folder: `start.rs` (opening a member, step by step; the member's run around it is
 //! `server/run.rs`), `jobs/` (everything that runs in the background), `leader.rs` (what must happen
-//! on the leader), `writes.rs`, `latest_applied.rs` and `auth_service.rs` (parts of `Node`).
+//! on the leader), `check_quorum.rs` (a leader that lost its quorum steps down), `writes.rs`, `latest_applied.rs` and `auth_service.rs` (parts of `Node`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +33,7 @@ use crate::raft::{NodeId, Raft};
 use crate::space::Space;
 
 mod auth_service;
+mod check_quorum;
 mod for_peers;
 pub(crate) mod jobs;
 mod latest_applied;

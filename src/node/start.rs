@@ -235,15 +235,18 @@ async fn start_raft(
     let raft_config = Arc::new(raft_config(config)?);
     // openraft's core, state machine worker and replication tasks run on the raft thread.
     let raft_thread = RaftThread::start()?;
-    let network = PeerNetwork::new(peers.clone(), acks);
+    let network = PeerNetwork::new(peers.clone(), acks.clone());
     let raft = raft_thread.run(Raft::new(member_id, raft_config, network, log, sm)).await?;
     // On the raft thread too: its ticks stop while that thread does not run, as etcd's raft loop's.
     let timer = Arc::new(ElectionTimer::default());
-    raft_thread.handle().spawn(timer.clone().run(
+    let (heartbeat, election) = (config.heartbeat_interval, config.election_timeout);
+    raft_thread.handle().spawn(timer.clone().run(raft.clone(), member_id, heartbeat, election));
+    raft_thread.handle().spawn(super::check_quorum::step_down_without_quorum(
         raft.clone(),
+        acks,
         member_id,
-        config.heartbeat_interval,
-        config.election_timeout,
+        heartbeat,
+        election,
     ));
     Ok((raft_thread, raft, timer))
 }

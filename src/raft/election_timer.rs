@@ -123,7 +123,7 @@ impl ElectionTimer {
 }
 
 /// How many ticks of `heartbeat` make `election` (at least one).
-fn ticks_in(election: Duration, heartbeat: Duration) -> u64 {
+pub(crate) fn ticks_in(election: Duration, heartbeat: Duration) -> u64 {
     (election.as_millis() / heartbeat.as_millis().max(1)).max(1) as u64
 }
 

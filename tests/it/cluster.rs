@@ -18,7 +18,7 @@ use crate::common;
 use crate::common::auth::{
     assert_denied, assert_ok, channel, enable_auth, msg, raw_get, raw_put, raw_token, JwtKeys, ROOT_PW,
 };
-use crate::common::cluster::{Cluster, Member, Netns, Options, SETTLE_TIMEOUT};
+use crate::common::cluster::{metric_sum, Cluster, Member, Netns, Options, SETTLE_TIMEOUT};
 use crate::common::etcd_errors::{AUTH_OLD_REVISION, INVALID_AUTH_TOKEN, PERMISSION_DENIED, USER_EMPTY};
 use crate::common::pki;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Permission, RoleRevokePermissionOptions, Txn, TxnOp};
@@ -1177,8 +1177,8 @@ async fn one_register_stays_linearizable_with_the_leader_paused() {
 
 /// Members in network namespaces (their URLs on veth addresses, the one exception to loopback). The
 /// leader, then a follower, is cut off its peers: the cut-off member refuses writes and linearizable
-/// reads with etcd's errors (and still serves serializable reads), the other two elect a leader and
-/// commit; after healing, every member holds the same data (`endpoint hashkv` equal).
+/// reads with etcd's errors (and still serves serializable reads), a cut-off leader steps down (etcd's
+/// check-quorum), the other two elect a leader and commit; after healing, every member holds the same data (`endpoint hashkv` equal).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_minority_refuses_and_heals_without_divergence() {
     let netns = match blocking(|| Netns::create(3)) {
@@ -1195,6 +1195,26 @@ async fn a_partitioned_minority_refuses_and_heals_without_divergence() {
         let cut = if round == "leader" { leader } else { (leader + 1) % 3 };
         let majority: Vec<usize> = (0..3).filter(|&i| i != cut).collect();
         cluster.netns().isolate(cut);
+        if round == "leader" {
+            // etcd's check-quorum: the cut-off leader gives up its leadership once an election
+            // timeout passes without a quorum's answer, so its clients hear "no leader" rather than
+            // wait out their deadline. Without `node/check_quorum.rs` it goes on leading: this fails.
+            let cut_off = &cluster.members[cut];
+            eventually("the cut-off leader steps down", || async {
+                let (has_leader, step_downs) = blocking(|| {
+                    (
+                        metric_sum(cut_off, "etcd_server_has_leader"),
+                        metric_sum(cut_off, "keyward_server_leader_step_downs_total"),
+                    )
+                });
+                if has_leader == 0.0 && step_downs >= 1.0 {
+                    Ok(())
+                } else {
+                    Err(format!("etcd_server_has_leader {has_leader}, step-downs {step_downs}"))
+                }
+            })
+            .await;
+        }
         let mut minority = cluster.members[cut].try_client_with(None, Duration::from_secs(20)).await.expect("connect");
         let put = minority.put("part/minority", "v", None).await;
         assert_refused_by_minority(&format!("put on the cut-off {round}"), put);

@@ -118,7 +118,13 @@ async fn requested_progress_is_answered_for_a_watcher_that_had_no_events() {
     // Once settled, a request is answered at the current revision again.
     let now = c.put("busy/more", "x", None).await.expect("put").header().expect("header").revision();
     st.request_progress().await.expect("progress request");
-    let progress = next(&mut st).await;
+    let mut progress = next(&mut st).await;
+    if revision(&progress) == last {
+        // The answer to the second request above: on a busy machine it can arrive after the first
+        // was answered, and is then answered on its own (as etcd answers each request).
+        assert!(progress.watch_id() == -1 && is_progress(&progress), "{progress:?}");
+        progress = next(&mut st).await;
+    }
     assert!(progress.watch_id() == -1 && is_progress(&progress), "{progress:?}");
     assert_eq!(revision(&progress), now);
 }

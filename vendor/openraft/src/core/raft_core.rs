@@ -1250,6 +1250,10 @@ where
                             // Node is switched to learner.
                         }
                     }
+                    ExternalCommand::StepDown => {
+                        // keyward patch: see `Engine::step_down`.
+                        self.engine.step_down();
+                    }
                     ExternalCommand::Heartbeat => {
                         self.send_heartbeat("ExternalCommand");
                     }

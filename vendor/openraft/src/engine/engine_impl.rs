@@ -213,6 +213,21 @@ where C: RaftTypeConfig
         Ok(())
     }
 
+    /// keyward patch: a leader that has not heard from a quorum for an election timeout gives up
+    /// its leadership (etcd's check-quorum). openraft ties leadership to the vote (this node's id,
+    /// committed), and a vote never goes back, so the leader cannot become a follower of no one at
+    /// its term as etcd's does: it drops its leader state and campaigns at the next term instead.
+    /// While the voters it cannot reach still follow a leader they heard from (their leader lease),
+    /// they refuse the vote, and it stays a candidate; `Command::QuitLeader` closes its replication.
+    pub(crate) fn step_down(&mut self) {
+        if self.leader.is_none() {
+            return;
+        }
+        tracing::info!("{}: no quorum heard within the election timeout, leader {} steps down", func_name!(), self.state.vote_ref());
+        self.leader = None;
+        self.elect();
+    }
+
     /// Start to elect this node as leader
     #[tracing::instrument(level = "debug", skip(self))]
     pub(crate) fn elect(&mut self) {

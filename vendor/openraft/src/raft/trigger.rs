@@ -46,6 +46,15 @@ where C: RaftTypeConfig
         self.raft_inner.send_external_command(ExternalCommand::Elect, "trigger_elect").await
     }
 
+    /// keyward patch: if this node leads, give up the leadership and campaign at once (etcd's
+    /// check-quorum step-down, for a leader that has not heard from a quorum for an election
+    /// timeout); otherwise a no-op. Returns at once.
+    ///
+    /// Returns error when RaftCore has [`Fatal`] error, e.g. shut down or having storage error.
+    pub async fn step_down(&self) -> Result<(), Fatal<C::NodeId>> {
+        self.raft_inner.send_external_command(ExternalCommand::StepDown, "trigger_step_down").await
+    }
+
     /// Trigger a heartbeat at once and return at once.
     ///
     /// Returns error when RaftCore has [`Fatal`] error, e.g. shut down or having storage error.

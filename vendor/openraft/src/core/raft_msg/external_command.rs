@@ -16,6 +16,10 @@ pub(crate) enum ExternalCommand<C: RaftTypeConfig> {
     /// Initiate an election at once.
     Elect,
 
+    /// keyward patch: a leader gives up its leadership and campaigns (etcd's check-quorum: it has
+    /// not heard from a quorum for an election timeout). Ignored unless this node leads.
+    StepDown,
+
     /// Send a heartbeat message, only if the node is leader, or it will be ignored.
     Heartbeat,
 
@@ -48,6 +52,9 @@ where C: RaftTypeConfig
         match self {
             ExternalCommand::Elect => {
                 write!(f, "Elect")
+            }
+            ExternalCommand::StepDown => {
+                write!(f, "StepDown")
             }
             ExternalCommand::Heartbeat => {
                 write!(f, "Heartbeat")
