@@ -2,7 +2,8 @@
 //!
 //! Each raft message is openraft's own type, postcard-encoded in a `RaftMessage`; the receiving member
 //! hands it to its raft core and returns the core's answer, or the core's error, the same way
-//! (`peer_service.rs`). A peer that cannot be dialed is reported `Unreachable`, on which openraft
+//! (`peer_service.rs`). AppendEntries, heartbeats included, go on one long-lived stream per peer
+//! (`append_stream.rs`); votes and snapshot chunks are calls of their own. A peer that cannot be dialed is reported `Unreachable`, on which openraft
 //! backs off (`backoff`) before retrying, and logged once per interval with the reason. Snapshots go
 //! in chunks of `snapshot_max_chunk_size`, one call per chunk, by keyward's own sender
 //! (`snapshot_sender.rs`: deadlines that cover the install, resumed transfers, none to a follower
@@ -24,6 +25,7 @@ use openraft::{OptionalSend, Snapshot, Vote};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::append_stream::AppendStream;
 use super::peers::Peers;
 use super::quorum_acks::{boot_clock, QuorumAcks};
 use crate::proto::keywardpb::RaftMessage;
@@ -52,6 +54,8 @@ pub(crate) struct PeerConnection {
     /// How far the last snapshot transfer to this peer got (`snapshot_sender.rs`): the next attempt
     /// at the same snapshot starts there.
     pub(super) resume: Option<(openraft::SnapshotId, u64)>,
+    /// The stream this member's AppendEntries to the peer go on (`append_stream.rs`).
+    pub(super) append_stream: AppendStream,
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
@@ -64,6 +68,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             target,
             url: node.peer_url().map(str::to_string),
             resume: None,
+            append_stream: AppendStream::default(),
         }
     }
 }
@@ -83,10 +88,8 @@ impl PeerConnection {
         req: &Req,
         option: &RPCOption,
     ) -> Result<Resp, RPCError<NodeId, MemberNode, E>> {
-        let Some(url) = &self.url else {
-            return Err(unreachable(format!("member {:x} has no peer URL", self.target)));
-        };
-        let payload = postcard::to_allocvec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let url = self.url()?;
+        let payload = encode(req)?;
         let client = match rpc {
             Rpc::InstallSnapshot => self.peers.snapshot_client(url),
             Rpc::AppendEntries | Rpc::Vote => self.peers.client(url),
@@ -98,22 +101,55 @@ impl PeerConnection {
             Rpc::Vote => client.vote(request).await,
             Rpc::InstallSnapshot => client.install_snapshot(request).await,
         };
-        let answer = match answer {
-            Ok(answer) => answer.into_inner(),
-            Err(status) => {
-                let reason = describe(&status);
-                if status.code() == tonic::Code::Unavailable || status.code() == tonic::Code::FailedPrecondition {
-                    self.peers.report_unreachable(self.target, url, &reason);
-                    return Err(unreachable(reason));
-                }
-                return Err(RPCError::Network(NetworkError::new(&std::io::Error::other(reason))));
-            }
-        };
+        let answer = answer.map_err(|status| self.failed(url, &status))?;
+        self.answered(url, &answer.into_inner().payload)
+    }
+
+    pub(super) fn peers(&self) -> &Peers {
+        &self.peers
+    }
+
+    /// The peer's URL, or `Unreachable` for a member that has none.
+    pub(super) fn url<E: std::error::Error>(&self) -> Result<&str, RPCError<NodeId, MemberNode, E>> {
+        match &self.url {
+            Some(url) => Ok(url),
+            None => Err(unreachable(format!("member {:x} has no peer URL", self.target))),
+        }
+    }
+
+    /// A call that failed in transport: `Unreachable` (openraft backs off) when the peer could not
+    /// be reached or refused the connection, a network error otherwise.
+    pub(super) fn failed<E: std::error::Error>(
+        &self,
+        url: &str,
+        status: &tonic::Status,
+    ) -> RPCError<NodeId, MemberNode, E> {
+        let reason = describe(status);
+        if status.code() == tonic::Code::Unavailable || status.code() == tonic::Code::FailedPrecondition {
+            self.peers.report_unreachable(self.target, url, &reason);
+            return unreachable(reason);
+        }
+        RPCError::Network(NetworkError::new(&std::io::Error::other(reason)))
+    }
+
+    /// The peer's answer, decoded: its raft core's answer or its raft core's error.
+    pub(super) fn answered<Resp: DeserializeOwned, E: std::error::Error + DeserializeOwned>(
+        &self,
+        url: &str,
+        payload: &[u8],
+    ) -> Result<Resp, RPCError<NodeId, MemberNode, E>> {
         self.peers.report_reachable(self.target, url);
         let answer: Result<Resp, E> =
-            postcard::from_bytes(&answer.payload).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+            postcard::from_bytes(payload).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
+}
+
+/// A raft message in the peer protocol's encoding.
+pub(super) fn encode<Req: Serialize, E: std::error::Error>(
+    req: &Req,
+) -> Result<Vec<u8>, RPCError<NodeId, MemberNode, E>> {
+    postcard::to_allocvec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))
 }
 
 fn unreachable<E: std::error::Error>(reason: String) -> RPCError<NodeId, MemberNode, E> {
@@ -140,7 +176,7 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, MemberNode, RaftError<NodeId>>> {
         let kind = if rpc.entries.is_empty() { "heartbeat" } else { "entries" };
         let sent = boot_clock();
-        let answer = self.call(Rpc::AppendEntries, &rpc, &option).await;
+        let answer = self.append_streamed(&rpc, &option).await;
         crate::metrics::PEER_APPEND_ROUND_TRIP_SECONDS
             .with_label_values(&[kind])
             .observe(boot_clock().saturating_sub(sent).as_secs_f64());
