@@ -141,25 +141,26 @@ fn timed_out(deadline: Duration) -> RPCError<NodeId, MemberNode, RaftError<NodeI
 }
 
 /// The follower's side: each AppendEntries on `inbound`, from `caller` (admitted again for each),
-/// handed to this member's raft core in order; the answers, in the same order.
+/// handed to this member's raft core in order; the answers, in the same order. The stream is
+/// polled by the task that serves the call, so a message costs no task of its own.
 pub(super) fn answer(
     member: std::sync::Arc<dyn LocalMember>,
     caller: StreamCaller,
-    mut inbound: Streaming<RaftMessage>,
+    inbound: Streaming<RaftMessage>,
 ) -> AppendAnswers {
-    let (answers, out) = mpsc::channel(1);
-    tokio::spawn(async move {
-        // Ends when the leader ends the stream or the connection breaks (`message` fails).
-        while let Ok(Some(message)) = inbound.message().await {
-            let answer = match caller.admit_again() {
-                Ok(()) => append_entries_answer(&*member, &message.payload, "stream").await,
-                Err(refused) => Err(refused),
-            };
-            let failed = answer.is_err();
-            if answers.send(answer.map(|payload| RaftMessage { payload })).await.is_err() || failed {
-                return;
-            }
+    let answers = futures::stream::unfold(Some((member, caller, inbound)), |open| async move {
+        let (member, caller, mut inbound) = open?;
+        // Ends when the leader ends the stream or the connection breaks.
+        let message = inbound.message().await.ok()??;
+        let answer = match caller.admit_again() {
+            Ok(()) => append_entries_answer(&*member, &message.payload, "stream").await,
+            Err(refused) => Err(refused),
+        };
+        match answer {
+            Ok(payload) => Some((Ok(RaftMessage { payload }), Some((member, caller, inbound)))),
+            // A refused or undecodable message ends the stream with its error.
+            Err(status) => Some((Err(status), None)),
         }
     });
-    Box::pin(ReceiverStream::new(out))
+    Box::pin(answers)
 }
