@@ -50,7 +50,7 @@ enum State {
     /// Not opened yet, or dropped after a failure: the next AppendEntries opens one.
     #[default]
     Closed,
-    Open(Open),
+    Open(Box<Open>),
     /// The peer does not serve the stream: unary calls.
     Unsupported,
 }
@@ -81,7 +81,7 @@ impl PeerConnection {
         let exchanged = tokio::time::timeout(deadline, async {
             let mut open = match state {
                 State::Open(open) => open,
-                State::Closed | State::Unsupported => Open::start(self, &url).await?,
+                State::Closed | State::Unsupported => Box::new(Open::start(self, &url).await?),
             };
             let answer = open.exchange(payload).await?;
             Ok::<_, Status>((open, answer))
