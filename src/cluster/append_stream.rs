@@ -7,7 +7,7 @@
 //! buffer task), and a 3-member put waits for one such round trip (docs/performance.md, issue 33).
 //! On the stream each AppendEntries is one DATA frame each way.
 //!
-//! The leader's side (`PeerConnection::append_streamed`): openraft 0.9 keeps one AppendEntries in
+//! The leader's side (`AppendStream::exchange`, called by `network.rs`): openraft 0.9 keeps one AppendEntries in
 //! flight per follower, so a message's answer is the next message on the stream. The stream is
 //! opened on first use; any failure (an error, an answer not in time) drops it, fails that
 //! AppendEntries as a call would have failed, and the next one opens a new stream, so a late answer
@@ -22,19 +22,13 @@
 
 use std::time::Duration;
 
-use openraft::error::{NetworkError, RPCError, RaftError};
-use openraft::network::RPCOption;
-use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
-use super::network::{encode, PeerConnection, Rpc};
 use super::peer_guard::StreamCaller;
-use super::peer_service::{append_entries_answer, LocalMember};
+use super::peers::Peers;
 use crate::proto::keywardpb::RaftMessage;
-use crate::raft::member::MemberNode;
-use crate::raft::{NodeId, TypeConfig};
 
 /// The follower's answers on a stream, one per AppendEntries, in order.
 pub(crate) type AppendAnswers = std::pin::Pin<Box<dyn futures::Stream<Item = Result<RaftMessage, Status>> + Send>>;
@@ -60,28 +54,37 @@ struct Open {
     answers: Streaming<RaftMessage>,
 }
 
-type AppendResult = Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, MemberNode, RaftError<NodeId>>>;
+/// How one AppendEntries on the stream ended, if not with an answer.
+pub(super) enum Unanswered {
+    /// The peer does not serve the stream: send this AppendEntries, and the next ones, as calls.
+    Unsupported,
+    /// A transport failure, classified as a call's would be.
+    Failed(Status),
+    /// No answer within the deadline.
+    TimedOut,
+}
 
-impl PeerConnection {
-    /// Sends `rpc` on the stream to this peer (opening it if need be) and waits for its answer,
-    /// within `option`'s deadline as a call would.
-    pub(super) async fn append_streamed(
+impl AppendStream {
+    /// Whether the peer was found not to serve the stream (it gets calls from now on).
+    pub(super) fn unsupported(&self) -> bool {
+        matches!(self.state, State::Unsupported)
+    }
+
+    /// Sends `payload` (an encoded AppendEntries) on the stream to the peer at `url`, opening the
+    /// stream if need be, and waits up to `deadline` for its answer.
+    pub(super) async fn exchange(
         &mut self,
-        rpc: &AppendEntriesRequest<TypeConfig>,
-        option: &RPCOption,
-    ) -> AppendResult {
-        if matches!(self.append_stream.state, State::Unsupported) {
-            return self.call(Rpc::AppendEntries, rpc, option).await;
-        }
-        let url = self.url()?.to_string();
-        let payload = encode(rpc)?;
-        let deadline = option.hard_ttl();
+        peers: &Peers,
+        url: &str,
+        payload: Vec<u8>,
+        deadline: Duration,
+    ) -> Result<Vec<u8>, Unanswered> {
         // Taken out: put back only after an answer, so a failure leaves the stream closed.
-        let state = std::mem::take(&mut self.append_stream.state);
+        let state = std::mem::take(&mut self.state);
         let exchanged = tokio::time::timeout(deadline, async {
             let mut open = match state {
                 State::Open(open) => open,
-                State::Closed | State::Unsupported => Box::new(Open::start(self, &url).await?),
+                State::Closed | State::Unsupported => Box::new(Open::start(peers, url).await?),
             };
             let answer = open.exchange(payload).await?;
             Ok::<_, Status>((open, answer))
@@ -89,31 +92,26 @@ impl PeerConnection {
         .await;
         match exchanged {
             Ok(Ok((open, answer))) => {
-                self.append_stream.state = State::Open(open);
-                self.answered(&url, &answer)
+                self.state = State::Open(open);
+                Ok(answer)
             }
             Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
-                tracing::info!(
-                    peer = format!("{:x}", self.target),
-                    "the peer does not serve the AppendEntries stream (an older version): one call per AppendEntries"
-                );
-                self.append_stream.state = State::Unsupported;
-                self.call(Rpc::AppendEntries, rpc, option).await
+                self.state = State::Unsupported;
+                Err(Unanswered::Unsupported)
             }
-            Ok(Err(status)) => Err(self.failed(&url, &status)),
-            Err(_elapsed) => Err(timed_out(deadline)),
+            Ok(Err(status)) => Err(Unanswered::Failed(status)),
+            Err(_elapsed) => Err(Unanswered::TimedOut),
         }
     }
 }
 
 impl Open {
     /// Opens a stream to the peer at `url`: its answer's headers mean the peer admitted it.
-    async fn start(connection: &PeerConnection, url: &str) -> Result<Self, Status> {
-        let peers = connection.peers();
+    async fn start(peers: &Peers, url: &str) -> Result<Self, Status> {
         let mut client = peers.client(url)?;
         // One message in flight (openraft's), so one slot is all the queue needs.
         let (requests, outgoing) = mpsc::channel(1);
-        // No deadline on the stream itself: each message has its own (`append_streamed`).
+        // No deadline on the stream itself: each message has its own (`exchange`).
         let request = peers.request(ReceiverStream::new(outgoing), None);
         let answers = client.append_entries_stream(request).await?.into_inner();
         Ok(Open { requests, answers })
@@ -131,33 +129,29 @@ impl Open {
     }
 }
 
-/// No answer within the deadline: a network error, as a call's deadline is.
-fn timed_out(deadline: Duration) -> RPCError<NodeId, MemberNode, RaftError<NodeId>> {
-    let error = std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        format!("no answer to AppendEntries on the stream within {deadline:?}"),
-    );
-    RPCError::Network(NetworkError::new(&error))
-}
-
 /// The follower's side: each AppendEntries on `inbound`, from `caller` (admitted again for each),
-/// handed to this member's raft core in order; the answers, in the same order. The stream is
-/// polled by the task that serves the call, so a message costs no task of its own.
-pub(super) fn answer(
-    member: std::sync::Arc<dyn LocalMember>,
+/// handed to `handle` (this member's raft core, `peer_service.rs`) in order; the answers, in the
+/// same order. The stream is polled by the task that serves the call, so a message costs no task of
+/// its own.
+pub(super) fn answer<Handle, Handled>(
     caller: StreamCaller,
     inbound: Streaming<RaftMessage>,
-) -> AppendAnswers {
-    let answers = futures::stream::unfold(Some((member, caller, inbound)), |open| async move {
-        let (member, caller, mut inbound) = open?;
+    handle: Handle,
+) -> AppendAnswers
+where
+    Handle: Fn(Vec<u8>) -> Handled + Send + 'static,
+    Handled: std::future::Future<Output = Result<Vec<u8>, Status>> + Send,
+{
+    let answers = futures::stream::unfold(Some((caller, inbound, handle)), |open| async move {
+        let (caller, mut inbound, handle) = open?;
         // Ends when the leader ends the stream or the connection breaks.
         let message = inbound.message().await.ok()??;
         let answer = match caller.admit_again() {
-            Ok(()) => append_entries_answer(&*member, &message.payload, "stream").await,
+            Ok(()) => handle(message.payload).await,
             Err(refused) => Err(refused),
         };
         match answer {
-            Ok(payload) => Some((Ok(RaftMessage { payload }), Some((member, caller, inbound)))),
+            Ok(payload) => Some((Ok(RaftMessage { payload }), Some((caller, inbound, handle)))),
             // A refused or undecodable message ends the stream with its error.
             Err(status) => Some((Err(status), None)),
         }

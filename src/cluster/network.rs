@@ -29,7 +29,7 @@ use openraft::{OptionalSend, Snapshot, Vote};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::append_stream::AppendStream;
+use super::append_stream::{AppendStream, Unanswered};
 use super::peers::Peers;
 use super::quorum_acks::{boot_clock, QuorumAcks};
 use crate::proto::keywardpb::RaftMessage;
@@ -59,7 +59,7 @@ pub(crate) struct PeerConnection {
     /// at the same snapshot starts there.
     pub(super) resume: Option<(openraft::SnapshotId, u64)>,
     /// The stream this member's AppendEntries to the peer go on (`append_stream.rs`).
-    pub(super) append_stream: AppendStream,
+    append_stream: AppendStream,
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
@@ -109,12 +109,8 @@ impl PeerConnection {
         self.answered(url, &answer.into_inner().payload)
     }
 
-    pub(super) fn peers(&self) -> &Peers {
-        &self.peers
-    }
-
     /// The peer's URL, or `Unreachable` for a member that has none.
-    pub(super) fn url<E: std::error::Error>(&self) -> Result<&str, RPCError<NodeId, MemberNode, E>> {
+    fn url<E: std::error::Error>(&self) -> Result<&str, RPCError<NodeId, MemberNode, E>> {
         match &self.url {
             Some(url) => Ok(url),
             None => Err(unreachable(format!("member {:x} has no peer URL", self.target))),
@@ -123,11 +119,7 @@ impl PeerConnection {
 
     /// A call that failed in transport: `Unreachable` (openraft backs off) when the peer could not
     /// be reached or refused the connection, a network error otherwise.
-    pub(super) fn failed<E: std::error::Error>(
-        &self,
-        url: &str,
-        status: &tonic::Status,
-    ) -> RPCError<NodeId, MemberNode, E> {
+    fn failed<E: std::error::Error>(&self, url: &str, status: &tonic::Status) -> RPCError<NodeId, MemberNode, E> {
         let reason = describe(status);
         if status.code() == tonic::Code::Unavailable || status.code() == tonic::Code::FailedPrecondition {
             self.peers.report_unreachable(self.target, url, &reason);
@@ -137,7 +129,7 @@ impl PeerConnection {
     }
 
     /// The peer's answer, decoded: its raft core's answer or its raft core's error.
-    pub(super) fn answered<Resp: DeserializeOwned, E: std::error::Error + DeserializeOwned>(
+    fn answered<Resp: DeserializeOwned, E: std::error::Error + DeserializeOwned>(
         &self,
         url: &str,
         payload: &[u8],
@@ -150,10 +142,40 @@ impl PeerConnection {
 }
 
 /// A raft message in the peer protocol's encoding.
-pub(super) fn encode<Req: Serialize, E: std::error::Error>(
-    req: &Req,
-) -> Result<Vec<u8>, RPCError<NodeId, MemberNode, E>> {
+fn encode<Req: Serialize, E: std::error::Error>(req: &Req) -> Result<Vec<u8>, RPCError<NodeId, MemberNode, E>> {
     postcard::to_allocvec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+}
+
+impl PeerConnection {
+    /// Sends `rpc` on the stream to this peer (`append_stream.rs`) and waits for its answer, within
+    /// `option`'s deadline as a call would; as a call to a peer that does not serve the stream.
+    async fn append_streamed(
+        &mut self,
+        rpc: &AppendEntriesRequest<TypeConfig>,
+        option: &RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, MemberNode, RaftError<NodeId>>> {
+        if self.append_stream.unsupported() {
+            return self.call(Rpc::AppendEntries, rpc, option).await;
+        }
+        let url = self.url()?.to_string();
+        let payload = encode(rpc)?;
+        let deadline = option.hard_ttl();
+        match self.append_stream.exchange(&self.peers, &url, payload, deadline).await {
+            Ok(answer) => self.answered(&url, &answer),
+            Err(Unanswered::Unsupported) => {
+                tracing::info!(
+                    peer = format!("{:x}", self.target),
+                    "the peer does not serve the AppendEntries stream (an older version): one call per AppendEntries"
+                );
+                self.call(Rpc::AppendEntries, rpc, option).await
+            }
+            Err(Unanswered::Failed(status)) => Err(self.failed(&url, &status)),
+            Err(Unanswered::TimedOut) => {
+                let reason = format!("no answer to AppendEntries on the stream within {deadline:?}");
+                Err(RPCError::Network(NetworkError::new(&std::io::Error::new(std::io::ErrorKind::TimedOut, reason))))
+            }
+        }
+    }
 }
 
 fn unreachable<E: std::error::Error>(reason: String) -> RPCError<NodeId, MemberNode, E> {

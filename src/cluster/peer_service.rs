@@ -140,11 +140,7 @@ async fn raft_answer<Req: DeserializeOwned, Resp: Serialize, E: Serialize>(
 
 /// An AppendEntries (entries or a heartbeat) from the leader, however it came (`transport`: a call
 /// or the stream, `append_stream.rs`), handed to the raft core; the core's answer, encoded.
-pub(super) async fn append_entries_answer(
-    member: &dyn LocalMember,
-    payload: &[u8],
-    transport: &str,
-) -> Result<Vec<u8>, Status> {
+async fn append_entries_answer(member: &dyn LocalMember, payload: &[u8], transport: &str) -> Result<Vec<u8>, Status> {
     crate::metrics::PEER_APPEND_RECEIVED.with_label_values(&[transport]).inc();
     raft_answer(payload, async |req: openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig>| {
         let kind = if req.entries.is_empty() { "heartbeat" } else { "entries" };
@@ -178,7 +174,12 @@ impl Peer for PeerService {
     ) -> Result<Response<AppendAnswers>, Status> {
         self.check_cluster(&request, false)?;
         let caller = StreamCaller::of(&request)?;
-        Ok(Response::new(append_stream::answer(self.member.clone(), caller, request.into_inner())))
+        let member = self.member.clone();
+        let handle = move |payload: Vec<u8>| {
+            let member = member.clone();
+            async move { append_entries_answer(&*member, &payload, "stream").await }
+        };
+        Ok(Response::new(append_stream::answer(caller, request.into_inner(), handle)))
     }
 
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
