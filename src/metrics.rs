@@ -72,6 +72,18 @@ pub(crate) static PEER_APPEND_HANDLING_SECONDS: LazyLock<HistogramVec> = LazyLoc
     )
 });
 
+/// How this member's AppendEntries reached it: `stream` (the long-lived stream per leader,
+/// `cluster/append_stream.rs`) or `call` (one gRPC call each, from a member without the stream).
+pub(crate) static PEER_APPEND_RECEIVED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new("keyward_peer_append_entries_received_total", "AppendEntries received, by transport."),
+            &["transport"],
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
 /// 50 us to about 1.6 s: a loopback round trip to a slow sync.
 fn peer_buckets() -> Vec<f64> {
     exponential_buckets(0.00005, 2.0, 16).unwrap_or_else(|e| unreachable!("static buckets: {e}"))

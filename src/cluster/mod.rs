@@ -3,7 +3,8 @@
 //! - `ids.rs`: member and cluster ids derived from the same flags on every member.
 //! - `admission.rs`: who is a member on the peer port (the rule `peer_guard.rs` applies).
 //! - `peers.rs`: dialing peers (one gRPC channel per peer, mTLS with the `--peer-*` flags).
-//! - `network.rs`: openraft's transport over those channels; snapshots go by `snapshot_sender.rs` on
+//! - `network.rs`: openraft's transport over those channels; AppendEntries go on one stream per
+//!   peer (`append_stream.rs`, both sides); snapshots go by `snapshot_sender.rs` on
 //!   the leader and `snapshot_receiver.rs` on the follower.
 //! - `peer_service.rs`: the serving side, on the peer listener that `server/mod.rs` binds; it calls
 //!   the member through `LocalMember` (implemented in `node/for_peers.rs`).
@@ -18,6 +19,7 @@
 //! not import the member (`node`, `server`): `node` imports it.
 
 pub(crate) mod admission;
+mod append_stream;
 pub(crate) mod bootstrap;
 pub(crate) mod ids;
 pub(crate) mod membership;

@@ -2,11 +2,16 @@
 //!
 //! Each raft message is openraft's own type, postcard-encoded in a `RaftMessage`; the receiving member
 //! hands it to its raft core and returns the core's answer, or the core's error, the same way
-//! (`peer_service.rs`). A peer that cannot be dialed is reported `Unreachable`, on which openraft
+//! (`peer_service.rs`). AppendEntries, heartbeats included, go on one long-lived stream per peer
+//! (`append_stream.rs`); votes and snapshot chunks are calls of their own. A peer that cannot be dialed is reported `Unreachable`, on which openraft
 //! backs off (`backoff`) before retrying, and logged once per interval with the reason. Snapshots go
 //! in chunks of `snapshot_max_chunk_size`, one call per chunk, by keyward's own sender
 //! (`snapshot_sender.rs`: deadlines that cover the install, resumed transfers, none to a follower
 //! that already holds what the snapshot covers) and receiver (`snapshot_receiver.rs`).
+
+// openraft's `RaftNetwork` fixes `RPCError` (large) as the error type; boxing it in the helpers below
+// would only move the allocation to every call.
+#![allow(clippy::result_large_err)]
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +29,7 @@ use openraft::{OptionalSend, Snapshot, Vote};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::append_stream::{AppendStream, Unanswered};
 use super::peers::Peers;
 use super::quorum_acks::{boot_clock, QuorumAcks};
 use crate::proto::keywardpb::RaftMessage;
@@ -54,6 +60,8 @@ pub(crate) struct PeerConnection {
     /// How far the last snapshot transfer to this peer got (`snapshot_sender.rs`): the next attempt
     /// at the same snapshot starts there.
     pub(super) resume: Option<(openraft::SnapshotId, u64)>,
+    /// The stream this member's AppendEntries to the peer go on (`append_stream.rs`).
+    append_stream: AppendStream,
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
@@ -66,6 +74,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             target,
             url: node.peer_url().map(str::to_string),
             resume: None,
+            append_stream: AppendStream::default(),
         }
     }
 }
@@ -85,10 +94,8 @@ impl PeerConnection {
         req: &Req,
         option: &RPCOption,
     ) -> Result<Resp, RPCError<NodeId, MemberNode, E>> {
-        let Some(url) = &self.url else {
-            return Err(unreachable(format!("member {:x} has no peer URL", self.target)));
-        };
-        let payload = postcard::to_allocvec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let url = self.url()?;
+        let payload = encode(req)?;
         let client = match rpc {
             Rpc::InstallSnapshot => self.peers.snapshot_client(url),
             Rpc::AppendEntries | Rpc::Vote => self.peers.client(url),
@@ -100,21 +107,76 @@ impl PeerConnection {
             Rpc::Vote => client.vote(request).await,
             Rpc::InstallSnapshot => client.install_snapshot(request).await,
         };
-        let answer = match answer {
-            Ok(answer) => answer.into_inner(),
-            Err(status) => {
-                let reason = describe(&status);
-                if status.code() == tonic::Code::Unavailable || status.code() == tonic::Code::FailedPrecondition {
-                    self.peers.report_unreachable(self.target, url, &reason);
-                    return Err(unreachable(reason));
-                }
-                return Err(RPCError::Network(NetworkError::new(&std::io::Error::other(reason))));
-            }
-        };
+        let answer = answer.map_err(|status| self.failed(url, &status))?;
+        self.answered(url, &answer.into_inner().payload)
+    }
+
+    /// The peer's URL, or `Unreachable` for a member that has none.
+    fn url<E: std::error::Error>(&self) -> Result<&str, RPCError<NodeId, MemberNode, E>> {
+        match &self.url {
+            Some(url) => Ok(url),
+            None => Err(unreachable(format!("member {:x} has no peer URL", self.target))),
+        }
+    }
+
+    /// A call that failed in transport: `Unreachable` (openraft backs off) when the peer could not
+    /// be reached or refused the connection, a network error otherwise.
+    fn failed<E: std::error::Error>(&self, url: &str, status: &tonic::Status) -> RPCError<NodeId, MemberNode, E> {
+        let reason = describe(status);
+        if status.code() == tonic::Code::Unavailable || status.code() == tonic::Code::FailedPrecondition {
+            self.peers.report_unreachable(self.target, url, &reason);
+            return unreachable(reason);
+        }
+        RPCError::Network(NetworkError::new(&std::io::Error::other(reason)))
+    }
+
+    /// The peer's answer, decoded: its raft core's answer or its raft core's error.
+    fn answered<Resp: DeserializeOwned, E: std::error::Error + DeserializeOwned>(
+        &self,
+        url: &str,
+        payload: &[u8],
+    ) -> Result<Resp, RPCError<NodeId, MemberNode, E>> {
         self.peers.report_reachable(self.target, url);
         let answer: Result<Resp, E> =
-            postcard::from_bytes(&answer.payload).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+            postcard::from_bytes(payload).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+/// A raft message in the peer protocol's encoding.
+fn encode<Req: Serialize, E: std::error::Error>(req: &Req) -> Result<Vec<u8>, RPCError<NodeId, MemberNode, E>> {
+    postcard::to_allocvec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+}
+
+impl PeerConnection {
+    /// Sends `rpc` on the stream to this peer (`append_stream.rs`) and waits for its answer, within
+    /// `option`'s deadline as a call would; as a call to a peer that does not serve the stream.
+    async fn append_streamed(
+        &mut self,
+        rpc: &AppendEntriesRequest<TypeConfig>,
+        option: &RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, MemberNode, RaftError<NodeId>>> {
+        if self.append_stream.unsupported() {
+            return self.call(Rpc::AppendEntries, rpc, option).await;
+        }
+        let url = self.url()?.to_string();
+        let payload = encode(rpc)?;
+        let deadline = option.hard_ttl();
+        match self.append_stream.exchange(&self.peers, &url, payload, deadline).await {
+            Ok(answer) => self.answered(&url, &answer),
+            Err(Unanswered::Unsupported) => {
+                tracing::info!(
+                    peer = format!("{:x}", self.target),
+                    "the peer does not serve the AppendEntries stream (an older version): one call per AppendEntries"
+                );
+                self.call(Rpc::AppendEntries, rpc, option).await
+            }
+            Err(Unanswered::Failed(status)) => Err(self.failed(&url, &status)),
+            Err(Unanswered::TimedOut) => {
+                let reason = format!("no answer to AppendEntries on the stream within {deadline:?}");
+                Err(RPCError::Network(NetworkError::new(&std::io::Error::new(std::io::ErrorKind::TimedOut, reason))))
+            }
+        }
     }
 }
 
@@ -142,7 +204,7 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, MemberNode, RaftError<NodeId>>> {
         let kind = if rpc.entries.is_empty() { "heartbeat" } else { "entries" };
         let sent = boot_clock();
-        let answer = self.call(Rpc::AppendEntries, &rpc, &option).await;
+        let answer = self.append_streamed(&rpc, &option).await;
         crate::metrics::PEER_APPEND_ROUND_TRIP_SECONDS
             .with_label_values(&[kind])
             .observe(boot_clock().saturating_sub(sent).as_secs_f64());

@@ -22,7 +22,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::append_stream::{self, AppendAnswers};
 use super::membership;
+use super::peer_guard::StreamCaller;
 use super::peers::{CLUSTER_ID_HEADER, MEMBER_ID_HEADER};
 use super::snapshot_receiver::SnapshotReceiver;
 use crate::apply::Applied;
@@ -122,31 +124,62 @@ async fn raft_call<Req: DeserializeOwned, Resp: Serialize, E: Serialize>(
     request: Request<RaftMessage>,
     call: impl AsyncFnOnce(Req) -> Result<Resp, E>,
 ) -> Result<Response<RaftMessage>, Status> {
-    let req: Req = postcard::from_bytes(&request.into_inner().payload)
+    let payload = raft_answer(&request.into_inner().payload, call).await?;
+    Ok(Response::new(RaftMessage { payload }))
+}
+
+async fn raft_answer<Req: DeserializeOwned, Resp: Serialize, E: Serialize>(
+    payload: &[u8],
+    call: impl AsyncFnOnce(Req) -> Result<Resp, E>,
+) -> Result<Vec<u8>, Status> {
+    let req: Req = postcard::from_bytes(payload)
         .map_err(|e| Status::invalid_argument(format!("undecodable raft message: {e}")))?;
     let answer = call(req).await;
-    let payload = postcard::to_allocvec(&answer).map_err(|e| Status::internal(e.to_string()))?;
-    Ok(Response::new(RaftMessage { payload }))
+    postcard::to_allocvec(&answer).map_err(|e| Status::internal(e.to_string()))
+}
+
+/// An AppendEntries (entries or a heartbeat) from the leader, however it came (`transport`: a call
+/// or the stream, `append_stream.rs`), handed to the raft core; the core's answer, encoded.
+async fn append_entries_answer(member: &dyn LocalMember, payload: &[u8], transport: &str) -> Result<Vec<u8>, Status> {
+    crate::metrics::PEER_APPEND_RECEIVED.with_label_values(&[transport]).inc();
+    raft_answer(payload, async |req: openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig>| {
+        let kind = if req.entries.is_empty() { "heartbeat" } else { "entries" };
+        let received = std::time::Instant::now();
+        let answer = member.raft().append_entries(req).await;
+        crate::metrics::PEER_APPEND_HANDLING_SECONDS
+            .with_label_values(&[kind])
+            .observe(received.elapsed().as_secs_f64());
+        // Accepted from a leader of this term or a newer one: the election timer starts over.
+        if matches!(&answer, Ok(a) if !matches!(a, AppendEntriesResponse::HigherVote(_))) {
+            member.election_timer().reset();
+        }
+        answer
+    })
+    .await
 }
 
 #[tonic::async_trait]
 impl Peer for PeerService {
     async fn append_entries(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_cluster(&request, false)?;
-        raft_call(request, async |req: openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig>| {
-            let kind = if req.entries.is_empty() { "heartbeat" } else { "entries" };
-            let received = std::time::Instant::now();
-            let answer = self.member.raft().append_entries(req).await;
-            crate::metrics::PEER_APPEND_HANDLING_SECONDS
-                .with_label_values(&[kind])
-                .observe(received.elapsed().as_secs_f64());
-            // Accepted from a leader of this term or a newer one: the election timer starts over.
-            if matches!(&answer, Ok(a) if !matches!(a, AppendEntriesResponse::HigherVote(_))) {
-                self.member.election_timer().reset();
-            }
-            answer
-        })
-        .await
+        let payload = append_entries_answer(&*self.member, &request.into_inner().payload, "call").await?;
+        Ok(Response::new(RaftMessage { payload }))
+    }
+
+    /// The leader's stream of AppendEntries (`append_stream.rs`): its cluster checked once, its
+    /// caller admitted again for each message.
+    async fn append_entries_stream(
+        &self,
+        request: Request<Streaming<RaftMessage>>,
+    ) -> Result<Response<AppendAnswers>, Status> {
+        self.check_cluster(&request, false)?;
+        let caller = StreamCaller::of(&request)?;
+        let member = self.member.clone();
+        let handle = move |payload: Vec<u8>| {
+            let member = member.clone();
+            async move { append_entries_answer(&*member, &payload, "stream").await }
+        };
+        Ok(Response::new(append_stream::answer(caller, request.into_inner(), handle)))
     }
 
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {

@@ -194,6 +194,43 @@ async fn a_put_through_any_member_is_read_through_every_other() {
     });
 }
 
+/// Over peer mTLS, the leader's AppendEntries reach each follower on its long-lived stream
+/// (`cluster/append_stream.rs`), each admitted by the follower's peer guard, and none as a call of its
+/// own; what they carry is applied everywhere. Fails if AppendEntries go back to one call each: the
+/// followers then count every one as `call` and none as `stream`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_entries_reach_each_follower_on_one_stream() {
+    let cluster = blocking(|| Cluster::start(Options::new(3).peer_tls()));
+    let leader = cluster.leader().await;
+    let mut client = cluster.members[leader].client().await;
+    for i in 0..20 {
+        client.put(format!("stream/{i}"), format!("v{i}"), None).await.expect("put through the leader");
+    }
+    for (i, follower) in cluster.members.iter().enumerate().filter(|(i, _)| *i != leader) {
+        eventually(&format!("m{} applied the last put", i + 1), || async move {
+            let mut c = follower.client().await;
+            let got =
+                c.get("stream/19", Some(GetOptions::new().with_serializable())).await.map_err(|e| e.to_string())?;
+            match got.kvs().first().and_then(|kv| kv.value_str().ok()) {
+                Some("v19") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+        let received = |transport: &str| {
+            let name = format!("keyward_peer_append_entries_received_total{{transport=\"{transport}\"}}");
+            blocking(|| crate::common::cluster::metric_sum(follower, &name))
+        };
+        let (streamed, called) = (received("stream"), received("call"));
+        assert!(streamed >= 20.0, "m{}: AppendEntries on the stream: {streamed}", i + 1);
+        assert_eq!(called, 0.0, "m{}: AppendEntries as calls of their own", i + 1);
+    }
+    let refused = blocking(|| {
+        crate::common::cluster::metric_sum(&cluster.members[leader], "keyward_peer_requests_refused_total")
+    });
+    assert_eq!(refused, 0.0, "the leader refused no member's request");
+}
+
 // ---------------------------------------------------------------------------
 // 2. auth across members
 // ---------------------------------------------------------------------------
