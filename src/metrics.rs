@@ -407,6 +407,16 @@ pub(crate) static SNAPSHOT_SEND_SKIPPED: LazyLock<IntCounterVec> = LazyLock::new
     )
 });
 
+/// Snapshot chunks sent while an earlier chunk of the same transfer was still unanswered
+/// (`cluster/snapshot_sender.rs` keeps several in flight).
+pub(crate) static SNAPSHOT_CHUNKS_SENT_AHEAD: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "keyward_network_snapshot_chunks_sent_ahead_total",
+        "Snapshot chunks sent while an earlier chunk of the same transfer was still unanswered.",
+        "To",
+    )
+});
+
 /// Snapshots received whole from the leader (`From`), installed or already covered
 /// (`cluster/snapshot_receiver.rs`).
 pub(crate) static SNAPSHOT_RECEIVE_SUCCESS: LazyLock<IntCounterVec> = LazyLock::new(|| {

@@ -24,7 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::membership;
 use super::peers::{CLUSTER_ID_HEADER, MEMBER_ID_HEADER};
-use super::snapshot_receiver::SnapshotReceiver;
+use super::snapshot_receiver::{ChunkReceived, SnapshotReceiver};
 use crate::apply::Applied;
 use crate::error::EtcdError;
 use crate::lease::lessor::Lessor;
@@ -79,7 +79,8 @@ pub(crate) struct PeerService {
 
 impl PeerService {
     pub(crate) fn new(member: Arc<dyn LocalMember>) -> Self {
-        let snapshots = SnapshotReceiver::new(member.snapshot_inbox());
+        let chunk_size = member.raft().config().snapshot_max_chunk_size;
+        let snapshots = SnapshotReceiver::new(member.snapshot_inbox(), chunk_size);
         PeerService { member, snapshots }
     }
 
@@ -164,10 +165,10 @@ impl Peer for PeerService {
 
     async fn install_snapshot(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_cluster(&request, false)?;
-        raft_call(request, async |req| {
+        raft_call(request, async |chunk: ChunkReceived| {
             let timer = self.member.election_timer();
             let hearing = timer.hearing();
-            let answer = self.snapshots.receive(self.member.raft(), req).await;
+            let answer = self.snapshots.receive(self.member.raft(), chunk.into()).await;
             drop(hearing);
             if answer.is_ok() {
                 // No heartbeat comes while the snapshot streams: wait for the next chunk as long as

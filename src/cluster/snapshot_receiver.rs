@@ -29,11 +29,14 @@ use std::io::SeekFrom;
 use std::sync::Arc;
 use std::time::Instant;
 
+use tokio::time::Instant as Deadline;
+
 use openraft::error::{Fatal, InstallSnapshotError, RaftError, SnapshotMismatch};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, InstallSnapshotResponse};
 use openraft::{ErrorSubject, ErrorVerb, Snapshot, SnapshotSegmentId, StorageError, Vote};
 use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 
+use super::snapshot_sender::{ahead_patience, CHUNKS_IN_FLIGHT};
 use crate::metrics;
 use crate::raft::member::MemberNode;
 use crate::raft::state_machine::SnapshotInbox;
@@ -47,6 +50,13 @@ type ReceiveError = RaftError<NodeId, InstallSnapshotError>;
 pub(crate) struct SnapshotReceiver {
     receiving: Arc<tokio::sync::Mutex<Option<Receiving>>>,
     inbox: SnapshotInbox,
+    /// How far past the end of what was received a chunk may start and wait for the ones before it:
+    /// the chunks the leader has in flight ahead of one (`snapshot_sender::CHUNKS_IN_FLIGHT`).
+    max_ahead: u64,
+    /// Permits for chunks waiting for the ones before them.
+    waiting: Arc<tokio::sync::Semaphore>,
+    /// Told whenever what was received changes.
+    progress: tokio::sync::Notify,
 }
 
 struct Receiving {
@@ -60,8 +70,16 @@ struct Receiving {
 }
 
 impl SnapshotReceiver {
-    pub(crate) fn new(inbox: SnapshotInbox) -> Self {
-        SnapshotReceiver { receiving: Arc::default(), inbox }
+    /// `chunk_size`: the largest chunk a leader sends (openraft's `snapshot_max_chunk_size`).
+    pub(crate) fn new(inbox: SnapshotInbox, chunk_size: u64) -> Self {
+        let ahead = CHUNKS_IN_FLIGHT - 1;
+        SnapshotReceiver {
+            receiving: Arc::default(),
+            inbox,
+            max_ahead: chunk_size.saturating_mul(ahead as u64),
+            waiting: Arc::new(tokio::sync::Semaphore::new(ahead)),
+            progress: tokio::sync::Notify::new(),
+        }
     }
 
     /// Takes one chunk of a snapshot from the leader; the last one installs it.
@@ -77,57 +95,57 @@ impl SnapshotReceiver {
             return Ok(InstallSnapshotResponse { vote: my_vote });
         }
         heard_from_leader(raft, req.vote, committed).await?;
-        let mut receiving = self.receiving.clone().lock_owned().await;
         let from = req.vote.leader_id().voted_for().map_or_else(String::new, |id| format!("{id:x}"));
-        if !receiving.as_ref().is_some_and(|r| r.meta == req.meta) {
-            // What an earlier run of this member received of it, if anything, is where it goes on.
-            let inbox = self.inbox.clone();
-            let meta = req.meta.clone();
-            let kept = tokio::task::spawn_blocking(move || inbox.resume(&meta))
-                .await
-                .map_err(|e| storage_error(&req.meta, ErrorVerb::Read, std::io::Error::other(e.to_string())))?
-                .map_err(|e| storage_error(&req.meta, ErrorVerb::Read, e))?;
-            if let Some((data, received)) = kept {
-                if let Some(abandoned) = receiving.take() {
-                    abandon(abandoned);
-                }
-                tracing::info!(snapshot = %req.meta.snapshot_id, from, received, "resuming a snapshot received in part");
-                let meta = req.meta.clone();
-                *receiving = Some(Receiving { meta, data, received, from: from.clone(), started: Instant::now() });
-            } else if req.offset != 0 {
+        // Set while this chunk waits for the ones before it.
+        let mut waiting: Option<(tokio::sync::OwnedSemaphorePermit, Deadline)> = None;
+        let mut receiving = loop {
+            let mut receiving = self.receiving.clone().lock_owned().await;
+            self.prepare(&mut receiving, &req, &from).await?;
+            let Some(current) = receiving.as_ref() else {
                 return Err(mismatch(&req, 0));
-            } else {
-                if let Some(abandoned) = receiving.take() {
-                    abandon(abandoned);
-                }
-                let (inbox, meta) = (self.inbox.clone(), req.meta.clone());
-                let data = tokio::task::spawn_blocking(move || inbox.begin(&meta))
-                    .await
-                    .map_err(|e| storage_error(&req.meta, ErrorVerb::Write, std::io::Error::other(e.to_string())))?
-                    .map_err(|e| storage_error(&req.meta, ErrorVerb::Write, e))?;
-                tracing::info!(snapshot = %req.meta.snapshot_id, from, "receiving a snapshot");
-                let meta = req.meta.clone();
-                *receiving = Some(Receiving { meta, data, received: 0, from, started: Instant::now() });
+            };
+            if req.offset == current.received {
+                break receiving;
             }
-        }
+            // The follower says where the transfer stands: a chunk sent again whose first answer was
+            // lost, a new attempt (a new leader term) starting over at 0, or a transfer this member
+            // resumes after a restart, continues from there. A chunk a little ahead (the leader keeps
+            // several in flight, and calls may overtake one another) waits for the ones before it.
+            let ahead = req.offset.checked_sub(current.received).filter(|&ahead| ahead <= self.max_ahead);
+            let (Some(ahead), false) = (ahead, waiting.as_ref().is_some_and(|(_, until)| *until <= Deadline::now()))
+            else {
+                return Err(mismatch(&req, current.received));
+            };
+            if waiting.is_none() {
+                // At most the chunks one window holds wait, whatever a peer sends: their bytes are in memory.
+                let Ok(permit) = self.waiting.clone().try_acquire_owned() else {
+                    return Err(mismatch(&req, current.received));
+                };
+                waiting = Some((permit, Deadline::now() + ahead_patience(ahead)));
+            }
+            let until = waiting.as_ref().map_or_else(Deadline::now, |(_, until)| *until);
+            // Registered before the lock is let go: a write that ends meanwhile is not missed.
+            let progressed = self.progress.notified();
+            let mut progressed = std::pin::pin!(progressed);
+            progressed.as_mut().enable();
+            drop(receiving);
+            let _ = tokio::time::timeout_at(until, progressed).await;
+        };
+        drop(waiting);
         let Some(current) = receiving.as_mut() else {
             return Err(mismatch(&req, 0));
         };
-        // The follower says where the transfer stands: a chunk sent again whose first answer was lost,
-        // a new attempt (a new leader term) starting over at 0, or a transfer this member resumes after
-        // a restart, continues from there.
-        if req.offset != current.received {
-            return Err(mismatch(&req, current.received));
-        }
         if let Err(e) = write_at(&mut current.data, req.offset, &req.data).await {
             metrics::SNAPSHOT_RECEIVE_FAILURES.with_label_values(&[&current.from]).inc();
             if let Some(failed) = receiving.take() {
                 self.discard(failed.data);
             }
+            self.progress.notify_waiters();
             return Err(RaftError::Fatal(Fatal::StorageError(storage_error(&req.meta, ErrorVerb::Write, e))));
         }
         metrics::SNAPSHOT_RECEIVED_BYTES.with_label_values(&[&current.from]).inc_by(req.data.len() as u64);
         current.received = req.offset + req.data.len() as u64;
+        self.progress.notify_waiters();
         if !req.done {
             return Ok(InstallSnapshotResponse { vote: my_vote });
         }
@@ -149,10 +167,74 @@ impl SnapshotReceiver {
         }
     }
 
+    /// Makes `receiving` the snapshot `req` is a chunk of: the one being received, the part an
+    /// earlier run of this member kept, or (a chunk at 0) a new one replacing whatever was received.
+    /// Otherwise leaves it and the chunk is answered with where this member stands.
+    async fn prepare(
+        &self,
+        receiving: &mut Option<Receiving>,
+        req: &InstallSnapshotRequest<TypeConfig>,
+        from: &str,
+    ) -> Result<(), ReceiveError> {
+        if receiving.as_ref().is_some_and(|r| r.meta == req.meta) {
+            return Ok(());
+        }
+        // What an earlier run of this member received of it, if anything, is where it goes on.
+        let inbox = self.inbox.clone();
+        let meta = req.meta.clone();
+        let kept = tokio::task::spawn_blocking(move || inbox.resume(&meta))
+            .await
+            .map_err(|e| storage_error(&req.meta, ErrorVerb::Read, std::io::Error::other(e.to_string())))?
+            .map_err(|e| storage_error(&req.meta, ErrorVerb::Read, e))?;
+        let from = from.to_string();
+        if let Some((data, received)) = kept {
+            if let Some(abandoned) = receiving.take() {
+                abandon(abandoned);
+            }
+            tracing::info!(snapshot = %req.meta.snapshot_id, from, received, "resuming a snapshot received in part");
+            let meta = req.meta.clone();
+            *receiving = Some(Receiving { meta, data, received, from, started: Instant::now() });
+        } else if req.offset != 0 {
+            return Err(mismatch(req, 0));
+        } else {
+            if let Some(abandoned) = receiving.take() {
+                abandon(abandoned);
+            }
+            let (inbox, meta) = (self.inbox.clone(), req.meta.clone());
+            let data = tokio::task::spawn_blocking(move || inbox.begin(&meta))
+                .await
+                .map_err(|e| storage_error(&req.meta, ErrorVerb::Write, std::io::Error::other(e.to_string())))?
+                .map_err(|e| storage_error(&req.meta, ErrorVerb::Write, e))?;
+            tracing::info!(snapshot = %req.meta.snapshot_id, from, "receiving a snapshot");
+            let meta = req.meta.clone();
+            *receiving = Some(Receiving { meta, data, received: 0, from, started: Instant::now() });
+        }
+        Ok(())
+    }
+
     /// Removes the partial file (with `data`, its open handle) on a blocking thread: removing a
     /// multi-GB file takes a while.
     fn discard(&self, data: Box<SnapshotData>) {
         discard(data, self.inbox.clone());
+    }
+}
+
+/// openraft's `InstallSnapshotRequest` as it comes (`snapshot_sender.rs` writes it): its bytes
+/// decoded whole, where serde would push them into a `Vec<u8>` one at a time.
+#[derive(serde::Deserialize)]
+pub(crate) struct ChunkReceived {
+    vote: Vote<NodeId>,
+    meta: SnapshotMeta,
+    offset: u64,
+    #[serde(with = "serde_bytes")]
+    data: Vec<u8>,
+    done: bool,
+}
+
+impl From<ChunkReceived> for InstallSnapshotRequest<TypeConfig> {
+    fn from(chunk: ChunkReceived) -> Self {
+        let ChunkReceived { vote, meta, offset, data, done } = chunk;
+        InstallSnapshotRequest { vote, meta, offset, data, done }
     }
 }
 
