@@ -97,7 +97,7 @@ impl SnapshotReceiver {
         heard_from_leader(raft, req.vote, committed).await?;
         let from = req.vote.leader_id().voted_for().map_or_else(String::new, |id| format!("{id:x}"));
         // Set while this chunk waits for the ones before it.
-        let mut waiting: Option<(tokio::sync::OwnedSemaphorePermit, Deadline)> = None;
+        let mut waiting: Option<WaitingTurn> = None;
         let mut receiving = loop {
             let mut receiving = self.receiving.clone().lock_owned().await;
             self.prepare(&mut receiving, &req, &from).await?;
@@ -112,7 +112,7 @@ impl SnapshotReceiver {
             // resumes after a restart, continues from there. A chunk a little ahead (the leader keeps
             // several in flight, and calls may overtake one another) waits for the ones before it.
             let ahead = req.offset.checked_sub(current.received).filter(|&ahead| ahead <= self.max_ahead);
-            let (Some(ahead), false) = (ahead, waiting.as_ref().is_some_and(|(_, until)| *until <= Deadline::now()))
+            let (Some(ahead), false) = (ahead, waiting.as_ref().is_some_and(|turn| turn.until <= Deadline::now()))
             else {
                 return Err(mismatch(&req, current.received));
             };
@@ -121,9 +121,10 @@ impl SnapshotReceiver {
                 let Ok(permit) = self.waiting.clone().try_acquire_owned() else {
                     return Err(mismatch(&req, current.received));
                 };
-                waiting = Some((permit, Deadline::now() + ahead_patience(ahead)));
+                metrics::SNAPSHOT_CHUNKS_WAITING.inc();
+                waiting = Some(WaitingTurn { _permit: permit, until: Deadline::now() + ahead_patience(ahead) });
             }
-            let until = waiting.as_ref().map_or_else(Deadline::now, |(_, until)| *until);
+            let until = waiting.as_ref().map_or_else(Deadline::now, |turn| turn.until);
             // Registered before the lock is let go: a write that ends meanwhile is not missed.
             let progressed = self.progress.notified();
             let mut progressed = std::pin::pin!(progressed);
@@ -235,6 +236,18 @@ impl From<ChunkReceived> for InstallSnapshotRequest<TypeConfig> {
     fn from(chunk: ChunkReceived) -> Self {
         let ChunkReceived { vote, meta, offset, data, done } = chunk;
         InstallSnapshotRequest { vote, meta, offset, data, done }
+    }
+}
+
+/// A chunk waiting for the ones before it: one of the few permits, until when it waits.
+struct WaitingTurn {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    until: Deadline,
+}
+
+impl Drop for WaitingTurn {
+    fn drop(&mut self) {
+        metrics::SNAPSHOT_CHUNKS_WAITING.dec();
     }
 }
 

@@ -361,9 +361,11 @@ pub(crate) fn next_chunk_patience(chunk: usize, election_timeout: Duration) -> D
 }
 
 /// How long a chunk `ahead` bytes past the end of what the follower received waits there for the
-/// chunks before it: as long as the leader gives them to cross.
+/// chunks before it: longer than the leader gives them to cross (its call ends first when they do
+/// not, and with it the wait), so that a chunk is not refused while the one before it is written on
+/// a busy disk.
 pub(crate) fn ahead_patience(ahead: u64) -> Duration {
-    Duration::from_secs(1) + at_rate(ahead, TRANSFER_RATE_FLOOR)
+    Duration::from_secs(5) + at_rate(ahead, TRANSFER_RATE_FLOOR)
 }
 
 fn at_rate(bytes: u64, per_second: u64) -> Duration {
@@ -398,5 +400,28 @@ mod tests {
         let deadline = last_chunk_deadline(&option, 2_380_000_000);
         assert!(deadline > Duration::from_secs(267), "{deadline:?}");
         assert_eq!(last_chunk_deadline(&option, 0), Duration::from_millis(200));
+    }
+
+    /// The chunk's bytes encoded whole are the bytes a member of the version before (openraft's own
+    /// encoding) sends and takes.
+    #[test]
+    fn a_chunk_on_the_wire_is_openrafts_request_byte_for_byte() {
+        let meta = openraft::SnapshotMeta {
+            last_log_id: Some(openraft::LogId::new(openraft::CommittedLeaderId::new(3, 1), 71_535)),
+            last_membership: Default::default(),
+            snapshot_id: "3-1-71535-7".to_string(),
+        };
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let request = InstallSnapshotRequest::<TypeConfig> {
+            vote: openraft::Vote::new_committed(3, 1),
+            meta,
+            offset: 8 << 20,
+            data,
+            done: true,
+        };
+        let wire = postcard::to_allocvec(&ChunkOnTheWire::of(&request)).unwrap();
+        assert_eq!(wire, postcard::to_allocvec(&request).unwrap());
+        let received: crate::cluster::snapshot_receiver::ChunkReceived = postcard::from_bytes(&wire).unwrap();
+        assert_eq!(InstallSnapshotRequest::from(received), request);
     }
 }

@@ -186,6 +186,71 @@ async fn a_hostile_peer_cannot_break_the_snapshot_receiver() {
     assert_hashkv_equal(&cluster);
 }
 
+/// The leader keeps several chunks in flight, and their calls may reach the follower in any order: a
+/// chunk a little ahead of what was received waits for the ones before it instead of being refused,
+/// a few at most (their bytes are held in memory), and one past that few, or far ahead, is refused at
+/// once. Reverted to one chunk at a time (every chunk not at the end refused), the first chunk sent
+/// ahead gets `SnapshotMismatch`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_that_overtake_one_another_are_taken_in_order() {
+    let cluster = blocking(|| Cluster::start(Options::new(3).peer_tls()));
+    let leader = cluster.leader().await;
+    let target = (0..3).find(|&i| i != leader).unwrap();
+    let mut admin = cluster.members[leader].client().await;
+    let status = admin.status().await.expect("status");
+    let header = status.header().expect("header");
+    let (cluster_id, term, leader_id) = (header.cluster_id(), status.raft_term(), status.leader());
+    let vote = Vote::new_committed(term, leader_id);
+    let mut params = pki::server_params("member-like");
+    params.subject_alt_names = vec![SanType::IpAddress("127.0.0.1".parse().unwrap())];
+    let cert = cluster.peer_cert("member-like", params);
+    let client = peer_client(&cluster.members[target].peer_url, &cluster.peer_ca_file(), Some(&cert));
+    let a = meta("overtaken", term, leader_id);
+    let follower = &cluster.members[target];
+    let waiting = || metric_sum(follower, "keyward_network_snapshot_chunks_waiting");
+    let until_waiting = async |n: f64| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while waiting() != n {
+            assert!(Instant::now() < deadline, "{} chunks waiting, not {n}", waiting());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let ahead = |offset: u64| {
+        let (mut client, request) = (client.clone(), chunk(vote, &a, offset, &[(offset / 1000) as u8; 1000], false));
+        tokio::spawn(async move { send(&mut client, cluster_id, &request).await })
+    };
+
+    // The second chunk arrives first and waits for the first.
+    let second = ahead(1000);
+    until_waiting(1.0).await;
+    let first = send(&mut client.clone(), cluster_id, &chunk(vote, &a, 0, &[0u8; 1000], false)).await;
+    assert!(matches!(first, Ok(Ok(_))), "the first chunk: {first:?}");
+    let second = second.await.unwrap();
+    assert!(matches!(second, Ok(Ok(_))), "the chunk that came before its turn: {second:?}");
+    until_waiting(0.0).await;
+
+    // Three wait at most; a fourth is refused at once, as is one beyond what the leader keeps in flight.
+    let waiters: Vec<_> = [3000, 4000, 5000].into_iter().map(|offset| (offset, ahead(offset))).collect();
+    until_waiting(3.0).await;
+    let refused = send(&mut client.clone(), cluster_id, &chunk(vote, &a, 6000, &[1u8; 1000], false)).await;
+    assert!(matches!(refused, Ok(Err(_))), "a fourth chunk ahead: {refused:?}");
+    let far = send(&mut client.clone(), cluster_id, &chunk(vote, &a, 64 << 20, &[1u8; 1000], false)).await;
+    assert!(matches!(far, Ok(Err(_))), "a chunk far ahead: {far:?}");
+    let filled = send(&mut client.clone(), cluster_id, &chunk(vote, &a, 2000, &[2u8; 1000], false)).await;
+    assert!(matches!(filled, Ok(Ok(_))), "the chunk the waiters wait for: {filled:?}");
+    for (offset, waiter) in waiters {
+        let answer = waiter.await.unwrap();
+        assert!(matches!(answer, Ok(Ok(_))), "the chunk at {offset}: {answer:?}");
+    }
+    until_waiting(0.0).await;
+    // All of it was written, in order: the next chunk is at 6000.
+    let next = send(&mut client.clone(), cluster_id, &chunk(vote, &a, 6000, &[6u8; 1000], false)).await;
+    assert!(matches!(next, Ok(Ok(_))), "the chunk at the end: {next:?}");
+    let part = std::fs::read(snap_dir(follower).join("receiving.part")).expect("the partial file");
+    let expected: Vec<u8> = (0..7u8).flat_map(|i| [i; 1000]).collect();
+    assert!(part == expected, "the partial file is not the chunks in order ({} bytes)", part.len());
+}
+
 /// openraft's `InstallSnapshotRequest`, field for field, with a membership of no node (so any node
 /// type encodes the same).
 #[derive(serde::Serialize)]
