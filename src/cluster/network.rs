@@ -4,9 +4,10 @@
 //! hands it to its raft core and returns the core's answer, or the core's error, the same way
 //! (`peer_service.rs`). A peer that cannot be dialed is reported `Unreachable`, on which openraft
 //! backs off (`backoff`) before retrying, and logged once per interval with the reason. Snapshots go
-//! in chunks of `snapshot_max_chunk_size`, one call per chunk, by keyward's own sender
-//! (`snapshot_sender.rs`: deadlines that cover the install, resumed transfers, none to a follower
-//! that already holds what the snapshot covers) and receiver (`snapshot_receiver.rs`).
+//! in chunks of `snapshot_max_chunk_size`, one call per chunk and several calls in flight, by
+//! keyward's own sender (`snapshot_sender.rs`: deadlines that cover the install, resumed transfers,
+//! none to a follower that already holds what the snapshot covers) and receiver
+//! (`snapshot_receiver.rs`, which takes the chunks in order).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -13,9 +13,11 @@
 //!   the whole snapshot at a floor rate too. A dead peer is still found at once: its connection
 //!   fails the call (a closed socket at once, a frozen host by HTTP/2 keep-alive, 15 s); the
 //!   deadline only bounds a peer that is connected and slow.
-//! - a failed chunk is sent again at the same offset, and a follower that has more or less than
-//!   the leader thinks (`snapshot_receiver.rs`) answers `SnapshotMismatch` with the offset it
-//!   expects, where the transfer continues: an interrupted transfer resumes rather than restarting
+//! - up to `CHUNKS_IN_FLIGHT` chunks are in flight: the next ones cross while the follower writes
+//!   one (which takes them in order), each deadline covering the chunks ahead of it;
+//! - a failed chunk is sent again at the same offset, with everything after it, and a follower
+//!   that has more or less than the leader thinks (`snapshot_receiver.rs`) answers
+//!   `SnapshotMismatch` with the offset it expects, where the transfer continues: an interrupted transfer resumes rather than restarting
 //!   from byte 0, also across attempts (the connection remembers how far the last one got).
 //!
 //! Transfers are counted as etcd counts them (`etcd_network_snapshot_send_{success,failures}`), and

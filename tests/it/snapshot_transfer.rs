@@ -7,7 +7,9 @@
 //!   refused, and one with a member certificate that sends chunks out of order, past the end, at a
 //!   huge offset, of another snapshot mid-transfer, or a last chunk that is garbage, truncated, of
 //!   another snapshot or with a bad checksum gets an error for each, never an installed snapshot;
-//!   the member keeps serving, and a real snapshot installs on it afterwards.
+//!   the member keeps serving, and a real snapshot installs on it afterwards;
+//! - chunks that overtake one another (the leader keeps several in flight) are taken in order: one a
+//!   little ahead waits for those before it, a few at most; one more, or one far ahead, is refused.
 //!
 //! The chunks a hostile peer sends are openraft's `InstallSnapshotRequest`, postcard-encoded as a
 //! member encodes them (`cluster/network.rs`), with an empty membership in their metadata.
