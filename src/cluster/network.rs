@@ -84,6 +84,22 @@ impl PeerConnection {
         req: &Req,
         option: &RPCOption,
     ) -> Result<Resp, RPCError<NodeId, MemberNode, E>> {
+        self.call_announcing(rpc, req, option, None).await
+    }
+
+    /// `call`, with a snapshot chunk's call announcing the size of its snapshot
+    /// (`identity::metadata::SNAPSHOT_SIZE`).
+    pub(super) async fn call_announcing<
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    >(
+        &self,
+        rpc: Rpc,
+        req: &Req,
+        option: &RPCOption,
+        snapshot_size: Option<u64>,
+    ) -> Result<Resp, RPCError<NodeId, MemberNode, E>> {
         let Some(url) = &self.url else {
             return Err(unreachable(format!("member {:x} has no peer URL", self.target)));
         };
@@ -93,7 +109,10 @@ impl PeerConnection {
             Rpc::AppendEntries | Rpc::Vote => self.peers.client(url),
         };
         let mut client = client.map_err(|s| unreachable(s.message().to_string()))?;
-        let request = self.peers.request(RaftMessage { payload }, Some(option.hard_ttl()));
+        let mut request = self.peers.request(RaftMessage { payload }, Some(option.hard_ttl()));
+        if let Some(size) = snapshot_size {
+            request.metadata_mut().insert(crate::identity::metadata::SNAPSHOT_SIZE, size.into());
+        }
         let answer = match rpc {
             Rpc::AppendEntries => client.append_entries(request).await,
             Rpc::Vote => client.vote(request).await,

@@ -165,10 +165,14 @@ impl Peer for PeerService {
 
     async fn install_snapshot(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_cluster(&request, false)?;
+        let announced = request
+            .metadata()
+            .get(crate::identity::metadata::SNAPSHOT_SIZE)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         raft_call(request, async |chunk: ChunkReceived| {
             let timer = self.member.election_timer();
             let hearing = timer.hearing();
-            let answer = self.snapshots.receive(self.member.raft(), chunk.into()).await;
+            let answer = self.snapshots.receive(self.member.raft(), chunk.into(), announced).await;
             drop(hearing);
             if answer.is_ok() {
                 // No heartbeat comes while the snapshot streams: wait for the next chunk as long as

@@ -67,7 +67,55 @@ struct Receiving {
     /// The leader sending it, in hex (the metrics' `From`).
     from: String,
     started: Instant,
+    /// The size the leader announced (`identity::metadata::SNAPSHOT_SIZE`; a leader of the version
+    /// before announces none): no chunk goes past it.
+    size: Option<u64>,
 }
+
+impl Receiving {
+    /// Whether the chunk `req` may be written: within the size announced for the snapshot (the same
+    /// on every chunk; the last chunk ends there), and with room for it on the disk (for the whole
+    /// snapshot when it begins). A member-certificate peer cannot make the partial file grow past
+    /// the snapshot it announced, nor fill the disk.
+    fn bound(
+        &mut self,
+        req: &InstallSnapshotRequest<TypeConfig>,
+        announced: Option<u64>,
+        inbox: &SnapshotInbox,
+    ) -> std::io::Result<()> {
+        let refuse = |what: String| Err(std::io::Error::other(format!("etcdserver: snapshot chunk refused: {what}")));
+        match (self.size, announced) {
+            (Some(size), Some(now)) if size != now => {
+                return refuse(format!("announced {now} bytes, after {size} for the same snapshot"));
+            }
+            (None, Some(now)) => self.size = Some(now),
+            _ => {}
+        }
+        let end = req.offset.saturating_add(req.data.len() as u64);
+        if let Some(size) = self.size {
+            if end > size {
+                return refuse(format!("bytes {}..{end} past the {size} bytes announced", req.offset));
+            }
+            if req.done && end != size {
+                return refuse(format!("the last chunk ends at {end}, not at the {size} bytes announced"));
+            }
+        }
+        // The whole snapshot must fit when it begins; every chunk when it comes.
+        let needed = match self.size {
+            Some(size) if req.offset == 0 => size,
+            _ => req.data.len() as u64,
+        };
+        match inbox.free_bytes() {
+            Ok(free) if free < needed.saturating_add(DISK_MARGIN) => refuse(format!(
+                "no space: {needed} bytes to write and {free} bytes free on the disk (database space exceeded)"
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Free space a snapshot transfer leaves on the disk: room for the log and the environment to go on.
+const DISK_MARGIN: u64 = 64 << 20;
 
 impl SnapshotReceiver {
     /// `chunk_size`: the largest chunk a leader sends (openraft's `snapshot_max_chunk_size`).
@@ -87,6 +135,7 @@ impl SnapshotReceiver {
         &self,
         raft: &Raft,
         req: InstallSnapshotRequest<TypeConfig>,
+        announced: Option<u64>,
     ) -> Result<InstallSnapshotResponse<NodeId>, ReceiveError> {
         let (my_vote, committed) =
             raft.with_raft_state(|state| (*state.vote_ref(), state.committed)).await.map_err(RaftError::Fatal)?;
@@ -100,26 +149,28 @@ impl SnapshotReceiver {
         let mut waiting: Option<WaitingTurn> = None;
         let mut receiving = loop {
             let mut receiving = self.receiving.clone().lock_owned().await;
-            self.prepare(&mut receiving, &req, &from).await?;
-            let Some(current) = receiving.as_ref() else {
-                return Err(mismatch(&req, 0));
+            // Where this snapshot stands: 0 when the chunk that begins it has not come yet.
+            let received = match self.prepare(&mut receiving, &req, &from).await? {
+                Prepared::Receiving => match receiving.as_ref() {
+                    Some(current) if req.offset == current.received => break receiving,
+                    Some(current) => current.received,
+                    None => return Err(mismatch(&req, 0)),
+                },
+                Prepared::NotBegun => 0,
             };
-            if req.offset == current.received {
-                break receiving;
-            }
             // The follower says where the transfer stands: a chunk sent again whose first answer was
             // lost, a new attempt (a new leader term) starting over at 0, or a transfer this member
             // resumes after a restart, continues from there. A chunk a little ahead (the leader keeps
             // several in flight, and calls may overtake one another) waits for the ones before it.
-            let ahead = req.offset.checked_sub(current.received).filter(|&ahead| ahead <= self.max_ahead);
+            let ahead = req.offset.checked_sub(received).filter(|&ahead| ahead <= self.max_ahead);
             let (Some(ahead), false) = (ahead, waiting.as_ref().is_some_and(|turn| turn.until <= Deadline::now()))
             else {
-                return Err(mismatch(&req, current.received));
+                return Err(mismatch(&req, received));
             };
             if waiting.is_none() {
                 // At most the chunks one window holds wait, whatever a peer sends: their bytes are in memory.
                 let Ok(permit) = self.waiting.clone().try_acquire_owned() else {
-                    return Err(mismatch(&req, current.received));
+                    return Err(mismatch(&req, received));
                 };
                 metrics::SNAPSHOT_CHUNKS_WAITING.inc();
                 waiting = Some(WaitingTurn { _permit: permit, until: Deadline::now() + ahead_patience(ahead) });
@@ -136,6 +187,11 @@ impl SnapshotReceiver {
         let Some(current) = receiving.as_mut() else {
             return Err(mismatch(&req, 0));
         };
+        if let Err(refused) = current.bound(&req, announced, &self.inbox) {
+            tracing::warn!(snapshot = %req.meta.snapshot_id, from = current.from, offset = req.offset, len = req.data.len(), error = %refused, "a snapshot chunk refused");
+            metrics::SNAPSHOT_RECEIVE_FAILURES.with_label_values(&[&current.from]).inc();
+            return Err(RaftError::Fatal(Fatal::StorageError(storage_error(&req.meta, ErrorVerb::Write, refused))));
+        }
         if let Err(e) = write_at(&mut current.data, req.offset, &req.data).await {
             metrics::SNAPSHOT_RECEIVE_FAILURES.with_label_values(&[&current.from]).inc();
             if let Some(failed) = receiving.take() {
@@ -170,15 +226,15 @@ impl SnapshotReceiver {
 
     /// Makes `receiving` the snapshot `req` is a chunk of: the one being received, the part an
     /// earlier run of this member kept, or (a chunk at 0) a new one replacing whatever was received.
-    /// Otherwise leaves it and the chunk is answered with where this member stands.
+    /// Otherwise (a chunk past 0 of a snapshot not begun) leaves it.
     async fn prepare(
         &self,
         receiving: &mut Option<Receiving>,
         req: &InstallSnapshotRequest<TypeConfig>,
         from: &str,
-    ) -> Result<(), ReceiveError> {
+    ) -> Result<Prepared, ReceiveError> {
         if receiving.as_ref().is_some_and(|r| r.meta == req.meta) {
-            return Ok(());
+            return Ok(Prepared::Receiving);
         }
         // What an earlier run of this member received of it, if anything, is where it goes on.
         let inbox = self.inbox.clone();
@@ -194,9 +250,9 @@ impl SnapshotReceiver {
             }
             tracing::info!(snapshot = %req.meta.snapshot_id, from, received, "resuming a snapshot received in part");
             let meta = req.meta.clone();
-            *receiving = Some(Receiving { meta, data, received, from, started: Instant::now() });
+            *receiving = Some(Receiving { meta, data, received, from, started: Instant::now(), size: None });
         } else if req.offset != 0 {
-            return Err(mismatch(req, 0));
+            return Ok(Prepared::NotBegun);
         } else {
             if let Some(abandoned) = receiving.take() {
                 abandon(abandoned);
@@ -208,9 +264,9 @@ impl SnapshotReceiver {
                 .map_err(|e| storage_error(&req.meta, ErrorVerb::Write, e))?;
             tracing::info!(snapshot = %req.meta.snapshot_id, from, "receiving a snapshot");
             let meta = req.meta.clone();
-            *receiving = Some(Receiving { meta, data, received: 0, from, started: Instant::now() });
+            *receiving = Some(Receiving { meta, data, received: 0, from, started: Instant::now(), size: None });
         }
-        Ok(())
+        Ok(Prepared::Receiving)
     }
 
     /// Removes the partial file (with `data`, its open handle) on a blocking thread: removing a
@@ -237,6 +293,15 @@ impl From<ChunkReceived> for InstallSnapshotRequest<TypeConfig> {
         let ChunkReceived { vote, meta, offset, data, done } = chunk;
         InstallSnapshotRequest { vote, meta, offset, data, done }
     }
+}
+
+/// What `prepare` found for a chunk's snapshot.
+enum Prepared {
+    /// It is the one being received.
+    Receiving,
+    /// Not received, and the chunk is not its first: the chunks before it may still come (several
+    /// are in flight), the first of them beginning it.
+    NotBegun,
 }
 
 /// A chunk waiting for the ones before it: one of the few permits, until when it waits.
@@ -288,7 +353,7 @@ async fn install(
     received: Receiving,
     inbox: SnapshotInbox,
 ) -> Result<InstallSnapshotResponse<NodeId>, Refused> {
-    let Receiving { meta, mut data, received: size, from, started } = received;
+    let Receiving { meta, mut data, received: size, from, started, .. } = received;
     let (my_vote, committed) = raft
         .with_raft_state(|state| (*state.vote_ref(), state.committed))
         .await

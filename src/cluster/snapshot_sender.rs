@@ -156,7 +156,7 @@ impl PeerConnection {
                 if !in_flight.is_empty() {
                     metrics::SNAPSHOT_CHUNKS_SENT_AHEAD.with_label_values(&[&to]).inc();
                 }
-                in_flight.push_back(self.send_chunk(request, deadline));
+                in_flight.push_back(self.send_chunk(request, size, deadline));
             }
             let (request, answer) = tokio::select! {
                 closed = cancel.as_mut() => return Err(closed.into()),
@@ -243,17 +243,18 @@ impl PeerConnection {
         }
     }
 
-    /// One chunk's call, given up after `deadline`: the request comes back with the answer (or why
+    /// One chunk's call (announcing the snapshot's `size`), given up after `deadline`: the request comes back with the answer (or why
     /// there is none).
     fn send_chunk(
         &self,
         request: InstallSnapshotRequest<TypeConfig>,
+        size: u64,
         deadline: Duration,
     ) -> impl std::future::Future<Output = (InstallSnapshotRequest<TypeConfig>, ChunkAnswer)> + '_ {
         async move {
             let call_option = RPCOption::new(deadline);
             let wire = ChunkOnTheWire::of(&request);
-            let call = self.call(Rpc::InstallSnapshot, &wire, &call_option);
+            let call = self.call_announcing(Rpc::InstallSnapshot, &wire, &call_option, Some(size));
             let answer = match tokio::time::timeout(deadline, call).await {
                 Ok(answer) => Ok(answer),
                 Err(_) => Err(format!("no answer within {deadline:?}")),

@@ -130,6 +130,9 @@ async fn rejoin(scenario: Scenario) {
          {failed_chunks}; {}",
         sizes.join(" | ")
     );
+    for line in up.iter().flat_map(|&i| snapshot_lines(&cluster.members[i], "snapshot chunk failed")).take(5) {
+        eprintln!("  {line}");
+    }
     assert_eq!(received, 1.0, "the restarted member received one snapshot:\n{}", story());
     assert_eq!(sent, 1.0, "one snapshot sent:\n{}", story());
     // Chunks sent again (a lost answer, a transfer resumed) are few; a transfer restarted from byte 0

@@ -9,7 +9,8 @@
 //!   another snapshot or with a bad checksum gets an error for each, never an installed snapshot;
 //!   the member keeps serving, and a real snapshot installs on it afterwards;
 //! - chunks that overtake one another (the leader keeps several in flight) are taken in order: one a
-//!   little ahead waits for those before it, a few at most; one more, or one far ahead, is refused.
+//!   little ahead waits for those before it, a few at most; one more, or one far ahead, is refused;
+//! - the partial file is bounded by the snapshot size the leader announces, and by the free disk.
 //!
 //! The chunks a hostile peer sends are openraft's `InstallSnapshotRequest`, postcard-encoded as a
 //! member encodes them (`cluster/network.rs`), with an empty membership in their metadata.
@@ -253,6 +254,51 @@ async fn chunks_that_overtake_one_another_are_taken_in_order() {
     assert!(part == expected, "the partial file is not the chunks in order ({} bytes)", part.len());
 }
 
+/// A leader announces the size of the snapshot it sends (`keyward-snapshot-size`) and the follower
+/// holds it to that: no chunk past it, the last chunk ends there, the same size on every chunk, and a
+/// snapshot larger than the free disk is refused at its first chunk, with an error and nothing
+/// written. Reverted (no bound), the chunk past the announced size is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_partial_file_is_bounded_by_the_size_announced_and_the_free_disk() {
+    let cluster = blocking(|| Cluster::start(Options::new(3).peer_tls()));
+    let leader = cluster.leader().await;
+    let target = (0..3).find(|&i| i != leader).unwrap();
+    let mut admin = cluster.members[leader].client().await;
+    let status = admin.status().await.expect("status");
+    let header = status.header().expect("header");
+    let (cluster_id, term, leader_id) = (header.cluster_id(), status.raft_term(), status.leader());
+    let vote = Vote::new_committed(term, leader_id);
+    let mut params = pki::server_params("member-like");
+    params.subject_alt_names = vec![SanType::IpAddress("127.0.0.1".parse().unwrap())];
+    let cert = cluster.peer_cert("member-like", params);
+    let mut client = peer_client(&cluster.members[target].peer_url, &cluster.peer_ca_file(), Some(&cert));
+    let a = meta("announced", term, leader_id);
+    let follower = &cluster.members[target];
+    let part = || std::fs::metadata(snap_dir(follower).join("receiving.part")).map(|m| m.len()).unwrap_or(0);
+
+    let first = send_announcing(&mut client, cluster_id, &chunk(vote, &a, 0, &[1u8; 1000], false), 2000).await;
+    assert!(matches!(first, Ok(Ok(_))), "a first chunk within the size announced: {first:?}");
+    let refusals = [
+        ("a chunk past the size announced", chunk(vote, &a, 1000, &[2u8; 1500], false), 2000),
+        ("a last chunk short of the size announced", chunk(vote, &a, 1000, &[2u8; 500], true), 2000),
+        ("another size for the same snapshot", chunk(vote, &a, 1000, &[2u8; 500], false), 3000),
+    ];
+    for (what, request, size) in refusals {
+        let answer = send_announcing(&mut client, cluster_id, &request, size).await;
+        assert!(matches!(answer, Ok(Err(_))), "{what}: {answer:?}");
+        assert_eq!(part(), 1000, "{what}: written");
+    }
+    let too_big = meta("larger-than-the-disk", term, leader_id);
+    let answer =
+        send_announcing(&mut client, cluster_id, &chunk(vote, &too_big, 0, &[3u8; 1000], false), 1 << 60).await;
+    match answer {
+        Ok(Err(e)) => assert!(e.to_string().contains("no space"), "a snapshot larger than the disk: {e}"),
+        other => panic!("a snapshot larger than the disk: {other:?}"),
+    }
+    assert!(part() <= 1000, "the snapshot larger than the disk was written");
+    assert!(follower.log().contains("a snapshot chunk refused"), "{}", follower.log_tail(20));
+}
+
 /// openraft's `InstallSnapshotRequest`, field for field, with a membership of no node (so any node
 /// type encodes the same).
 #[derive(serde::Serialize)]
@@ -291,8 +337,30 @@ fn forged_snapshot(meta: &SnapshotMeta<u64, BasicNode>, tables: u8) -> Vec<u8> {
 }
 
 async fn send(client: &mut PeerClient<Channel>, cluster_id: u64, chunk: &Chunk) -> Result<Answer, tonic::Status> {
+    send_with(client, cluster_id, chunk, None).await
+}
+
+/// `send`, announcing the snapshot's size as a leader does.
+async fn send_announcing(
+    client: &mut PeerClient<Channel>,
+    cluster_id: u64,
+    chunk: &Chunk,
+    size: u64,
+) -> Result<Answer, tonic::Status> {
+    send_with(client, cluster_id, chunk, Some(size)).await
+}
+
+async fn send_with(
+    client: &mut PeerClient<Channel>,
+    cluster_id: u64,
+    chunk: &Chunk,
+    size: Option<u64>,
+) -> Result<Answer, tonic::Status> {
     let mut request = tonic::Request::new(RaftMessage { payload: postcard::to_allocvec(chunk).unwrap() });
     request.metadata_mut().insert("keyward-cluster-id", format!("{cluster_id:x}").parse().unwrap());
+    if let Some(size) = size {
+        request.metadata_mut().insert("keyward-snapshot-size", size.to_string().parse().unwrap());
+    }
     request.set_timeout(Duration::from_secs(30));
     let answer = client.install_snapshot(request).await?.into_inner();
     Ok(postcard::from_bytes(&answer.payload).expect("a decodable answer"))
