@@ -436,3 +436,31 @@ fn install_panicked(meta: &SnapshotMeta, e: tokio::task::JoinError) -> StorageEr
     let subject = ErrorSubject::Snapshot(Some(meta.signature()));
     StorageError::from_io_error(subject, ErrorVerb::Write, std::io::Error::other(e.to_string()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The chunk's bytes encoded whole are the bytes a member of the version before (openraft's own
+    /// encoding) sends and takes.
+    #[test]
+    fn a_chunk_on_the_wire_is_openrafts_request_byte_for_byte() {
+        let meta = openraft::SnapshotMeta {
+            last_log_id: Some(openraft::LogId::new(openraft::CommittedLeaderId::new(3, 1), 71_535)),
+            last_membership: Default::default(),
+            snapshot_id: "3-1-71535-7".to_string(),
+        };
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let request = InstallSnapshotRequest::<TypeConfig> {
+            vote: openraft::Vote::new_committed(3, 1),
+            meta,
+            offset: 8 << 20,
+            data,
+            done: true,
+        };
+        let wire = postcard::to_allocvec(&super::super::snapshot_sender::ChunkOnTheWire::of(&request)).unwrap();
+        assert_eq!(wire, postcard::to_allocvec(&request).unwrap());
+        let received: ChunkReceived = postcard::from_bytes(&wire).unwrap();
+        assert_eq!(InstallSnapshotRequest::from(received), request);
+    }
+}

@@ -328,7 +328,7 @@ impl PeerConnection {
 /// encoded whole: postcard writes a `Vec<u8>` and a byte string alike (a length, then the bytes), but
 /// serde hands a `Vec<u8>` over one byte at a time. The follower decodes it as the request itself.
 #[derive(serde::Serialize)]
-struct ChunkOnTheWire<'a> {
+pub(super) struct ChunkOnTheWire<'a> {
     vote: &'a openraft::Vote<NodeId>,
     meta: &'a openraft::SnapshotMeta<NodeId, crate::raft::member::MemberNode>,
     offset: u64,
@@ -338,7 +338,7 @@ struct ChunkOnTheWire<'a> {
 }
 
 impl<'a> ChunkOnTheWire<'a> {
-    fn of(request: &'a InstallSnapshotRequest<TypeConfig>) -> Self {
+    pub(super) fn of(request: &'a InstallSnapshotRequest<TypeConfig>) -> Self {
         let InstallSnapshotRequest { vote, meta, offset, data, done } = request;
         ChunkOnTheWire { vote, meta, offset: *offset, data, done: *done }
     }
@@ -403,28 +403,5 @@ mod tests {
         let deadline = last_chunk_deadline(&option, 2_380_000_000);
         assert!(deadline > Duration::from_secs(267), "{deadline:?}");
         assert_eq!(last_chunk_deadline(&option, 0), Duration::from_millis(200));
-    }
-
-    /// The chunk's bytes encoded whole are the bytes a member of the version before (openraft's own
-    /// encoding) sends and takes.
-    #[test]
-    fn a_chunk_on_the_wire_is_openrafts_request_byte_for_byte() {
-        let meta = openraft::SnapshotMeta {
-            last_log_id: Some(openraft::LogId::new(openraft::CommittedLeaderId::new(3, 1), 71_535)),
-            last_membership: Default::default(),
-            snapshot_id: "3-1-71535-7".to_string(),
-        };
-        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
-        let request = InstallSnapshotRequest::<TypeConfig> {
-            vote: openraft::Vote::new_committed(3, 1),
-            meta,
-            offset: 8 << 20,
-            data,
-            done: true,
-        };
-        let wire = postcard::to_allocvec(&ChunkOnTheWire::of(&request)).unwrap();
-        assert_eq!(wire, postcard::to_allocvec(&request).unwrap());
-        let received: crate::cluster::snapshot_receiver::ChunkReceived = postcard::from_bytes(&wire).unwrap();
-        assert_eq!(InstallSnapshotRequest::from(received), request);
     }
 }
