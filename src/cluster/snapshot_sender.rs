@@ -245,22 +245,20 @@ impl PeerConnection {
 
     /// One chunk's call (announcing the snapshot's `size`), given up after `deadline`: the request comes back with the answer (or why
     /// there is none).
-    fn send_chunk(
+    async fn send_chunk(
         &self,
         request: InstallSnapshotRequest<TypeConfig>,
         size: u64,
         deadline: Duration,
-    ) -> impl std::future::Future<Output = (InstallSnapshotRequest<TypeConfig>, ChunkAnswer)> + '_ {
-        async move {
-            let call_option = RPCOption::new(deadline);
-            let wire = ChunkOnTheWire::of(&request);
-            let call = self.call_announcing(Rpc::InstallSnapshot, &wire, &call_option, Some(size));
-            let answer = match tokio::time::timeout(deadline, call).await {
-                Ok(answer) => Ok(answer),
-                Err(_) => Err(format!("no answer within {deadline:?}")),
-            };
-            (request, answer)
-        }
+    ) -> (InstallSnapshotRequest<TypeConfig>, ChunkAnswer) {
+        let call_option = RPCOption::new(deadline);
+        let wire = ChunkOnTheWire::of(&request);
+        let call = self.call_announcing(Rpc::InstallSnapshot, &wire, &call_option, Some(size));
+        let answer = match tokio::time::timeout(deadline, call).await {
+            Ok(answer) => Ok(answer),
+            Err(_) => Err(format!("no answer within {deadline:?}")),
+        };
+        (request, answer)
     }
 
     /// What the follower's answer to `request` means for the transfer.
