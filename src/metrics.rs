@@ -430,6 +430,28 @@ pub(crate) static SNAPSHOT_SEND_SKIPPED: LazyLock<IntCounterVec> = LazyLock::new
     )
 });
 
+/// Snapshot chunks sent while an earlier chunk of the same transfer was still unanswered
+/// (`cluster/snapshot_sender.rs` keeps several in flight).
+pub(crate) static SNAPSHOT_CHUNKS_SENT_AHEAD: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "keyward_network_snapshot_chunks_sent_ahead_total",
+        "Snapshot chunks sent while an earlier chunk of the same transfer was still unanswered.",
+        "To",
+    )
+});
+
+/// Snapshot chunks a member holds that came before the chunks ahead of them
+/// (`cluster/snapshot_receiver.rs`): they wait for those, a few at most.
+pub(crate) static SNAPSHOT_CHUNKS_WAITING: LazyLock<IntGauge> = LazyLock::new(|| {
+    register(
+        IntGauge::new(
+            "keyward_network_snapshot_chunks_waiting",
+            "Snapshot chunks received ahead of the end of what was received, waiting for the chunks before them.",
+        )
+        .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+    )
+});
+
 /// Snapshots received whole from the leader (`From`), installed or already covered
 /// (`cluster/snapshot_receiver.rs`).
 pub(crate) static SNAPSHOT_RECEIVE_SUCCESS: LazyLock<IntCounterVec> = LazyLock::new(|| {

@@ -5,9 +5,10 @@
 //! (`peer_service.rs`). AppendEntries, heartbeats included, go on one long-lived stream per peer
 //! (`append_stream.rs`); votes and snapshot chunks are calls of their own. A peer that cannot be dialed is reported `Unreachable`, on which openraft
 //! backs off (`backoff`) before retrying, and logged once per interval with the reason. Snapshots go
-//! in chunks of `snapshot_max_chunk_size`, one call per chunk, by keyward's own sender
-//! (`snapshot_sender.rs`: deadlines that cover the install, resumed transfers, none to a follower
-//! that already holds what the snapshot covers) and receiver (`snapshot_receiver.rs`).
+//! in chunks of `snapshot_max_chunk_size`, one call per chunk and several calls in flight, by
+//! keyward's own sender (`snapshot_sender.rs`: deadlines that cover the install, resumed transfers,
+//! none to a follower that already holds what the snapshot covers) and receiver
+//! (`snapshot_receiver.rs`, which takes the chunks in order).
 
 // openraft's `RaftNetwork` fixes `RPCError` (large) as the error type; boxing it in the helpers below
 // would only move the allocation to every call.
@@ -94,6 +95,22 @@ impl PeerConnection {
         req: &Req,
         option: &RPCOption,
     ) -> Result<Resp, RPCError<NodeId, MemberNode, E>> {
+        self.call_announcing(rpc, req, option, None).await
+    }
+
+    /// `call`, with a snapshot chunk's call announcing the size of its snapshot
+    /// (`identity::metadata::SNAPSHOT_SIZE`).
+    pub(super) async fn call_announcing<
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    >(
+        &self,
+        rpc: Rpc,
+        req: &Req,
+        option: &RPCOption,
+        snapshot_size: Option<u64>,
+    ) -> Result<Resp, RPCError<NodeId, MemberNode, E>> {
         let url = self.url()?;
         let payload = encode(req)?;
         let client = match rpc {
@@ -101,7 +118,10 @@ impl PeerConnection {
             Rpc::AppendEntries | Rpc::Vote => self.peers.client(url),
         };
         let mut client = client.map_err(|s| unreachable(s.message().to_string()))?;
-        let request = self.peers.request(RaftMessage { payload }, Some(option.hard_ttl()));
+        let mut request = self.peers.request(RaftMessage { payload }, Some(option.hard_ttl()));
+        if let Some(size) = snapshot_size {
+            request.metadata_mut().insert(crate::identity::metadata::SNAPSHOT_SIZE, size.into());
+        }
         let answer = match rpc {
             Rpc::AppendEntries => client.append_entries(request).await,
             Rpc::Vote => client.vote(request).await,

@@ -26,7 +26,7 @@ use super::append_stream::{self, AppendAnswers};
 use super::membership;
 use super::peer_guard::StreamCaller;
 use super::peers::{CLUSTER_ID_HEADER, MEMBER_ID_HEADER};
-use super::snapshot_receiver::SnapshotReceiver;
+use super::snapshot_receiver::{ChunkReceived, SnapshotReceiver};
 use crate::apply::Applied;
 use crate::error::EtcdError;
 use crate::lease::lessor::Lessor;
@@ -81,7 +81,8 @@ pub(crate) struct PeerService {
 
 impl PeerService {
     pub(crate) fn new(member: Arc<dyn LocalMember>) -> Self {
-        let snapshots = SnapshotReceiver::new(member.snapshot_inbox());
+        let chunk_size = member.raft().config().snapshot_max_chunk_size;
+        let snapshots = SnapshotReceiver::new(member.snapshot_inbox(), chunk_size);
         PeerService { member, snapshots }
     }
 
@@ -197,10 +198,14 @@ impl Peer for PeerService {
 
     async fn install_snapshot(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_cluster(&request, false)?;
-        raft_call(request, async |req| {
+        let announced = request
+            .metadata()
+            .get(crate::identity::metadata::SNAPSHOT_SIZE)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        raft_call(request, async |chunk: ChunkReceived| {
             let timer = self.member.election_timer();
             let hearing = timer.hearing();
-            let answer = self.snapshots.receive(self.member.raft(), req).await;
+            let answer = self.snapshots.receive(self.member.raft(), chunk.into(), announced).await;
             drop(hearing);
             if answer.is_ok() {
                 // No heartbeat comes while the snapshot streams: wait for the next chunk as long as

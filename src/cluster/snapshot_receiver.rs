@@ -29,11 +29,14 @@ use std::io::SeekFrom;
 use std::sync::Arc;
 use std::time::Instant;
 
+use tokio::time::Instant as Deadline;
+
 use openraft::error::{Fatal, InstallSnapshotError, RaftError, SnapshotMismatch};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, InstallSnapshotResponse};
 use openraft::{ErrorSubject, ErrorVerb, Snapshot, SnapshotSegmentId, StorageError, Vote};
 use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 
+use super::snapshot_sender::{ahead_patience, CHUNKS_IN_FLIGHT};
 use crate::metrics;
 use crate::raft::member::MemberNode;
 use crate::raft::state_machine::SnapshotInbox;
@@ -47,6 +50,13 @@ type ReceiveError = RaftError<NodeId, InstallSnapshotError>;
 pub(crate) struct SnapshotReceiver {
     receiving: Arc<tokio::sync::Mutex<Option<Receiving>>>,
     inbox: SnapshotInbox,
+    /// How far past the end of what was received a chunk may start and wait for the ones before it:
+    /// the chunks the leader has in flight ahead of one (`snapshot_sender::CHUNKS_IN_FLIGHT`).
+    max_ahead: u64,
+    /// Permits for chunks waiting for the ones before them.
+    waiting: Arc<tokio::sync::Semaphore>,
+    /// Told whenever what was received changes.
+    progress: tokio::sync::Notify,
 }
 
 struct Receiving {
@@ -57,11 +67,67 @@ struct Receiving {
     /// The leader sending it, in hex (the metrics' `From`).
     from: String,
     started: Instant,
+    /// The size the leader announced (`identity::metadata::SNAPSHOT_SIZE`; a leader of the version
+    /// before announces none): no chunk goes past it.
+    size: Option<u64>,
 }
 
+impl Receiving {
+    /// Whether the chunk `req` may be written: within the size announced for the snapshot (the same
+    /// on every chunk; the last chunk ends there), and with room for it on the disk (for the whole
+    /// snapshot when it begins). A member-certificate peer cannot make the partial file grow past
+    /// the snapshot it announced, nor fill the disk.
+    fn bound(
+        &mut self,
+        req: &InstallSnapshotRequest<TypeConfig>,
+        announced: Option<u64>,
+        inbox: &SnapshotInbox,
+    ) -> std::io::Result<()> {
+        let refuse = |what: String| Err(std::io::Error::other(format!("etcdserver: snapshot chunk refused: {what}")));
+        match (self.size, announced) {
+            (Some(size), Some(now)) if size != now => {
+                return refuse(format!("announced {now} bytes, after {size} for the same snapshot"));
+            }
+            (None, Some(now)) => self.size = Some(now),
+            _ => {}
+        }
+        let end = req.offset.saturating_add(req.data.len() as u64);
+        if let Some(size) = self.size {
+            if end > size {
+                return refuse(format!("bytes {}..{end} past the {size} bytes announced", req.offset));
+            }
+            if req.done && end != size {
+                return refuse(format!("the last chunk ends at {end}, not at the {size} bytes announced"));
+            }
+        }
+        // The whole snapshot must fit when it begins; every chunk when it comes.
+        let needed = match self.size {
+            Some(size) if req.offset == 0 => size,
+            _ => req.data.len() as u64,
+        };
+        match inbox.free_bytes() {
+            Ok(free) if free < needed.saturating_add(DISK_MARGIN) => refuse(format!(
+                "no space: {needed} bytes to write and {free} bytes free on the disk (database space exceeded)"
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Free space a snapshot transfer leaves on the disk: room for the log and the environment to go on.
+const DISK_MARGIN: u64 = 64 << 20;
+
 impl SnapshotReceiver {
-    pub(crate) fn new(inbox: SnapshotInbox) -> Self {
-        SnapshotReceiver { receiving: Arc::default(), inbox }
+    /// `chunk_size`: the largest chunk a leader sends (openraft's `snapshot_max_chunk_size`).
+    pub(crate) fn new(inbox: SnapshotInbox, chunk_size: u64) -> Self {
+        let ahead = CHUNKS_IN_FLIGHT - 1;
+        SnapshotReceiver {
+            receiving: Arc::default(),
+            inbox,
+            max_ahead: chunk_size.saturating_mul(ahead as u64),
+            waiting: Arc::new(tokio::sync::Semaphore::new(ahead)),
+            progress: tokio::sync::Notify::new(),
+        }
     }
 
     /// Takes one chunk of a snapshot from the leader; the last one installs it.
@@ -69,6 +135,7 @@ impl SnapshotReceiver {
         &self,
         raft: &Raft,
         req: InstallSnapshotRequest<TypeConfig>,
+        announced: Option<u64>,
     ) -> Result<InstallSnapshotResponse<NodeId>, ReceiveError> {
         let (my_vote, committed) =
             raft.with_raft_state(|state| (*state.vote_ref(), state.committed)).await.map_err(RaftError::Fatal)?;
@@ -77,57 +144,65 @@ impl SnapshotReceiver {
             return Ok(InstallSnapshotResponse { vote: my_vote });
         }
         heard_from_leader(raft, req.vote, committed).await?;
-        let mut receiving = self.receiving.clone().lock_owned().await;
         let from = req.vote.leader_id().voted_for().map_or_else(String::new, |id| format!("{id:x}"));
-        if !receiving.as_ref().is_some_and(|r| r.meta == req.meta) {
-            // What an earlier run of this member received of it, if anything, is where it goes on.
-            let inbox = self.inbox.clone();
-            let meta = req.meta.clone();
-            let kept = tokio::task::spawn_blocking(move || inbox.resume(&meta))
-                .await
-                .map_err(|e| storage_error(&req.meta, ErrorVerb::Read, std::io::Error::other(e.to_string())))?
-                .map_err(|e| storage_error(&req.meta, ErrorVerb::Read, e))?;
-            if let Some((data, received)) = kept {
-                if let Some(abandoned) = receiving.take() {
-                    abandon(abandoned);
-                }
-                tracing::info!(snapshot = %req.meta.snapshot_id, from, received, "resuming a snapshot received in part");
-                let meta = req.meta.clone();
-                *receiving = Some(Receiving { meta, data, received, from: from.clone(), started: Instant::now() });
-            } else if req.offset != 0 {
-                return Err(mismatch(&req, 0));
-            } else {
-                if let Some(abandoned) = receiving.take() {
-                    abandon(abandoned);
-                }
-                let (inbox, meta) = (self.inbox.clone(), req.meta.clone());
-                let data = tokio::task::spawn_blocking(move || inbox.begin(&meta))
-                    .await
-                    .map_err(|e| storage_error(&req.meta, ErrorVerb::Write, std::io::Error::other(e.to_string())))?
-                    .map_err(|e| storage_error(&req.meta, ErrorVerb::Write, e))?;
-                tracing::info!(snapshot = %req.meta.snapshot_id, from, "receiving a snapshot");
-                let meta = req.meta.clone();
-                *receiving = Some(Receiving { meta, data, received: 0, from, started: Instant::now() });
+        // Set while this chunk waits for the ones before it.
+        let mut waiting: Option<WaitingTurn> = None;
+        let mut receiving = loop {
+            let mut receiving = self.receiving.clone().lock_owned().await;
+            // Where this snapshot stands: 0 when the chunk that begins it has not come yet.
+            let received = match self.prepare(&mut receiving, &req, &from).await? {
+                Prepared::Receiving => match receiving.as_ref() {
+                    Some(current) if req.offset == current.received => break receiving,
+                    Some(current) => current.received,
+                    None => return Err(mismatch(&req, 0)),
+                },
+                Prepared::NotBegun => 0,
+            };
+            // The follower says where the transfer stands: a chunk sent again whose first answer was
+            // lost, a new attempt (a new leader term) starting over at 0, or a transfer this member
+            // resumes after a restart, continues from there. A chunk a little ahead (the leader keeps
+            // several in flight, and calls may overtake one another) waits for the ones before it.
+            let ahead = req.offset.checked_sub(received).filter(|&ahead| ahead <= self.max_ahead);
+            let (Some(ahead), false) = (ahead, waiting.as_ref().is_some_and(|turn| turn.until <= Deadline::now()))
+            else {
+                return Err(mismatch(&req, received));
+            };
+            if waiting.is_none() {
+                // At most the chunks one window holds wait, whatever a peer sends: their bytes are in memory.
+                let Ok(permit) = self.waiting.clone().try_acquire_owned() else {
+                    return Err(mismatch(&req, received));
+                };
+                metrics::SNAPSHOT_CHUNKS_WAITING.inc();
+                waiting = Some(WaitingTurn { _permit: permit, until: Deadline::now() + ahead_patience(ahead) });
             }
-        }
+            let until = waiting.as_ref().map_or_else(Deadline::now, |turn| turn.until);
+            // Registered before the lock is let go: a write that ends meanwhile is not missed.
+            let progressed = self.progress.notified();
+            let mut progressed = std::pin::pin!(progressed);
+            progressed.as_mut().enable();
+            drop(receiving);
+            let _ = tokio::time::timeout_at(until, progressed).await;
+        };
+        drop(waiting);
         let Some(current) = receiving.as_mut() else {
             return Err(mismatch(&req, 0));
         };
-        // The follower says where the transfer stands: a chunk sent again whose first answer was lost,
-        // a new attempt (a new leader term) starting over at 0, or a transfer this member resumes after
-        // a restart, continues from there.
-        if req.offset != current.received {
-            return Err(mismatch(&req, current.received));
+        if let Err(refused) = current.bound(&req, announced, &self.inbox) {
+            tracing::warn!(snapshot = %req.meta.snapshot_id, from = current.from, offset = req.offset, len = req.data.len(), error = %refused, "a snapshot chunk refused");
+            metrics::SNAPSHOT_RECEIVE_FAILURES.with_label_values(&[&current.from]).inc();
+            return Err(RaftError::Fatal(Fatal::StorageError(storage_error(&req.meta, ErrorVerb::Write, refused))));
         }
         if let Err(e) = write_at(&mut current.data, req.offset, &req.data).await {
             metrics::SNAPSHOT_RECEIVE_FAILURES.with_label_values(&[&current.from]).inc();
             if let Some(failed) = receiving.take() {
                 self.discard(failed.data);
             }
+            self.progress.notify_waiters();
             return Err(RaftError::Fatal(Fatal::StorageError(storage_error(&req.meta, ErrorVerb::Write, e))));
         }
         metrics::SNAPSHOT_RECEIVED_BYTES.with_label_values(&[&current.from]).inc_by(req.data.len() as u64);
         current.received = req.offset + req.data.len() as u64;
+        self.progress.notify_waiters();
         if !req.done {
             return Ok(InstallSnapshotResponse { vote: my_vote });
         }
@@ -149,10 +224,95 @@ impl SnapshotReceiver {
         }
     }
 
+    /// Makes `receiving` the snapshot `req` is a chunk of: the one being received, the part an
+    /// earlier run of this member kept, or (a chunk at 0) a new one replacing whatever was received.
+    /// Otherwise (a chunk past 0 of a snapshot not begun) leaves it.
+    async fn prepare(
+        &self,
+        receiving: &mut Option<Receiving>,
+        req: &InstallSnapshotRequest<TypeConfig>,
+        from: &str,
+    ) -> Result<Prepared, ReceiveError> {
+        if receiving.as_ref().is_some_and(|r| r.meta == req.meta) {
+            return Ok(Prepared::Receiving);
+        }
+        // What an earlier run of this member received of it, if anything, is where it goes on.
+        let inbox = self.inbox.clone();
+        let meta = req.meta.clone();
+        let kept = tokio::task::spawn_blocking(move || inbox.resume(&meta))
+            .await
+            .map_err(|e| storage_error(&req.meta, ErrorVerb::Read, std::io::Error::other(e.to_string())))?
+            .map_err(|e| storage_error(&req.meta, ErrorVerb::Read, e))?;
+        let from = from.to_string();
+        if let Some((data, received)) = kept {
+            if let Some(abandoned) = receiving.take() {
+                abandon(abandoned);
+            }
+            tracing::info!(snapshot = %req.meta.snapshot_id, from, received, "resuming a snapshot received in part");
+            let meta = req.meta.clone();
+            *receiving = Some(Receiving { meta, data, received, from, started: Instant::now(), size: None });
+        } else if req.offset != 0 {
+            return Ok(Prepared::NotBegun);
+        } else {
+            if let Some(abandoned) = receiving.take() {
+                abandon(abandoned);
+            }
+            let (inbox, meta) = (self.inbox.clone(), req.meta.clone());
+            let data = tokio::task::spawn_blocking(move || inbox.begin(&meta))
+                .await
+                .map_err(|e| storage_error(&req.meta, ErrorVerb::Write, std::io::Error::other(e.to_string())))?
+                .map_err(|e| storage_error(&req.meta, ErrorVerb::Write, e))?;
+            tracing::info!(snapshot = %req.meta.snapshot_id, from, "receiving a snapshot");
+            let meta = req.meta.clone();
+            *receiving = Some(Receiving { meta, data, received: 0, from, started: Instant::now(), size: None });
+        }
+        Ok(Prepared::Receiving)
+    }
+
     /// Removes the partial file (with `data`, its open handle) on a blocking thread: removing a
     /// multi-GB file takes a while.
     fn discard(&self, data: Box<SnapshotData>) {
         discard(data, self.inbox.clone());
+    }
+}
+
+/// openraft's `InstallSnapshotRequest` as it comes (`snapshot_sender.rs` writes it): its bytes
+/// decoded whole, where serde would push them into a `Vec<u8>` one at a time.
+#[derive(serde::Deserialize)]
+pub(crate) struct ChunkReceived {
+    vote: Vote<NodeId>,
+    meta: SnapshotMeta,
+    offset: u64,
+    #[serde(with = "serde_bytes")]
+    data: Vec<u8>,
+    done: bool,
+}
+
+impl From<ChunkReceived> for InstallSnapshotRequest<TypeConfig> {
+    fn from(chunk: ChunkReceived) -> Self {
+        let ChunkReceived { vote, meta, offset, data, done } = chunk;
+        InstallSnapshotRequest { vote, meta, offset, data, done }
+    }
+}
+
+/// What `prepare` found for a chunk's snapshot.
+enum Prepared {
+    /// It is the one being received.
+    Receiving,
+    /// Not received, and the chunk is not its first: the chunks before it may still come (several
+    /// are in flight), the first of them beginning it.
+    NotBegun,
+}
+
+/// A chunk waiting for the ones before it: one of the few permits, until when it waits.
+struct WaitingTurn {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    until: Deadline,
+}
+
+impl Drop for WaitingTurn {
+    fn drop(&mut self) {
+        metrics::SNAPSHOT_CHUNKS_WAITING.dec();
     }
 }
 
@@ -193,7 +353,7 @@ async fn install(
     received: Receiving,
     inbox: SnapshotInbox,
 ) -> Result<InstallSnapshotResponse<NodeId>, Refused> {
-    let Receiving { meta, mut data, received: size, from, started } = received;
+    let Receiving { meta, mut data, received: size, from, started, .. } = received;
     let (my_vote, committed) = raft
         .with_raft_state(|state| (*state.vote_ref(), state.committed))
         .await
@@ -275,4 +435,32 @@ fn mismatch(req: &InstallSnapshotRequest<TypeConfig>, expect: u64) -> ReceiveErr
 fn install_panicked(meta: &SnapshotMeta, e: tokio::task::JoinError) -> StorageError<NodeId> {
     let subject = ErrorSubject::Snapshot(Some(meta.signature()));
     StorageError::from_io_error(subject, ErrorVerb::Write, std::io::Error::other(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The chunk's bytes encoded whole are the bytes a member of the version before (openraft's own
+    /// encoding) sends and takes.
+    #[test]
+    fn a_chunk_on_the_wire_is_openrafts_request_byte_for_byte() {
+        let meta = openraft::SnapshotMeta {
+            last_log_id: Some(openraft::LogId::new(openraft::CommittedLeaderId::new(3, 1), 71_535)),
+            last_membership: Default::default(),
+            snapshot_id: "3-1-71535-7".to_string(),
+        };
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let request = InstallSnapshotRequest::<TypeConfig> {
+            vote: openraft::Vote::new_committed(3, 1),
+            meta,
+            offset: 8 << 20,
+            data,
+            done: true,
+        };
+        let wire = postcard::to_allocvec(&super::super::snapshot_sender::ChunkOnTheWire::of(&request)).unwrap();
+        assert_eq!(wire, postcard::to_allocvec(&request).unwrap());
+        let received: ChunkReceived = postcard::from_bytes(&wire).unwrap();
+        assert_eq!(InstallSnapshotRequest::from(received), request);
+    }
 }

@@ -21,6 +21,7 @@
 //! | [`AUTHORIZATION`] | the client: a token (newer etcd clients); on the gateway also `Basic` credentials | a member (`rules.rs`), when there is no `token`; the gateway reads (`credentials.rs`) the HTTP header and passes only the resulting `token` on | passed on |
 //! | [`CLUSTER_ID`] | a member dialing a peer (`cluster/peers.rs`) | the peer listener (`cluster/peer_service.rs`): a request of another cluster is refused. Not an identity: who may call the peer port is the peer TLS's decision | removed (the proxy never reaches a peer port) |
 //! | [`MEMBER_ID`] | a member dialing a peer | the peer listener, to name the sender in logs and answers | removed |
+//! | [`SNAPSHOT_SIZE`] | a leader sending a snapshot chunk (`cluster/snapshot_sender.rs`) | the peer listener: the partial file is bounded by it (`cluster/snapshot_receiver.rs`). A member's word, as the chunk is | removed |
 //!
 //! Other names read, none of which says who a caller is: `grpc-timeout` (the deadline; the proxy and
 //! tonic), `client-api-version` (a metrics label, `server/grpc_metrics.rs`), `content-type`.
@@ -42,6 +43,9 @@ pub(crate) const CLUSTER_ID: &str = "keyward-cluster-id";
 
 /// The sending member's id (hex), on every peer request.
 pub(crate) const MEMBER_ID: &str = "keyward-member-id";
+
+/// The size in bytes of the snapshot a chunk belongs to, on every InstallSnapshot call.
+pub(crate) const SNAPSHOT_SIZE: &str = "keyward-snapshot-size";
 
 /// The prefix of every name only keyward processes set.
 pub(crate) const KEYWARD_PREFIX: &str = "keyward-";
@@ -66,7 +70,9 @@ mod tests {
 
     #[test]
     fn every_keyward_name_is_recognised_and_the_client_names_are_not() {
-        for name in [FORWARDED_CERT, FORWARDED_ADDR, CLUSTER_ID, MEMBER_ID, "keyward-forwarded-client-cert-bin"] {
+        for name in
+            [FORWARDED_CERT, FORWARDED_ADDR, CLUSTER_ID, MEMBER_ID, SNAPSHOT_SIZE, "keyward-forwarded-client-cert-bin"]
+        {
             assert!(is_keyward_name(name), "{name}");
         }
         for name in [TOKEN, AUTHORIZATION, "grpc-timeout", "x-keyward-forwarded-client-cert"] {

@@ -7,7 +7,10 @@
 //!   refused, and one with a member certificate that sends chunks out of order, past the end, at a
 //!   huge offset, of another snapshot mid-transfer, or a last chunk that is garbage, truncated, of
 //!   another snapshot or with a bad checksum gets an error for each, never an installed snapshot;
-//!   the member keeps serving, and a real snapshot installs on it afterwards.
+//!   the member keeps serving, and a real snapshot installs on it afterwards;
+//! - chunks that overtake one another (the leader keeps several in flight) are taken in order: one a
+//!   little ahead waits for those before it, a few at most; one more, or one far ahead, is refused;
+//! - the partial file is bounded by the snapshot size the leader announces, and by the free disk.
 //!
 //! The chunks a hostile peer sends are openraft's `InstallSnapshotRequest`, postcard-encoded as a
 //! member encodes them (`cluster/network.rs`), with an empty membership in their metadata.
@@ -207,6 +210,116 @@ async fn a_hostile_peer_cannot_break_the_snapshot_receiver() {
     assert_hashkv_equal(&cluster);
 }
 
+/// The leader keeps several chunks in flight, and their calls may reach the follower in any order: a
+/// chunk a little ahead of what was received waits for the ones before it instead of being refused,
+/// a few at most (their bytes are held in memory), and one past that few, or far ahead, is refused at
+/// once. Reverted to one chunk at a time (every chunk not at the end refused), the first chunk sent
+/// ahead gets `SnapshotMismatch`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_that_overtake_one_another_are_taken_in_order() {
+    let cluster = blocking(|| Cluster::start(Options::new(3).peer_tls()));
+    let leader = cluster.leader().await;
+    let target = (0..3).find(|&i| i != leader).unwrap();
+    let mut admin = cluster.members[leader].client().await;
+    let status = admin.status().await.expect("status");
+    let header = status.header().expect("header");
+    let (cluster_id, term, leader_id) = (header.cluster_id(), status.raft_term(), status.leader());
+    let vote = Vote::new_committed(term, leader_id);
+    let mut params = pki::server_params("member-like");
+    params.subject_alt_names = vec![SanType::IpAddress("127.0.0.1".parse().unwrap())];
+    let cert = cluster.peer_cert("member-like", params);
+    let client = peer_client(&cluster.members[target].peer_url, &cluster.peer_ca_file(), Some(&cert));
+    let a = meta("overtaken", term, leader_id);
+    let follower = &cluster.members[target];
+    let waiting = || metric_sum(follower, "keyward_network_snapshot_chunks_waiting");
+    let until_waiting = async |n: f64| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while waiting() != n {
+            assert!(Instant::now() < deadline, "{} chunks waiting, not {n}", waiting());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let ahead = |offset: u64| {
+        let (mut client, request) = (client.clone(), chunk(vote, &a, offset, &[(offset / 1000) as u8; 1000], false));
+        tokio::spawn(async move { send(&mut client, cluster_id, &request).await })
+    };
+
+    // The second chunk arrives first and waits for the first.
+    let second = ahead(1000);
+    until_waiting(1.0).await;
+    let first = send(&mut client.clone(), cluster_id, &chunk(vote, &a, 0, &[0u8; 1000], false)).await;
+    assert!(matches!(first, Ok(Ok(_))), "the first chunk: {first:?}");
+    let second = second.await.unwrap();
+    assert!(matches!(second, Ok(Ok(_))), "the chunk that came before its turn: {second:?}");
+    until_waiting(0.0).await;
+
+    // Three wait at most; a fourth is refused at once, as is one beyond what the leader keeps in flight.
+    let waiters: Vec<_> = [3000, 4000, 5000].into_iter().map(|offset| (offset, ahead(offset))).collect();
+    until_waiting(3.0).await;
+    let refused = send(&mut client.clone(), cluster_id, &chunk(vote, &a, 6000, &[1u8; 1000], false)).await;
+    assert!(matches!(refused, Ok(Err(_))), "a fourth chunk ahead: {refused:?}");
+    let far = send(&mut client.clone(), cluster_id, &chunk(vote, &a, 64 << 20, &[1u8; 1000], false)).await;
+    assert!(matches!(far, Ok(Err(_))), "a chunk far ahead: {far:?}");
+    let filled = send(&mut client.clone(), cluster_id, &chunk(vote, &a, 2000, &[2u8; 1000], false)).await;
+    assert!(matches!(filled, Ok(Ok(_))), "the chunk the waiters wait for: {filled:?}");
+    for (offset, waiter) in waiters {
+        let answer = waiter.await.unwrap();
+        assert!(matches!(answer, Ok(Ok(_))), "the chunk at {offset}: {answer:?}");
+    }
+    until_waiting(0.0).await;
+    // All of it was written, in order: the next chunk is at 6000.
+    let next = send(&mut client.clone(), cluster_id, &chunk(vote, &a, 6000, &[6u8; 1000], false)).await;
+    assert!(matches!(next, Ok(Ok(_))), "the chunk at the end: {next:?}");
+    let part = std::fs::read(snap_dir(follower).join("receiving.part")).expect("the partial file");
+    let expected: Vec<u8> = (0..7u8).flat_map(|i| [i; 1000]).collect();
+    assert!(part == expected, "the partial file is not the chunks in order ({} bytes)", part.len());
+}
+
+/// A leader announces the size of the snapshot it sends (`keyward-snapshot-size`) and the follower
+/// holds it to that: no chunk past it, the last chunk ends there, the same size on every chunk, and a
+/// snapshot larger than the free disk is refused at its first chunk, with an error and nothing
+/// written. Reverted (no bound), the chunk past the announced size is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_partial_file_is_bounded_by_the_size_announced_and_the_free_disk() {
+    let cluster = blocking(|| Cluster::start(Options::new(3).peer_tls()));
+    let leader = cluster.leader().await;
+    let target = (0..3).find(|&i| i != leader).unwrap();
+    let mut admin = cluster.members[leader].client().await;
+    let status = admin.status().await.expect("status");
+    let header = status.header().expect("header");
+    let (cluster_id, term, leader_id) = (header.cluster_id(), status.raft_term(), status.leader());
+    let vote = Vote::new_committed(term, leader_id);
+    let mut params = pki::server_params("member-like");
+    params.subject_alt_names = vec![SanType::IpAddress("127.0.0.1".parse().unwrap())];
+    let cert = cluster.peer_cert("member-like", params);
+    let mut client = peer_client(&cluster.members[target].peer_url, &cluster.peer_ca_file(), Some(&cert));
+    let a = meta("announced", term, leader_id);
+    let follower = &cluster.members[target];
+    let part = || std::fs::metadata(snap_dir(follower).join("receiving.part")).map(|m| m.len()).unwrap_or(0);
+
+    let first = send_announcing(&mut client, cluster_id, &chunk(vote, &a, 0, &[1u8; 1000], false), 2000).await;
+    assert!(matches!(first, Ok(Ok(_))), "a first chunk within the size announced: {first:?}");
+    let refusals = [
+        ("a chunk past the size announced", chunk(vote, &a, 1000, &[2u8; 1500], false), 2000),
+        ("a last chunk short of the size announced", chunk(vote, &a, 1000, &[2u8; 500], true), 2000),
+        ("another size for the same snapshot", chunk(vote, &a, 1000, &[2u8; 500], false), 3000),
+    ];
+    for (what, request, size) in refusals {
+        let answer = send_announcing(&mut client, cluster_id, &request, size).await;
+        assert!(matches!(answer, Ok(Err(_))), "{what}: {answer:?}");
+        assert_eq!(part(), 1000, "{what}: written");
+    }
+    let too_big = meta("larger-than-the-disk", term, leader_id);
+    let answer =
+        send_announcing(&mut client, cluster_id, &chunk(vote, &too_big, 0, &[3u8; 1000], false), 1 << 60).await;
+    match answer {
+        Ok(Err(e)) => assert!(e.to_string().contains("no space"), "a snapshot larger than the disk: {e}"),
+        other => panic!("a snapshot larger than the disk: {other:?}"),
+    }
+    assert!(part() <= 1000, "the snapshot larger than the disk was written");
+    assert!(follower.log().contains("a snapshot chunk refused"), "{}", follower.log_tail(20));
+}
+
 /// openraft's `InstallSnapshotRequest`, field for field, with a membership of no node (so any node
 /// type encodes the same).
 #[derive(serde::Serialize)]
@@ -245,8 +358,30 @@ fn forged_snapshot(meta: &SnapshotMeta<u64, BasicNode>, tables: u8) -> Vec<u8> {
 }
 
 async fn send(client: &mut PeerClient<Channel>, cluster_id: u64, chunk: &Chunk) -> Result<Answer, tonic::Status> {
+    send_with(client, cluster_id, chunk, None).await
+}
+
+/// `send`, announcing the snapshot's size as a leader does.
+async fn send_announcing(
+    client: &mut PeerClient<Channel>,
+    cluster_id: u64,
+    chunk: &Chunk,
+    size: u64,
+) -> Result<Answer, tonic::Status> {
+    send_with(client, cluster_id, chunk, Some(size)).await
+}
+
+async fn send_with(
+    client: &mut PeerClient<Channel>,
+    cluster_id: u64,
+    chunk: &Chunk,
+    size: Option<u64>,
+) -> Result<Answer, tonic::Status> {
     let mut request = tonic::Request::new(RaftMessage { payload: postcard::to_allocvec(chunk).unwrap() });
     request.metadata_mut().insert("keyward-cluster-id", format!("{cluster_id:x}").parse().unwrap());
+    if let Some(size) = size {
+        request.metadata_mut().insert("keyward-snapshot-size", size.to_string().parse().unwrap());
+    }
     request.set_timeout(Duration::from_secs(30));
     let answer = client.install_snapshot(request).await?.into_inner();
     Ok(postcard::from_bytes(&answer.payload).expect("a decodable answer"))

@@ -82,6 +82,11 @@ impl Inbox {
         format::verify(File::open(self.dir.join(DATA))?, meta, self.tables)
     }
 
+    /// Bytes free on the file system of the snap dir.
+    pub(crate) fn free_bytes(&self) -> io::Result<u64> {
+        crate::space::ballast::free_bytes(&self.dir)
+    }
+
     /// Removes the partial file and its metadata (either may be gone: an installed snapshot's data
     /// became `current.snap`).
     pub(crate) fn remove(&self) -> io::Result<()> {
