@@ -36,7 +36,10 @@
 #   SETTLE (seconds without a drop of dbSizeInUse that end the compaction's window: default 3),
 #   CATCHUP_TIMEOUT (seconds a rejoining member is watched: default 1800).
 # Output: OUT (default target/store-scale.md; the values also in OUT with .tsv), KEEP_TMP=1 keeps the
-#   temp dir (logs, each tool's JSON), ETCD (etcd binary), STEPS (default "single compact cluster").
+#   temp dir (logs, each tool's JSON), ETCD (etcd binary), STEPS (default "single compact cluster"),
+#   TRACE=DIR (step 7/2: keyward logs `keyward::slow` lines, `benches/lib/io-sampler.py` samples the
+#   server every 50 ms, and what happened around each probe wait >= 100 ms is printed and kept in DIR
+#   with the logs, samples and probes' JSON, `benches/lib/stall-attribution.py`).
 set -uo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -56,6 +59,8 @@ while [ $# -gt 0 ]; do
     esac
 done
 
+# keyward's slow-moment lines for the trace (etcd ignores the variable).
+[ -n "${TRACE:-}" ] && export KEYWARD_LOG="${KEYWARD_LOG:-info,keyward::slow=debug}"
 KEYS="${KEYS:-1000000}"
 VAL="${VAL:-100}"
 CLUSTER_VAL="${CLUSTER_VAL:-1024}"
@@ -267,6 +272,10 @@ compact() {
     launch "$kind" one "$dir" http "$port" "$peer" "one=http://127.0.0.1:$peer" "${SERVER_FLAGS[@]}"
     pid=$LAUNCHED
     ready "$ep" "$pid"
+    if [ -n "${TRACE:-}" ]; then
+        python3 "$root/benches/lib/io-sampler.py" --pid "$pid" --data-dir "$dir" > "$tmp/compact-$kind.samples" &
+        pids+=($!)
+    fi
     load "$ep" s/c/ "$KEYS" "$VAL" "pass1-$kind"
     probe_start "$ep" "pass2-$kind"
     load "$ep" s/c/ "$KEYS" "$VAL" "pass2-$kind"
@@ -297,6 +306,22 @@ compact() {
     probe_stop "physical-$kind"
     record_probe f2p "$kind" "physical-$kind" "compact --physical"
     kill "$pid"; wait "$pid" 2>/dev/null
+    [ -n "${TRACE:-}" ] && trace_stalls "$kind" "$dir.log" "$tmp/compact-$kind.samples" pass2 compact physical
+}
+
+# trace_stalls KIND LOG SAMPLES PROBE... : with TRACE=DIR, keeps the server's log, its samples and
+# each probe's JSON in DIR and prints what happened around each of the probes' waits >= 100 ms
+trace_stalls() {
+    local kind="$1" log="$2" samples="$3" probe
+    shift 3
+    mkdir -p "$TRACE"
+    cp "$log" "$TRACE/compact-$kind.log"; cp "$samples" "$TRACE/compact-$kind.samples"
+    for probe in "$@"; do
+        cp "$tmp/$probe-$kind.probe.json" "$TRACE/$probe-$kind.probe.json"
+        echo "  trace of $probe-$kind:" >&2
+        python3 "$root/benches/lib/stall-attribution.py" --probe "$TRACE/$probe-$kind.probe.json" \
+            --samples "$samples" --log "$log" --over 100 | sed 's/^/    /' >&2
+    done
 }
 
 # --- 5, 6: three members ----------------------------------------------------------------------------
