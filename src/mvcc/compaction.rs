@@ -5,16 +5,17 @@
 //! them between applies), so no apply ever holds the write path for long.
 //!
 //! What a finished compaction at `rev` keeps: every change above `rev`, and for each key its newest
-//! change at or below `rev` when that is a put. A step walks `kv_revs` from a cursor (`compact_next`
-//! in `kv_meta`, written in the same transaction as the step's deletions, so a crash never leaves half
-//! a step): for each change at or below `rev` it removes the key's older versions, which that change
-//! supersedes, and the change itself when it is a tombstone that nothing newer at or below `rev`
-//! supersedes. A superseded change is removed when its successor is reached, so removal frees
-//! `kv_revs` from its oldest pages on, from the first step. A new compaction
-//! while one is pending only moves the target: what the cursor passed stays correct for the higher
-//! target, since every change that supersedes an older one lies ahead of the cursor.
-//!
-//! No `compact_next` means nothing is pending; it is deleted when removal finishes, so a finished
+//! change at or below `rev` when that is a put. A step walks the history region of `kv_index`
+//! (`index.rs`) in key order from a cursor (`compact_from` in `kv_meta`: the next history entry to
+//! examine, written in the same transaction as the step's deletions, so a crash never leaves half a
+//! step), so it touches each page of the history once, in order, and never visits a key that has no
+//! older version (a key's current entry is not in the history). For each history entry at or below
+//! `rev` it removes the version (its `kv_revs` record and its entry) when the key's next version is at
+//! or below `rev` too, or when it is a tombstone; a key whose current entry is a tombstone at or below
+//! `rev` loses that entry too once its history is gone. A new compaction (pending or not) restarts the
+//! walk from the history's start: the keys the cursor passed were examined against a lower target.
+
+//! No `compact_from` means nothing is pending; it is deleted when removal finishes, so a finished
 //! store's tables are the same whichever way (and at whatever pace) it got there.
 //!
 //! Readers never depend on how far removal got: reads below the compacted revision fail, reads at or
@@ -26,22 +27,29 @@ use std::ops::Bound;
 
 use heed::{RoTxn, RwTxn};
 
-use super::revision::{history_key, history_prefix, split_history_key, Revision};
-use super::store::{corrupt, decode_change, KvStore, WriteTxn, COMPACT_REV, TAG_TOMBSTONE};
+use super::index::{split_history_entry, HISTORY};
+use super::revision::Revision;
+use super::store::{corrupt, KvStore, WriteTxn, COMPACT_REV, TAG_TOMBSTONE};
 use super::ReadView;
 use crate::error::EtcdError;
 
-/// The `kv_meta` key of the next `kv_revs` revision removal examines; absent when nothing is pending.
-pub(super) const COMPACT_NEXT: &[u8] = b"compact_next";
+/// The `kv_meta` key of the next history entry removal examines; absent when nothing is pending.
+pub(super) const COMPACT_FROM: &[u8] = b"compact_from";
 
-/// etcd's batch (`kvstore_compaction.go`: 1,000 keys per batch): at most this many changes examined and
-/// this many versions removed by one background step.
+/// The `kv_meta` key of a key whose current entry, a tombstone removal must remove, the last step
+/// had no budget left for (its history already removed).
+const COMPACT_TOMBSTONE: &[u8] = b"compact_tombstone";
+/// Where the history region ends.
+const HISTORY_END: [u8; 2] = [HISTORY[0], HISTORY[1] + 1];
+
+/// etcd's batch (`kvstore_compaction.go`: 1,000 keys per batch): at most this many history entries
+/// examined and this many versions removed by one background step.
 pub(crate) const STEP_LIMIT: usize = 1_000;
 
 /// What one removal step did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Step {
-    /// Changes of `kv_revs` the step looked at.
+    /// History entries the step looked at.
     pub examined: usize,
     /// Versions it removed (each a `kv_revs` record and its `kv_index` entry).
     pub removed: usize,
@@ -61,20 +69,22 @@ impl WriteTxn<'_, '_> {
         if rev > self.rev() {
             return Err(EtcdError::FutureRev);
         }
-        if next_to_examine(self.store, self.txn)?.is_none() {
-            // Nothing pending: everything up to the previous compaction is already removed, and
-            // removal starts after it (unless no change lies in between: then there is none to do).
-            let (start, end) = (Revision::new(self.compact_rev + 1, 0), Revision::new(rev + 1, 0));
-            let (from, to) = (start.to_bytes(), end.to_bytes());
-            let bounds = (Bound::Included(&from[..]), Bound::Excluded(&to[..]));
-            if self.store.revs.range(self.txn, &bounds)?.next().transpose()?.is_some() {
-                self.store.meta.put(self.txn, COMPACT_NEXT, &from)?;
-            }
+        // Only a key with a history has anything to remove (a tombstone always follows a put).
+        if first_history_entry(self.store, self.txn)?.is_some() {
+            self.store.meta.put(self.txn, COMPACT_FROM, &HISTORY)?;
         }
         self.store.meta.put(self.txn, COMPACT_REV, &rev.to_be_bytes())?;
         self.compact_rev = rev;
         Ok(())
     }
+}
+
+/// One history entry a step examines: its key, its own bytes, revision and tag.
+struct Examined {
+    raw: Vec<u8>,
+    key: Vec<u8>,
+    at: Revision,
+    tag: u8,
 }
 
 impl KvStore {
@@ -86,66 +96,89 @@ impl KvStore {
         })
     }
 
-    /// One removal step in `txn`: examines at most `limit` changes and removes at most `limit`
-    /// versions, and records how far it got. The caller commits (or aborts: then nothing happened).
+    /// One removal step in `txn`: examines at most `limit` history entries and removes at most
+    /// `limit` versions, and records how far it got. The caller commits (or aborts: then nothing
+    /// happened).
     pub(crate) fn compaction_step(&self, txn: &mut RwTxn, limit: usize) -> Result<Step, EtcdError> {
         let limit = limit.max(1);
         let target = self.view(txn)?.compact_rev;
         let mut step = Step { compacted: target, ..Step::default() };
-        let Some(mut next) = next_to_examine(self, txn)? else {
+        let Some(from) = next_to_examine(self, txn)? else {
             return Ok(step);
         };
-        let end = Revision::new(target.saturating_add(1), 0);
-        // The changes this step may examine, collected first: removal deletes from `kv_revs`.
+        // The entries this step examines and the one after them, collected first: removal deletes
+        // from the index.
         let mut batch = Vec::new();
+        let mut after = None;
         {
-            let (from, to) = (next.to_bytes(), end.to_bytes());
-            for entry in self.revs.range(txn, &(Bound::Included(&from[..]), Bound::Excluded(&to[..])))? {
+            for entry in self.index.range(txn, Bound::Included(&from), Bound::Excluded(&HISTORY_END))?.take(limit + 1) {
+                let (raw, tag) = entry?;
+                let (key, at) = split_history_entry(&raw).ok_or_else(|| corrupt("history key"))?;
+                let tag = *tag.first().ok_or_else(|| corrupt("history tag"))?;
+                let examined = Examined { raw: raw.into_owned(), key, at, tag };
                 if batch.len() == limit {
-                    break;
+                    after = Some(examined);
+                } else {
+                    batch.push(examined);
                 }
-                let (at, bytes) = entry?;
-                let at = Revision::from_bytes(at).ok_or_else(|| corrupt("revision key"))?;
-                let (tag, kv) = decode_change(at, bytes)?;
-                batch.push((at, kv.key, tag));
             }
         }
-        let exhausted = batch.len() < limit;
-        let mut stopped_early = false;
-        for (at, key, tag) in batch {
+        if let Some(key) = self.meta.get(txn, COMPACT_TOMBSTONE)?.map(<[u8]>::to_vec) {
+            // The previous step removed `key`'s history but had no budget left for its tombstone. (A
+            // put since then made the tombstone history, where the walk finds it.)
+            if let Some(current) = self.current(txn, &key)?.filter(|c| c.tag == TAG_TOMBSTONE) {
+                self.remove_current(txn, &key)?;
+                self.revs.delete(txn, &current.at.to_bytes())?;
+                step.removed += 1;
+            }
+            self.meta.delete(txn, COMPACT_TOMBSTONE)?;
+        }
+        let mut stopped_at = None;
+        for (n, entry) in batch.iter().enumerate() {
             if step.removed == limit {
-                stopped_early = true;
+                stopped_at = Some(entry.raw.clone());
                 break;
             }
             step.examined += 1;
-            // The key's versions older than this one, which it supersedes (walking in revision order,
-            // so removal frees `kv_revs` from its oldest pages on, from the first step); and this one
-            // too when it is a deletion nothing newer at or below the target supersedes. A superseded
-            // change goes when its successor is examined.
-            let last_deletion = tag == TAG_TOMBSTONE && !superseded(self, txn, &key, at, target)?;
-            let upto = if last_deletion { Revision::new(at.main, at.sub + 1) } else { at };
-            let budget = limit - step.removed;
-            let doomed = older_versions(self, txn, &key, upto, budget + 1)?;
-            let finished_key = doomed.len() <= budget;
-            for raw in doomed.into_iter().take(budget) {
-                let (_, old) = split_history_key(&raw).ok_or_else(|| corrupt("history key"))?;
-                self.index.delete(txn, &raw)?;
-                self.revs.delete(txn, &old.to_bytes())?;
+            if entry.at.main > target {
+                continue;
+            }
+            // The key's next version: the next history entry of the key, or its current entry.
+            let next_of_key = batch.get(n + 1).or(after.as_ref()).filter(|next| next.key == entry.key);
+            let current = match next_of_key {
+                Some(_) => None,
+                None => Some(self.current(txn, &entry.key)?.ok_or_else(|| corrupt("history without a current entry"))?),
+            };
+            let next_main = next_of_key.map_or_else(|| current.map_or(i64::MAX, |c| c.at.main), |next| next.at.main);
+            if next_main <= target || entry.tag == TAG_TOMBSTONE {
+                self.index.delete(txn, &entry.raw)?;
+                self.revs.delete(txn, &entry.at.to_bytes())?;
                 step.removed += 1;
             }
-            if !finished_key {
-                // More of this key's versions than the budget: the next step examines it again.
-                next = at;
-                stopped_early = true;
-                break;
+            // The key's last history entry examined: its current entry goes too when it is a
+            // tombstone at or below the target (the history below it is gone by now).
+            if let Some(current) = current.filter(|c| c.at.main <= target && c.tag == TAG_TOMBSTONE) {
+                if step.removed == limit {
+                    // No history left before it: the next step removes it first, wherever a new
+                    // compaction moves the cursor.
+                    self.meta.put(txn, COMPACT_TOMBSTONE, &entry.key)?;
+                    let next = batch.get(n + 1).or(after.as_ref()).map(|next| next.raw.clone());
+                    stopped_at = Some(next.unwrap_or_else(|| HISTORY_END.to_vec()));
+                    break;
+                }
+                self.remove_current(txn, &entry.key)?;
+                self.revs.delete(txn, &current.at.to_bytes())?;
+                step.removed += 1;
             }
-            next = Revision::new(at.main, at.sub + 1);
         }
-        if exhausted && !stopped_early {
-            self.meta.delete(txn, COMPACT_NEXT)?;
-        } else {
-            self.meta.put(txn, COMPACT_NEXT, &next.to_bytes())?;
-            step.pending = Some(target);
+        match stopped_at.or(after.map(|next| next.raw)) {
+            Some(next) => {
+                self.meta.put(txn, COMPACT_FROM, &next)?;
+                step.pending = Some(target);
+            }
+            None => {
+                self.meta.delete(txn, COMPACT_FROM)?;
+            }
         }
         Ok(step)
     }
@@ -174,32 +207,26 @@ impl ReadView<'_> {
     }
 }
 
-fn next_to_examine(store: &KvStore, txn: &RoTxn) -> Result<Option<Revision>, EtcdError> {
-    match store.meta.get(txn, COMPACT_NEXT)? {
-        None => Ok(None),
-        Some(bytes) => Ok(Some(Revision::from_bytes(bytes).ok_or_else(|| corrupt("compaction cursor"))?)),
-    }
+/// The history entry removal examines next (inclusive), while removal is pending.
+fn next_to_examine(store: &KvStore, txn: &RoTxn) -> Result<Option<Vec<u8>>, EtcdError> {
+    Ok(store.meta.get(txn, COMPACT_FROM)?.map(<[u8]>::to_vec))
+}
+
+/// The first entry of the history region, if it holds any.
+fn first_history_entry(store: &KvStore, txn: &RoTxn) -> Result<Option<Vec<u8>>, EtcdError> {
+    let first = store.index.range(txn, Bound::Included(&HISTORY[..]), Bound::Excluded(&HISTORY_END[..]))?.next();
+    Ok(first.transpose()?.map(|(raw, _)| raw.into_owned()))
 }
 
 /// Whether `key` has a change newer than `at` at or below `target`.
 fn superseded(store: &KvStore, txn: &RoTxn, key: &[u8], at: Revision, target: i64) -> Result<bool, EtcdError> {
-    let after = history_key(key, Revision::new(at.main, at.sub + 1));
-    let limit = history_key(key, Revision::new(target.saturating_add(1), 0));
-    Ok(store.index.range(txn, Bound::Included(&after), Bound::Excluded(&limit))?.next().transpose()?.is_some())
-}
-
-/// The history keys of `key`'s versions below `upto`, oldest first, at most `max` of them.
-fn older_versions(
-    store: &KvStore,
-    txn: &RoTxn,
-    key: &[u8],
-    upto: Revision,
-    max: usize,
-) -> Result<Vec<Vec<u8>>, EtcdError> {
-    let (prefix, upto) = (history_prefix(key), history_key(key, upto));
-    let mut out = Vec::new();
-    for entry in store.index.range(txn, Bound::Included(&prefix), Bound::Excluded(&upto))?.take(max) {
-        out.push(entry?.0.into_owned());
+    let Some(current) = store.current(txn, key)? else { return Ok(false) };
+    if current.at <= at {
+        return Ok(false);
     }
-    Ok(out)
+    if current.at.main <= target {
+        return Ok(true);
+    }
+    let upto = Revision::new(target.saturating_add(1), 0);
+    store.has_history_between(txn, key, Revision::new(at.main, at.sub + 1), upto)
 }

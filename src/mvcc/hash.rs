@@ -10,9 +10,8 @@ use std::ops::Bound;
 
 use crc32c::crc32c_append;
 
-use super::compaction::COMPACT_NEXT;
 use super::record::{decode_change, legacy_change};
-use super::revision::{legacy_history_key, split_history_key, Revision};
+use super::revision::{legacy_history_key, Revision};
 use super::store::{corrupt, KvStore, ReadView};
 use crate::error::EtcdError;
 
@@ -31,7 +30,8 @@ impl ReadView<'_> {
     /// as etcd leaves out its consistent index. Revisions and records are hashed in layout 2's form
     /// (`revision.rs`, `record.rs`), so the value does not change with layout 3's shorter encodings.
     ///
-    /// It hashes the tables as they are: while the removal of compacted versions is pending
+    /// It hashes the tables as they are (`kv_meta`'s `compact_from`, the removal's cursor, as stored:
+    /// since layout 4 it is an index entry, not a revision): while the removal of compacted versions is pending
     /// (`mvcc/compaction.rs`), members that removed more or less of them differ, as etcd's `Hash`
     /// (of the whole bbolt file) differs while its members compact; they agree again once each has
     /// finished. `HashKV` does not depend on removal's progress.
@@ -45,22 +45,15 @@ impl ReadView<'_> {
             crc = hash_change(crc, k, v)?;
         }
         crc = crc32c_append(crc, index.as_bytes());
-        for entry in self.store.index.iter(self.txn)? {
-            let (raw, tag) = entry?;
-            let (key, at) = split_history_key(&raw).ok_or_else(|| corrupt("history key"))?;
-            crc = crc32c_append(crc32c_append(crc, &legacy_history_key(&key, at)), tag);
-        }
+        // Since layout 4 the index keeps each key's newest change apart from its history
+        // (`index.rs`): merged back into (key, revision) order, hashed as layout 2 held the entries.
+        self.store.each_index_entry(self.txn, |key, at, tag| {
+            crc = crc32c_append(crc32c_append(crc, &legacy_history_key(key, at)), &[tag]);
+            Ok(())
+        })?;
         crc = crc32c_append(crc, meta.as_bytes());
         for entry in self.store.meta.iter(self.txn)? {
             let (k, v) = entry?;
-            let legacy;
-            let v = match k {
-                COMPACT_NEXT => {
-                    legacy = Revision::from_bytes(v).ok_or_else(|| corrupt("compaction cursor"))?.legacy_bytes();
-                    &legacy[..]
-                }
-                _ => v,
-            };
             crc = crc32c_append(crc32c_append(crc, k), v);
         }
         Ok(crc)

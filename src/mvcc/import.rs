@@ -1,13 +1,13 @@
 //! Writing another store's history into the tables as it was (`keyward migrate`): each change at its
 //! own revision, with the create and mod revisions, version and lease it had, instead of a new
 //! revision as `WriteTxn` assigns. Changes must come in revision order (an etcd `key` bucket's order),
-//! so the last change of a key is its current value (the newest entry of its index, as `WriteTxn`
-//! writes it: the value is stored once, in `kv_revs`).
+//! so the last change of a key is its current entry in the index (`index.rs`), as `WriteTxn` writes
+//! it (the value is stored once, in `kv_revs`).
 
 use heed::RwTxn;
 
 use super::record::encode_change;
-use super::revision::{history_key, Revision};
+use super::revision::Revision;
 use super::store::{KvStore, COMPACT_REV, CURRENT_REV, TAG_PUT, TAG_TOMBSTONE};
 use crate::error::EtcdError;
 use crate::proto::mvccpb::KeyValue;
@@ -28,7 +28,7 @@ impl KvStore {
             (TAG_PUT, kv.clone())
         };
         self.revs.put(txn, &at.to_bytes(), &encode_change(at, tag, &record))?;
-        self.index.put(txn, &history_key(&record.key, at), &[tag])?;
+        self.index_change(txn, &record.key, at, tag)?;
         Ok(())
     }
 

@@ -7,6 +7,7 @@ pub(crate) mod encoded_events;
 pub(crate) mod export;
 pub(crate) mod hash;
 pub(crate) mod import;
+mod index;
 pub(crate) mod kv;
 pub(crate) mod record;
 pub(crate) mod revision;

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError};
 
-use super::revision::{split_history_key, Revision};
+use super::revision::Revision;
 use super::store::{decode_change, Deleted, KvStore};
 use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
@@ -562,12 +562,14 @@ impl Harness {
             prop_assert_eq!(&revs, &retained, "kv_revs, compacted at {}", self.model.compact_rev);
         }
 
+        // The index's regions merged back into (key, revision) order (`index.rs`).
         let mut index = Vec::new();
-        for entry in self.store.index.iter(txn).map_err(db)? {
-            let (raw, tag) = entry.map_err(db)?;
-            let (key, at) = split_history_key(&raw).ok_or_else(|| fail("history key", &raw))?;
-            index.push((key, at, tag.to_vec()));
-        }
+        self.store
+            .each_index_entry(txn, |key, at, tag| {
+                index.push((key.to_vec(), at, vec![tag]));
+                Ok(())
+            })
+            .map_err(|e| fail("kv_index", e))?;
         let mut expected: Vec<_> = revs
             .iter()
             .map(|(at, e)| {

@@ -121,11 +121,6 @@ pub(crate) fn history_prefix(key: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The escaped form of a range bound: sorts exactly where `key`'s first history entry would.
-pub(crate) fn history_bound(key: &[u8]) -> Vec<u8> {
-    history_prefix(key)
-}
-
 pub(crate) fn history_key(key: &[u8], rev: Revision) -> Vec<u8> {
     let mut out = history_prefix(key);
     out.extend_from_slice(&rev.to_bytes());

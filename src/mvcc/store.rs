@@ -3,14 +3,16 @@
 //! Tables (all in the `kv` environment):
 //! - `kv_revs`:  revision → the change's record (`record.rs`: every change, in order, the one place a
 //!   value is stored)
-//! - `kv_index`: escape(key) ++ revision → tag (each key's versions in order: its newest entry is the
-//!   key as it is now, absent if that entry is a tombstone)
+//! - `kv_index`: where each key's versions are (`index.rs`): since layout 4 each key's newest change
+//!   (its current entry: the key as it is now, absent if that change is a tombstone) apart from the
+//!   history of the versions it superseded, so that the current entries fill their pages
 //! - `kv_meta`:  current and compacted revision, and how far the removal of compacted versions got
 //!   (`compaction.rs`)
 //!
-//! A read at the current revision is a read of each key's newest index entry, then of that revision
-//! in `kv_revs`: a single key is one seek in the index and one get in `kv_revs`, a range one walk of
-//! the index. Until layout 2 a third table, `kv_live` (key → current `KeyValue`), held every current
+//! A read at the current revision is a read of each key's current entry, then of that revision
+//! in `kv_revs`: a single key is one get in the index and one in `kv_revs`, a range one walk of the
+//! current entries. A read at an older revision looks in the history only for the keys whose current
+//! entry is newer than it. Until layout 2 a third table, `kv_live` (key → current `KeyValue`), held every current
 //! value a second time; `raft/state_machine/layout.rs` empties it in data dirs of that layout.
 //!
 //! `kv_index` is keyed by etcd keys, which may be as long as a request: it is a [`Table`], which keeps
@@ -27,7 +29,7 @@ use heed::{PutFlags, RoTxn, RwTxn};
 
 pub(super) use super::record::decode_change;
 use super::record::encode_change;
-use super::revision::{history_bound, history_key, history_prefix, prefix_len, split_history_key, Revision};
+use super::revision::Revision;
 use crate::error::EtcdError;
 use crate::keyrange::KeyRange;
 use crate::proto::mvccpb::{event::EventType, Event, KeyValue};
@@ -162,7 +164,7 @@ impl ReadView<'_> {
             }
             return Ok(result);
         }
-        self.each_key(range, rev, Bound::Unbounded, |_, at| {
+        self.each_key(range, rev, None, |_, at| {
             result.count += 1;
             if wants(&result) {
                 result.kvs.push(self.kv_at(at)?);
@@ -172,15 +174,9 @@ impl ReadView<'_> {
         Ok(result)
     }
 
-    /// The newest index entry of `key` (at any revision this view sees): its revision and tag.
+    /// The newest change of `key` (at any revision this view sees): its revision and tag.
     pub(super) fn newest(&self, key: &[u8]) -> Result<Option<(Revision, u8)>, EtcdError> {
-        let prefix = history_prefix(key);
-        let Some((raw, tag)) = self.store.index.last_with_prefix(self.txn, &prefix)? else {
-            return Ok(None);
-        };
-        let at = raw.get(prefix.len()..).and_then(Revision::from_bytes);
-        let at = at.ok_or_else(|| corrupt("history key"))?;
-        Ok(Some((at, *tag.first().ok_or_else(|| corrupt("history tag"))?)))
+        Ok(self.store.current(self.txn, key)?.map(|current| (current.at, current.tag)))
     }
 
     /// The key-value a put recorded at revision `at`.
@@ -230,51 +226,25 @@ impl ReadView<'_> {
     }
 
     /// Calls `visit` with each key in `range` that exists as of `rev` and the revision of its version
-    /// then, in key order, walking the index once from `after` (an index key: the walk starts past it)
-    /// or the range's start; stops early when `visit` returns false.
+    /// then, in key order, walking the current entries once from past `after` (a key) or the range's
+    /// start, and looking in the history only for a key changed after `rev`; stops early when `visit`
+    /// returns false.
     pub(super) fn each_key(
         &self,
         range: &KeyRange,
         rev: i64,
-        after: Bound<&[u8]>,
+        after: Option<&[u8]>,
         mut visit: impl FnMut(Vec<u8>, Revision) -> Result<bool, EtcdError>,
     ) -> Result<(), EtcdError> {
-        let start = history_bound(range.start());
-        let start = match after {
-            Bound::Unbounded => Bound::Included(&start[..]),
-            after => after,
-        };
-        let end = range.end().map(|end| history_bound(&end));
-        let end = end.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
-        // The key being walked, escaped as the index holds it; whether it is in `range`; and its
-        // newest version at or before `rev` so far (revision, is a put). A key's entries are adjacent
-        // and in revision order, so the last one at or before `rev` decides.
-        let mut walking: Vec<u8> = Vec::new();
-        let mut key = Vec::new();
-        let mut in_range = false;
-        let mut newest: Option<(Revision, bool)> = None;
-        for entry in self.store.index.range(self.txn, start, end)? {
-            let (raw, tag) = entry?;
-            let split = prefix_len(&raw).ok_or_else(|| corrupt("history key"))?;
-            let (escaped, at) = raw.split_at(split);
-            if escaped != walking.as_slice() {
-                if let Some((at, true)) = newest.take() {
-                    if !visit(std::mem::take(&mut key), at)? {
-                        return Ok(());
-                    }
+        for entry in self.store.currents(self.txn, range, after)? {
+            let (key, current) = entry?;
+            let then =
+                if current.at.main <= rev { Some(current) } else { self.store.version_at(self.txn, &key, rev)? };
+            if let Some(then) = then.filter(|then| then.tag == TAG_PUT) {
+                if !visit(key, then.at)? {
+                    return Ok(());
                 }
-                walking.clear();
-                walking.extend_from_slice(escaped);
-                key = split_history_key(&raw).ok_or_else(|| corrupt("history key"))?.0;
-                in_range = range.contains(&key);
             }
-            let at = Revision::from_bytes(at).ok_or_else(|| corrupt("revision"))?;
-            if in_range && at.main <= rev {
-                newest = Some((at, tag.first() == Some(&TAG_PUT)));
-            }
-        }
-        if let Some((at, true)) = newest {
-            visit(key, at)?;
         }
         Ok(())
     }
@@ -390,7 +360,7 @@ impl<'e> WriteTxn<'_, 'e> {
         // fills pages (LMDB splits a page it appends to at the end, not in the middle). A record out of
         // order would be refused (MDB_KEYEXIST), never written over.
         self.store.revs.put_with_flags(self.txn, PutFlags::APPEND, &at.to_bytes(), &change)?;
-        self.store.index.put(self.txn, &history_key(&kv.key, at), &[tag])?;
+        self.store.index_change(self.txn, &kv.key, at, tag)?;
         self.changes += 1;
         Ok(())
     }
@@ -424,20 +394,18 @@ impl<'e> WriteTxn<'_, 'e> {
     /// the range is held beside the events.
     pub(crate) fn delete_range(&mut self, range: &KeyRange, keep: bool) -> Result<Deleted, EtcdError> {
         let mut deleted = Deleted::default();
-        // The index key the next batch starts after: past every entry of the last key deleted,
-        // its new tombstone included.
+        // The key the next batch starts after: the last key deleted.
         let mut after: Option<Vec<u8>> = None;
         loop {
             let mut batch = Vec::new();
             let view = self.view();
             let rev = view.rev;
-            let from = after.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
-            view.each_key(range, rev, from, |key, at| {
+            view.each_key(range, rev, after.as_deref(), |key, at| {
                 batch.push((key, at));
                 Ok(batch.len() < DELETE_BATCH)
             })?;
             let Some((last, _)) = batch.last() else { break };
-            after = Some(history_key(last, Revision::new(i64::MAX, i64::MAX)));
+            after = Some(last.clone());
             let full = batch.len() == DELETE_BATCH;
             // The previous values in one walk of `kv_revs`, then the tombstones in key order.
             let revisions: Vec<Revision> = batch.iter().map(|(_, at)| *at).collect();
@@ -508,7 +476,7 @@ mod tests {
             let txn = env.read_txn().unwrap();
             let view = kv.view(&txn).unwrap();
             let mut revisions = Vec::new();
-            view.each_key(&KeyRange::new(b"k", b"l"), view.rev, Bound::Unbounded, |_, at| {
+            view.each_key(&KeyRange::new(b"k", b"l"), view.rev, None, |_, at| {
                 revisions.push(at);
                 Ok(true)
             })

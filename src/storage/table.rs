@@ -195,6 +195,44 @@ impl Table {
         self.db(level).put(txn, &self.slot(level, rest), value)
     }
 
+    /// Stores `key → value` like `put`, but appended (`MDB_APPEND`) when the key is stored whole and
+    /// goes after every key of the table's database: LMDB then fills its last page instead of splitting
+    /// it in the middle, so keys that arrive in order fill their pages.
+    pub(crate) fn put_appending(&self, txn: &mut RwTxn, key: &[u8], value: &[u8]) -> heed::Result<()> {
+        if !key.is_empty() && key.len() <= self.chunk() {
+            // A marker (`head ++ 0x00`) below `key` has every key of its group below `key` too.
+            let last = self.main.last(txn)?;
+            if last.is_none_or(|(k, _)| k < key) {
+                return self.main.put_with_flags(txn, heed::PutFlags::APPEND, key, value);
+            }
+        }
+        self.put(txn, key, value)
+    }
+
+    /// The greatest key in `[prefix, bound)` (every key there starting with `prefix`), with its value:
+    /// one seek when `bound` is stored whole and the key found is too, a walk of the range otherwise.
+    pub(crate) fn last_below<'t>(
+        &self,
+        txn: &'t RoTxn,
+        prefix: &[u8],
+        bound: &[u8],
+    ) -> heed::Result<Option<Entry<'t>>> {
+        if bound.len() <= self.chunk() {
+            match self.main.get_lower_than(txn, bound)? {
+                None => return Ok(None),
+                Some((raw, value)) if raw.len() <= self.chunk() => {
+                    return Ok(raw.starts_with(prefix).then_some((Cow::Borrowed(raw), value)));
+                }
+                Some(_) => {} // a marker: the greatest key is in its group
+            }
+        }
+        let mut last = None;
+        for entry in self.range(txn, Bound::Included(prefix), Bound::Excluded(bound))? {
+            last = Some(entry?);
+        }
+        Ok(last)
+    }
+
     /// Removes `key`; true if it was there. Groups left empty are removed with it.
     pub(crate) fn delete(&self, txn: &mut RwTxn, key: &[u8]) -> heed::Result<bool> {
         if key.is_empty() {
@@ -249,6 +287,7 @@ impl Table {
 
     /// The greatest key that starts with `prefix`, with its value: one seek in the table's database
     /// (and one per level of groups it descends), however many keys share the prefix.
+    #[cfg(test)]
     pub(crate) fn last_with_prefix<'t>(&self, txn: &'t RoTxn, prefix: &[u8]) -> heed::Result<Option<Entry<'t>>> {
         let chunk = self.chunk();
         if prefix.is_empty() || prefix.len() > chunk {

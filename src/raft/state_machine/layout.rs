@@ -12,6 +12,11 @@
 //!   a fifth less space per key and version. `Hash` and `HashKV` hash layout 2's forms, so their values
 //!   are the same for the same data in either layout.
 //!
+//! - Layout 4: `kv_index` in three regions (`mvcc/index.rs`): each key's newest change apart from the
+//!   history of the versions it superseded, so that the newest entries fill their pages (about half
+//!   of layout 3's index per key, fresh and after a compaction). `Hash` merges the regions back into
+//!   layout 3's order, so its value is the same for the same data.
+//!
 //! The migration from 1 empties `kv_live` (with the groups its long keys had in `long_keys`) and records
 //! layout 2, in one write transaction: a crash before the commit leaves layout 1 whole, to be migrated
 //! at the next open; after it, layout 2. Snapshots of layout 1 carry `kv_live`'s records: installing
@@ -20,9 +25,10 @@
 //! The migration from 2 converts the kv tables in steps of `UPGRADE_STEP` records, each its own
 //! write transaction (bounded memory and dirty pages, whatever the store's size), then records layout
 //! 3; what is left to convert is read from the data (`mvcc/upgrade.rs`), so a crash in between
-//! resumes. The environment is synced once at the end, when anything was converted. An installed
-//! snapshot is recorded as layout 2 and converted right after its commit: a snapshot of a member of
-//! layout 2 (or 1) installs on this version, and one of layout 3 has nothing to convert.
+//! resumes. The migration from 3 converts the index in steps of `UPGRADE_STEP` entries the same way,
+//! then records layout 4. The environment is synced once at the end, when anything was converted. An
+//! installed snapshot is recorded as layout 2 and converted right after its commit: a snapshot of a
+//! member of layout 3, 2 (or 1) installs on this version, and one of layout 4 has nothing to convert.
 
 use super::state::{BoxError, State};
 use crate::storage::table::LongKeys;
@@ -30,12 +36,13 @@ use crate::storage::table::LongKeys;
 /// The `sm_meta` key of the layout's version.
 const LAYOUT: &[u8] = b"layout";
 /// The layout this version writes.
-const CURRENT: u32 = 3;
+const CURRENT: u32 = 4;
 /// The layout whose encodings `mvcc/upgrade.rs` converts.
 const SHORT_ENCODINGS: u32 = 3;
 /// The layout with each value stored once.
 const VALUES_ONCE: u32 = 2;
-/// Legacy records converted per write transaction of the migration to layout 3.
+/// Legacy records (or index entries) converted per write transaction of the migrations to layouts 3
+/// and 4.
 const UPGRADE_STEP: usize = 10_000;
 
 impl State {
@@ -62,11 +69,25 @@ impl State {
             txn.commit()?;
         }
         let mut steps = 0u64;
+        if recorded.is_none_or(|layout| layout < SHORT_ENCODINGS) {
+            loop {
+                let mut txn = self.env.write_txn()?;
+                let done = self.kv.upgrade_step(&mut txn, UPGRADE_STEP)?;
+                if done {
+                    self.meta.put(&mut txn, LAYOUT, &postcard::to_allocvec(&SHORT_ENCODINGS)?)?;
+                }
+                txn.commit()?;
+                if done {
+                    break;
+                }
+                steps += 1;
+            }
+        }
         loop {
             let mut txn = self.env.write_txn()?;
-            let done = self.kv.upgrade_step(&mut txn, UPGRADE_STEP)?;
+            let done = self.kv.regions_step(&mut txn, UPGRADE_STEP)?;
             if done {
-                self.meta.put(&mut txn, LAYOUT, &postcard::to_allocvec(&SHORT_ENCODINGS)?)?;
+                self.meta.put(&mut txn, LAYOUT, &postcard::to_allocvec(&CURRENT)?)?;
             }
             txn.commit()?;
             if done {
@@ -86,7 +107,7 @@ impl State {
                 dropped = live,
                 converted_steps = steps,
                 elapsed = ?started.elapsed(),
-                "kv tables migrated: each value stored once, in short encodings"
+                "kv tables migrated: each value stored once, in short encodings, newest versions apart"
             );
         }
         Ok(())
@@ -221,7 +242,7 @@ mod tests {
         txn.commit().unwrap();
         drop((state, sm));
         let refused = StateMachine::open(&dir.path().join("kv"), &dir.path().join("snap")).err().map(|e| e.to_string());
-        assert!(refused.as_deref().is_some_and(|e| e.contains("layout 3")), "{refused:?}");
+        assert!(refused.as_deref().is_some_and(|e| e.contains(&format!("layout {CURRENT}"))), "{refused:?}");
     }
 
     /// A backup of a layout-1 member (`etcdctl snapshot save`: a copy of its environment) opens as

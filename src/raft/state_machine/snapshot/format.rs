@@ -2,14 +2,15 @@
 //! read transaction and loaded into a write transaction record by record, so that neither building,
 //! sending, receiving nor installing a snapshot ever holds it in memory.
 //!
-//! Version 2 is version 1 under another magic (`keyward-snap-v2\n`): it marks the records of kv
-//! layout 3, which a keyward of layout 2 must refuse rather than misread (see `MAGIC`).
+//! Versions 2 and 3 are version 1 under other magics (`keyward-snap-v2\n`, `keyward-snap-v3\n`): they
+//! mark the records of kv layouts 3 and 4, which a keyward of an older layout must refuse rather than
+//! misread (see `MAGIC`).
 //!
 //! A whole file is what a leader sends to a follower (openraft sends it in chunks, by offset), and
 //! what a follower installs. Version 1, byte by byte:
 //!
 //! ```text
-//! magic         16 bytes   "keyward-snap-v1\n" (version 2: "keyward-snap-v2\n")
+//! magic         16 bytes   "keyward-snap-v1\n" (versions 2 and 3: "keyward-snap-v2\n", "-v3\n")
 //! meta length   u32 LE
 //! meta          postcard(openraft SnapshotMeta)
 //! body          varint(table count), then for each table, in `State::tables` order:
@@ -39,12 +40,14 @@ use crate::storage::Db;
 /// openraft's description of a snapshot: the last log id and membership it includes, and its id.
 pub(crate) type Meta = SnapshotMeta<u64, MemberNode>;
 
-/// The first bytes of a file this version writes: version 2 is version 1 byte for byte, written by a
-/// member of kv layout 3 (`layout.rs`), whose records a keyward of layout 2 would misread: that one
-/// refuses the file (it knows only version 1's magic) instead of installing it. Both are read here;
-/// the installer finds layout 2's records by their bytes and converts them. A file from before version
-/// 1 starts with postcard's encoding of an `Option` (0 or 1), so none can be confused.
-pub(crate) const MAGIC: &[u8; 16] = b"keyward-snap-v2\n";
+/// The first bytes of a file this version writes: version 3 is version 1 byte for byte, written by a
+/// member of kv layout 4 (`layout.rs`), whose index a keyward of layout 3 would misread: that one
+/// refuses the file (it knows only versions 1 and 2) instead of installing it. All three are read
+/// here; the installer finds older layouts' records by their bytes and converts them. A file from
+/// before version 1 starts with postcard's encoding of an `Option` (0 or 1), so none can be confused.
+pub(crate) const MAGIC: &[u8; 16] = b"keyward-snap-v3\n";
+/// The first bytes of a file a member of kv layout 3 wrote.
+const MAGIC_V2: &[u8; 16] = b"keyward-snap-v2\n";
 /// The first bytes of a file a member of kv layout 2 (or 1) wrote.
 const MAGIC_V1: &[u8; 16] = b"keyward-snap-v1\n";
 /// Buffer for file reads and writes: large enough for few system calls, small against any store.
@@ -120,8 +123,8 @@ impl Reader {
             Reader { input: Checksummed::new(BufReader::with_capacity(IO_BUFFER, file)), left: body_and_header };
         let mut magic = [0u8; MAGIC.len()];
         reader.read_exact(&mut magic)?;
-        if &magic != MAGIC && &magic != MAGIC_V1 {
-            return Err(corrupt("not a keyward snapshot (version 1 or 2)"));
+        if &magic != MAGIC && &magic != MAGIC_V2 && &magic != MAGIC_V1 {
+            return Err(corrupt("not a keyward snapshot (version 1, 2 or 3)"));
         }
         let mut len = [0u8; 4];
         reader.read_exact(&mut len)?;
@@ -259,7 +262,7 @@ pub(crate) fn is_current_version(file: &mut File) -> io::Result<bool> {
     file.seek(SeekFrom::Start(0))?;
     let read = file.read(&mut magic)?;
     file.seek(SeekFrom::Start(0))?;
-    Ok(read == MAGIC.len() && (&magic == MAGIC || &magic == MAGIC_V1))
+    Ok(read == MAGIC.len() && (&magic == MAGIC || &magic == MAGIC_V2 || &magic == MAGIC_V1))
 }
 
 /// Converts a snapshot written before version 1 (postcard of `{meta, data}`) into version 1 in `out`
