@@ -208,12 +208,22 @@ fn deploy_gives_peers_certificates_of_their_own_ca() {
 // deploy/local-cluster.sh
 // ---------------------------------------------------------------------------
 
-/// A base port whose member ports (base, base + 1) and proxy port (base + 10) are free.
+/// A base port whose three members' ports (base + 10 × i and the port after it) and the proxy's
+/// (base + 30) are free.
+///
+/// Drawn below the kernel's ephemeral range (`ip_local_port_range`), where the ports of other tests
+/// (bound to port 0) and of outgoing connections come from: a port checked free there could be taken
+/// before the script binds it (seen: "Address already in use").
 fn free_base_port() -> u16 {
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let below = ephemeral_start.saturating_sub(40).max(10_040);
     for _ in 0..50 {
-        let base = common::free_port();
+        let base = rand::random_range(10_000..below);
         // Three members (client port, peer port after it, every 10) and the proxy after them.
-        let free = [1u16, 10, 11, 20, 21, 30]
+        let free = [0u16, 1, 10, 11, 20, 21, 30]
             .iter()
             .all(|offset| base.checked_add(*offset).is_some_and(|port| TcpListener::bind(("127.0.0.1", port)).is_ok()));
         if free {

@@ -218,17 +218,7 @@ async fn a_hostile_peer_cannot_break_the_snapshot_receiver() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunks_that_overtake_one_another_are_taken_in_order() {
     let cluster = blocking(|| Cluster::start(Options::new(3).peer_tls()));
-    let leader = cluster.leader().await;
-    let target = (0..3).find(|&i| i != leader).unwrap();
-    let mut admin = cluster.members[leader].client().await;
-    let status = admin.status().await.expect("status");
-    let header = status.header().expect("header");
-    let (cluster_id, term, leader_id) = (header.cluster_id(), status.raft_term(), status.leader());
-    let vote = Vote::new_committed(term, leader_id);
-    let mut params = pki::server_params("member-like");
-    params.subject_alt_names = vec![SanType::IpAddress("127.0.0.1".parse().unwrap())];
-    let cert = cluster.peer_cert("member-like", params);
-    let client = peer_client(&cluster.members[target].peer_url, &cluster.peer_ca_file(), Some(&cert));
+    let AtAFollower { target, cluster_id, term, leader_id, vote, client } = member_cert_at_a_follower(&cluster).await;
     let a = meta("overtaken", term, leader_id);
     let follower = &cluster.members[target];
     let waiting = || metric_sum(follower, "keyward_network_snapshot_chunks_waiting");
@@ -282,17 +272,8 @@ async fn chunks_that_overtake_one_another_are_taken_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_partial_file_is_bounded_by_the_size_announced_and_the_free_disk() {
     let cluster = blocking(|| Cluster::start(Options::new(3).peer_tls()));
-    let leader = cluster.leader().await;
-    let target = (0..3).find(|&i| i != leader).unwrap();
-    let mut admin = cluster.members[leader].client().await;
-    let status = admin.status().await.expect("status");
-    let header = status.header().expect("header");
-    let (cluster_id, term, leader_id) = (header.cluster_id(), status.raft_term(), status.leader());
-    let vote = Vote::new_committed(term, leader_id);
-    let mut params = pki::server_params("member-like");
-    params.subject_alt_names = vec![SanType::IpAddress("127.0.0.1".parse().unwrap())];
-    let cert = cluster.peer_cert("member-like", params);
-    let mut client = peer_client(&cluster.members[target].peer_url, &cluster.peer_ca_file(), Some(&cert));
+    let AtAFollower { target, cluster_id, term, leader_id, vote, mut client } =
+        member_cert_at_a_follower(&cluster).await;
     let a = meta("announced", term, leader_id);
     let follower = &cluster.members[target];
     let part = || std::fs::metadata(snap_dir(follower).join("receiving.part")).map(|m| m.len()).unwrap_or(0);
@@ -429,6 +410,30 @@ fn last_snapshot_id(cluster: &Cluster, leader: usize, message: &str) -> Option<S
     let log = cluster.members[leader].log();
     let line = log.lines().rev().find(|l| l.contains(message))?;
     line.split(" snapshot=").nth(1).and_then(|rest| rest.split(' ').next()).map(str::to_string)
+}
+
+/// A follower, the leader's committed vote, and a client of the follower's peer port with a member
+/// certificate of the cluster's peer CA (any member certificate passes the peer guard).
+struct AtAFollower {
+    target: usize,
+    cluster_id: u64,
+    term: u64,
+    leader_id: u64,
+    vote: Vote<u64>,
+    client: PeerClient<Channel>,
+}
+
+async fn member_cert_at_a_follower(cluster: &Cluster) -> AtAFollower {
+    let leader = cluster.leader().await;
+    let target = (0..3).find(|&i| i != leader).unwrap();
+    let status = cluster.members[leader].client().await.status().await.expect("status");
+    let header = status.header().expect("header");
+    let (cluster_id, term, leader_id) = (header.cluster_id(), status.raft_term(), status.leader());
+    let mut params = pki::server_params("member-like");
+    params.subject_alt_names = vec![SanType::IpAddress("127.0.0.1".parse().unwrap())];
+    let cert = cluster.peer_cert("member-like", params);
+    let client = peer_client(&cluster.members[target].peer_url, &cluster.peer_ca_file(), Some(&cert));
+    AtAFollower { target, cluster_id, term, leader_id, vote: Vote::new_committed(term, leader_id), client }
 }
 
 /// The size of the snapshot the leader logged sending.
