@@ -27,7 +27,7 @@ use std::ops::Bound;
 
 use heed::{RoTxn, RwTxn};
 
-use super::index::{split_history_entry, HISTORY};
+use super::index::{history_entry, split_history_entry, HISTORY};
 use super::revision::Revision;
 use super::store::{corrupt, KvStore, WriteTxn, COMPACT_REV, TAG_TOMBSTONE};
 use super::ReadView;
@@ -124,11 +124,16 @@ impl KvStore {
             }
         }
         if let Some(key) = self.meta.get(txn, COMPACT_TOMBSTONE)?.map(<[u8]>::to_vec) {
-            // The previous step removed `key`'s history but had no budget left for its tombstone. (A
-            // put since then made the tombstone history, where the walk finds it.)
+            // The previous step removed `key`'s history but had no budget left for its tombstone.
             if let Some(current) = self.current(txn, &key)?.filter(|c| c.tag == TAG_TOMBSTONE) {
                 self.remove_current(txn, &key)?;
                 self.revs.delete(txn, &current.at.to_bytes())?;
+                step.removed += 1;
+            } else if let Some((raw, at)) = self.oldest_history_tombstone(txn, &key, target)? {
+                // A put since then made the tombstone the key's oldest history entry, behind the
+                // cursor, where the walk would not come back to it (found by the model test).
+                self.index.delete(txn, &raw)?;
+                self.revs.delete(txn, &at.to_bytes())?;
                 step.removed += 1;
             }
             self.meta.delete(txn, COMPACT_TOMBSTONE)?;
@@ -181,6 +186,23 @@ impl KvStore {
             }
         }
         Ok(step)
+    }
+
+    /// The oldest history entry of `key` (its raw bytes and revision) if it is a tombstone at or below
+    /// `target`.
+    fn oldest_history_tombstone(
+        &self,
+        txn: &RoTxn,
+        key: &[u8],
+        target: i64,
+    ) -> Result<Option<(Vec<u8>, Revision)>, EtcdError> {
+        let (from, upto) = (history_entry(key, Revision::new(0, 0)), history_entry(key, Revision::new(target + 1, 0)));
+        let Some(entry) = self.index.range(txn, Bound::Included(&from), Bound::Excluded(&upto))?.next() else {
+            return Ok(None);
+        };
+        let (raw, tag) = entry?;
+        let (_, at) = split_history_entry(&raw).ok_or_else(|| corrupt("history key"))?;
+        Ok((tag.first() == Some(&TAG_TOMBSTONE)).then(|| (raw.into_owned(), at)))
     }
 
     /// Runs removal steps in `txn` until none is pending (offline tools, which hold the store alone).
