@@ -27,7 +27,7 @@ use std::ops::Bound;
 
 use heed::{RoTxn, RwTxn};
 
-use super::index::{history_entry, split_history_entry, HISTORY};
+use super::index::{history_entry, split_history_entry, Current, HISTORY};
 use super::revision::Revision;
 use super::store::{corrupt, KvStore, WriteTxn, COMPACT_REV, TAG_TOMBSTONE};
 use super::ReadView;
@@ -125,12 +125,15 @@ impl KvStore {
         }
         if let Some(key) = self.meta.get(txn, COMPACT_TOMBSTONE)?.map(<[u8]>::to_vec) {
             // The previous step removed `key`'s history but had no budget left for its tombstone.
-            if let Some(current) = self.current(txn, &key)?.filter(|c| c.tag == TAG_TOMBSTONE) {
+            // Its current entry is that tombstone unless the key changed since: a newer tombstone
+            // (above the target) is not this one.
+            let tombstone = |c: &Current| c.tag == TAG_TOMBSTONE && c.at.main <= target;
+            if let Some(current) = self.current(txn, &key)?.filter(tombstone) {
                 self.remove_current(txn, &key)?;
                 self.revs.delete(txn, &current.at.to_bytes())?;
                 step.removed += 1;
             } else if let Some((raw, at)) = self.oldest_history_tombstone(txn, &key, target)? {
-                // A put since then made the tombstone the key's oldest history entry, behind the
+                // A change since then made the tombstone the key's oldest history entry, behind the
                 // cursor, where the walk would not come back to it (found by the model test).
                 self.index.delete(txn, &raw)?;
                 self.revs.delete(txn, &at.to_bytes())?;

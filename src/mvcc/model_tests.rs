@@ -700,3 +700,24 @@ fn hash_kv_after_removal_steps_of_one_version() {
     ];
     run(&ops, 502).unwrap();
 }
+
+/// Found by `store_matches_the_etcd_model` after the fix above: the key whose tombstone was left for
+/// the next step was put and deleted again before that step, whose current entry, a newer tombstone
+/// above the compacted revision, the step then removed instead of the old one in the history.
+#[test]
+fn a_tombstone_left_for_the_next_step_is_not_confused_with_a_newer_one() {
+    let put = |key: &[u8]| WriteOp::Put { key: key.to_vec(), value: Vec::new(), lease: 0 };
+    let delete_all = || WriteOp::Delete { key: Vec::new(), end: b"a".to_vec(), keep: false };
+    let ops = [
+        Op::Write(vec![put(b"\x01"), put(b"\x01b"), put(b"\0\0")]),
+        Op::Write(vec![delete_all()]),
+        Op::Write(vec![put(b"\0")]),
+        Op::Write(vec![put(b"\0")]),
+        Op::Compact(22309),
+        Op::RemoveStep(3),
+        Op::RemoveStep(2),
+        Op::Write(vec![put(b"\x01b")]),
+        Op::Write(vec![delete_all()]),
+    ];
+    run(&ops, 502).unwrap();
+}
