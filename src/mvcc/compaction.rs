@@ -106,23 +106,7 @@ impl KvStore {
         let Some(from) = next_to_examine(self, txn)? else {
             return Ok(step);
         };
-        // The entries this step examines and the one after them, collected first: removal deletes
-        // from the index.
-        let mut batch = Vec::new();
-        let mut after = None;
-        {
-            for entry in self.index.range(txn, Bound::Included(&from), Bound::Excluded(&HISTORY_END))?.take(limit + 1) {
-                let (raw, tag) = entry?;
-                let (key, at) = split_history_entry(&raw).ok_or_else(|| corrupt("history key"))?;
-                let tag = *tag.first().ok_or_else(|| corrupt("history tag"))?;
-                let examined = Examined { raw: raw.into_owned(), key, at, tag };
-                if batch.len() == limit {
-                    after = Some(examined);
-                } else {
-                    batch.push(examined);
-                }
-            }
-        }
+        // Before the batch is collected: the tombstone may be in the history the batch walks.
         if let Some(key) = self.meta.get(txn, COMPACT_TOMBSTONE)?.map(<[u8]>::to_vec) {
             // The previous step removed `key`'s history but had no budget left for its tombstone.
             // Its current entry is that tombstone unless the key changed since: a newer tombstone
@@ -140,6 +124,23 @@ impl KvStore {
                 step.removed += 1;
             }
             self.meta.delete(txn, COMPACT_TOMBSTONE)?;
+        }
+        // The entries this step examines and the one after them, collected first: removal deletes
+        // from the index.
+        let mut batch = Vec::new();
+        let mut after = None;
+        {
+            for entry in self.index.range(txn, Bound::Included(&from), Bound::Excluded(&HISTORY_END))?.take(limit + 1) {
+                let (raw, tag) = entry?;
+                let (key, at) = split_history_entry(&raw).ok_or_else(|| corrupt("history key"))?;
+                let tag = *tag.first().ok_or_else(|| corrupt("history tag"))?;
+                let examined = Examined { raw: raw.into_owned(), key, at, tag };
+                if batch.len() == limit {
+                    after = Some(examined);
+                } else {
+                    batch.push(examined);
+                }
+            }
         }
         let mut stopped_at = None;
         for (n, entry) in batch.iter().enumerate() {
