@@ -31,6 +31,8 @@
 //! member of layout 3, 2 (or 1) installs on this version, and one of layout 4 has nothing to convert.
 
 use super::state::{BoxError, State};
+use crate::error::EtcdError;
+use crate::mvcc::KvStore;
 use crate::storage::table::LongKeys;
 
 /// The `sm_meta` key of the layout's version.
@@ -70,31 +72,9 @@ impl State {
         }
         let mut steps = 0u64;
         if recorded.is_none_or(|layout| layout < SHORT_ENCODINGS) {
-            loop {
-                let mut txn = self.env.write_txn()?;
-                let done = self.kv.upgrade_step(&mut txn, UPGRADE_STEP)?;
-                if done {
-                    self.meta.put(&mut txn, LAYOUT, &postcard::to_allocvec(&SHORT_ENCODINGS)?)?;
-                }
-                txn.commit()?;
-                if done {
-                    break;
-                }
-                steps += 1;
-            }
+            steps += self.migrate_in_steps(SHORT_ENCODINGS, KvStore::upgrade_step)?;
         }
-        loop {
-            let mut txn = self.env.write_txn()?;
-            let done = self.kv.regions_step(&mut txn, UPGRADE_STEP)?;
-            if done {
-                self.meta.put(&mut txn, LAYOUT, &postcard::to_allocvec(&CURRENT)?)?;
-            }
-            txn.commit()?;
-            if done {
-                break;
-            }
-            steps += 1;
-        }
+        steps += self.migrate_in_steps(CURRENT, KvStore::regions_step)?;
         if live > 0 || steps > 0 {
             // Synced once, so that no later crash can bring an older layout's records back under the
             // new version (each step is also safe on its own: what is left is read from the data). A fresh data dir (nothing dropped) is not synced: losing its version record
@@ -111,6 +91,29 @@ impl State {
             );
         }
         Ok(())
+    }
+
+    /// Runs `step` (of at most `UPGRADE_STEP` records, each its own committed transaction) until it
+    /// reports done, and records `layout` in the transaction of the last one. Returns the steps
+    /// before the last.
+    fn migrate_in_steps(
+        &self,
+        layout: u32,
+        step: impl Fn(&KvStore, &mut heed::RwTxn, usize) -> Result<bool, EtcdError>,
+    ) -> Result<u64, BoxError> {
+        let mut steps = 0;
+        loop {
+            let mut txn = self.env.write_txn()?;
+            let done = step(&self.kv, &mut txn, UPGRADE_STEP)?;
+            if done {
+                self.meta.put(&mut txn, LAYOUT, &postcard::to_allocvec(&layout)?)?;
+            }
+            txn.commit()?;
+            if done {
+                return Ok(steps);
+            }
+            steps += 1;
+        }
     }
 }
 
