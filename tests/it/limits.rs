@@ -235,19 +235,20 @@ impl Pair {
         if a.success() != b.success() {
             diffs.push(format!("    etcd: {}, candidate: {}", a.status, b.status));
         }
-        for (stream, x, y) in [("stdout", &a.stdout, &b.stdout), ("stderr", &a.stderr, &b.stderr)] {
-            if x != y {
-                diffs.push(format!("    {stream} differs at {}", first_difference(x, y)));
-            }
-        }
+        // etcdctl's verdict is its last line ("Error: ..."), after the retry warnings: shown first, as
+        // a report cut short (a CI excerpt) must still say why a step failed.
         if a.stderr != b.stderr {
-            // etcdctl's verdict is its last line ("Error: ..."), after the retry warnings
             let last = |s: &str| abbreviate(s.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or(""), 200);
             diffs.push(format!(
                 "    last stderr lines:\n      etcd:      {}\n      candidate: {}",
                 last(&a.stderr),
                 last(&b.stderr)
             ));
+        }
+        for (stream, x, y) in [("stdout", &a.stdout, &b.stdout), ("stderr", &a.stderr, &b.stderr)] {
+            if x != y {
+                diffs.push(format!("    {stream} differs at {}", first_difference(x, y)));
+            }
         }
         if diffs.is_empty() {
             self.consecutive = 0;
