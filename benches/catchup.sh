@@ -48,22 +48,18 @@ metric() {
 say() { echo "$1: $2" | tee -a "$tmp/results.txt"; }
 
 run() {
-    local kind="$1" i initial="" eps="" t0
-    local -a port peer mpid
-    for i in 1 2 3; do
-        port[$i]="$(free_port)"; peer[$i]="$(free_port)"
-        initial+="${initial:+,}m$i=http://127.0.0.1:${peer[$i]}"
-        eps+="${eps:+,}http://127.0.0.1:${port[$i]}"
-    done
+    local kind="$1" i t0
+    plan_cluster 3
+    local -a mpid
+    local eps="$CLUSTER_ENDPOINTS"
     start_member() {
-        launch "$kind" "m$1" "$tmp/$kind-m$1" http "${port[$1]}" "${peer[$1]}" "$initial" \
-            --initial-cluster-state new --initial-cluster-token "catchup-$kind" --snapshot-count "$SNAPSHOT_COUNT" \
+        launch_member "$kind" "$1" "$tmp/$kind-m$1" "catchup-$kind" --snapshot-count "$SNAPSHOT_COUNT" \
             --quota-backend-bytes $((8 << 30))
         mpid[$1]=$LAUNCHED
     }
     for i in 1 2 3; do start_member "$i"; done
     for i in 1 2 3; do
-        until "$KWB" --endpoints "http://127.0.0.1:${port[$i]}" --dial-timeout 1s range --total 1 >/dev/null 2>&1; do
+        until "$KWB" --endpoints "http://127.0.0.1:${CLUSTER_CLIENT[$i]}" --dial-timeout 1s range --total 1 >/dev/null 2>&1; do
             kill -0 "${mpid[$i]}" 2>/dev/null || die "$kind m$i exited"
             sleep 0.1
         done
@@ -75,14 +71,14 @@ run() {
     say "$kind" "loaded $n values of $VAL B in $(seconds_since "$t0") s ($(jq -r .errors "$tmp/$kind-load.json") errors)"
 
     local leader_id leader=0 follower=0 id others=""
-    leader_id="$(status_field "http://127.0.0.1:${port[1]}" leader)"
+    leader_id="$(status_field "http://127.0.0.1:${CLUSTER_CLIENT[1]}" leader)"
     for i in 1 2 3; do
-        id="$(status_field "http://127.0.0.1:${port[$i]}" header.member_id)"
+        id="$(status_field "http://127.0.0.1:${CLUSTER_CLIENT[$i]}" header.member_id)"
         if [ "$id" = "$leader_id" ]; then leader=$i; elif [ "$follower" = 0 ]; then follower=$i; fi
     done
     [ "$leader" != 0 ] && [ "$follower" != 0 ] || die "$kind: no leader and follower found"
-    for i in 1 2 3; do [ "$i" = "$follower" ] || others+="${others:+,}http://127.0.0.1:${port[$i]}"; done
-    local lep="http://127.0.0.1:${port[$leader]}" fep="http://127.0.0.1:${port[$follower]}"
+    for i in 1 2 3; do [ "$i" = "$follower" ] || others+="${others:+,}http://127.0.0.1:${CLUSTER_CLIENT[$i]}"; done
+    local lep="http://127.0.0.1:${CLUSTER_CLIENT[$leader]}" fep="http://127.0.0.1:${CLUSTER_CLIENT[$follower]}"
     kill "${mpid[$follower]}"; wait "${mpid[$follower]}" 2>/dev/null
     "$KWB" --endpoints "$others" --clients 8 --conns 2 --prefix behind/ --key-size 16 --val-size 100 \
         --key-space "$BEHIND" --sequential-keys --total "$BEHIND" -w json put > "$tmp/$kind-behind.json" 2>&1
@@ -113,7 +109,7 @@ run() {
     say "$kind" "follower received bytes (keyward's counter): $(metric "$fep" keyward_network_snapshot_received_bytes_total)"
     local hashes=""
     for i in 1 2 3; do
-        hashes+=" $(etcdctl --endpoints "http://127.0.0.1:${port[$i]}" endpoint hashkv -w json 2>/dev/null | jq -r '.[0].HashKV.hash')"
+        hashes+=" $(etcdctl --endpoints "http://127.0.0.1:${CLUSTER_CLIENT[$i]}" endpoint hashkv -w json 2>/dev/null | jq -r '.[0].HashKV.hash')"
     done
     say "$kind" "hashkv per member:$hashes"
     if [ "$kind" = keyward ]; then

@@ -31,7 +31,7 @@
 #   PROFILE=1 (also record a perf profile of keyward's put path at 100 clients, if perf works; builds and
 #   measures the `profiling` profile: release code with debug info),
 #   LOAD=go|rust (the load generator of the put/range/txn-put cells: go is clientv3-load, built by
-#   benches/clientv3-load/build.sh, which needs `apt-get install -y golang-go golang-etcd-server-dev`;
+#   benches/lib/go-build.sh clientv3-load, which needs `apt-get install -y golang-go golang-etcd-server-dev`;
 #   rust is keyward-bench for every cell. Unset: go if it builds, else rust with a warning).
 set -uo pipefail
 
@@ -72,12 +72,12 @@ fi
 case "$LOAD" in
     go)
         echo "building clientv3-load..." >&2
-        bash "$root/benches/clientv3-load/build.sh" "$GOLOAD" || die "LOAD=go: building clientv3-load failed"
+        bash "$root/benches/lib/go-build.sh" clientv3-load "$GOLOAD" || die "LOAD=go: building clientv3-load failed"
         ;;
     rust) ;;
     "")
         echo "building clientv3-load..." >&2
-        if bash "$root/benches/clientv3-load/build.sh" "$GOLOAD"; then
+        if bash "$root/benches/lib/go-build.sh" clientv3-load "$GOLOAD"; then
             LOAD=go
         else
             echo "compare.sh: WARNING: clientv3-load did not build; every cell runs keyward-bench (LOAD=rust)" >&2
@@ -144,21 +144,15 @@ declare -A CPIDS
 start_cluster() {
     local kind="$1" config="$2"
     shift 2
-    local i client=() peer=() initial="" endpoints=""
-    for i in 1 2 3; do
-        client[$i]="$(free_port)"
-        peer[$i]="$(free_port)"
-        initial+="${initial:+,}m$i=http://127.0.0.1:${peer[$i]}"
-        endpoints+="${endpoints:+,}http://127.0.0.1:${client[$i]}"
-    done
+    local i
+    plan_cluster 3
     CPIDS[$kind]=""
     for i in 1 2 3; do
-        launch "$kind" "m$i" "$tmp/$config-m$i-$kind" http "${client[$i]}" "${peer[$i]}" "$initial" \
-            --initial-cluster-state new --initial-cluster-token "bench-$kind" --bcrypt-cost 10 "$@"
+        launch_member "$kind" "$i" "$tmp/$config-m$i-$kind" "bench-$kind" --bcrypt-cost 10 "$@"
         CPIDS[$kind]+="$LAUNCHED "
     done
     PID[$kind]="${CPIDS[$kind]%% *}"
-    EP[$kind]="$endpoints"
+    EP[$kind]="$CLUSTER_ENDPOINTS"
 }
 
 # stop_clusters CONFIG: records each cluster's memory (the sum over its members), then stops it

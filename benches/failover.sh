@@ -18,7 +18,7 @@
 # Environment: ROUNDS (5), HB (100), ET (1000), WARM (3), AFTER (10: load seconds after the kill, more
 #   than a put's 7 s deadline), STABLE (300), BURNERS (2), KW (target/release/keyward), KWB
 #   (keyward-bench), ETCD (/usr/bin/etcd),
-#   LOADER (target/failover-load, built by benches/failover-load/build.sh when missing), KEEP_TMP=1,
+#   LOADER (target/failover-load, built by benches/lib/go-build.sh when missing), KEEP_TMP=1,
 #   KEYWARD_LOG (e.g. warn,openraft::core=info for the election's timeline in the kept logs).
 set -uo pipefail
 
@@ -40,27 +40,21 @@ LOADER="${LOADER:-$root/target/failover-load}"
 die() { echo "failover: $*" >&2; exit 1; }
 [ -x "$KW" ] || die "no keyward binary at $KW (cargo build --release --bins)"
 [ -x "$ETCD" ] || die "no etcd at $ETCD (apt-get install etcd-server)"
-[ -x "$LOADER" ] || "$root/benches/failover-load/build.sh" "$LOADER" || die "cannot build $LOADER"
+[ -x "$LOADER" ] || bash "$root/benches/lib/go-build.sh" failover-load "$LOADER" || die "cannot build $LOADER"
 # shellcheck source=benches/lib/servers.sh
 . "$root/benches/lib/servers.sh"
 bench_tmp failover
 
-# cluster KIND TAG: starts 3 members; sets client[1..3], mpid[1..3] and endpoints.
+# cluster KIND TAG: starts 3 members; sets client[1..3] (their client ports), mpid[1..3] and endpoints.
 cluster() {
-    local kind="$1" tag="$2" i initial=""
-    declare -ga client=() peer=() mpid=()
+    local kind="$1" tag="$2" i
+    declare -ga client=() mpid=()
+    plan_cluster 3
+    endpoints="$CLUSTER_ENDPOINTS"
     for i in 1 2 3; do
-        client[$i]="$(free_port)"
-        peer[$i]="$(free_port)"
-        initial+="${initial:+,}m$i=http://127.0.0.1:${peer[$i]}"
-    done
-    endpoints=""
-    for i in 1 2 3; do
-        launch "$kind" "m$i" "$tmp/$tag-m$i" http "${client[$i]}" "${peer[$i]}" "$initial" \
-            --initial-cluster-state new --initial-cluster-token "$tag" \
-            --heartbeat-interval "$HB" --election-timeout "$ET"
-        mpid[$i]=$LAUNCHED
-        endpoints+="${endpoints:+,}127.0.0.1:${client[$i]}"
+        client[i]="${CLUSTER_CLIENT[i]}"
+        launch_member "$kind" "$i" "$tmp/$tag-m$i" "$tag" --heartbeat-interval "$HB" --election-timeout "$ET"
+        mpid[i]=$LAUNCHED
     done
     for _ in $(seq 150); do
         [ -n "$(leader_of)" ] && return 0

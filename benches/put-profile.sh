@@ -22,7 +22,7 @@ GOLOAD="$root/target/clientv3-load"
 die() { echo "put-profile.sh: $*" >&2; exit 1; }
 for tool in jq python3 etcdctl; do command -v "$tool" > /dev/null || die "$tool is needed"; done
 [ -x "$KW" ] || die "no keyward at $KW"
-[ -x "$GOLOAD" ] || bash "$root/benches/clientv3-load/build.sh" "$GOLOAD" || die "clientv3-load did not build"
+[ -x "$GOLOAD" ] || bash "$root/benches/lib/go-build.sh" clientv3-load "$GOLOAD" || die "clientv3-load did not build"
 
 # shellcheck source=benches/lib/servers.sh
 . "$root/benches/lib/servers.sh"
@@ -31,22 +31,16 @@ bench_tmp put-profile
 declare -A EP CPIDS
 # start_cluster KIND: three members, EP[KIND] their client URLs
 start_cluster() {
-    local kind="$1" i client=() peer=() initial="" endpoints=""
-    for i in 1 2 3; do
-        client[$i]="$(free_port)"
-        peer[$i]="$(free_port)"
-        initial+="${initial:+,}m$i=http://127.0.0.1:${peer[$i]}"
-        endpoints+="${endpoints:+,}http://127.0.0.1:${client[$i]}"
-    done
+    local kind="$1" i
+    plan_cluster 3
     CPIDS[$kind]=""
     for i in 1 2 3; do
-        launch "$kind" "m$i" "$tmp/m$i-$kind" http "${client[$i]}" "${peer[$i]}" "$initial" \
-            --initial-cluster-state new --initial-cluster-token "profile-$kind"
+        launch_member "$kind" "$i" "$tmp/m$i-$kind" "profile-$kind"
         CPIDS[$kind]+="$LAUNCHED "
     done
-    EP[$kind]="$endpoints"
+    EP[$kind]="$CLUSTER_ENDPOINTS"
     for _ in $(seq 100); do
-        ETCDCTL_API=3 etcdctl --endpoints "$endpoints" --dial-timeout 1s endpoint health > /dev/null 2>&1 && return 0
+        ETCDCTL_API=3 etcdctl --endpoints "${EP[$kind]}" --dial-timeout 1s endpoint health > /dev/null 2>&1 && return 0
         sleep 0.2
     done
     die "the $kind cluster did not become healthy"

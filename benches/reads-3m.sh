@@ -44,19 +44,13 @@ declare -A EP MEP
 cluster() {
     local name="$1" kind="$2" bin="$3"
     shift 3
-    local i client=() peer=() initial="" endpoints=""
+    local i
+    plan_cluster 3
     for i in 1 2 3; do
-        client[$i]="$(free_port)"
-        peer[$i]="$(free_port)"
-        initial+="${initial:+,}m$i=http://127.0.0.1:${peer[$i]}"
-        endpoints+="${endpoints:+,}http://127.0.0.1:${client[$i]}"
+        KW="$bin" launch_member "$kind" "$i" "$tmp/$name-m$i" "reads-$name" --bcrypt-cost 10 "$@"
     done
-    for i in 1 2 3; do
-        KW="$bin" launch "$kind" "m$i" "$tmp/$name-m$i" http "${client[$i]}" "${peer[$i]}" "$initial" \
-            --initial-cluster-state new --initial-cluster-token "reads-$name" --bcrypt-cost 10 "$@"
-    done
-    EP[$name]="$endpoints"
-    MEP[$name]="$endpoints"
+    EP[$name]="$CLUSTER_ENDPOINTS"
+    MEP[$name]="$CLUSTER_ENDPOINTS"
 }
 
 ready() {

@@ -26,7 +26,7 @@ die() { echo "watch-many.sh: $*" >&2; exit 1; }
 # shellcheck source=benches/lib/servers.sh
 . "$root/benches/lib/servers.sh"
 bench_tmp watch-many
-"$root/benches/watch-many/build.sh" "$tmp/watch-many" || die "could not build the load generator"
+bash "$root/benches/lib/go-build.sh" watch-many "$tmp/watch-many" || die "could not build the load generator"
 
 declare -A EP
 for kind in keyward etcd; do

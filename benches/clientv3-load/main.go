@@ -3,7 +3,7 @@
 // client the performance issue names. Its options are the subset of keyward-bench's that
 // benches/compare.sh passes for a cell, and its JSON report has keyward-bench's fields.
 //
-// Build (GOPATH mode, with Debian's golang-etcd-server-dev sources): benches/clientv3-load/build.sh
+// Build (GOPATH mode, with Debian's golang-etcd-server-dev sources): benches/lib/go-build.sh clientv3-load
 package main
 
 import (

@@ -8,7 +8,7 @@
 // key whose version is not 1, i.e. a put applied twice; unacked_present: failed puts that did
 // apply, which an ambiguous error allows).
 //
-// Build (GOPATH mode, Debian's golang-etcd-server-dev): benches/failover-load/build.sh
+// Build (GOPATH mode, Debian's golang-etcd-server-dev): benches/lib/go-build.sh failover-load
 package main
 
 import (

@@ -42,3 +42,26 @@ launch() {
     LAUNCHED=$!
     pids+=("$LAUNCHED")
 }
+
+# plan_cluster [N]: free loopback ports for a new cluster of N members m1..mN (default 3):
+# CLUSTER_CLIENT[i] and CLUSTER_PEER[i], CLUSTER_INITIAL (the --initial-cluster value) and
+# CLUSTER_ENDPOINTS (the client URLs, comma-separated).
+plan_cluster() {
+    local i n="${1:-3}"
+    CLUSTER_CLIENT=() CLUSTER_PEER=() CLUSTER_INITIAL="" CLUSTER_ENDPOINTS=""
+    for ((i = 1; i <= n; i++)); do
+        CLUSTER_CLIENT[i]="$(free_port)"
+        CLUSTER_PEER[i]="$(free_port)"
+        CLUSTER_INITIAL+="${CLUSTER_INITIAL:+,}m$i=http://127.0.0.1:${CLUSTER_PEER[i]}"
+        CLUSTER_ENDPOINTS+="${CLUSTER_ENDPOINTS:+,}http://127.0.0.1:${CLUSTER_CLIENT[i]}"
+    done
+}
+
+# launch_member KIND I DIR TOKEN EXTRA_FLAGS... : member mI of the cluster plan_cluster planned
+# (started, or started again, as a member of a new cluster with --initial-cluster-token TOKEN).
+launch_member() {
+    local kind="$1" i="$2" dir="$3" token="$4"
+    shift 4
+    launch "$kind" "m$i" "$dir" http "${CLUSTER_CLIENT[i]}" "${CLUSTER_PEER[i]}" "$CLUSTER_INITIAL" \
+        --initial-cluster-state new --initial-cluster-token "$token" "$@"
+}

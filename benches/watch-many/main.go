@@ -10,7 +10,7 @@
 // Prints one JSON line: creation time, event latency percentiles (ms) per phase, missing events, and
 // the puts' own latency (an event's latency counts its put's commit too).
 //
-// Build: benches/watch-many/build.sh (GOPATH mode against Debian's etcd 3.4 sources).
+// Build: benches/lib/go-build.sh watch-many (GOPATH mode against Debian's etcd 3.4 sources).
 package main
 
 import (
