@@ -363,8 +363,15 @@ impl Table {
             // The group `end` runs through is walked, and checked key by key.
             Bound::Included(e) | Bound::Excluded(e) => Bound::Included([&e[..chunk], &[0]].concat()),
         };
-        let mut range =
-            Range { table: *self, txn, stack: Vec::new(), end: end.map(<[u8]>::to_vec), main_end, done: false };
+        let mut range = Range {
+            table: *self,
+            txn,
+            stack: Vec::new(),
+            key: Vec::new(),
+            end: end.map(<[u8]>::to_vec),
+            main_end,
+            done: false,
+        };
         range.seek(start)?;
         Ok(range)
     }
@@ -439,11 +446,25 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     Some(end)
 }
 
-/// One level being walked: its entries from the current position, and the key bytes above it.
+/// One level being walked: its entries from the current position, how many key bytes are above it,
+/// and where those bytes stand against the range's end.
 struct Frame<'t> {
     level: Level,
-    prefix: Vec<u8>,
+    /// The length of the level's prefix: `Range::key[..depth]`.
+    depth: usize,
+    edge: EndEdge,
     entries: LmdbRange<'t>,
+}
+
+/// Where a level's prefix stands against the range's end: what lets a walk compare only the bytes a
+/// level adds, not the whole prefix at every level (with a key of 1 MiB, some 2,000 levels deep, the
+/// whole-prefix copies and compares made each seek cost gigabytes of memory traffic).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EndEdge {
+    /// Every key under the prefix is below the end (or the range has none).
+    Below,
+    /// The prefix is a proper prefix of the end: each key under it must be compared.
+    OnEdge,
 }
 
 /// An in-order walk over a [`Table`]'s keys (full keys, rebuilt from their chunks) and values.
@@ -452,38 +473,59 @@ pub(crate) struct Range<'t> {
     txn: &'t RoTxn<'t>,
     /// The levels entered, innermost last.
     stack: Vec<Frame<'t>>,
+    /// The key bytes above the innermost level entered; a frame's prefix is `key[..frame.depth]` (each
+    /// level nests in the one below it, so one buffer serves them all).
+    key: Vec<u8>,
     end: Bound<Vec<u8>>,
     /// The main level's upper bound for LMDB. It is exact for the keys stored there whole, so only keys
-    /// rebuilt from groups are compared with `end` one by one.
+    /// rebuilt from groups are compared with `end`.
     main_end: Bound<Vec<u8>>,
     done: bool,
 }
 
 impl<'t> Range<'t> {
     fn empty(table: Table, txn: &'t RoTxn<'t>) -> Self {
-        Range { table, txn, stack: Vec::new(), end: Bound::Unbounded, main_end: Bound::Unbounded, done: true }
+        Range {
+            table,
+            txn,
+            stack: Vec::new(),
+            key: Vec::new(),
+            end: Bound::Unbounded,
+            main_end: Bound::Unbounded,
+            done: true,
+        }
+    }
+
+    /// Where the main level (the empty prefix) stands against the end.
+    fn main_edge(&self) -> EndEdge {
+        match self.end {
+            Bound::Unbounded => EndEdge::Below,
+            _ => EndEdge::OnEdge,
+        }
     }
 
     /// Positions the walk at the first key within `start`: at each level, the entries after the marker
     /// the start key runs through are left for later, and the walk descends into that marker's group.
     fn seek(&mut self, start: Bound<&[u8]>) -> heed::Result<()> {
         let table = self.table;
+        let main_edge = self.main_edge();
         let (mut rest, inclusive) = match start {
             Bound::Unbounded => {
                 let entries = table.level_range(self.txn, Level::Main, Bound::Unbounded, self.main_end())?;
-                self.stack.push(Frame { level: Level::Main, prefix: Vec::new(), entries });
+                self.stack.push(Frame { level: Level::Main, depth: 0, edge: main_edge, entries });
                 return Ok(());
             }
             Bound::Included(key) => (key, true),
             Bound::Excluded(key) => (key, false),
         };
         let mut level = Level::Main;
-        let mut prefix = Vec::new();
+        let mut edge = main_edge;
         loop {
+            let depth = self.key.len();
             if rest.len() <= table.chunk() {
                 let lower = if inclusive { Bound::Included(rest) } else { Bound::Excluded(rest) };
                 let entries = table.level_range(self.txn, level, lower, self.main_end())?;
-                self.stack.push(Frame { level, prefix, entries });
+                self.stack.push(Frame { level, depth, edge, entries });
                 return Ok(());
             }
             let (head, tail) = rest.split_at(table.chunk());
@@ -493,12 +535,16 @@ impl<'t> Range<'t> {
             // share `head`, and entries after it hold keys above `start`.
             let after = table.level_range(self.txn, level, Bound::Excluded(&marker_rest), self.main_end())?;
             let id = table.db(level).get(self.txn, &table.marker(level, head))?.map(group_id).transpose()?;
-            let mut inner = prefix.clone();
-            self.stack.push(Frame { level, prefix, entries: after });
+            self.stack.push(Frame { level, depth, edge, entries: after });
             let Some(id) = id else { return Ok(()) };
-            inner.extend_from_slice(head);
-            prefix = inner;
+            let Some(inner) = self.descend(edge, depth, head) else {
+                // The group, and every entry after it at each level above, is past the end.
+                self.finish();
+                return Ok(());
+            };
+            self.key.extend_from_slice(head);
             level = Level::Group(id);
+            edge = inner;
             rest = tail;
         }
     }
@@ -507,11 +553,31 @@ impl<'t> Range<'t> {
         self.main_end.as_ref().map(Vec::as_slice)
     }
 
-    fn beyond_end(&self, key: &[u8]) -> bool {
+    /// Where the prefix `key[..depth] ++ head` of a group stands against the end, given where
+    /// `key[..depth]` stands (`parent`); `None` if every key of the group is past the end.
+    fn descend(&self, parent: EndEdge, depth: usize, head: &[u8]) -> Option<EndEdge> {
+        let end = match (&self.end, parent) {
+            (Bound::Included(end) | Bound::Excluded(end), EndEdge::OnEdge) => &end[depth..],
+            _ => return Some(EndEdge::Below),
+        };
+        let n = head.len().min(end.len());
+        match head[..n].cmp(&end[..n]) {
+            std::cmp::Ordering::Less => Some(EndEdge::Below),
+            std::cmp::Ordering::Equal if head.len() < end.len() => Some(EndEdge::OnEdge),
+            // The prefix is the end or extends it: every key of the group (a longer one) is past it.
+            _ => None,
+        }
+    }
+
+    /// Whether the key `key[..depth] ++ rest` of a level that stands at `edge` is past the end.
+    fn beyond_end(&self, edge: EndEdge, depth: usize, rest: &[u8]) -> bool {
+        if edge == EndEdge::Below {
+            return false;
+        }
         match &self.end {
             Bound::Unbounded => false,
-            Bound::Included(end) => key > end.as_slice(),
-            Bound::Excluded(end) => key >= end.as_slice(),
+            Bound::Included(end) => rest > &end[depth..],
+            Bound::Excluded(end) => rest >= &end[depth..],
         }
     }
 
@@ -531,6 +597,7 @@ impl<'t> Iterator for Range<'t> {
                 self.finish();
                 break;
             };
+            let (level, depth, edge) = (frame.level, frame.depth, frame.edge);
             let (raw, value) = match frame.entries.next() {
                 None => {
                     self.stack.pop();
@@ -539,21 +606,22 @@ impl<'t> Iterator for Range<'t> {
                 Some(Err(e)) => return Some(Err(e)),
                 Some(Ok(entry)) => entry,
             };
-            let rest = match frame.level {
+            let rest = match level {
                 Level::Main => raw,
                 Level::Group(_) => &raw[GROUP_ID_LEN.min(raw.len())..],
             };
+            // The innermost level's prefix: deeper levels walked before are done.
+            self.key.truncate(depth);
             if rest.len() <= chunk {
-                if frame.level == Level::Main {
+                if level == Level::Main {
                     // LMDB's own bound (`main_end`) already stopped at the end.
                     return Some(Ok((Cow::Borrowed(rest), value)));
                 }
-                let key = Cow::Owned([frame.prefix.as_slice(), rest].concat());
-                if self.beyond_end(&key) {
+                if self.beyond_end(edge, depth, rest) {
                     self.finish();
                     break;
                 }
-                return Some(Ok((key, value)));
+                return Some(Ok((Cow::Owned([self.key.as_slice(), rest].concat()), value)));
             }
             if rest.len() != chunk + 1 || rest[chunk] != 0 {
                 return Some(Err(corrupt("marker key")));
@@ -562,14 +630,17 @@ impl<'t> Iterator for Range<'t> {
                 Ok(id) => id,
                 Err(e) => return Some(Err(e)),
             };
-            let prefix = [frame.prefix.as_slice(), &rest[..chunk]].concat();
-            // Every key of the group extends `prefix`: if `prefix` is already past the end, so are they.
-            if self.beyond_end(&prefix) {
+            let head = &rest[..chunk];
+            // Every key of the group extends its prefix: if the prefix is already past the end, so are they.
+            let Some(inner) = self.descend(edge, depth, head) else {
                 self.finish();
                 break;
-            }
+            };
             match self.table.level_range(self.txn, Level::Group(id), Bound::Unbounded, Bound::Unbounded) {
-                Ok(entries) => self.stack.push(Frame { level: Level::Group(id), prefix, entries }),
+                Ok(entries) => {
+                    self.key.extend_from_slice(head);
+                    self.stack.push(Frame { level: Level::Group(id), depth: self.key.len(), edge: inner, entries });
+                }
                 Err(e) => return Some(Err(e)),
             }
         }

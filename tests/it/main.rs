@@ -42,6 +42,7 @@ mod lease;
 mod limits;
 mod lock_election;
 mod login_throttle;
+mod long_key_memory;
 mod maintenance;
 mod metrics;
 mod migrate;

@@ -1,7 +1,7 @@
 //! A snapshot never has to fit in memory: building one, sending it chunk by chunk and installing it
 //! allocate a bounded amount of heap whatever the store's size.
 //!
-//! The test binary counts every heap allocation Rust makes (the global allocator below) and checks the
+//! The test binary counts every heap allocation Rust makes (`common/heap.rs`) and checks the
 //! peak of live bytes during the build and during the install against the snapshot's size. LMDB's dirty
 //! pages are C allocations and are not counted: the install's write transaction holds them until its
 //! commit, bounded by LMDB's dirty-page list (2^17 pages, 512 MiB; beyond it LMDB spills pages to the
@@ -11,9 +11,8 @@
 //! `measure_build_and_install_of_a_large_store` (ignored; run with `cargo test --release --test it
 //! snapshot_memory:: -- --ignored --nocapture`) reports times and peaks for a ~200 MB store (`KEYWARD_SNAPSHOT_MB` to change it).
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use keyward::proto::etcdserverpb::{InternalRaftBatch, InternalRaftRequest, PutRequest};
@@ -24,54 +23,7 @@ use openraft::{CommittedLeaderId, EntryPayload};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::common;
-
-/// Counts live heap bytes and their peak.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-fn allocated(bytes: usize) {
-    let live = LIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
-    PEAK.fetch_max(live, Ordering::Relaxed);
-}
-
-// SAFETY: every call is passed to the system allocator unchanged; the counters only observe sizes.
-#[allow(unsafe_code)] // a global allocator is an unsafe trait
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let ptr = unsafe { System.alloc(layout) };
-        if !ptr.is_null() {
-            allocated(layout.size());
-        }
-        ptr
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let moved = unsafe { System.realloc(ptr, layout, new_size) };
-        if !moved.is_null() {
-            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-            allocated(new_size);
-        }
-        moved
-    }
-}
-
-#[global_allocator]
-static COUNTING: Counting = Counting;
-
-/// Runs `phase` and returns its result and the most heap it held live beyond what was live before.
-async fn peak_growth<T>(phase: impl std::future::Future<Output = T>) -> (T, usize) {
-    let before = LIVE.load(Ordering::Relaxed);
-    PEAK.store(before, Ordering::Relaxed);
-    let out = phase.await;
-    (out, PEAK.load(Ordering::Relaxed).saturating_sub(before))
-}
+use crate::common::heap::peak_growth;
 
 fn open(dir: &Path) -> StateMachine {
     StateMachine::open(&dir.join("kv"), &dir.join("snap")).expect("open")

@@ -1,7 +1,7 @@
 //! Tests that change or measure what belongs to the whole process run in a child process of this
 //! test binary, alone: in one binary every other test shares the process with them. Today these are
 //! `fuzz_config` (it sets `ETCD_*` variables, which a server or etcdctl another test spawns meanwhile
-//! would inherit) and `snapshot_memory` (it counts the heap of the whole process).
+//! would inherit), `snapshot_memory` and `long_key_memory` (they count the heap of the whole process).
 
 use std::process::Command;
 
