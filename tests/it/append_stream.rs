@@ -131,7 +131,8 @@ fn add_learner(via: &Member, name: &str, peer_url: &str) -> u64 {
 /// so only the membership admits it.
 ///
 /// Fails if `StreamCaller::admit_again` is not called on each message (`append_stream.rs`, `answer`):
-/// the streams opened while it was a member are served after its removal.
+/// the streams opened while it was a member are served after its removal (checked: "m1: still
+/// served 30s after the removal").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_members_open_stream_is_refused_at_its_next_message_and_served_once_added_back() {
     let cluster = blocking(|| Cluster::start(Options::new(3).peer_tls()));
@@ -293,7 +294,10 @@ async fn every_member_holds_each_put_once(cluster: &Cluster, prefix: &str, done:
 ///
 /// Fails if the leader does not fall back to calls on `Unimplemented` (the match arm
 /// `Ok(Err(status)) if status.code() == tonic::Code::Unimplemented` removed from
-/// `AppendStream::exchange`): the follower then never gets an entry and never reaches the last put.
+/// `AppendStream::exchange`): the follower then never gets an entry and stays at the revision of the
+/// cut (checked: "m3 at revision 21, not 121"). Also fails if every failure were taken for
+/// `Unimplemented` (the arm's `if` removed): the cut alone turns the leader to calls, and it never
+/// asks for the stream again (checked: no refusal relayed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_without_the_stream_gets_calls_and_loses_nothing() {
     let (cluster, fronts) = fronted_cluster().await;
@@ -324,8 +328,8 @@ async fn a_follower_without_the_stream_gets_calls_and_loses_nothing() {
 /// version: no call), and the follower applies every put, once.
 ///
 /// Fails if a broken stream were taken for a peer without the stream (the guard `if status.code() ==
-/// tonic::Code::Unimplemented` dropped from `AppendStream::exchange`'s match): the follower then gets
-/// calls.
+/// tonic::Code::Unimplemented` dropped from `AppendStream::exchange`'s match): the leader then sends
+/// calls and opens no stream after the cuts (checked: 7 streams relayed, 6 of them before the cuts).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_broken_mid_way_is_opened_again_and_loses_nothing() {
     let (cluster, fronts) = fronted_cluster().await;
@@ -353,7 +357,8 @@ async fn a_stream_broken_mid_way_is_opened_again_and_loses_nothing() {
 /// A follower frozen (SIGSTOP) for 2 s, forty times the AppendEntries deadline (the heartbeat
 /// interval, 50 ms), while the leader writes through the other follower: every AppendEntries to it
 /// times out and its stream is dropped; once it runs again it is served on a stream (no call) and
-/// applies every put, once.
+/// applies every put, once. Fails too if a broken stream were taken for a peer without the stream
+/// (as above; checked): a failure the freeze causes then turns the leader to calls for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_follower_is_served_on_a_stream_again_and_loses_nothing() {
     let cluster = blocking(|| Cluster::start(Options::new(3)));
