@@ -108,7 +108,7 @@ async fn member_lists_agree(cluster: &Cluster, among: &[usize], done: impl Fn(&[
 /// is given without its `http://`: etcdctl 3.4 then sends the whole URL as the HTTP/2 `:authority` of
 /// `endpoint status` and `endpoint hashkv`, which etcd accepts and keyward's HTTP/2 server refuses
 /// (PROTOCOL_ERROR; reported, not a cluster matter).
-fn hashkv(m: &Member, rev: i64, user: Option<&str>) -> u64 {
+pub(crate) fn hashkv(m: &Member, rev: i64, user: Option<&str>) -> u64 {
     let (rev, user) = (rev.to_string(), user.map(|u| format!("--user={u}")));
     let mut args: Vec<&str> = user.iter().map(String::as_str).collect();
     args.extend(["endpoint", "hashkv", "--rev", &rev, "-w", "json"]);

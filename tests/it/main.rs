@@ -16,6 +16,7 @@
 
 mod common;
 
+mod append_stream;
 mod audit;
 mod auth_client;
 mod auth_enforcement;

@@ -32,7 +32,7 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 
 /// A peer-protocol client of `peer_url` presenting `cert` (none on `http://`), trusting `ca` for the
 /// member's certificate.
-fn peer_client(peer_url: &str, ca: &Path, cert: Option<&Cert>) -> PeerClient<Channel> {
+pub(crate) fn peer_client(peer_url: &str, ca: &Path, cert: Option<&Cert>) -> PeerClient<Channel> {
     let tls = match peer_url.starts_with("https://") {
         true => Some(
             keyward::client_config(
@@ -98,7 +98,7 @@ fn assert_refused<T: std::fmt::Debug>(what: &str, result: Result<T, tonic::Statu
 }
 
 /// The cluster id, as any client's response header tells it.
-async fn cluster_id(cluster: &Cluster) -> u64 {
+pub(crate) async fn cluster_id(cluster: &Cluster) -> u64 {
     let mut client = cluster.members[0].client().await;
     client.status().await.expect("status").header().expect("header").cluster_id()
 }

@@ -43,6 +43,7 @@ pub(crate) mod cluster;
 pub(crate) mod faultfs;
 pub(crate) mod forwarding;
 pub(crate) mod heap;
+pub(crate) mod peer_front;
 pub(crate) mod pki;
 pub(crate) mod restore;
 
