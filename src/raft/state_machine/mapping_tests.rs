@@ -86,8 +86,8 @@ fn the_map_grows_with_the_data_and_every_byte_of_it_has_a_block() {
 /// The file (`dbSize`) stays near the pages LMDB has handed out while a store grows: after every
 /// commit of a load of 1 MiB batches, once the reservation is past 64 MiB (where a sixteenth of it
 /// is more than the smallest step), the file is at most 17/15 of the pages handed out (plus the MiB
-/// a reservation rounds to). With the early growth of a sixth at five sixths it was up to 1.4 right
-/// after each growth, and this fails.
+/// a reservation rounds to). With the early growth of a sixth at five sixths this fails (after batch
+/// 42: a 77.6 MB file for 55.3 MB handed out, 1.40).
 #[test]
 fn the_file_stays_within_seventeen_fifteenths_of_the_pages_handed_out() {
     let dir = tempfile::tempdir().unwrap();
