@@ -117,13 +117,15 @@ impl State {
     }
 
     /// The reservation to ask for after a batch met a full map `times` times: the usual step
-    /// (`storage::mapping`, a sixth of the reservation) the first time, doubled at each time after.
+    /// (`storage::mapping::MAP_FULL_GROW_BY`, a sixth of the reservation) the first time, doubled at
+    /// each time after.
     fn map_wanted(&self, times: u32) -> u64 {
         if times <= 1 {
             return 0; // `grow_map`'s usual step
         }
         let reserved = self.mapping.reserved().unwrap_or(0);
-        reserved.saturating_add((reserved / 6).saturating_mul(1 << (times - 1).min(16)))
+        let step = reserved / crate::storage::mapping::MAP_FULL_GROW_BY;
+        reserved.saturating_add(step.saturating_mul(1 << (times - 1).min(16)))
     }
 
     /// Grows the map of a mapped environment after `MDB_MAP_FULL` (`storage::mapping`), to at least
