@@ -159,6 +159,30 @@ impl KvStore {
         Ok(())
     }
 
+    /// Records the changes `changes` (keys distinct, each with a current entry, in key order, each
+    /// change newer than the key's current entry) as `index_change` would: each key's current entry
+    /// goes to history and its new one overwrites it where it is. In two passes of one cursor each,
+    /// in key order (history, then the current entries region by region), so each page is searched
+    /// for once and touched once (a big delete, `WriteTxn::delete_range`).
+    pub(super) fn supersede_in_order(&self, txn: &mut RwTxn, changes: &[Superseding]) -> Result<(), EtcdError> {
+        let mut history = Vec::with_capacity(changes.len());
+        let mut currents = Vec::with_capacity(changes.len());
+        for change in changes {
+            if change.old.at >= change.at {
+                return Err(corrupt("a change older than the key's newest"));
+            }
+            history.push((history_entry(&change.key, change.old.at), vec![change.old.tag]));
+        }
+        self.index.put_in_order(txn, &history)?;
+        drop(history);
+        for region in [NEWEST, STAGING] {
+            for change in changes.iter().filter(|change| change.region == region) {
+                currents.push((current_entry(region, &change.key), current_value(change.tag, change.at)));
+            }
+        }
+        Ok(self.index.put_in_order(txn, &currents)?)
+    }
+
     /// Removes `key`'s current entry (compaction of its last version, a tombstone).
     pub(super) fn remove_current(&self, txn: &mut RwTxn, key: &[u8]) -> Result<(), EtcdError> {
         if self.index.delete(txn, &current_entry(NEWEST, key))? {
@@ -267,27 +291,47 @@ impl KvStore {
     }
 }
 
+/// A change of a key that has a current entry, for `KvStore::supersede_in_order`.
+pub(super) struct Superseding {
+    pub key: Vec<u8>,
+    /// Where the key's current entry is.
+    pub region: [u8; 2],
+    /// The key's current entry, which goes to history.
+    pub old: Current,
+    /// The change: its revision and tag.
+    pub at: Revision,
+    pub tag: u8,
+}
+
 /// The current entries of a range of keys, newest's and staging's merged in key order.
 pub(super) struct Currents<'t> {
     newest: Peekable<Range<'t>>,
     staging: Peekable<Range<'t>>,
 }
 
-impl Iterator for Currents<'_> {
-    type Item = Result<(Vec<u8>, Current), EtcdError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
+impl Currents<'_> {
+    /// The next key's current entry, with the region it is in.
+    pub(super) fn next_with_region(&mut self) -> Option<Result<([u8; 2], Vec<u8>, Current), EtcdError>> {
         let take_staging = match (self.newest.peek(), self.staging.peek()) {
             (None, None) => return None,
             (Some(Ok((n, _))), Some(Ok((s, _)))) => s[STAGING.len()..] < n[NEWEST.len()..],
             (Some(Err(_)), _) | (Some(_), None) => false,
             (None, Some(_)) | (Some(Ok(_)), Some(Err(_))) => true,
         };
-        let entry = if take_staging { self.staging.next() } else { self.newest.next() }?;
-        Some(entry.map_err(EtcdError::from).and_then(|(raw, value)| {
+        let (region, entry) =
+            if take_staging { (STAGING, self.staging.next()) } else { (NEWEST, self.newest.next()) };
+        Some(entry?.map_err(EtcdError::from).and_then(|(raw, value)| {
             let key = raw.get(NEWEST.len()..).ok_or_else(|| corrupt("current key"))?.to_vec();
-            Ok((key, decode_current(value)?))
+            Ok((region, key, decode_current(value)?))
         }))
+    }
+}
+
+impl Iterator for Currents<'_> {
+    type Item = Result<(Vec<u8>, Current), EtcdError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        Some(self.next_with_region()?.map(|(_, key, current)| (key, current)))
     }
 }
 

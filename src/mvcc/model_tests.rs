@@ -13,6 +13,9 @@
 //! the current keys as each key's newest index entry (the store keeps no other copy of them). Each case
 //! ends by finishing removal and checking the tables hold exactly the retained history.
 //!
+//! `KEYWARD_FUZZ_CASES=N` runs N cases instead of 96 and `KEYWARD_MODEL_OPS=N` draws up to N steps per
+//! case instead of 47, for a longer campaign (`cargo test --lib mvcc::model_tests`).
+//!
 //! Keys are drawn from the bytes `0x00, 0x01, 'a', 'b', 0xff` so that keys containing the escape byte
 //! `0x00`, keys ending in `0xff` (prefix ends) and keys that are prefixes of other keys are all frequent.
 //! Range bounds may also be the empty key (written keys never are).
@@ -627,9 +630,19 @@ fn run(ops: &[Op], chunk: usize) -> Result<(), TestCaseError> {
     Harness::new(chunk)?.run(ops)
 }
 
+/// `KEYWARD_FUZZ_CASES`, else 96.
+fn model_cases() -> u32 {
+    std::env::var("KEYWARD_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(96)
+}
+
+/// The most steps a case draws: `KEYWARD_MODEL_OPS`, else 47.
+fn model_ops() -> usize {
+    std::env::var("KEYWARD_MODEL_OPS").ok().and_then(|n| n.parse().ok()).filter(|&n| n > 0).unwrap_or(47)
+}
+
 proptest! {
     #![proptest_config(Config {
-        cases: 96,
+        cases: model_cases(),
         // Failures are reported (and kept below as plain tests), not written next to the sources.
         failure_persistence: None,
         ..Config::default()
@@ -638,7 +651,7 @@ proptest! {
     /// With keyward's chunk size, and with chunks of 1–3 bytes that send every key (and every history
     /// key, 18+ bytes) through many levels of the long-key layout (`storage/table.rs`).
     #[test]
-    fn store_matches_the_etcd_model(ops in prop::collection::vec(op(), 1..48), chunk in prop_oneof![Just(CHUNK), 1usize..4]) {
+    fn store_matches_the_etcd_model(ops in prop::collection::vec(op(), 1..=model_ops()), chunk in prop_oneof![Just(CHUNK), 1usize..4]) {
         run(&ops, chunk)?;
     }
 }
