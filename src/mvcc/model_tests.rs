@@ -752,3 +752,30 @@ fn a_tombstone_left_for_the_next_step_is_removed_before_the_walk() {
     ];
     run(&ops, 502).unwrap();
 }
+
+/// Found by `store_matches_the_etcd_model` with 96 steps per case (`KEYWARD_MODEL_OPS`): `HashKV` at
+/// a new compaction differed from the model's.
+#[test]
+fn hash_kv_after_a_delete_of_keys_with_and_without_history() {
+    let put = |key: &[u8]| WriteOp::Put { key: key.to_vec(), value: Vec::new(), lease: 0 };
+    let delete = |key: &[u8], end: &[u8]| WriteOp::Delete { key: key.to_vec(), end: end.to_vec(), keep: false };
+    let ops = [
+        Op::Write(vec![put(b"b"), delete(b"\0", b"\x01")]),
+        Op::Write(vec![put(b"\x01\0\0")]),
+        Op::Write(vec![delete(b"", b"\0")]),
+        Op::Write(vec![put(b"\0")]),
+        Op::Compact(56825),
+        Op::Write(vec![put(b"\x01")]),
+        Op::Write(vec![put(b"a")]),
+        Op::Write(vec![put(b"\0")]),
+        Op::Compact(22568),
+        Op::RemoveStep(3),
+        Op::Write(vec![put(b"b"), put(b"\0")]),
+        Op::Write(vec![delete(b"", b"b\0\0")]),
+        Op::Write(vec![put(b"\0")]),
+        Op::Write(vec![put(b"\0")]),
+        Op::Write(vec![put(b"\0")]),
+        Op::Compact(16945),
+    ];
+    run(&ops, 502).unwrap();
+}

@@ -175,6 +175,22 @@ impl ReadView<'_> {
         Ok(result)
     }
 
+    /// About how many bytes of new pages a delete of `range` now writes (`WriteTxn::delete_range`):
+    /// for each key there, its tombstone's record, its history entry and its rewritten current entry,
+    /// each with LMDB's node overhead, the history at half-full pages (its inserts split them in the
+    /// middle); values are not read. What apply reserves ahead (`apply::footprint`).
+    pub(crate) fn delete_footprint(&self, range: &KeyRange) -> Result<u64, EtcdError> {
+        let (mut keys, mut key_bytes) = (0, 0);
+        for entry in self.store.currents(self.txn, range, None)? {
+            let (key, current) = entry?;
+            if current.tag == TAG_PUT {
+                keys += 1;
+                key_bytes += key.len() as u64;
+            }
+        }
+        Ok(deletion_footprint(keys, key_bytes))
+    }
+
     /// The newest change of `key` (at any revision this view sees): its revision and tag.
     pub(super) fn newest(&self, key: &[u8]) -> Result<Option<(Revision, u8)>, EtcdError> {
         Ok(self.store.current(self.txn, key)?.map(|current| (current.at, current.tag)))
@@ -322,9 +338,21 @@ pub(crate) struct Deleted {
 /// How many keys `delete_range` finds in one walk of the index.
 const DELETE_BATCH: usize = 1024;
 
+/// New page bytes one deletion writes beyond four times its key (`ReadView::delete_footprint`): a
+/// tombstone record (about 15 bytes and a 5-byte revision key), a history entry (about 10 bytes),
+/// counted twice for half-full pages, a current entry (about 10 bytes), LMDB's 8-byte node header and
+/// 2-byte pointer on each, and a share of the branch pages.
+const DELETION_BYTES: u64 = 128;
+
 /// How many records of `kv_revs` `ReadView::kvs_at` walks past, between two it wants, before it
 /// seeks instead: about what one search of the tree costs.
 const WALK_SLACK: usize = 16;
+
+/// About how many bytes of new pages deleting `keys` keys of `key_bytes` bytes in all writes
+/// (`ReadView::delete_footprint`).
+pub(crate) fn deletion_footprint(keys: u64, key_bytes: u64) -> u64 {
+    keys.saturating_mul(DELETION_BYTES).saturating_add(key_bytes.saturating_mul(4))
+}
 
 /// The changes of one raft entry, applied at one new revision.
 pub(crate) struct WriteTxn<'a, 'e> {
