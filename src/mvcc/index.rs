@@ -303,6 +303,9 @@ pub(super) struct Superseding {
     pub tag: u8,
 }
 
+/// A key's current entry with the region it is in: the region, the key, the entry.
+pub(super) type InRegion = ([u8; 2], Vec<u8>, Current);
+
 /// The current entries of a range of keys, newest's and staging's merged in key order.
 pub(super) struct Currents<'t> {
     newest: Peekable<Range<'t>>,
@@ -311,15 +314,14 @@ pub(super) struct Currents<'t> {
 
 impl Currents<'_> {
     /// The next key's current entry, with the region it is in.
-    pub(super) fn next_with_region(&mut self) -> Option<Result<([u8; 2], Vec<u8>, Current), EtcdError>> {
+    pub(super) fn next_with_region(&mut self) -> Option<Result<InRegion, EtcdError>> {
         let take_staging = match (self.newest.peek(), self.staging.peek()) {
             (None, None) => return None,
             (Some(Ok((n, _))), Some(Ok((s, _)))) => s[STAGING.len()..] < n[NEWEST.len()..],
             (Some(Err(_)), _) | (Some(_), None) => false,
             (None, Some(_)) | (Some(Ok(_)), Some(Err(_))) => true,
         };
-        let (region, entry) =
-            if take_staging { (STAGING, self.staging.next()) } else { (NEWEST, self.newest.next()) };
+        let (region, entry) = if take_staging { (STAGING, self.staging.next()) } else { (NEWEST, self.newest.next()) };
         Some(entry?.map_err(EtcdError::from).and_then(|(raw, value)| {
             let key = raw.get(NEWEST.len()..).ok_or_else(|| corrupt("current key"))?.to_vec();
             Ok((region, key, decode_current(value)?))

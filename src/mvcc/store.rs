@@ -27,8 +27,8 @@ use std::ops::Bound;
 
 use heed::{PutFlags, RoTxn, RwTxn};
 
-pub(super) use super::record::decode_change;
 use super::index::Superseding;
+pub(super) use super::record::decode_change;
 use super::record::encode_change;
 use super::revision::Revision;
 use crate::error::EtcdError;
@@ -455,7 +455,8 @@ impl<'e> WriteTxn<'_, 'e> {
             let revisions: Vec<Revision> = batch.iter().map(|change| change.old.at).collect();
             let prevs = self.view().kvs_at(&revisions)?;
             for (change, prev) in batch.iter_mut().zip(prevs) {
-                let tombstone = KeyValue { key: change.key.clone(), mod_revision: self.begin_rev + 1, ..Default::default() };
+                let tombstone =
+                    KeyValue { key: change.key.clone(), mod_revision: self.begin_rev + 1, ..Default::default() };
                 change.at = self.append_change(&tombstone, TAG_TOMBSTONE)?;
                 deleted.count += 1;
                 if keep {

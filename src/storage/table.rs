@@ -212,7 +212,9 @@ impl Table {
                 // database, and nothing read through this cursor is held across the write. Without
                 // MDB_CURRENT this is an ordinary put at `key` (insert or overwrite).
                 #[allow(unsafe_code)]
-                unsafe { cursor.put_current_with_options::<Bytes>(heed::PutFlags::empty(), key, value)? };
+                unsafe {
+                    cursor.put_current_with_options::<Bytes>(heed::PutFlags::empty(), key, value)?
+                };
             }
         }
         // Keys longer than a chunk (or empty, which `put` refuses) go through the groups.

@@ -225,7 +225,8 @@ fn a_delete_of_the_whole_store_and_a_revoke_of_its_keys_fit_at_the_first_attempt
         for batch in 0..40 {
             index += 1;
             let value = [b'v'; 8];
-            let requests = (0..1000).map(|i| put(format!("{prefix}{batch:02}{i:04}").as_bytes(), &value, lease)).collect();
+            let requests =
+                (0..1000).map(|i| put(format!("{prefix}{batch:02}{i:04}").as_bytes(), &value, lease)).collect();
             state.apply_requests(index, requests);
         }
     }
@@ -237,14 +238,20 @@ fn a_delete_of_the_whole_store_and_a_revoke_of_its_keys_fit_at_the_first_attempt
     };
     index += 1;
     let results = state
-        .apply_once(&[entry(index, vec![InternalRaftRequest { delete_range: Some(Box::new(delete)), ..Default::default() }])])
+        .apply_once(&[entry(
+            index,
+            vec![InternalRaftRequest { delete_range: Some(Box::new(delete)), ..Default::default() }],
+        )])
         .unwrap_or_else(|e| panic!("the delete did not fit the first time ({:?})", e.into_error()));
     assert!(matches!(&results[0][0], Ok(crate::apply::Applied::DeleteRange(r)) if r.deleted == 40_000));
     assert!(assert_fully_reserved(&state) > reserved, "the map grew ahead of the delete");
     let revoke = crate::proto::etcdserverpb::LeaseRevokeRequest { id: 7 };
     index += 1;
     state
-        .apply_once(&[entry(index, vec![InternalRaftRequest { lease_revoke: Some(Box::new(revoke)), ..Default::default() }])])
+        .apply_once(&[entry(
+            index,
+            vec![InternalRaftRequest { lease_revoke: Some(Box::new(revoke)), ..Default::default() }],
+        )])
         .unwrap_or_else(|e| panic!("the revoke did not fit the first time ({:?})", e.into_error()));
     let txn = state.read_txn().unwrap();
     let all = crate::keyrange::KeyRange::From(Vec::new());

@@ -42,7 +42,12 @@ impl State {
         };
         // The read transaction above has ended: LMDB remaps only with none open in the process.
         if let Some(grown) = self.mapping.grow_for(&self.env, wanted) {
-            tracing::info!(from = grown.from, to = grown.to, wanted, "kv file reservation grown ahead of a large batch");
+            tracing::info!(
+                from = grown.from,
+                to = grown.to,
+                wanted,
+                "kv file reservation grown ahead of a large batch"
+            );
         }
     }
 }
