@@ -159,25 +159,31 @@ impl KvStore {
         Ok(())
     }
 
-    /// Records the changes `changes` (keys distinct, each with a current entry, in key order, each
-    /// change newer than the key's current entry) as `index_change` would: each key's current entry
-    /// goes to history and its new one overwrites it where it is. In two passes of one cursor each,
-    /// in key order (history, then the current entries region by region), so each page is searched
-    /// for once and touched once (a big delete, `WriteTxn::delete_range`).
-    pub(super) fn supersede_in_order(&self, txn: &mut RwTxn, changes: &[Superseding]) -> Result<(), EtcdError> {
+    /// Records changes with `tag` of keys that have a current entry (`changes`: each key's current
+    /// entry as read, and the change's revision, newer; keys distinct, in key order) as `index_change`
+    /// would: each key's current entry goes to history and its new one overwrites it where it is. In
+    /// two passes of one cursor each, in key order (history, then the current entries region by
+    /// region), so each page is searched for once and touched once (a big delete,
+    /// `WriteTxn::delete_range`).
+    pub(super) fn supersede_in_order(
+        &self,
+        txn: &mut RwTxn,
+        changes: &[(InRegion, Revision)],
+        tag: u8,
+    ) -> Result<(), EtcdError> {
         let mut history = Vec::with_capacity(changes.len());
-        let mut currents = Vec::with_capacity(changes.len());
-        for change in changes {
-            if change.old.at >= change.at {
+        for (entry, at) in changes {
+            if entry.current.at >= *at {
                 return Err(corrupt("a change older than the key's newest"));
             }
-            history.push((history_entry(&change.key, change.old.at), vec![change.old.tag]));
+            history.push((history_entry(&entry.key, entry.current.at), vec![entry.current.tag]));
         }
         self.index.put_in_order(txn, &history)?;
         drop(history);
+        let mut currents = Vec::with_capacity(changes.len());
         for region in [NEWEST, STAGING] {
-            for change in changes.iter().filter(|change| change.region == region) {
-                currents.push((current_entry(region, &change.key), current_value(change.tag, change.at)));
+            for (entry, at) in changes.iter().filter(|(entry, _)| entry.region == region) {
+                currents.push((current_entry(region, &entry.key), current_value(tag, *at)));
             }
         }
         Ok(self.index.put_in_order(txn, &currents)?)
@@ -291,20 +297,12 @@ impl KvStore {
     }
 }
 
-/// A change of a key that has a current entry, for `KvStore::supersede_in_order`.
-pub(super) struct Superseding {
-    pub key: Vec<u8>,
-    /// Where the key's current entry is.
+/// A key's current entry, with the key and the region the entry is in.
+pub(super) struct InRegion {
     pub region: [u8; 2],
-    /// The key's current entry, which goes to history.
-    pub old: Current,
-    /// The change: its revision and tag.
-    pub at: Revision,
-    pub tag: u8,
+    pub key: Vec<u8>,
+    pub current: Current,
 }
-
-/// A key's current entry with the region it is in: the region, the key, the entry.
-pub(super) type InRegion = ([u8; 2], Vec<u8>, Current);
 
 /// The current entries of a range of keys, newest's and staging's merged in key order.
 pub(super) struct Currents<'t> {
@@ -324,7 +322,7 @@ impl Currents<'_> {
         let (region, entry) = if take_staging { (STAGING, self.staging.next()) } else { (NEWEST, self.newest.next()) };
         Some(entry?.map_err(EtcdError::from).and_then(|(raw, value)| {
             let key = raw.get(NEWEST.len()..).ok_or_else(|| corrupt("current key"))?.to_vec();
-            Ok((region, key, decode_current(value)?))
+            Ok(InRegion { region, key, current: decode_current(value)? })
         }))
     }
 }
@@ -333,7 +331,7 @@ impl Iterator for Currents<'_> {
     type Item = Result<(Vec<u8>, Current), EtcdError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        Some(self.next_with_region()?.map(|(_, key, current)| (key, current)))
+        Some(self.next_with_region()?.map(|entry| (entry.key, entry.current)))
     }
 }
 

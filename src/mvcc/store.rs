@@ -27,7 +27,6 @@ use std::ops::Bound;
 
 use heed::{PutFlags, RoTxn, RwTxn};
 
-use super::index::Superseding;
 pub(super) use super::record::decode_change;
 use super::record::encode_change;
 use super::revision::Revision;
@@ -441,10 +440,11 @@ impl<'e> WriteTxn<'_, 'e> {
                     ended = true;
                     break;
                 };
-                let (region, key, old) = entry?;
-                walked = Some(key.clone());
-                if old.tag == TAG_PUT {
-                    batch.push(Superseding { key, region, old, at: old.at, tag: TAG_TOMBSTONE });
+                let entry = entry?;
+                walked = Some(entry.key.clone());
+                if entry.current.tag == TAG_PUT {
+                    // The tombstone's revision is set when its record is appended, below.
+                    batch.push((entry, Revision::new(0, 0)));
                 }
             }
             drop(currents);
@@ -452,19 +452,19 @@ impl<'e> WriteTxn<'_, 'e> {
             after = Some(last);
             // The previous values in one walk of `kv_revs`, then the tombstones in key order: their
             // records appended, then the index in one ordered pass (`KvStore::supersede_in_order`).
-            let revisions: Vec<Revision> = batch.iter().map(|change| change.old.at).collect();
+            let revisions: Vec<Revision> = batch.iter().map(|(entry, _)| entry.current.at).collect();
             let prevs = self.view().kvs_at(&revisions)?;
-            for (change, prev) in batch.iter_mut().zip(prevs) {
+            for ((entry, at), prev) in batch.iter_mut().zip(prevs) {
                 let tombstone =
-                    KeyValue { key: change.key.clone(), mod_revision: self.begin_rev + 1, ..Default::default() };
-                change.at = self.append_change(&tombstone, TAG_TOMBSTONE)?;
+                    KeyValue { key: entry.key.clone(), mod_revision: self.begin_rev + 1, ..Default::default() };
+                *at = self.append_change(&tombstone, TAG_TOMBSTONE)?;
                 deleted.count += 1;
                 if keep {
                     deleted.prev_kvs.push(prev.clone());
                 }
                 self.events.push(Event { r#type: EventType::Delete as i32, kv: Some(tombstone), prev_kv: Some(prev) });
             }
-            self.store.supersede_in_order(self.txn, &batch)?;
+            self.store.supersede_in_order(self.txn, &batch, TAG_TOMBSTONE)?;
             if ended {
                 break;
             }
