@@ -22,6 +22,7 @@
 mod alarm;
 mod auth;
 mod capped;
+pub(crate) mod footprint;
 mod kv;
 mod lease;
 mod outcome;

@@ -127,6 +127,17 @@ impl LeaseStore {
         Ok(out)
     }
 
+    /// How many keys are attached to lease `id`, and their bytes, without holding them.
+    pub(crate) fn attached_footprint(&self, txn: &RoTxn, id: i64) -> Result<(u64, u64), EtcdError> {
+        let (mut keys, mut bytes) = (0, 0);
+        for item in self.keys.prefix(txn, &id_key(id))? {
+            let (raw, _) = item?;
+            keys += 1;
+            bytes += raw.len().saturating_sub(8) as u64;
+        }
+        Ok((keys, bytes))
+    }
+
     pub(crate) fn attach(&self, txn: &mut RwTxn, id: i64, key: &[u8]) -> Result<(), EtcdError> {
         Ok(self.keys.put(txn, &attachment(id, key), &[])?)
     }

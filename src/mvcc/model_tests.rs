@@ -13,6 +13,9 @@
 //! the current keys as each key's newest index entry (the store keeps no other copy of them). Each case
 //! ends by finishing removal and checking the tables hold exactly the retained history.
 //!
+//! `KEYWARD_FUZZ_CASES=N` runs N cases instead of 96 and `KEYWARD_MODEL_OPS=N` draws up to N steps per
+//! case instead of 47, for a longer campaign (`cargo test --lib mvcc::model_tests`).
+//!
 //! Keys are drawn from the bytes `0x00, 0x01, 'a', 'b', 0xff` so that keys containing the escape byte
 //! `0x00`, keys ending in `0xff` (prefix ends) and keys that are prefixes of other keys are all frequent.
 //! Range bounds may also be the empty key (written keys never are).
@@ -627,9 +630,19 @@ fn run(ops: &[Op], chunk: usize) -> Result<(), TestCaseError> {
     Harness::new(chunk)?.run(ops)
 }
 
+/// `KEYWARD_FUZZ_CASES`, else 96.
+fn model_cases() -> u32 {
+    std::env::var("KEYWARD_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(96)
+}
+
+/// The most steps a case draws: `KEYWARD_MODEL_OPS`, else 47.
+fn model_ops() -> usize {
+    std::env::var("KEYWARD_MODEL_OPS").ok().and_then(|n| n.parse().ok()).filter(|&n| n > 0).unwrap_or(47)
+}
+
 proptest! {
     #![proptest_config(Config {
-        cases: 96,
+        cases: model_cases(),
         // Failures are reported (and kept below as plain tests), not written next to the sources.
         failure_persistence: None,
         ..Config::default()
@@ -638,7 +651,7 @@ proptest! {
     /// With keyward's chunk size, and with chunks of 1–3 bytes that send every key (and every history
     /// key, 18+ bytes) through many levels of the long-key layout (`storage/table.rs`).
     #[test]
-    fn store_matches_the_etcd_model(ops in prop::collection::vec(op(), 1..48), chunk in prop_oneof![Just(CHUNK), 1usize..4]) {
+    fn store_matches_the_etcd_model(ops in prop::collection::vec(op(), 1..=model_ops()), chunk in prop_oneof![Just(CHUNK), 1usize..4]) {
         run(&ops, chunk)?;
     }
 }
@@ -736,6 +749,37 @@ fn a_tombstone_left_for_the_next_step_is_removed_before_the_walk() {
         Op::Write(vec![put(b"\0\xff")]),
         Op::Compact(105),
         Op::RemoveStep(2),
+    ];
+    run(&ops, 502).unwrap();
+}
+
+/// Found by `store_matches_the_etcd_model` with 96 steps per case (`KEYWARD_MODEL_OPS`, one failure in
+/// about 2,000 cases): `HashKV` right after a new compaction (at 11, over one pending at 4 whose last
+/// step left a tombstone for the next, `compact_tombstone`, before its key was put again) differed
+/// from the model's. Not yet fixed: the cause is not found (the batched delete writes the same tables
+/// as one change at a time, `a_batched_delete_writes_the_tables_one_change_at_a_time_would`).
+#[test]
+#[ignore = "open: HashKV after a compaction over a pending removal that left a tombstone"]
+fn hash_kv_after_a_delete_of_keys_with_and_without_history() {
+    let put = |key: &[u8]| WriteOp::Put { key: key.to_vec(), value: Vec::new(), lease: 0 };
+    let delete = |key: &[u8], end: &[u8]| WriteOp::Delete { key: key.to_vec(), end: end.to_vec(), keep: false };
+    let ops = [
+        Op::Write(vec![put(b"b"), delete(b"\0", b"\x01")]),
+        Op::Write(vec![put(b"\x01\0\0")]),
+        Op::Write(vec![delete(b"", b"\0")]),
+        Op::Write(vec![put(b"\0")]),
+        Op::Compact(56825),
+        Op::Write(vec![put(b"\x01")]),
+        Op::Write(vec![put(b"a")]),
+        Op::Write(vec![put(b"\0")]),
+        Op::Compact(22568),
+        Op::RemoveStep(3),
+        Op::Write(vec![put(b"b"), put(b"\0")]),
+        Op::Write(vec![delete(b"", b"b\0\0")]),
+        Op::Write(vec![put(b"\0")]),
+        Op::Write(vec![put(b"\0")]),
+        Op::Write(vec![put(b"\0")]),
+        Op::Compact(16945),
     ];
     run(&ops, 502).unwrap();
 }

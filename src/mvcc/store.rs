@@ -174,6 +174,22 @@ impl ReadView<'_> {
         Ok(result)
     }
 
+    /// About how many bytes of new pages a delete of `range` now writes (`WriteTxn::delete_range`):
+    /// for each key there, its tombstone's record, its history entry and its rewritten current entry,
+    /// each with LMDB's node overhead, the history at half-full pages (its inserts split them in the
+    /// middle); values are not read. What apply reserves ahead (`apply::footprint`).
+    pub(crate) fn delete_footprint(&self, range: &KeyRange) -> Result<u64, EtcdError> {
+        let (mut keys, mut key_bytes) = (0, 0);
+        for entry in self.store.currents(self.txn, range, None)? {
+            let (key, current) = entry?;
+            if current.tag == TAG_PUT {
+                keys += 1;
+                key_bytes += key.len() as u64;
+            }
+        }
+        Ok(deletion_footprint(keys, key_bytes))
+    }
+
     /// The newest change of `key` (at any revision this view sees): its revision and tag.
     pub(super) fn newest(&self, key: &[u8]) -> Result<Option<(Revision, u8)>, EtcdError> {
         Ok(self.store.current(self.txn, key)?.map(|current| (current.at, current.tag)))
@@ -321,9 +337,21 @@ pub(crate) struct Deleted {
 /// How many keys `delete_range` finds in one walk of the index.
 const DELETE_BATCH: usize = 1024;
 
+/// New page bytes one deletion writes beyond four times its key (`ReadView::delete_footprint`): a
+/// tombstone record (about 15 bytes and a 5-byte revision key), a history entry (about 10 bytes),
+/// counted twice for half-full pages, a current entry (about 10 bytes), LMDB's 8-byte node header and
+/// 2-byte pointer on each, and a share of the branch pages.
+const DELETION_BYTES: u64 = 128;
+
 /// How many records of `kv_revs` `ReadView::kvs_at` walks past, between two it wants, before it
 /// seeks instead: about what one search of the tree costs.
 const WALK_SLACK: usize = 16;
+
+/// About how many bytes of new pages deleting `keys` keys of `key_bytes` bytes in all writes
+/// (`ReadView::delete_footprint`).
+pub(crate) fn deletion_footprint(keys: u64, key_bytes: u64) -> u64 {
+    keys.saturating_mul(DELETION_BYTES).saturating_add(key_bytes.saturating_mul(4))
+}
 
 /// The changes of one raft entry, applied at one new revision.
 pub(crate) struct WriteTxn<'a, 'e> {
@@ -354,15 +382,20 @@ impl<'e> WriteTxn<'_, 'e> {
     }
 
     fn record(&mut self, kv: &KeyValue, tag: u8) -> Result<(), EtcdError> {
+        let at = self.append_change(kv, tag)?;
+        self.store.index_change(self.txn, &kv.key, at, tag)
+    }
+
+    /// Appends the record of the next change to `kv_revs` (not to the index) and returns its revision.
+    fn append_change(&mut self, kv: &KeyValue, tag: u8) -> Result<Revision, EtcdError> {
         let at = Revision::new(self.begin_rev + 1, self.changes);
         let change = encode_change(at, tag, kv);
         // Revisions only grow, so the record goes after every other: appending skips the search and
         // fills pages (LMDB splits a page it appends to at the end, not in the middle). A record out of
         // order would be refused (MDB_KEYEXIST), never written over.
         self.store.revs.put_with_flags(self.txn, PutFlags::APPEND, &at.to_bytes(), &change)?;
-        self.store.index_change(self.txn, &kv.key, at, tag)?;
         self.changes += 1;
-        Ok(())
+        Ok(at)
     }
 
     /// Writes `key = value` at the new revision and returns that revision.
@@ -397,29 +430,42 @@ impl<'e> WriteTxn<'_, 'e> {
         // The key the next batch starts after: the last key deleted.
         let mut after: Option<Vec<u8>> = None;
         loop {
+            // The next keys that exist, from their current entries (a key whose newest change is a
+            // tombstone is not there), with where each entry is.
             let mut batch = Vec::new();
-            let view = self.view();
-            let rev = view.rev;
-            view.each_key(range, rev, after.as_deref(), |key, at| {
-                batch.push((key, at));
-                Ok(batch.len() < DELETE_BATCH)
-            })?;
-            let Some((last, _)) = batch.last() else { break };
-            after = Some(last.clone());
-            let full = batch.len() == DELETE_BATCH;
-            // The previous values in one walk of `kv_revs`, then the tombstones in key order.
-            let revisions: Vec<Revision> = batch.iter().map(|(_, at)| *at).collect();
+            let mut currents = self.store.currents(self.txn, range, after.as_deref())?;
+            let (mut walked, mut ended) = (None, false);
+            while batch.len() < DELETE_BATCH {
+                let Some(entry) = currents.next_with_region() else {
+                    ended = true;
+                    break;
+                };
+                let entry = entry?;
+                walked = Some(entry.key.clone());
+                if entry.current.tag == TAG_PUT {
+                    // The tombstone's revision is set when its record is appended, below.
+                    batch.push((entry, Revision::new(0, 0)));
+                }
+            }
+            drop(currents);
+            let Some(last) = walked else { break };
+            after = Some(last);
+            // The previous values in one walk of `kv_revs`, then the tombstones in key order: their
+            // records appended, then the index in one ordered pass (`KvStore::supersede_in_order`).
+            let revisions: Vec<Revision> = batch.iter().map(|(entry, _)| entry.current.at).collect();
             let prevs = self.view().kvs_at(&revisions)?;
-            for ((key, _), prev) in batch.into_iter().zip(prevs) {
-                let tombstone = KeyValue { key, mod_revision: self.begin_rev + 1, ..Default::default() };
-                self.record(&tombstone, TAG_TOMBSTONE)?;
+            for ((entry, at), prev) in batch.iter_mut().zip(prevs) {
+                let tombstone =
+                    KeyValue { key: entry.key.clone(), mod_revision: self.begin_rev + 1, ..Default::default() };
+                *at = self.append_change(&tombstone, TAG_TOMBSTONE)?;
                 deleted.count += 1;
                 if keep {
                     deleted.prev_kvs.push(prev.clone());
                 }
                 self.events.push(Event { r#type: EventType::Delete as i32, kv: Some(tombstone), prev_kv: Some(prev) });
             }
-            if !full {
+            self.store.supersede_in_order(self.txn, &batch, TAG_TOMBSTONE)?;
+            if ended {
                 break;
             }
         }
@@ -516,6 +562,72 @@ mod tests {
         }
         let txn = env.read_txn().unwrap();
         assert_eq!(kv.view(&txn).unwrap().range(&KeyRange::new(b"k", b"l"), 0, 0, true).unwrap().count, 0);
+    }
+
+    /// A delete through the batched path (`supersede_in_order`: history first, then the current
+    /// entries region by region, long entries through the groups) leaves exactly the tables that
+    /// recording each deletion alone (`record`, as every other change is) leaves: over several batches,
+    /// keys in staging and in newest, keys already deleted, a key put earlier in the same transaction,
+    /// and keys whose history or current entry is longer than a chunk (a 16-byte chunk).
+    #[test]
+    fn a_batched_delete_writes_the_tables_one_change_at_a_time_would() {
+        let chunk = 16;
+        let open = || {
+            let dir = tempfile::tempdir().unwrap();
+            let (env, kv) = KvStore::open_for_tests(dir.path(), chunk).unwrap();
+            (dir, env, kv)
+        };
+        let ((_a, env_a, kv_a), (_b, env_b, kv_b)) = (open(), open());
+        // Short keys (every entry whole), 10-byte keys (their history entry in groups), 20-byte keys
+        // (both entries in groups); written twice, so most have a history; the last ones still staged.
+        let key = |i: usize| match i % 7 {
+            0 => format!("k{i:08}-long-key-{i:03}").into_bytes()[..20].to_vec(),
+            1 => format!("k{i:09}").into_bytes(),
+            _ => format!("k{i:04}").into_bytes(),
+        };
+        let total = DELETE_BATCH * 2 + 300;
+        let range = KeyRange::new(b"k", b"l");
+        for (env, kv) in [(&env_a, &kv_a), (&env_b, &kv_b)] {
+            for round in 0..2 {
+                write(env, kv, |w| {
+                    for i in (0..total).filter(|i| round == 0 || i % 3 != 0) {
+                        w.put(&key(i), format!("{round}-{i}").into_bytes(), 0).unwrap();
+                    }
+                });
+            }
+            write(env, kv, |w| {
+                for i in (0..total).step_by(11) {
+                    w.delete_range(&KeyRange::Single(key(i)), false).unwrap();
+                }
+            });
+        }
+        let batched = write(&env_a, &kv_a, |w| {
+            w.put(&key(5), b"same revision".to_vec(), 0).unwrap();
+            w.delete_range(&range, true).unwrap()
+        });
+        let one_by_one = write(&env_b, &kv_b, |w| {
+            w.put(&key(5), b"same revision".to_vec(), 0).unwrap();
+            let mut deleted = Deleted::default();
+            let existing = w.view().range(&range, 0, 0, false).unwrap().kvs;
+            for prev in existing {
+                let tombstone = KeyValue { key: prev.key.clone(), mod_revision: w.begin_rev + 1, ..Default::default() };
+                w.record(&tombstone, TAG_TOMBSTONE).unwrap();
+                deleted.count += 1;
+                deleted.prev_kvs.push(prev);
+            }
+            deleted.rev = w.rev();
+            deleted
+        });
+        assert_eq!(batched, one_by_one);
+        assert!(batched.count > DELETE_BATCH * 2, "{} keys deleted", batched.count);
+        let (txn_a, txn_b) = (env_a.read_txn().unwrap(), env_b.read_txn().unwrap());
+        assert_eq!(kv_a.records_for_tests(&txn_a), kv_b.records_for_tests(&txn_b));
+        // Every entry whole, in its region (the group ids of long entries are allocated in another
+        // order, which no reader sees).
+        let entries = |kv: &KvStore, txn: &heed::RoTxn| -> Vec<(Vec<u8>, Vec<u8>)> {
+            kv.index.iter(txn).unwrap().map(|e| e.map(|(k, v)| (k.into_owned(), v.to_vec())).unwrap()).collect()
+        };
+        assert_eq!(entries(&kv_a, &txn_a), entries(&kv_b, &txn_b), "the index's entries, region by region");
     }
 
     /// Keys whose history entries (key, terminator, a 5- to 6-byte revision) end just below, at and

@@ -268,11 +268,29 @@ impl Mapping {
     /// `MDB_MAP_FULL`, which reports it.
     pub(crate) fn grow_early(&self, env: &LmdbEnv) -> Option<Grown> {
         let reserved = self.reserved()?;
-        let used = (env.info().last_page_number as u64 + 1) * self.page_size;
+        let used = self.handed_out(env);
         if used * GROW_EARLY_AT.1 < reserved * GROW_EARLY_AT.0 {
             return None;
         }
         self.grow_with(env, GROW_BY, 0, |pin| pin.try_write().ok()).ok().flatten()
+    }
+
+    /// Before a write transaction expected to need `wanted` bytes of new pages: grows the
+    /// reservation to hold them beside the pages LMDB has handed out (free ones among them count as
+    /// used: conservative), unless a reader holds the map (then the transaction may meet
+    /// `MDB_MAP_FULL` and the writer grows it after). `None` when nothing grew.
+    pub(crate) fn grow_for(&self, env: &LmdbEnv, wanted: u64) -> Option<Grown> {
+        let reserved = self.reserved()?;
+        let needed = self.handed_out(env).saturating_add(wanted);
+        if needed <= reserved {
+            return None;
+        }
+        self.grow_with(env, needed, |pin| pin.try_write().ok()).ok().flatten()
+    }
+
+    /// Bytes of the pages LMDB has handed out (its last page number, free pages among them).
+    fn handed_out(&self, env: &LmdbEnv) -> u64 {
+        (env.info().last_page_number as u64 + 1) * self.page_size
     }
 
     fn grow_with<'a>(

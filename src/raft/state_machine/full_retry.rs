@@ -51,6 +51,7 @@ impl State {
 
     /// Applies `entries` once; on `Full` nothing changed.
     pub(super) fn apply_once(&self, entries: &[Entry]) -> Result<Vec<BatchResults>, ApplyFailure> {
+        self.make_room_for(entries);
         let results = self.apply_batch(entries)?;
         if self.space.stalled() {
             self.space.set_stalled(false);

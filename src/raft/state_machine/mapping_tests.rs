@@ -232,3 +232,58 @@ fn a_snapshot_larger_than_the_map_installs_into_a_mapped_environment() {
     assert!(assert_fully_reserved(&target) >= 64 << 20);
     assert_eq!(target.table_records(), source.table_records());
 }
+
+/// A delete of every key of a store of short values writes new pages for about as much as the store
+/// holds, more than the map's headroom (a sixth to a third of it): the map grows ahead of the batch
+/// (`room_ahead.rs`), which then runs once, where it met `MDB_MAP_FULL` and ran again before. Also a
+/// lease revoke of as many keys. Fails if `make_room_for` is taken out of `apply_once`.
+#[test]
+fn a_delete_of_the_whole_store_and_a_revoke_of_its_keys_fit_at_the_first_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = open_mapped(dir.path());
+    let entry = |index: u64, requests: Vec<InternalRaftRequest>| crate::raft::Entry {
+        log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+        payload: openraft::EntryPayload::Normal(crate::raft::RaftBatch::new(
+            crate::proto::etcdserverpb::InternalRaftBatch { requests },
+        )),
+    };
+    let mut index = 0;
+    let grant = crate::proto::etcdserverpb::LeaseGrantRequest { id: 7, ttl: 3600 };
+    index += 1;
+    state.apply_requests(index, vec![InternalRaftRequest { lease_grant: Some(Box::new(grant)), ..Default::default() }]);
+    for (prefix, lease) in [("d/", 0), ("l/", 7)] {
+        for batch in 0..40 {
+            index += 1;
+            let value = [b'v'; 8];
+            let requests =
+                (0..1000).map(|i| put(format!("{prefix}{batch:02}{i:04}").as_bytes(), &value, lease)).collect();
+            state.apply_requests(index, requests);
+        }
+    }
+    let reserved = assert_fully_reserved(&state);
+    let delete = crate::proto::etcdserverpb::DeleteRangeRequest {
+        key: b"d/".to_vec(),
+        range_end: b"d0".to_vec(),
+        ..Default::default()
+    };
+    index += 1;
+    let results = state
+        .apply_once(&[entry(
+            index,
+            vec![InternalRaftRequest { delete_range: Some(Box::new(delete)), ..Default::default() }],
+        )])
+        .unwrap_or_else(|e| panic!("the delete did not fit the first time ({:?})", e.into_error()));
+    assert!(matches!(&results[0][0], Ok(crate::apply::Applied::DeleteRange(r)) if r.deleted == 40_000));
+    assert!(assert_fully_reserved(&state) > reserved, "the map grew ahead of the delete");
+    let revoke = crate::proto::etcdserverpb::LeaseRevokeRequest { id: 7 };
+    index += 1;
+    state
+        .apply_once(&[entry(
+            index,
+            vec![InternalRaftRequest { lease_revoke: Some(Box::new(revoke)), ..Default::default() }],
+        )])
+        .unwrap_or_else(|e| panic!("the revoke did not fit the first time ({:?})", e.into_error()));
+    let txn = state.read_txn().unwrap();
+    let all = crate::keyrange::KeyRange::From(Vec::new());
+    assert_eq!(state.kv.view(&txn).unwrap().range(&all, 0, 0, true).unwrap().count, 0);
+}

@@ -48,6 +48,7 @@ mod kv_env;
 mod layout;
 #[cfg(test)]
 mod mapping_tests;
+mod room_ahead;
 pub(super) mod snapshot;
 #[cfg(test)]
 pub(crate) mod snapshot_tests;
