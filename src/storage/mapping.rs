@@ -285,7 +285,7 @@ impl Mapping {
         if needed <= reserved {
             return None;
         }
-        self.grow_with(env, needed, |pin| pin.try_write().ok()).ok().flatten()
+        self.grow_with(env, GROW_BY, needed, |pin| pin.try_write().ok()).ok().flatten()
     }
 
     /// Bytes of the pages LMDB has handed out (its last page number, free pages among them).
