@@ -109,10 +109,13 @@ impl KvStore {
         // Before the batch is collected: the tombstone may be in the history the batch walks.
         if let Some(key) = self.meta.get(txn, COMPACT_TOMBSTONE)?.map(<[u8]>::to_vec) {
             // The previous step removed `key`'s history but had no budget left for its tombstone.
-            // Its current entry is that tombstone unless the key changed since: a newer tombstone
-            // (above the target) is not this one.
+            // Its current entry is that tombstone unless the key changed since, which moved the
+            // tombstone into the history: a newer tombstone, even one at or below a new compaction's
+            // target, is not this one while older versions of the key remain (found by the model
+            // test: its removal left them without a current entry).
             let tombstone = |c: &Current| c.tag == TAG_TOMBSTONE && c.at.main <= target;
-            if let Some(current) = self.current(txn, &key)?.filter(tombstone) {
+            let has_history = self.has_history_between(txn, &key, Revision::new(0, 0), Revision::new(i64::MAX, 0))?;
+            if let Some(current) = self.current(txn, &key)?.filter(tombstone).filter(|_| !has_history) {
                 self.remove_current(txn, &key)?;
                 self.revs.delete(txn, &current.at.to_bytes())?;
                 step.removed += 1;
