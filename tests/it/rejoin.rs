@@ -39,12 +39,12 @@ async fn a_member_behind_the_purged_log_comes_back_with_one_snapshot_transfer() 
     rejoin(scenario).await;
 }
 
-/// `KEYWARD_REJOIN_VALUES_MB` (default 640) of values: the snapshot holds each twice (the live and
-/// the revision tables), so about 1.3 GB.
+/// `KEYWARD_REJOIN_VALUES_MB` (default 1,100) of values: since kv layout 2 the snapshot holds each
+/// once, so a little over 1.1 GB.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "writes several GB: run by hand (see the module doc)"]
 async fn a_member_behind_a_large_store_comes_back_with_one_snapshot_transfer() {
-    let mb: usize = std::env::var("KEYWARD_REJOIN_VALUES_MB").ok().and_then(|v| v.parse().ok()).unwrap_or(640);
+    let mb: usize = std::env::var("KEYWARD_REJOIN_VALUES_MB").ok().and_then(|v| v.parse().ok()).unwrap_or(1100);
     let value_bytes = 512 << 10;
     let values = (mb << 20) / value_bytes;
     // One snapshot while loading; then more while the member is down, purging the log past it. 7,000
