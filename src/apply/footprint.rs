@@ -1,4 +1,4 @@
-//! What a request will write, estimated before its transaction begins, for the requests whose size
+//! What a batch will write, estimated before its transaction begins, for the requests whose size
 //! depends on the store rather than on the request: a delete of a range (also inside a txn) and a
 //! lease revoke, which deletes every key attached to the lease.
 //!
@@ -16,44 +16,63 @@ use crate::mvcc::KvStore;
 use crate::proto::etcdserverpb::request_op::Request;
 use crate::proto::etcdserverpb::{InternalRaftRequest, RequestOp};
 
-/// About how many bytes of new pages `req` writes where that depends on the store; 0 for requests
-/// whose writes are bounded by their own size (a put, a delete of one key, ...), which the map's
-/// usual headroom covers. Permissions are not checked: a refused request is counted as applied.
-pub(crate) fn unbounded_writes(
-    kv: &KvStore,
-    leases: &LeaseStore,
-    txn: &RoTxn,
-    req: &InternalRaftRequest,
-) -> Result<u64, EtcdError> {
-    if let Some(del) = &req.delete_range {
-        return range_deletion(kv, txn, &del.key, &del.range_end);
-    }
-    if let Some(t) = &req.txn {
-        // Both branches: which one runs is only known inside the transaction.
-        return t.success.iter().chain(&t.failure).try_fold(0, |sum, op| Ok(sum + op_deletion(kv, txn, op)?));
-    }
-    if let Some(revoke) = &req.lease_revoke {
-        let (keys, key_bytes) = leases.attached_footprint(txn, revoke.id)?;
-        return Ok(deletion_footprint(keys, key_bytes));
-    }
-    Ok(0)
+/// The writes of a batch whose size depends on the store: the ranges it deletes and the leases it
+/// revokes. Gathered from the requests alone, so a batch with none (every put, every txn without a
+/// range delete) costs no read of the store.
+#[derive(Default)]
+pub(crate) struct UnboundedWrites {
+    ranges: Vec<KeyRange>,
+    revoked: Vec<i64>,
 }
 
-fn op_deletion(kv: &KvStore, txn: &RoTxn, op: &RequestOp) -> Result<u64, EtcdError> {
-    match &op.request {
-        Some(Request::RequestDeleteRange(del)) => range_deletion(kv, txn, &del.key, &del.range_end),
-        Some(Request::RequestTxn(t)) => {
-            t.success.iter().chain(&t.failure).try_fold(0, |sum, op| Ok(sum + op_deletion(kv, txn, op)?))
+impl UnboundedWrites {
+    /// Adds what `req` may write in proportion to the store. A delete of one key, a put and the
+    /// rest are bounded by their own size, which the map's usual headroom covers. Permissions are
+    /// not checked: a refused request is counted as applied.
+    pub(crate) fn add(&mut self, req: &InternalRaftRequest) {
+        if let Some(del) = &req.delete_range {
+            self.add_range(&del.key, &del.range_end);
         }
-        _ => Ok(0),
+        if let Some(txn) = &req.txn {
+            self.add_ops(txn.success.iter().chain(&txn.failure));
+        }
+        if let Some(revoke) = &req.lease_revoke {
+            self.revoked.push(revoke.id);
+        }
     }
-}
 
-/// A delete of one key is bounded; of a range, counted.
-fn range_deletion(kv: &KvStore, txn: &RoTxn, key: &[u8], range_end: &[u8]) -> Result<u64, EtcdError> {
-    let range = KeyRange::new(key, range_end);
-    if matches!(range, KeyRange::Single(_)) {
-        return Ok(0);
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ranges.is_empty() && self.revoked.is_empty()
     }
-    kv.view(txn)?.delete_footprint(&range)
+
+    /// About how many bytes of new pages these writes take, as the store stands in `txn`.
+    pub(crate) fn bytes(&self, kv: &KvStore, leases: &LeaseStore, txn: &RoTxn) -> Result<u64, EtcdError> {
+        let mut bytes = 0u64;
+        for range in &self.ranges {
+            bytes = bytes.saturating_add(kv.view(txn)?.delete_footprint(range)?);
+        }
+        for &id in &self.revoked {
+            let (keys, key_bytes) = leases.attached_footprint(txn, id)?;
+            bytes = bytes.saturating_add(deletion_footprint(keys, key_bytes));
+        }
+        Ok(bytes)
+    }
+
+    /// Both branches of a txn: which one runs is only known inside the transaction.
+    fn add_ops<'r>(&mut self, ops: impl Iterator<Item = &'r RequestOp>) {
+        for op in ops {
+            match &op.request {
+                Some(Request::RequestDeleteRange(del)) => self.add_range(&del.key, &del.range_end),
+                Some(Request::RequestTxn(txn)) => self.add_ops(txn.success.iter().chain(&txn.failure)),
+                _ => {}
+            }
+        }
+    }
+
+    fn add_range(&mut self, key: &[u8], range_end: &[u8]) {
+        let range = KeyRange::new(key, range_end);
+        if !matches!(range, KeyRange::Single(_)) {
+            self.ranges.push(range);
+        }
+    }
 }

@@ -9,7 +9,7 @@
 use openraft::EntryPayload;
 
 use super::state::State;
-use crate::apply::footprint::unbounded_writes;
+use crate::apply::footprint::UnboundedWrites;
 use crate::raft::Entry;
 
 /// Below this many estimated bytes the map's usual headroom (`storage::mapping`: a sixth of it at
@@ -24,16 +24,18 @@ impl State {
         if self.mapping.reserved().is_none() {
             return; // copied writes: the map is address space only
         }
+        let mut writes = UnboundedWrites::default();
+        for entry in entries {
+            if let EntryPayload::Normal(batch) = &entry.payload {
+                batch.0.requests.iter().for_each(|req| writes.add(req));
+            }
+        }
+        if writes.is_empty() {
+            return; // the common batch: no read of the store on the apply path
+        }
         let estimate = || -> Result<u64, crate::error::EtcdError> {
             let txn = self.mapping.read_txn(&self.env)?;
-            let mut wanted = 0u64;
-            for entry in entries {
-                let EntryPayload::Normal(batch) = &entry.payload else { continue };
-                for req in &batch.0.requests {
-                    wanted = wanted.saturating_add(unbounded_writes(&self.kv, &self.leases, &txn, req)?);
-                }
-            }
-            Ok(wanted)
+            writes.bytes(&self.kv, &self.leases, &txn)
         };
         // Only advice: a store that cannot be read fails the batch itself, with its own error.
         let wanted = match estimate() {
