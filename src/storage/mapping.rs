@@ -44,9 +44,9 @@ const GROW_EARLY_AT: (u64, u64) = (15, 16);
 /// Ahead of need (`grow_early`) a reservation grows by this share of itself (at least
 /// `MIN_RESERVE`). With `GROW_EARLY_AT`, the file (`dbSize`, as etcd's is its file) is at most
 /// (1 + 1/16) / (15/16) = 17/15 times the pages LMDB has handed out (its last page number, free
-/// pages among them) once the step is past `MIN_RESERVE` (a reservation of 64 MiB). A sixth at five sixths, before, allowed 1.4 (measured at
-/// 1M keys: a 234 MB file for 171 MB in use; at 2M, 436 MB for 343 MB), a quarter at three
-/// quarters 1.67. etcd's bbolt grows its file 16 MiB past what it uses. A smaller step means more
+/// pages among them) once the step is past `MIN_RESERVE` (a reservation of 64 MiB). A sixth at
+/// five sixths, before, allowed 1.4 (measured at 1M keys: a 234 MB file for 171 MB in use; at 2M,
+/// 436 MB for 343 MB), a quarter at three quarters 1.67. etcd's bbolt grows its file 16 MiB past what it uses. A smaller step means more
 /// remaps (about 2.6 times as many on the way to a given size: 91 from 4 MiB to 1 GiB, where a sixth
 /// took 36); each is taken only when no reader holds the map.
 const GROW_BY: u64 = 16;

@@ -77,9 +77,10 @@ impl State {
         steps += self.migrate_in_steps(CURRENT, KvStore::regions_step)?;
         if live > 0 || steps > 0 {
             // Synced once, so that no later crash can bring an older layout's records back under the
-            // new version (each step is also safe on its own: what is left is read from the data). A fresh data dir (nothing dropped) is not synced: losing its version record
-            // only means recording it again, and a member's kv environment is never synced while
-            // it runs (`raft/unsynced.rs`).
+            // new version (each step is also safe on its own: what is left is read from the data).
+            // A fresh data dir (nothing dropped) is not synced: losing its version record only
+            // means recording it again, and a member's kv environment is never synced while it
+            // runs (`raft/unsynced.rs`).
             self.sync()?;
             tracing::info!(
                 from = recorded.unwrap_or(1),
