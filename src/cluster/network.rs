@@ -37,6 +37,9 @@ use crate::proto::keywardpb::RaftMessage;
 use crate::raft::member::MemberNode;
 use crate::raft::{NodeId, TypeConfig};
 
+/// The longest openraft waits before it tries an unreachable peer again (`PeerConnection::backoff`).
+const MAX_BACKOFF_MS: u64 = 400;
+
 #[derive(Clone)]
 pub(crate) struct PeerNetwork {
     peers: Arc<Peers>,
@@ -264,9 +267,15 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         self.call(Rpc::Vote, &rpc, &option).await
     }
 
-    /// Retries an unreachable peer after 100 ms, doubling up to 2 s (openraft's default is a flat
-    /// 500 ms): a restarted member is caught up quickly, a dead one costs little.
+    /// Retries an unreachable peer after 100 ms, doubling up to 400 ms (openraft's default is a flat
+    /// 500 ms). openraft sends nothing to the peer meanwhile, heartbeats included, so the wait must
+    /// end well within an election timeout (etcd's default, 1 s) of the peer coming back: with up
+    /// to 2 s, as before, a restarted member heard no leader, campaigned at a higher term and
+    /// deposed a healthy leader (seen in `snapshot_transfer::` runs). A dead peer costs a refused
+    /// connection every 400 ms.
     fn backoff(&self) -> Backoff {
-        Backoff::new((0..).map(|i: u32| Duration::from_millis(100u64.saturating_mul(1 << i.min(5)).min(2_000))))
+        Backoff::new(
+            (0..).map(|i: u32| Duration::from_millis(100u64.saturating_mul(1 << i.min(2)).min(MAX_BACKOFF_MS))),
+        )
     }
 }

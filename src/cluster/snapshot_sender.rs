@@ -71,6 +71,11 @@ type ChunkAnswer = Result<Result<openraft::raft::InstallSnapshotResponse<NodeId>
 enum Step {
     /// The follower has the bytes up to here; continue.
     Continue(u64),
+    /// The follower did not take this chunk: it holds the bytes up to here and expects the next
+    /// (`SnapshotMismatch`). Up to the end of the snapshot, when it has every byte and the last
+    /// chunk went unanswered or a restart interrupted its install: the empty last chunk there
+    /// installs it.
+    Resume(u64),
     /// The transfer is over: the snapshot is installed.
     Done(SnapshotResponse<NodeId>),
     /// The follower has seen a higher vote: the transfer ends with it, and openraft steps down.
@@ -163,7 +168,12 @@ impl PeerConnection {
                 closed = cancel.as_mut() => return Err(closed.into()),
                 sent = in_flight.next() => match sent {
                     Some(sent) => sent,
-                    None => return Err(read_error(&meta, std::io::Error::other("no chunk left to send"))),
+                    // Not a storage error: openraft stops the leader's raft core on one of those,
+                    // and no answer of a follower may do that. The attempt ends; openraft retries.
+                    None => {
+                        let error = format!("snapshot transfer at offset {next} of {size} has no chunk left to send");
+                        return Err(NetworkError::new(&AnyError::error(error)).into());
+                    }
                 },
             };
             let expected = request.offset + request.data.len() as u64;
@@ -175,8 +185,14 @@ impl PeerConnection {
                 Step::Continue(at) => {
                     *progress = Some((meta.snapshot_id.clone(), at));
                     failures = 0;
-                    if at != expected {
-                        // The follower stands elsewhere: what is in flight is of no use.
+                    continue;
+                }
+                Step::Resume(at) => {
+                    *progress = Some((meta.snapshot_id.clone(), at));
+                    failures = 0;
+                    if at != expected || request.done {
+                        // The follower stands elsewhere, or has every byte but did not take the
+                        // last chunk: what is in flight is of no use, and the transfer goes on at `at`.
                         in_flight.clear();
                         (next, last_queued) = (at, false);
                     }
@@ -297,7 +313,7 @@ impl PeerConnection {
                     resume_at = at,
                     "the follower continues the snapshot elsewhere"
                 );
-                Step::Continue(at)
+                Step::Resume(at)
             }
             Err(RPCError::RemoteError(RemoteError { target, target_node, source: RaftError::Fatal(fatal) })) => {
                 metrics::SNAPSHOT_SEND_FAILURES.with_label_values(&[&format!("{:x}", self.target)]).inc();

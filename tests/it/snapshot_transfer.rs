@@ -54,10 +54,12 @@ async fn a_follower_killed_mid_transfer_resumes_at_its_offset() {
     let last_revision = put_retrying(&mut writer, "down/last", b"here").await;
 
     let partial = snap_dir(&cluster.members[down]).join("receiving.part");
-    // The partial file must belong to the snapshot the leader sends after the restart: a build the
-    // last puts triggered that ends between the follower's two runs makes that a newer snapshot,
-    // which nobody could resume (the CI saw this once). So the follower is interrupted again until
-    // what it kept is of the leader's newest snapshot, with no build under way.
+    // The partial file must belong to the snapshot the leader sends after the restart. A build the
+    // last puts triggered can end while an older snapshot is being sent: the leader goes on with
+    // the older one while the follower keeps coming back (the CI saw five runs in a row receive it),
+    // and sends the newest once that transfer gives up. So the follower is run and killed until
+    // what it received is the leader's newest snapshot, with no build under way; after a run that
+    // received an older one it stays down until the leader has begun sending the newest.
     let mut attempts = 0;
     let kept = loop {
         attempts += 1;
@@ -79,15 +81,21 @@ async fn a_follower_killed_mid_transfer_resumes_at_its_offset() {
         }
         blocking(|| cluster.members[down].kill_9());
         let kept = std::fs::metadata(&partial).expect("the partial file survives the kill").len();
-        let (sent, newest) = (
-            last_snapshot_id(&cluster, leader, "sending a snapshot"),
-            last_snapshot_id(&cluster, leader, "snapshot built"),
-        );
-        if sent == newest && !snapshot_building(&cluster.members[leader]) {
+        let run_log = cluster.members[down].log()[log_before..].to_string();
+        let received = last_snapshot_id_in(&run_log, |l| begun(l));
+        let newest = last_snapshot_id(&cluster, leader, "snapshot built");
+        if received.is_some() && received == newest && !snapshot_building(&cluster.members[leader]) {
             break kept;
         }
-        eprintln!("attempt {attempts}: {sent:?} was being sent, {newest:?} is the newest: interrupting it again");
-        assert!(attempts < 5, "the leader kept building snapshots:\n{}", cluster.members[leader].log_tail(40));
+        eprintln!("attempt {attempts}: {received:?} was received, {newest:?} is the newest: receiving it again");
+        assert!(
+            attempts < 5,
+            "the follower never received the newest snapshot:\n{}",
+            snapshot_lines(&cluster.members[leader].log())
+        );
+        if let Some(newest) = newest {
+            wait_until_the_leader_sends(&cluster, leader, &newest).await;
+        }
     };
     let size = snapshot_size_sent(&cluster, leader);
     assert!(kept > 0 && kept < size, "kept {kept} of {size} bytes: the transfer was not interrupted");
@@ -96,6 +104,12 @@ async fn a_follower_killed_mid_transfer_resumes_at_its_offset() {
     blocking(|| cluster.members[down].spawn());
     wait_for_revision(&cluster.members[down], last_revision).await;
     let rejoined = &cluster.members[down];
+    // The member serves the installed state a moment before the receiver logs the install done.
+    let waiting = Instant::now();
+    while !rejoined.log()[log_before..].contains("snapshot installed") {
+        assert!(waiting.elapsed() < Duration::from_secs(60), "not installed:\n{}", &rejoined.log()[log_before..]);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let log = rejoined.log()[log_before..].to_string();
     let received = metric_sum(rejoined, "keyward_network_snapshot_received_bytes_total");
     eprintln!("snapshot of {size} bytes: {kept} kept across the kill, {received} received after the restart");
@@ -103,8 +117,69 @@ async fn a_follower_killed_mid_transfer_resumes_at_its_offset() {
     assert!(!log.contains("receiving a snapshot"), "the transfer began again at byte 0:\n{log}");
     assert!(received < size as f64, "{received} bytes received again for a snapshot of {size}");
     assert!(received >= (size - kept) as f64, "{received} bytes received: less than what was missing");
-    assert!(log.contains("snapshot installed"), "not installed:\n{log}");
     assert!(!partial.exists(), "the partial file outlived the install");
+    assert_hashkv_equal(&cluster);
+}
+
+/// A follower killed while it installs a received snapshot comes back. openraft 0.9 purged the log
+/// up to the snapshot while the state machine was still installing it: the member killed in between
+/// restarted with its log purged past its current snapshot, and openraft panicked at every start
+/// (`purge_upto <= snapshot_last_log_id`). Reverted to purging at once (the `keyward patch` of
+/// `Command::PurgeLog` in `vendor/openraft/src/core/raft_core.rs`), the restarted member panics and
+/// never reaches the last revision. The restarted member has every byte, and answers the last chunk
+/// sent again with the snapshot's size; reverted to treating that as the chunks after it
+/// (`Step::Resume` in `snapshot_sender.rs`), the leader's sender had nothing left to send, reported
+/// a storage error, and the leader's raft core stopped (the member exited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_killed_while_installing_a_snapshot_comes_back() {
+    let mut cluster = blocking(|| Cluster::start(Options::new(3).flags(&["--snapshot-count", "100"])));
+    let leader = cluster.leader().await;
+    let down = (0..3).find(|&i| i != leader).unwrap();
+    let client = common::auth::connect(&cluster.members[leader].client_url).await;
+    put_values(&client, 192, 512 << 10).await;
+    blocking(|| cluster.members[down].kill_9());
+    let mut writer = client.clone();
+    for i in 0..350 {
+        put_retrying(&mut writer, &format!("down/{i:06}"), b"v").await;
+    }
+    let last_revision = put_retrying(&mut writer, "down/last", b"here").await;
+    wait_until_no_snapshot_is_building(&cluster.members[leader]).await;
+
+    // Killed once the install has begun (the received file is synced inside it, and openraft
+    // queued its purge with it) and before the state machine has loaded the snapshot: a load of
+    // 100 MB takes far longer than this member's log takes to be read here.
+    let log_before = cluster.members[down].log().len();
+    blocking(|| cluster.members[down].spawn());
+    let waiting = Instant::now();
+    while !cluster.members[down].log()[log_before..].contains("snapshot file flushed and synced for install") {
+        assert!(
+            waiting.elapsed() < Duration::from_secs(300),
+            "no install began:\n{}",
+            cluster.members[down].log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    blocking(|| cluster.members[down].kill_9());
+    let first_run = cluster.members[down].log()[log_before..].to_string();
+    assert!(
+        !first_run.contains("snapshot loaded into the state machine"),
+        "the install ended before the kill: nothing was tested\n{first_run}"
+    );
+
+    let log_before = cluster.members[down].log().len();
+    blocking(|| cluster.members[down].spawn());
+    let member = &cluster.members[down];
+    let panicked = async {
+        while !member.log()[log_before..].contains("panicked") {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::select! {
+        () = wait_for_revision(member, last_revision) => {}
+        () = panicked => panic!("the restarted member panicked:\n{}", member.log_tail(60)),
+    }
+    let leader_log = cluster.members[leader].log();
+    assert!(!leader_log.contains("raft core stopped"), "the leader stopped:\n{}", snapshot_lines(&leader_log));
     assert_hashkv_equal(&cluster);
 }
 
@@ -407,9 +482,33 @@ fn snapshot_building(member: &Member) -> bool {
 
 /// The snapshot id of the last line of the leader's log that contains `message`.
 fn last_snapshot_id(cluster: &Cluster, leader: usize, message: &str) -> Option<String> {
-    let log = cluster.members[leader].log();
-    let line = log.lines().rev().find(|l| l.contains(message))?;
+    last_snapshot_id_in(&cluster.members[leader].log(), |l| l.contains(message))
+}
+
+/// The snapshot id of the last line of `log` that `matches`.
+fn last_snapshot_id_in(log: &str, matches: impl Fn(&str) -> bool) -> Option<String> {
+    let line = log.lines().rev().find(|l| matches(l))?;
     line.split(" snapshot=").nth(1).and_then(|rest| rest.split(' ').next()).map(str::to_string)
+}
+
+/// Waits until the leader's last transfer begun is of snapshot `id` (`snapshot_sender.rs` logs
+/// "sending a snapshot" even while the follower is down).
+async fn wait_until_the_leader_sends(cluster: &Cluster, leader: usize, id: &str) {
+    let waiting = Instant::now();
+    while last_snapshot_id(cluster, leader, "sending a snapshot").as_deref() != Some(id) {
+        assert!(
+            waiting.elapsed() < Duration::from_secs(120),
+            "the leader never began sending snapshot {id}:\n{}",
+            snapshot_lines(&cluster.members[leader].log())
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The lines of `log` about snapshots, the last hundred: what a failed wait for one shows.
+fn snapshot_lines(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("snapshot")).collect();
+    lines[lines.len().saturating_sub(100)..].join("\n")
 }
 
 /// A follower, the leader's committed vote, and a client of the follower's peer port with a member

@@ -1724,6 +1724,16 @@ where
                 });
             }
             Command::PurgeLog { upto } => {
+                // keyward patch: a purge waits until a persisted snapshot covers it. A follower's
+                // `install_full_snapshot` queues the purge up to the snapshot right behind the install,
+                // and the purge ran while the state machine was still installing: a crash in between
+                // left a log purged past the current snapshot, and every restart then panicked in
+                // `RaftState::validate` (purge_upto <= snapshot_last_log_id). The install's
+                // answer to the leader already waited for the install, and so did every command
+                // queued after it: this holds the queue one command earlier.
+                if self.engine.state.io_state().snapshot() < Some(&upto) {
+                    return Ok(Some(Command::PurgeLog { upto }));
+                }
                 self.log_store.purge(upto.clone()).await?;
                 self.engine.state.io_state_mut().update_purged(Some(upto));
             }
