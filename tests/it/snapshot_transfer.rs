@@ -40,18 +40,7 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 /// "resuming").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_killed_mid_transfer_resumes_at_its_offset() {
-    let mut cluster = blocking(|| Cluster::start(Options::new(3).flags(&["--snapshot-count", "100"])));
-    let leader = cluster.leader().await;
-    let down = (0..3).find(|&i| i != leader).unwrap();
-    let client = common::auth::connect(&cluster.members[leader].client_url).await;
-    // 192 values of 512 KiB: a snapshot of about 100 MB, some seconds to send on loopback.
-    put_values(&client, 192, 512 << 10).await;
-    blocking(|| cluster.members[down].kill_9());
-    let mut writer = client.clone();
-    for i in 0..350 {
-        put_retrying(&mut writer, &format!("down/{i:06}"), b"v").await;
-    }
-    let last_revision = put_retrying(&mut writer, "down/last", b"here").await;
+    let Behind { mut cluster, leader, down, last_revision } = a_follower_behind_a_snapshot().await;
 
     let partial = snap_dir(&cluster.members[down]).join("receiving.part");
     // The partial file must belong to the snapshot the leader sends after the restart. A build the
@@ -128,21 +117,11 @@ async fn a_follower_killed_mid_transfer_resumes_at_its_offset() {
 /// `Command::PurgeLog` in `vendor/openraft/src/core/raft_core.rs`), the restarted member panics and
 /// never reaches the last revision. The restarted member has every byte, and answers the last chunk
 /// sent again with the snapshot's size; reverted to treating that as the chunks after it
-/// (`Step::Resume` in `snapshot_sender.rs`), the leader's sender had nothing left to send, reported
-/// a storage error, and the leader's raft core stopped (the member exited).
+/// (`Step::Resume` in `src/cluster/snapshot_sender.rs`), the leader's sender had nothing left to
+/// send, reported a storage error, and the leader's raft core stopped (the member exited).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_killed_while_installing_a_snapshot_comes_back() {
-    let mut cluster = blocking(|| Cluster::start(Options::new(3).flags(&["--snapshot-count", "100"])));
-    let leader = cluster.leader().await;
-    let down = (0..3).find(|&i| i != leader).unwrap();
-    let client = common::auth::connect(&cluster.members[leader].client_url).await;
-    put_values(&client, 192, 512 << 10).await;
-    blocking(|| cluster.members[down].kill_9());
-    let mut writer = client.clone();
-    for i in 0..350 {
-        put_retrying(&mut writer, &format!("down/{i:06}"), b"v").await;
-    }
-    let last_revision = put_retrying(&mut writer, "down/last", b"here").await;
+    let Behind { mut cluster, leader, down, last_revision } = a_follower_behind_a_snapshot().await;
     wait_until_no_snapshot_is_building(&cluster.members[leader]).await;
 
     // Killed once the install has begun (the received file is synced inside it, and openraft
@@ -181,6 +160,30 @@ async fn a_follower_killed_while_installing_a_snapshot_comes_back() {
     let leader_log = cluster.members[leader].log();
     assert!(!leader_log.contains("raft core stopped"), "the leader stopped:\n{}", snapshot_lines(&leader_log));
     assert_hashkv_equal(&cluster);
+}
+
+/// A 3-member cluster whose follower `down`, killed, missed writes up to `last_revision` (the key
+/// `down/last`) that its leader's log no longer holds: it needs a snapshot of about 100 MB (192
+/// values of 512 KiB), some seconds to send on loopback.
+struct Behind {
+    cluster: Cluster,
+    leader: usize,
+    down: usize,
+    last_revision: i64,
+}
+
+async fn a_follower_behind_a_snapshot() -> Behind {
+    let mut cluster = blocking(|| Cluster::start(Options::new(3).flags(&["--snapshot-count", "100"])));
+    let leader = cluster.leader().await;
+    let down = (0..3).find(|&i| i != leader).unwrap();
+    let mut client = common::auth::connect(&cluster.members[leader].client_url).await;
+    put_values(&client, 192, 512 << 10).await;
+    blocking(|| cluster.members[down].kill_9());
+    for i in 0..350 {
+        put_retrying(&mut client, &format!("down/{i:06}"), b"v").await;
+    }
+    let last_revision = put_retrying(&mut client, "down/last", b"here").await;
+    Behind { cluster, leader, down, last_revision }
 }
 
 /// A hostile holder of a member certificate sends every malformed chunk the module doc lists to a
@@ -491,8 +494,8 @@ fn last_snapshot_id_in(log: &str, matches: impl Fn(&str) -> bool) -> Option<Stri
     line.split(" snapshot=").nth(1).and_then(|rest| rest.split(' ').next()).map(str::to_string)
 }
 
-/// Waits until the leader's last transfer begun is of snapshot `id` (`snapshot_sender.rs` logs
-/// "sending a snapshot" even while the follower is down).
+/// Waits until the leader's last transfer begun is of snapshot `id` (`src/cluster/snapshot_sender.rs`
+/// logs "sending a snapshot" even while the follower is down).
 async fn wait_until_the_leader_sends(cluster: &Cluster, leader: usize, id: &str) {
     let waiting = Instant::now();
     while last_snapshot_id(cluster, leader, "sending a snapshot").as_deref() != Some(id) {
