@@ -1,7 +1,8 @@
 //! Failover as etcd's (issue 33): a write sent through a follower after the leader died waits for the
 //! next leader instead of failing at once, and a follower that was stopped past its election timeout
 //! does not depose a live leader when it runs again (its election timer counts ticks of its raft
-//! thread, as etcd's counts ticks of its raft loop: `raft/election_timer.rs`).
+//! thread, as etcd's counts ticks of its raft loop: `raft/election_timer.rs`), nor does one restarted
+//! after a kill.
 //!
 //! Members run with the harness's `--heartbeat-interval 50 --election-timeout 500`; waits are
 //! generous deadlines, never measurements (`benches/failover.sh` measures).
@@ -69,5 +70,41 @@ async fn a_follower_stopped_past_its_election_timeout_does_not_depose_the_leader
             "{} sees another leader or term: an election happened",
             cluster.members[i].name
         );
+    }
+}
+
+/// A follower killed and restarted after a few seconds keeps its leader. openraft sends an
+/// unreachable peer nothing until its backoff ends (`PeerConnection::backoff`,
+/// `src/cluster/network.rs`); with the backoff grown to 2 s, as before, the restarted member often
+/// heard no leader within its election timeout (500 ms here), campaigned at a higher term and
+/// deposed the leader. Three restarts: each must leave every member on the same leader and term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_restarted_after_a_kill_does_not_depose_the_leader() {
+    let mut cluster = blocking(|| Cluster::start(Options::new(3)));
+    let leader = cluster.leader().await;
+    let (leader_id, _, term) = cluster.status(leader).await.expect("leader status");
+    let restarted = (leader + 1) % 3;
+    for round in 0..3 {
+        blocking(|| cluster.members[restarted].kill_9());
+        // Long enough for the leader's backoff towards the dead member to reach its longest.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        blocking(|| {
+            cluster.members[restarted].spawn();
+            cluster.members[restarted].wait_ready();
+        });
+        let mut client = cluster.members[restarted].client().await;
+        client.put(format!("failover/restart-{round}"), "1", None).await.expect("put through the restarted member");
+        // Twice the longest election timeout for a campaign to show.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for i in 0..3 {
+            let (_, seen_leader, seen_term) = cluster.status(i).await.expect("status");
+            assert_eq!(
+                (seen_leader, seen_term),
+                (leader_id, term),
+                "after restart {round}, {} sees another leader or term: an election happened:\n{}",
+                cluster.members[i].name,
+                cluster.members[restarted].log_tail(30)
+            );
+        }
     }
 }
