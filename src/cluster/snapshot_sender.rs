@@ -17,8 +17,12 @@
 //!   one (which takes them in order), each deadline covering the chunks ahead of it;
 //! - a failed chunk is sent again at the same offset, with everything after it, and a follower
 //!   that has more or less than the leader thinks (`snapshot_receiver.rs`) answers
-//!   `SnapshotMismatch` with the offset it expects, where the transfer continues: an interrupted transfer resumes rather than restarting
-//!   from byte 0, also across attempts (the connection remembers how far the last one got).
+//!   `SnapshotMismatch` with the offset it expects, where the transfer continues: an interrupted
+//!   transfer resumes rather than restarting from byte 0, also across attempts (the connection
+//!   remembers how far the last one got);
+//! - a follower that cannot be reached (down) ends the attempt at once, so that the next one sends
+//!   the leader's newest snapshot, not an older one whose log tail may be purged by the time the
+//!   follower is back.
 //!
 //! Transfers are counted as etcd counts them (`etcd_network_snapshot_send_{success,failures}`), and
 //! transfers a probe made needless in `keyward_network_snapshot_send_skipped_total`.
@@ -30,6 +34,7 @@ use futures::stream::FuturesOrdered;
 use futures::{FutureExt, StreamExt};
 use openraft::error::{
     Fatal, InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError,
+    Unreachable,
 };
 use openraft::network::RPCOption;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, SnapshotResponse};
@@ -84,6 +89,12 @@ enum Step {
     Restart,
     /// Nothing was learnt: the chunk goes again after a pause.
     Retry(String),
+    /// The follower cannot be reached (its port is closed: it is down). The attempt ends at once,
+    /// and openraft's next one, after its backoff, sends its newest snapshot: a transfer that kept
+    /// retrying an older one while the leader built newer ones reached a restarted follower with a
+    /// snapshot whose log tail the leader had purged meanwhile, and a second transfer followed. How
+    /// far the follower got is kept (`resume`) for the next attempt at the same snapshot.
+    Unreachable(Unreachable),
     /// The follower failed for good (openraft's `Fatal`): the attempt ends with it.
     Failed(Box<SendError>),
 }
@@ -95,6 +106,8 @@ enum Holds {
     No,
     /// The follower has seen a higher vote: the transfer ends with it, and openraft steps down.
     HigherVote(openraft::Vote<NodeId>),
+    /// The follower cannot be reached: nothing is sent (`Step::Unreachable`).
+    Unreachable(Unreachable),
 }
 
 impl PeerConnection {
@@ -132,6 +145,7 @@ impl PeerConnection {
                 return Ok(SnapshotResponse::new(vote));
             }
             Holds::HigherVote(higher) => return Ok(SnapshotResponse::new(higher)),
+            Holds::Unreachable(unreachable) => return Err(StreamingError::Unreachable(unreachable)),
             Holds::No => {}
         }
         let started = Instant::now();
@@ -216,6 +230,7 @@ impl PeerConnection {
                             return Ok(SnapshotResponse::new(vote));
                         }
                         Holds::HigherVote(higher) => return Ok(SnapshotResponse::new(higher)),
+                        Holds::Unreachable(unreachable) => return Err(StreamingError::Unreachable(unreachable)),
                         Holds::No => {
                             tracing::info!(peer = to, snapshot = %meta.snapshot_id, offset = request.offset, "the follower has none of the snapshot: sending it from the start");
                             (next, last_queued) = (0, false);
@@ -224,6 +239,7 @@ impl PeerConnection {
                     }
                 }
                 Step::Retry(reason) => reason,
+                Step::Unreachable(unreachable) => return Err(StreamingError::Unreachable(unreachable)),
                 Step::Failed(error) => return Err(*error),
             };
             // This chunk goes again, and everything after it.
@@ -238,6 +254,7 @@ impl PeerConnection {
                         return Ok(SnapshotResponse::new(vote));
                     }
                     Holds::HigherVote(higher) => return Ok(SnapshotResponse::new(higher)),
+                    Holds::Unreachable(unreachable) => return Err(StreamingError::Unreachable(unreachable)),
                     Holds::No => {}
                 }
             }
@@ -319,6 +336,7 @@ impl PeerConnection {
                 metrics::SNAPSHOT_SEND_FAILURES.with_label_values(&[&format!("{:x}", self.target)]).inc();
                 Step::Failed(Box::new(RemoteError { target, target_node, source: fatal }.into()))
             }
+            Err(RPCError::Unreachable(unreachable)) => Step::Unreachable(unreachable),
             Err(e) => Step::Retry(e.to_string()),
         }
     }
@@ -342,6 +360,7 @@ impl PeerConnection {
         match tokio::time::timeout(deadline, call).await {
             Ok(Ok(AppendEntriesResponse::Success)) => Holds::Yes,
             Ok(Ok(AppendEntriesResponse::HigherVote(higher))) => Holds::HigherVote(higher),
+            Ok(Err(RPCError::Unreachable(unreachable))) => Holds::Unreachable(unreachable),
             _ => Holds::No,
         }
     }
