@@ -62,15 +62,7 @@ async fn a_follower_stopped_past_its_election_timeout_does_not_depose_the_leader
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut client = cluster.members[paused].client().await;
     client.put("failover/resumed", "1", None).await.expect("put through the resumed member");
-    for i in 0..3 {
-        let (_, seen_leader, seen_term) = cluster.status(i).await.expect("status");
-        assert_eq!(
-            (seen_leader, seen_term),
-            (leader_id, term),
-            "{} sees another leader or term: an election happened",
-            cluster.members[i].name
-        );
-    }
+    assert_no_election(&cluster, (leader_id, term), "after the pause", paused).await;
 }
 
 /// A follower killed and restarted after a few seconds keeps its leader. openraft sends an
@@ -96,15 +88,21 @@ async fn a_follower_restarted_after_a_kill_does_not_depose_the_leader() {
         client.put(format!("failover/restart-{round}"), "1", None).await.expect("put through the restarted member");
         // Twice the longest election timeout for a campaign to show.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        for i in 0..3 {
-            let (_, seen_leader, seen_term) = cluster.status(i).await.expect("status");
-            assert_eq!(
-                (seen_leader, seen_term),
-                (leader_id, term),
-                "after restart {round}, {} sees another leader or term: an election happened:\n{}",
-                cluster.members[i].name,
-                cluster.members[restarted].log_tail(30)
-            );
-        }
+        assert_no_election(&cluster, (leader_id, term), &format!("after restart {round}"), restarted).await;
+    }
+}
+
+/// Every member reports `leader_and_term`: no election happened. A failure shows the last lines of
+/// the log of `suspect`, the member stopped and resumed.
+async fn assert_no_election(cluster: &Cluster, leader_and_term: (u64, u64), when: &str, suspect: usize) {
+    for i in 0..3 {
+        let (_, seen_leader, seen_term) = cluster.status(i).await.expect("status");
+        assert_eq!(
+            (seen_leader, seen_term),
+            leader_and_term,
+            "{when}, {} sees another leader or term: an election happened:\n{}",
+            cluster.members[i].name,
+            cluster.members[suspect].log_tail(30)
+        );
     }
 }

@@ -91,11 +91,7 @@ async fn a_follower_killed_mid_transfer_resumes_at_its_offset() {
     wait_for_revision(&cluster.members[down], last_revision).await;
     let rejoined = &cluster.members[down];
     // The member serves the installed state a moment before the receiver logs the install done.
-    let waiting = Instant::now();
-    while !rejoined.log()[log_before..].contains("snapshot installed") {
-        assert!(waiting.elapsed() < Duration::from_secs(60), "not installed:\n{}", &rejoined.log()[log_before..]);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_line(rejoined, log_before, "snapshot installed", Duration::from_secs(60)).await;
     let log = rejoined.log()[log_before..].to_string();
     let received = metric_sum(rejoined, "keyward_network_snapshot_received_bytes_total");
     eprintln!("snapshot of {size} bytes: {kept} kept across the kill, {received} received after the restart");
@@ -126,15 +122,8 @@ async fn a_follower_killed_while_installing_a_snapshot_comes_back() {
     // 100 MB takes far longer than this member's log takes to be read here.
     let log_before = cluster.members[down].log().len();
     blocking(|| cluster.members[down].spawn());
-    let waiting = Instant::now();
-    while !cluster.members[down].log()[log_before..].contains("snapshot file flushed and synced for install") {
-        assert!(
-            waiting.elapsed() < Duration::from_secs(300),
-            "no install began:\n{}",
-            cluster.members[down].log_tail(40)
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let install_begun = "snapshot file flushed and synced for install";
+    wait_for_line(&cluster.members[down], log_before, install_begun, Duration::from_secs(300)).await;
     blocking(|| cluster.members[down].kill_9());
     let first_run = cluster.members[down].log()[log_before..].to_string();
     assert!(
@@ -489,6 +478,16 @@ fn last_snapshot_id(cluster: &Cluster, leader: usize, message: &str) -> Option<S
 fn last_snapshot_id_in(log: &str, matches: impl Fn(&str) -> bool) -> Option<String> {
     let line = log.lines().rev().find(|l| matches(l))?;
     line.split(" snapshot=").nth(1).and_then(|rest| rest.split(' ').next()).map(str::to_string)
+}
+
+/// Waits until `member`'s log past byte `since` has a line containing `text`, for `within` at most.
+/// Read every 2 ms: a test that kills the member on that line kills it within a few ms of it.
+async fn wait_for_line(member: &Member, since: usize, text: &str, within: Duration) {
+    let waiting = Instant::now();
+    while !member.log()[since..].contains(text) {
+        assert!(waiting.elapsed() < within, "no \"{text}\" within {within:?}:\n{}", member.log_tail(40));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 /// The lines of `log` about snapshots, the last hundred: what a failed wait for one shows.
