@@ -117,6 +117,13 @@ run() {
         grep -h "snapshot" "$tmp/$kind-m$follower.log" | tail -8 | sed 's/^/  follower: /' | tee -a "$tmp/results.txt"
     fi
     du -sh "$tmp/$kind-m$follower" | sed "s/^/  $kind follower data dir: /" | tee -a "$tmp/results.txt"
+    # where it goes: each file or directory two levels down (the store, the log, the snapshots)
+    (cd "$tmp/$kind-m$follower" && du -s --block-size=1M -- */* 2>/dev/null) | sed "s/^/    MiB /" | tee -a "$tmp/results.txt"
+    # and once the work that follows a catch-up has settled (a snapshot the entries after the one
+    # received made due, purges): 20 s later
+    sleep 20
+    du -sh "$tmp/$kind-m$follower" | sed "s/^/  $kind follower data dir 20 s later: /" | tee -a "$tmp/results.txt"
+    (cd "$tmp/$kind-m$follower" && du -s --block-size=1M -- */* 2>/dev/null) | sed "s/^/    MiB /" | tee -a "$tmp/results.txt"
     for i in 1 2 3; do kill "${mpid[$i]}" 2>/dev/null; done
     for i in 1 2 3; do wait "${mpid[$i]}" 2>/dev/null; done
     rm -rf "$tmp/$kind-m1" "$tmp/$kind-m2" "$tmp/$kind-m3"

@@ -208,6 +208,12 @@ impl Node {
         self.kv.current()
     }
 
+    /// The swappable kv environment (tests: a snapshot installed without openraft).
+    #[cfg(test)]
+    pub(crate) fn kv_env(&self) -> &Arc<crate::raft::state_machine::KvEnv> {
+        &self.kv
+    }
+
     /// Replaces the kv environment with a compacting copy (`raft/state_machine/defrag.rs`).
     pub(crate) async fn defragment(&self) -> Result<crate::raft::state_machine::defrag::Defragmented, EtcdError> {
         let kv = self.kv.clone();

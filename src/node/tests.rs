@@ -91,7 +91,7 @@ async fn a_snapshot_install_rebuilds_the_revision_the_auth_state_and_the_lease_c
     let results = leader.apply_requests(1, requests.into_iter().map(as_member).collect());
     assert!(results.iter().all(Result::is_ok), "{results:?}");
 
-    node.state().install_snapshot_of(&leader).unwrap();
+    node.kv_env().install_snapshot_of(&leader).unwrap();
 
     assert_eq!(node.lessor.time_to_live(1), None, "a lease the installed state does not hold is dropped");
     let (ttl, left) = node.lessor.time_to_live(2).expect("lease 2");

@@ -26,6 +26,16 @@ pub(crate) fn prepare(env: &LmdbEnv) -> heed::Result<()> {
     Ok(())
 }
 
+/// Makes the closed environment file `file` (on the same file system: a snapshot loaded into a fresh
+/// environment, `raft/state_machine/snapshot/install.rs`) the copy beside `dir`'s `data.mdb`, and gives
+/// `data.mdb` the second name `OLD`, as `prepare` does. Not synced: the kv environment never is
+/// (`raft/unsynced.rs`; after an operating-system crash it is rebuilt from the current snapshot).
+pub(crate) fn adopt(dir: &Path, file: &Path) -> io::Result<()> {
+    std::fs::rename(file, dir.join(COPY))?;
+    remove_if_present(&dir.join(OLD))?;
+    std::fs::hard_link(dir.join(DATA), dir.join(OLD))
+}
+
 /// Renames the copy over `data.mdb` (durably). The environment must be closed.
 pub(crate) fn swap_in(dir: &Path) -> io::Result<()> {
     std::fs::rename(dir.join(COPY), dir.join(DATA))?;
@@ -39,11 +49,12 @@ pub(crate) fn roll_back(dir: &Path) -> io::Result<()> {
 }
 
 /// Removes the copy and the old file's second name, if present (after a swap, a failure, or a crash
-/// at any point of one).
+/// at any point of one). After a swap `OLD` is the old file's last name: its space is freed in the
+/// background.
 pub(crate) fn remove_leftovers(dir: &Path) -> io::Result<()> {
     let mut removed = false;
     for name in [COPY, OLD] {
-        removed |= remove_if_present(&dir.join(name))?;
+        removed |= super::data_dir::remove_file_in_background(&dir.join(name))?;
     }
     if removed {
         sync_dir(dir)?;

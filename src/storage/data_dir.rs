@@ -91,6 +91,31 @@ pub(crate) fn create_private_file(path: &Path) -> std::io::Result<File> {
     OpenOptions::new().write(true).create(true).truncate(true).mode(FILE_MODE).open(path)
 }
 
+/// Closes `files`, handles on files whose last names are gone (replaced or removed), on a thread of
+/// its own: the file system frees their blocks and drops their cached pages at the last close, which
+/// takes about a second per gigabyte (a replaced snapshot or kv file, purged raft log segments), and
+/// nothing need wait for that.
+pub(crate) fn release_in_background(files: impl Send + 'static) {
+    let spawned = std::thread::Builder::new().name("release-file".into()).spawn(move || drop(files));
+    if let Err(e) = spawned {
+        // `spawn` dropped the closure, and the file with it: released in place.
+        tracing::debug!(error = %e, "no thread to release a removed file: released in place");
+    }
+}
+
+/// Removes the file at `path` (false if there is none), freeing its space in the background
+/// (`release_in_background`). Not durable until `dir` is synced.
+pub(crate) fn remove_file_in_background(path: &Path) -> std::io::Result<bool> {
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    std::fs::remove_file(path)?;
+    release_in_background(file);
+    Ok(true)
+}
+
 /// Makes a rename or an unlink in `dir` durable (the directory entry itself is fsynced).
 pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()

@@ -289,7 +289,7 @@ impl Mapping {
     }
 
     /// Bytes of the pages LMDB has handed out (its last page number, free pages among them).
-    fn handed_out(&self, env: &LmdbEnv) -> u64 {
+    pub(crate) fn handed_out(&self, env: &LmdbEnv) -> u64 {
         (env.info().last_page_number as u64 + 1) * self.page_size
     }
 

@@ -110,7 +110,7 @@ fn a_snapshot_built_mid_removal_carries_it_and_its_installer_resumes() {
     assert!(step.removed > 0 && step.pending.is_some(), "{step:?}");
 
     let target = open(target_dir.path());
-    target.state().install_snapshot_of(&source.state()).unwrap();
+    target.kv.install_snapshot_of(&source.state()).unwrap();
     assert_eq!(target.kv.removal().unwrap(), (31, true));
     assert_eq!(hash_kv(&target.state()), hash);
     remove_all(&target, 5, hash);

@@ -72,7 +72,26 @@ impl KvEnv {
             return Err(err.into());
         }
         drop(state);
+        match self.swap_in_copy(&dir) {
+            Ok(new) => {
+                let after = new.disk_size()?;
+                let took = started.elapsed();
+                crate::metrics::DEFRAG_SECONDS.observe(took.as_secs_f64());
+                tracing::info!(before_bytes = before, after_bytes = after, ?took, "defragmented the kv database");
+                Ok(Defragmented { before, after, took })
+            }
+            Err(SwapFailed::Busy) => {
+                Err(format!("reads on the database did not finish within {DRAIN_DEADLINE:?}").into())
+            }
+            Err(SwapFailed::Failed(err)) => Err(err),
+        }
+    }
 
+    /// Steps 3–5 above: replaces the current environment of `dir` with the copy prepared beside its
+    /// `data.mdb` (`compacted::prepare` or `compacted::adopt`: the old file also named `OLD`), and
+    /// returns the state on it. Writes must be paused (`writing` held). On an error the old
+    /// environment is serving, unchanged, and the leftovers are removed.
+    pub(super) fn swap_in_copy(&self, dir: &Path) -> Result<Arc<State>, SwapFailed> {
         let mut slot = self.current.write().unwrap_or_else(PoisonError::into_inner);
         let Some(old_state) = slot.take() else { unreachable!("`current` is `None` only inside this function") };
         let old_state = match drain(old_state) {
@@ -80,46 +99,51 @@ impl KvEnv {
             Err(still_shared) => {
                 *slot = Some(still_shared);
                 drop(slot);
-                compacted::remove_leftovers(&dir)?;
-                return Err(format!("reads on the database did not finish within {DRAIN_DEADLINE:?}").into());
+                compacted::remove_leftovers(dir).map_err(|e| SwapFailed::Failed(e.into()))?;
+                return Err(SwapFailed::Busy);
             }
         };
         let carried = old_state.carried();
         let closing = old_state.env.clone().prepare_for_closing();
         drop(old_state);
         if !closing.wait_timeout(CLOSE_DEADLINE) {
-            fatal(&dir, "the old environment is still open (an Env outside a State)".into());
+            fatal(dir, "the old environment is still open (an Env outside a State)".into());
         }
 
-        let opened = compacted::swap_in(&dir)
+        let opened = compacted::swap_in(dir)
             .map_err(BoxError::from)
-            .and_then(|()| State::open(&dir, carried.clone()).map_err(BoxError::from));
-        match opened {
+            .and_then(|()| State::open(dir, carried.clone()).map_err(BoxError::from));
+        let result = match opened {
             Ok(new) => {
-                let after = new.disk_size()?;
-                *slot = Some(Arc::new(new));
-                drop(slot);
-                compacted::remove_leftovers(&dir)?;
-                let took = started.elapsed();
-                crate::metrics::DEFRAG_SECONDS.observe(took.as_secs_f64());
-                tracing::info!(before_bytes = before, after_bytes = after, ?took, "defragmented the kv database");
-                Ok(Defragmented { before, after, took })
+                let new = Arc::new(new);
+                *slot = Some(new.clone());
+                Ok(new)
             }
             Err(err) => {
-                tracing::error!(error = %err, "cannot open the defragmented copy: reopening the database as it was");
-                let reopened = compacted::roll_back(&dir)
+                tracing::error!(error = %err, "cannot open the new kv database: reopening the database as it was");
+                let reopened = compacted::roll_back(dir)
                     .map_err(BoxError::from)
-                    .and_then(|()| State::open(&dir, carried).map_err(BoxError::from));
+                    .and_then(|()| State::open(dir, carried).map_err(BoxError::from));
                 match reopened {
                     Ok(state) => *slot = Some(Arc::new(state)),
-                    Err(again) => fatal(&dir, again),
+                    Err(again) => fatal(dir, again),
                 }
-                drop(slot);
-                compacted::remove_leftovers(&dir)?;
-                Err(err)
+                Err(SwapFailed::Failed(err))
             }
-        }
+        };
+        drop(slot);
+        compacted::remove_leftovers(dir).map_err(|e| SwapFailed::Failed(e.into()))?;
+        result
     }
+}
+
+/// Why a prepared copy did not replace the environment (`KvEnv::swap_in_copy`); either way the old
+/// one is serving.
+pub(super) enum SwapFailed {
+    /// Reads in flight did not end within `DRAIN_DEADLINE`.
+    Busy,
+    /// The copy could not be opened (the old file is back), or the leftovers not removed.
+    Failed(BoxError),
 }
 
 /// Waits until `state` is the last reference to its `State` (every read in flight ended), for at

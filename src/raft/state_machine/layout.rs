@@ -290,8 +290,8 @@ mod tests {
             let tables: Vec<_> = [source.legacy_live.main_db()].into_iter().chain(source.tables()).collect();
             format::write(std::fs::File::create(&legacy).unwrap(), &meta, &tables, &txn, &|| false).unwrap();
         }
+        target.kv.install_snapshot(&meta, std::fs::File::open(&legacy).unwrap(), None).unwrap();
         let target = target.state();
-        target.install_snapshot(&meta, std::fs::File::open(&legacy).unwrap(), None).unwrap();
         assert_eq!(records_but_the_group_counter(&target), records);
         assert_eq!(current(&target), kvs);
         assert_eq!(target.legacy_live.main_db().len(&target.read_txn().unwrap()).unwrap(), 0);
@@ -349,8 +349,8 @@ mod tests {
             let txn = source.read_txn().unwrap();
             format::write(std::fs::File::create(&legacy).unwrap(), &meta, &source.tables(), &txn, &|| false).unwrap();
         }
+        target.kv.install_snapshot(&meta, std::fs::File::open(&legacy).unwrap(), None).unwrap();
         let target = target.state();
-        target.install_snapshot(&meta, std::fs::File::open(&legacy).unwrap(), None).unwrap();
         assert_eq!(kv_records(&target), records);
         assert_eq!(current(&target), kvs);
         assert_eq!(layout(&target), Some(CURRENT));

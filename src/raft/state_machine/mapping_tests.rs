@@ -212,8 +212,9 @@ fn a_snapshot_that_gave_way_starts_over_and_is_complete() {
     source.mapping.pretend_remap_waiting(true); // never cleared: every dump is asked to give way
     let (meta, file) = source.build_snapshot().unwrap();
     source.mapping.pretend_remap_waiting(false);
-    let target = StateMachine::open(&b.path().join("kv"), &b.path().join("snap")).unwrap().state();
-    target.install_snapshot(&meta, file, None).unwrap();
+    let target = StateMachine::open(&b.path().join("kv"), &b.path().join("snap")).unwrap();
+    target.kv.install_snapshot(&meta, file, None).unwrap();
+    let target = target.state();
     assert_eq!(target.table_records(), source.table_records());
     let temps = std::fs::read_dir(a.path().join("snap")).unwrap().filter_map(Result::ok);
     assert_eq!(temps.filter(|e| e.file_name().to_string_lossy().ends_with(".tmp")).count(), 0);
@@ -226,9 +227,12 @@ fn a_snapshot_larger_than_the_map_installs_into_a_mapped_environment() {
     for index in 1..=4 {
         source.apply_requests(index, puts(&format!("s{index}/"), 16, 1 << 20));
     }
-    let target = open_mapped(b.path());
-    assert_eq!(assert_fully_reserved(&target), MIN_RESERVE);
-    target.install_snapshot_of(&source).expect("install");
+    let space = Arc::new(Space::without_ballast());
+    let target = StateMachine::open_writing(&b.path().join("kv"), &b.path().join("snap"), space, Some(Writes::Mapped))
+        .expect("open");
+    assert_eq!(assert_fully_reserved(&target.state()), MIN_RESERVE);
+    target.kv.install_snapshot_of(&source).expect("install");
+    let target = target.state();
     assert!(assert_fully_reserved(&target) >= 64 << 20);
     assert_eq!(target.table_records(), source.table_records());
 }

@@ -15,8 +15,8 @@
 //!   one member's disk; the map grows here;
 //! - `snapshot/`: snapshots are a dump of every kv table, streamed from a read transaction into a
 //!   file (`format.rs`) and kept in the snap dir (`dir.rs`); installing one streams its records into
-//!   one write transaction, then rebuilds everything derived from the applied state and tells the
-//!   observer (`Committed::installed`).
+//!   a fresh environment that replaces the current one as Defragment's copy does (`install.rs`), then
+//!   rebuilds everything derived from the applied state and tells the observer (`Committed::installed`).
 
 use std::fs::File;
 use std::path::Path;
@@ -44,6 +44,8 @@ pub(crate) mod compaction;
 mod compaction_tests;
 pub(crate) mod defrag;
 mod full_retry;
+#[cfg(test)]
+mod install_tests;
 mod kv_env;
 mod layout;
 #[cfg(test)]
@@ -104,6 +106,7 @@ impl StateMachine {
         if kv_dir.exists() {
             storage::compacted::remove_leftovers(kv_dir).map_err(heed::Error::Io)?;
         }
+        snapshot::install::remove_fresh_leftover(kv_dir).map_err(heed::Error::Io)?;
         let carried = Carried {
             space,
             tokens: Default::default(),
@@ -223,8 +226,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let synced_ms = syncing.elapsed().as_millis() as u64;
         tracing::info!(snapshot = %meta.snapshot_id, synced_ms, "snapshot file flushed and synced for install");
         let (kv, meta) = (self.kv.clone(), meta.clone());
-        blocking(move || kv.write(|state| state.install_snapshot(&meta, file, received)).map_err(|e| failed(&meta, e)))
-            .await
+        blocking(move || kv.install_snapshot(&meta, file, received).map_err(|e| failed(&meta, e))).await
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {

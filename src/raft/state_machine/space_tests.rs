@@ -232,8 +232,11 @@ fn snapshots_carry_alarms_and_are_owner_only() {
     for dir in [a.path().join("kv"), a.path().join("snap")] {
         assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700, "{}", dir.display());
     }
-    let target = open(b.path(), Space::without_ballast());
-    target.install_snapshot(&meta, file, None).unwrap();
+    let target =
+        StateMachine::open_with(&b.path().join("kv"), &b.path().join("snap"), Arc::new(Space::without_ballast()))
+            .expect("open");
+    target.kv.install_snapshot(&meta, file, None).unwrap();
+    let target = target.state();
     assert!(target.nospace(), "the alarm is replicated state");
     assert_eq!(value(&target, "k"), Some(b"v".to_vec()));
     assert_eq!(target.space.in_use(), source.space.in_use());

@@ -4,6 +4,7 @@ use openraft::EntryPayload;
 
 use super::snapshot::format::Meta;
 use super::state::{BoxError, State};
+use super::KvEnv;
 use crate::raft::{BatchResults, Entry, LogId};
 use crate::storage::Db;
 
@@ -34,7 +35,9 @@ impl State {
         };
         self.apply_until_applied(&[entry]).expect("apply").remove(0)
     }
+}
 
+impl KvEnv {
     /// Builds a snapshot of `source` and installs it here as `install_snapshot` installs one from
     /// outside the snap dir, without openraft (which owns a node's state machine).
     pub(crate) fn install_snapshot_of(&self, source: &State) -> Result<Meta, BoxError> {

@@ -19,8 +19,9 @@ fn dirty_after_applies_and_two_walks(writes: Writes) -> Option<u64> {
         assert!(state.apply_requests(index, requests).iter().all(Result::is_ok));
     }
     // Nothing commits from here on: a walk that starts after this point leaves the file clean.
-    let walks = state.writeback.passes();
-    state.writeback.wait_for_passes(walks + 2);
+    let writeback = state.writeback.as_ref().expect("a member's environment is written back");
+    let walks = writeback.passes();
+    writeback.wait_for_passes(walks + 2);
     dirty_pages(&std::fs::File::open(state.dir().join("data.mdb")).unwrap())
 }
 

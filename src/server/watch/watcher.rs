@@ -370,7 +370,7 @@ mod tests {
         let (mut from_5, _stop_5) = watch_from(&node, 5, 16);
         let (mut from_3, _stop_3) = watch_from(&node, 3, 16);
 
-        node.state().install_snapshot_of(&leader).unwrap();
+        node.kv_env().install_snapshot_of(&leader).unwrap();
         node.propose(put(b"w/7", b"v", 0), &Requester::Member).await.unwrap();
 
         let (delivered, _) = delivered_until(&mut from_5, 9).await;

@@ -1,4 +1,5 @@
-//! Start-up: reads every segment, rebuilds the entry index and the state, and cuts a torn tail.
+//! Start-up: reads every segment, rebuilds the entry index and the state, and cuts a torn tail. Every
+//! frame's CRC is checked; of an entry only its log id is decoded (its payload is decoded when read).
 //!
 //! Only the end of the last segment can hold a write that was never acknowledged: a crash (or power
 //! loss) during an append leaves any subset of that write's pages on disk. So a bad frame there — a
@@ -11,7 +12,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use super::segment::{self, corrupt, decode, read_frame, Frame, Loc, Record, Segment, State, SYNC_CHUNK};
+use super::segment::{self, corrupt, decode_head, read_frame, Frame, Loc, RecordHead, Segment, State, SYNC_CHUNK};
 
 /// What the segments hold.
 pub(crate) struct Recovered {
@@ -41,6 +42,8 @@ pub(crate) fn scan(dir: &Path, segment_bytes: u64) -> std::io::Result<Recovered>
     // The newest entry index dropped at a gap in the sequence (see below).
     let mut dropped_at_gap: Option<u64> = None;
     let mut end = 0;
+    // One buffer for every segment: a fresh one per segment cost a page fault per page (64 MiB each).
+    let mut bytes = Vec::new();
     for (i, &seq) in seqs.iter().enumerate() {
         let last = i + 1 == seqs.len();
         let seg = Segment::open(dir, seq)?;
@@ -51,26 +54,27 @@ pub(crate) fn scan(dir: &Path, segment_bytes: u64) -> std::io::Result<Recovered>
             dropped_at_gap = entries.keys().next_back().copied().max(dropped_at_gap);
             entries.clear();
         }
-        let mut bytes = vec![0; seg.size as usize];
+        // Every byte is read over: only a longer segment's extra bytes need to be made first.
+        bytes.resize(seg.size as usize, 0);
         seg.file.read_exact_at(&mut bytes, 0)?;
         let mut offset = 0usize;
         let stop = loop {
             match read_frame(&bytes, offset) {
                 Frame::Valid { payload, next } => {
-                    let record = decode(payload)
+                    let record = decode_head(payload)
                         .map_err(|e| corrupt(&seg.path, offset as u64, &format!("undecodable record: {e}")))?;
                     match record {
-                        Record::Entry(entry) => {
+                        RecordHead::Entry(entry) => {
                             let index = entry.log_id.index;
                             entries.split_off(&index);
                             let loc =
                                 Loc { log_id: entry.log_id, seq, offset: offset as u64, len: payload.len() as u32 };
                             entries.insert(index, loc);
                         }
-                        Record::Truncate { from } => {
+                        RecordHead::Truncate { from } => {
                             entries.split_off(&from);
                         }
-                        Record::State(s) => {
+                        RecordHead::State(s) => {
                             if let Some(purged) = s.last_purged {
                                 entries = entries.split_off(&(purged.index + 1));
                             }

@@ -1,23 +1,102 @@
-//! Installing a snapshot: its records replace every table in one write transaction (growing a mapped
-//! environment to hold both), the file becomes `current.snap`, and everything derived from the
-//! applied state is derived again (`Committed::installed`).
+//! Installing a snapshot (a member that fell behind the leader's log): the snapshot's records become
+//! the applied state, the file becomes `current.snap`, and everything derived from the applied state
+//! is derived again (`Committed::installed`).
+//!
+//! The records are loaded into a fresh environment beside the current one (`<kv>.install`), which
+//! then replaces it as Defragment's copy does (`defrag.rs`, `KvEnv::swap_in_copy`). Loaded in place,
+//! in one write transaction, the old state's pages stay in use until the commit: the file had to hold
+//! the old state and the new one side by side, and kept that size (3.2 GB for a 1 GB store, issue 30).
+//! The fresh file holds the new state only, its pages filled in key order, trimmed to the pages used.
+//! In place remains the fallback when reads on the current environment do not end (a snapshot being
+//! built holds one for its whole length) and the way a crash between the two steps is finished at
+//! open (`install_current_if_newer`).
+//!
+//! Crash safety, in order: the fresh environment is loaded and committed (a crash leaves a directory
+//! that the next open removes); the snapshot file becomes current (a crash from here on leaves a
+//! current snapshot newer than the applied state, which open installs); the fresh file replaces
+//! `data.mdb` by a rename. Neither file of the environment is synced: it never is
+//! (`raft/unsynced.rs`), and after an operating-system crash it is rebuilt from `current.snap`.
 
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::PoisonError;
 use std::time::Instant;
 
 use super::dir::TempFile;
 use super::format::{self, Meta};
 use crate::raft::state_machine::committed::{Committed, Installed};
+use crate::raft::state_machine::defrag::SwapFailed;
 use crate::raft::state_machine::full_retry::ApplyFailure;
 use crate::raft::state_machine::layout::SkippedLive;
-use crate::raft::state_machine::state::{BoxError, State, APPLIED, MEMBERSHIP};
+use crate::raft::state_machine::state::{BoxError, Paced, State, APPLIED, MEMBERSHIP};
+use crate::raft::state_machine::KvEnv;
+use crate::storage::compacted;
+
+/// The fresh environment a snapshot is loaded into, beside the kv environment's directory.
+pub(in crate::raft::state_machine) fn fresh_dir(kv_dir: &Path) -> PathBuf {
+    kv_dir.with_extension("install")
+}
+
+/// Removes a fresh environment a crash left behind (at open, before the kv environment opens).
+pub(in crate::raft::state_machine) fn remove_fresh_leftover(kv_dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(fresh_dir(kv_dir)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+impl KvEnv {
+    /// Installs the snapshot in `file` (received into `received`, or from elsewhere): loaded into a
+    /// fresh environment that replaces the current one (see the module doc), or in place when reads on
+    /// the current one do not end.
+    pub(in crate::raft::state_machine) fn install_snapshot(
+        &self,
+        meta: &Meta,
+        file: File,
+        received: Option<TempFile>,
+    ) -> Result<(), BoxError> {
+        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let state = self.current();
+        let temp = state.snapshot_in_snap_dir(file, received)?;
+        let kv_dir = state.dir().to_path_buf();
+        let loading = Instant::now();
+        let trimmed = state.load_fresh(temp.path(), meta)?;
+        let loaded = loading.elapsed();
+        // Current before the swap: see the module doc.
+        state.snaps.publish(temp, meta)?;
+        compacted::adopt(&kv_dir, &fresh_dir(&kv_dir).join("data.mdb"))?;
+        drop(state);
+        let swapping = Instant::now();
+        let installed = match self.swap_in_copy(&kv_dir) {
+            Ok(installed) => installed,
+            Err(SwapFailed::Busy) => {
+                tracing::warn!(snapshot = %meta.snapshot_id, "reads on the kv database did not end: installing the snapshot in place");
+                let state = self.current();
+                state.load_growing(&state.snaps.current_path(), meta)?.commit()?;
+                state.migrate_layout()?;
+                state
+            }
+            Err(SwapFailed::Failed(e)) => return Err(e),
+        };
+        remove_fresh_leftover(&kv_dir)?;
+        installed.rebuild_after_install()?;
+        tracing::info!(
+            snapshot = %meta.snapshot_id,
+            load_ms = loaded.as_millis() as u64,
+            swap_ms = swapping.elapsed().as_millis() as u64,
+            file_bytes = trimmed,
+            total_ms = loading.elapsed().as_millis() as u64,
+            "snapshot loaded into the state machine"
+        );
+        Ok(())
+    }
+}
 
 impl State {
     /// A write transaction with the snapshot in `path` loaded into it (`load`). A mapped environment
     /// first grows to hold the old state and the new one side by side (the old pages are freed only
     /// at the commit), and again whenever the load still finds its map full.
-    fn load_growing(&self, path: &Path, meta: &Meta) -> Result<heed::RwTxn<'_>, BoxError> {
+    pub(super) fn load_growing(&self, path: &Path, meta: &Meta) -> Result<heed::RwTxn<'_>, BoxError> {
         if let Some(reserved) = self.mapping.reserved() {
             let incoming = std::fs::metadata(path)?.len();
             self.grow_map(reserved.saturating_add(2 * incoming)).map_err(ApplyFailure::into_error)?;
@@ -37,45 +116,38 @@ impl State {
         }
     }
 
-    /// Installs the snapshot in `file` (received into `received`, or from elsewhere): its records replace
-    /// every table in one write transaction, and the file becomes the current snapshot.
-    pub(in crate::raft::state_machine) fn install_snapshot(
+    /// The snapshot file as a temp file of the snap dir, so that it can become current: as received,
+    /// or copied in (openraft's storage suite hands over another state machine's snapshot).
+    pub(in crate::raft::state_machine) fn snapshot_in_snap_dir(
         &self,
-        meta: &Meta,
         file: File,
         received: Option<TempFile>,
-    ) -> Result<(), BoxError> {
-        let temp = match received {
-            Some(temp) if temp.path().parent() == Some(self.snaps.path()) => temp,
-            // Not received into this snap dir (openraft's storage suite hands over another state
-            // machine's snapshot): copied in, so that it can become current.
-            _ => self.copy_in(file)?,
-        };
-        let loading = Instant::now();
-        let txn = self.load_growing(temp.path(), meta)?;
-        let loaded = loading.elapsed();
-        // Current before the commit: a crash in between leaves a snapshot newer than the applied
-        // state, which `open` installs (`install_current_if_newer`); the other order could leave a
-        // member whose current snapshot is older than its purged log.
-        self.snaps.publish(temp, meta)?;
-        let committing = Instant::now();
-        txn.commit()?;
-        let committed = committing.elapsed();
-        // A snapshot of a member of an older layout holds its encodings (`layout.rs`).
-        self.migrate_layout()?;
-        // No sync of the environment: openraft purges the log behind the snapshot, and what it covered
-        // survives a power loss as `current.snap` (synced, renamed, its directory synced above), from
-        // which a member whose environment may be torn is rebuilt (`raft/unsynced.rs`), as after a
-        // build (`build.rs`). Syncing here wrote every installed page to the disk a second time.
-        self.rebuild_after_install()?;
-        tracing::info!(
-            snapshot = %meta.snapshot_id,
-            load_ms = loaded.as_millis() as u64,
-            commit_ms = committed.as_millis() as u64,
-            total_ms = loading.elapsed().as_millis() as u64,
-            "snapshot loaded into the state machine"
-        );
-        Ok(())
+    ) -> Result<TempFile, BoxError> {
+        match received {
+            Some(temp) if temp.path().parent() == Some(self.snaps.path()) => Ok(temp),
+            _ => self.copy_in(file),
+        }
+    }
+
+    /// Loads the snapshot in `path` into a fresh environment at `fresh_dir` (emptied first), commits
+    /// it and closes it, its file trimmed to the pages used (a mapped environment's reservation
+    /// grows to twice the snapshot's size for the load). Returns the file's size.
+    fn load_fresh(&self, path: &Path, meta: &Meta) -> Result<u64, BoxError> {
+        let dir = fresh_dir(self.dir());
+        remove_fresh_leftover(self.dir())?;
+        let mut carried = self.carried();
+        carried.audit = None;
+        let fresh = State::open_bare(&dir, carried, Paced::Not)?;
+        fresh.load_growing(path, meta)?.commit()?;
+        let used = fresh.mapping.handed_out(&fresh.env);
+        let closing = fresh.env.clone().prepare_for_closing();
+        drop(fresh);
+        closing.wait();
+        let data = std::fs::OpenOptions::new().write(true).open(dir.join("data.mdb"))?;
+        // Pages past the last one handed out hold nothing: LMDB opens a shorter file and maps past it.
+        let size = data.metadata()?.len().min(used.next_multiple_of(1 << 20));
+        data.set_len(size)?;
+        Ok(size)
     }
 
     /// Copies a snapshot file into a synced temp file of the snap dir.
@@ -124,7 +196,7 @@ impl State {
     /// state (etcd #14571 restored a snapshot and kept serving from an emptied permission cache): the
     /// permission cache, the size in use, the active alarms and the simple tokens here; the observer
     /// rebuilds the rest (the node's auth state and revision, the lease clock, watchers).
-    fn rebuild_after_install(&self) -> Result<(), BoxError> {
+    pub(super) fn rebuild_after_install(&self) -> Result<(), BoxError> {
         self.auth.cache.clear();
         let txn = self.read_txn()?;
         self.after_commit(&txn)?;
