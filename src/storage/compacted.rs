@@ -26,6 +26,21 @@ pub(crate) fn prepare(env: &LmdbEnv) -> heed::Result<()> {
     Ok(())
 }
 
+/// The directory of the fresh environment a snapshot is loaded into before it replaces the one at
+/// `kv_dir` (`raft/state_machine/snapshot/install.rs`), beside it.
+pub(crate) fn fresh_dir(kv_dir: &Path) -> std::path::PathBuf {
+    kv_dir.with_extension("install")
+}
+
+/// Removes the fresh environment beside `kv_dir`, if any: after an install, or what a crash left of
+/// one (at open, before the kv environment opens).
+pub(crate) fn remove_fresh(kv_dir: &Path) -> io::Result<()> {
+    match std::fs::remove_dir_all(fresh_dir(kv_dir)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
 /// Makes the closed environment file `file` (on the same file system: a snapshot loaded into a fresh
 /// environment, `raft/state_machine/snapshot/install.rs`) the copy beside `dir`'s `data.mdb`, and gives
 /// `data.mdb` the second name `OLD`, as `prepare` does. Not synced: the kv environment never is

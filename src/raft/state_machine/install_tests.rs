@@ -5,11 +5,10 @@
 
 use std::time::Duration;
 
-use super::snapshot::install::fresh_dir;
 use super::snapshot_tests::put;
 use super::*;
 use crate::proto::etcdserverpb::InternalRaftRequest;
-use crate::storage::compacted::{COPY, OLD};
+use crate::storage::compacted::{fresh_dir, COPY, OLD};
 
 fn open_mapped(dir: &Path) -> StateMachine {
     let space = Arc::new(Space::without_ballast());

@@ -106,7 +106,7 @@ impl StateMachine {
         if kv_dir.exists() {
             storage::compacted::remove_leftovers(kv_dir).map_err(heed::Error::Io)?;
         }
-        snapshot::install::remove_fresh_leftover(kv_dir).map_err(heed::Error::Io)?;
+        storage::compacted::remove_fresh(kv_dir).map_err(heed::Error::Io)?;
         let carried = Carried {
             space,
             tokens: Default::default(),

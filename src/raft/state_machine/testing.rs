@@ -2,9 +2,9 @@
 
 use openraft::EntryPayload;
 
+use super::kv_env::KvEnv;
 use super::snapshot::format::Meta;
 use super::state::{BoxError, State};
-use super::KvEnv;
 use crate::raft::{BatchResults, Entry, LogId};
 use crate::storage::Db;
 

@@ -18,7 +18,7 @@
 //! (`raft/unsynced.rs`), and after an operating-system crash it is rebuilt from `current.snap`.
 
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::PoisonError;
 use std::time::Instant;
 
@@ -27,23 +27,10 @@ use super::format::{self, Meta};
 use crate::raft::state_machine::committed::{Committed, Installed};
 use crate::raft::state_machine::defrag::SwapFailed;
 use crate::raft::state_machine::full_retry::ApplyFailure;
+use crate::raft::state_machine::kv_env::KvEnv;
 use crate::raft::state_machine::layout::SkippedLive;
 use crate::raft::state_machine::state::{BoxError, Paced, State, APPLIED, MEMBERSHIP};
-use crate::raft::state_machine::KvEnv;
 use crate::storage::compacted;
-
-/// The fresh environment a snapshot is loaded into, beside the kv environment's directory.
-pub(in crate::raft::state_machine) fn fresh_dir(kv_dir: &Path) -> PathBuf {
-    kv_dir.with_extension("install")
-}
-
-/// Removes a fresh environment a crash left behind (at open, before the kv environment opens).
-pub(in crate::raft::state_machine) fn remove_fresh_leftover(kv_dir: &Path) -> std::io::Result<()> {
-    match std::fs::remove_dir_all(fresh_dir(kv_dir)) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
-}
 
 impl KvEnv {
     /// Installs the snapshot in `file` (received into `received`, or from elsewhere): loaded into a
@@ -64,7 +51,7 @@ impl KvEnv {
         let loaded = loading.elapsed();
         // Current before the swap: see the module doc.
         state.snaps.publish(temp, meta)?;
-        compacted::adopt(&kv_dir, &fresh_dir(&kv_dir).join("data.mdb"))?;
+        compacted::adopt(&kv_dir, &compacted::fresh_dir(&kv_dir).join("data.mdb"))?;
         drop(state);
         let swapping = Instant::now();
         let installed = match self.swap_in_copy(&kv_dir) {
@@ -78,7 +65,7 @@ impl KvEnv {
             }
             Err(SwapFailed::Failed(e)) => return Err(e),
         };
-        remove_fresh_leftover(&kv_dir)?;
+        compacted::remove_fresh(&kv_dir)?;
         installed.rebuild_after_install()?;
         tracing::info!(
             snapshot = %meta.snapshot_id,
@@ -133,8 +120,8 @@ impl State {
     /// it and closes it, its file trimmed to the pages used (a mapped environment's reservation
     /// grows to twice the snapshot's size for the load). Returns the file's size.
     fn load_fresh(&self, path: &Path, meta: &Meta) -> Result<u64, BoxError> {
-        let dir = fresh_dir(self.dir());
-        remove_fresh_leftover(self.dir())?;
+        let dir = compacted::fresh_dir(self.dir());
+        compacted::remove_fresh(self.dir())?;
         let mut carried = self.carried();
         carried.audit = None;
         let fresh = State::open_bare(&dir, carried, Paced::Not)?;

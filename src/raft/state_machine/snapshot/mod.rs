@@ -11,5 +11,5 @@ mod build;
 pub(in crate::raft) mod data;
 pub(super) mod dir;
 pub(super) mod format;
-pub(super) mod install;
+mod install;
 pub(crate) mod receiving;
