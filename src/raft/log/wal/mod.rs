@@ -412,8 +412,14 @@ impl RaftLogStorage<TypeConfig> for Wal {
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         self.recent().purge(log_id.index);
-        self.write_queued(move |this| this.write(Change::Purge(log_id)))
-            .await
-            .map_err(|e| StorageIOError::write_logs(any_error(e)).into())
+        // openraft's core waits for this (no heartbeat meanwhile): a slow one is worth a line.
+        let started = std::time::Instant::now();
+        let purged = self.write_queued(move |this| this.write(Change::Purge(log_id))).await;
+        let took = started.elapsed();
+        if crate::logging::slow::worth_logging(took) {
+            let ms = crate::logging::slow::ms(took);
+            tracing::debug!(target: crate::logging::slow::TARGET, ms, upto = log_id.index, "raft log purge (the raft core waited)");
+        }
+        purged.map_err(|e| StorageIOError::write_logs(any_error(e)).into())
     }
 }
