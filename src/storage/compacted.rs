@@ -3,7 +3,7 @@
 //! until the copy has opened, and whatever a crash leaves is removed at the next open. At every
 //! instant `data.mdb` is the old file or the complete copy.
 
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -21,7 +21,7 @@ pub(crate) fn prepare(env: &LmdbEnv) -> heed::Result<()> {
     let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(dir.join(COPY))?;
     env.copy_to_file(&mut file, heed::CompactionOption::Enabled)?;
     file.sync_all()?;
-    remove_if_present(&dir.join(OLD))?;
+    super::data_dir::remove_file_in_background(&dir.join(OLD))?;
     std::fs::hard_link(dir.join(DATA), dir.join(OLD))?;
     Ok(())
 }
@@ -47,20 +47,20 @@ pub(crate) fn remove_fresh(kv_dir: &Path) -> io::Result<()> {
 /// (`raft/unsynced.rs`; after an operating-system crash it is rebuilt from the current snapshot).
 pub(crate) fn adopt(dir: &Path, file: &Path) -> io::Result<()> {
     std::fs::rename(file, dir.join(COPY))?;
-    remove_if_present(&dir.join(OLD))?;
+    super::data_dir::remove_file_in_background(&dir.join(OLD))?;
     std::fs::hard_link(dir.join(DATA), dir.join(OLD))
 }
 
 /// Renames the copy over `data.mdb` (durably). The environment must be closed.
 pub(crate) fn swap_in(dir: &Path) -> io::Result<()> {
     std::fs::rename(dir.join(COPY), dir.join(DATA))?;
-    sync_dir(dir)
+    super::data_dir::sync_dir(dir)
 }
 
 /// Puts the old file back as `data.mdb` (durably), after the copy failed to open.
 pub(crate) fn roll_back(dir: &Path) -> io::Result<()> {
     std::fs::rename(dir.join(OLD), dir.join(DATA))?;
-    sync_dir(dir)
+    super::data_dir::sync_dir(dir)
 }
 
 /// Removes the copy and the old file's second name, if present (after a swap, a failure, or a crash
@@ -72,20 +72,7 @@ pub(crate) fn remove_leftovers(dir: &Path) -> io::Result<()> {
         removed |= super::data_dir::remove_file_in_background(&dir.join(name))?;
     }
     if removed {
-        sync_dir(dir)?;
+        super::data_dir::sync_dir(dir)?;
     }
     Ok(())
-}
-
-fn remove_if_present(path: &Path) -> io::Result<bool> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
-/// Makes a rename or removal in `dir` durable.
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
 }

@@ -5,21 +5,9 @@
 
 use std::time::Duration;
 
-use super::snapshot_tests::put;
+use super::mapping_tests::{open_mapped_machine as open_mapped, puts};
 use super::*;
-use crate::proto::etcdserverpb::InternalRaftRequest;
 use crate::storage::compacted::{fresh_dir, COPY, OLD};
-
-fn open_mapped(dir: &Path) -> StateMachine {
-    let space = Arc::new(Space::without_ballast());
-    StateMachine::open_writing(&dir.join("kv"), &dir.join("snap"), space, Some(Writes::Mapped)).expect("open")
-}
-
-/// `n` puts of `value_bytes` each, keys `{prefix}{i}`.
-fn puts(prefix: &str, n: usize, value_bytes: usize) -> Vec<InternalRaftRequest> {
-    let value = vec![b'v'; value_bytes];
-    (0..n).map(|i| put(format!("{prefix}{i:05}").as_bytes(), &value, 0)).collect()
-}
 
 /// A member holding 24 MiB under `prefix`, applied as the entries up to log index `applied`.
 fn holding(dir: &Path, prefix: &str, applied: u64) -> StateMachine {

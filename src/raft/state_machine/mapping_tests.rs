@@ -11,9 +11,14 @@ use super::*;
 use crate::proto::etcdserverpb::InternalRaftRequest;
 use crate::storage::mapping::MIN_RESERVE;
 
-fn open_mapped(dir: &Path) -> Arc<State> {
+/// A state machine in `dir` whose kv environment is written through its map.
+pub(super) fn open_mapped_machine(dir: &Path) -> StateMachine {
     let space = Arc::new(Space::without_ballast());
-    StateMachine::open_writing(&dir.join("kv"), &dir.join("snap"), space, Some(Writes::Mapped)).expect("open").state()
+    StateMachine::open_writing(&dir.join("kv"), &dir.join("snap"), space, Some(Writes::Mapped)).expect("open")
+}
+
+fn open_mapped(dir: &Path) -> Arc<State> {
+    open_mapped_machine(dir).state()
 }
 
 /// `data.mdb`'s length, and the bytes of blocks allocated to it.
@@ -34,7 +39,7 @@ fn assert_fully_reserved(state: &State) -> u64 {
 }
 
 /// `n` puts of `value_bytes` each, keys `{prefix}{i}`.
-fn puts(prefix: &str, n: usize, value_bytes: usize) -> Vec<InternalRaftRequest> {
+pub(super) fn puts(prefix: &str, n: usize, value_bytes: usize) -> Vec<InternalRaftRequest> {
     let value = vec![b'v'; value_bytes];
     (0..n).map(|i| put(format!("{prefix}{i:05}").as_bytes(), &value, 0)).collect()
 }
@@ -227,9 +232,7 @@ fn a_snapshot_larger_than_the_map_installs_into_a_mapped_environment() {
     for index in 1..=4 {
         source.apply_requests(index, puts(&format!("s{index}/"), 16, 1 << 20));
     }
-    let space = Arc::new(Space::without_ballast());
-    let target = StateMachine::open_writing(&b.path().join("kv"), &b.path().join("snap"), space, Some(Writes::Mapped))
-        .expect("open");
+    let target = open_mapped_machine(b.path());
     assert_eq!(assert_fully_reserved(&target.state()), MIN_RESERVE);
     target.kv.install_snapshot_of(&source).expect("install");
     let target = target.state();
