@@ -37,6 +37,7 @@
 #   CATCHUP_TIMEOUT (seconds a rejoining member is watched: default 1800).
 # Output: OUT (default target/store-scale.md; the values also in OUT with .tsv), KEEP_TMP=1 keeps the
 #   temp dir (logs, each tool's JSON), ETCD (etcd binary), STEPS (default "single compact cluster"),
+#   KINDS (default "keyward etcd": which servers run, in that order),
 #   TRACE=DIR (step 7/2: keyward logs `keyward::slow` lines, `benches/lib/io-sampler.py` samples the
 #   server every 50 ms, and what happened around each probe wait >= 100 ms is printed and kept in DIR
 #   with the logs, samples and probes' JSON, `benches/lib/stall-attribution.py`).
@@ -77,7 +78,7 @@ ETCD="${ETCD:-/usr/bin/etcd}"
 STEPS="${STEPS:-single compact cluster}"
 KW="$root/target/release/keyward"
 KWB="$root/target/release/keyward-bench"
-KINDS=(keyward etcd)
+read -r -a KINDS <<< "${KINDS:-keyward etcd}"
 
 die() { echo "store-scale.sh: $*" >&2; exit 1; }
 step() { [[ " $STEPS " == *" $1 "* ]]; }

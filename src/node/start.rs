@@ -55,7 +55,10 @@ impl Node {
         let identity = crate::frontend::identity_rules::identity_rules(config.client_tls.as_ref())
             .map_err(|e| anyhow::anyhow!("client TLS: {e}"))?;
         let latest = Arc::new(recover(&state, &lessor)?);
-        let observed = jobs::apply_observer::observe(&state, lessor.clone(), latest.clone(), config.snapshot_count);
+        let counted =
+            jobs::apply_observer::staggered_start(config.snapshot_count, &config.name, &config.initial_cluster);
+        let observed =
+            jobs::apply_observer::observe(&state, lessor.clone(), latest.clone(), config.snapshot_count, counted);
         let peers = dial_peers(config)?;
         let (member_id, cluster_id) = place_in_cluster(&mut log, &peers, config).await?;
         // What this member knows was committed: applied before it serves (see `catch_up`).
@@ -274,8 +277,10 @@ fn raft_config(config: &Config) -> anyhow::Result<openraft::Config> {
         // --snapshot-count counts requests, as etcd's does, not entries (which group-commit
         // requests): the apply observer triggers snapshots (`node/jobs/apply_observer.rs`).
         snapshot_policy: openraft::SnapshotPolicy::Never,
-        // etcd keeps 5,000 entries behind a snapshot for slow followers.
-        max_in_snapshot_log_to_keep: config.snapshot_count.min(5_000),
+        // etcd keeps 5,000 entries (one request each) behind a snapshot for slow followers; keyward's
+        // entries batch requests, so the snapshot job purges by requests (`node/jobs/log_retention.rs`)
+        // and openraft purges nothing by itself.
+        max_in_snapshot_log_to_keep: u64::MAX,
         ..Default::default()
     };
     Ok(raft_config.validate()?)

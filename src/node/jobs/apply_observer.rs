@@ -5,7 +5,9 @@
 //! (`watch_hub/`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::log_retention::RequestsBehind;
 
 use crate::lease::lessor::Lessor;
 use crate::node::latest_applied::LatestApplied;
@@ -20,26 +22,60 @@ const COMMITTED_BACKLOG: usize = 1024;
 pub(in crate::node) struct Observed {
     /// The watchers' side of the commit broadcast.
     pub(in crate::node) watch_hub: Arc<WatchHub>,
-    /// Notified each time `--snapshot-count` requests were applied since the last snapshot.
-    pub(in crate::node) snapshot_due: Arc<tokio::sync::Notify>,
+    /// Changed each time `--snapshot-count` requests were applied since the last snapshot.
+    pub(in crate::node) snapshot_due: tokio::sync::watch::Receiver<SnapshotDue>,
     /// Notified when a batch scheduled a compaction or a snapshot replaced the applied state: removal
     /// may be pending (`compaction.rs`).
     pub(in crate::node) removal_due: Arc<tokio::sync::Notify>,
 }
 
-/// Installs the observer on `state` and starts the watch hub, before anything is applied.
+/// A snapshot is due: of the state applied up to `applied` or later.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(in crate::node) struct SnapshotDue {
+    pub(in crate::node) applied: u64,
+    /// Where such a snapshot may purge the log up to (`log_retention.rs`).
+    pub(in crate::node) purge_upto: Option<u64>,
+}
+
+/// Where this member's count towards its first snapshot starts, so that the members of a cluster do
+/// not build theirs at the same moment: the `i`-th of `n` initial members (by name) starts `i/n` of
+/// the way, and builds its first snapshot after `(n - i)/n` of `--snapshot-count` requests, its next
+/// ones every `--snapshot-count` as all members do.
+///
+/// Every member applies the same requests, so with one count all of them built a snapshot of the same
+/// store at once: each build reads and writes the whole store (1.3 GB on each of three members at
+/// 1M keys of 1 KiB), and with both followers building together the leader's commits waited on the
+/// slower of two busy members instead of one. Staggered, one member builds at a time and a quorum
+/// stays free. A member missing from `--initial-cluster` (added later) starts at 0.
+pub(in crate::node) fn staggered_start(
+    snapshot_count: u64,
+    name: &str,
+    initial_cluster: &[(String, Vec<String>)],
+) -> u64 {
+    let mut names: Vec<&str> = initial_cluster.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    match names.iter().position(|n| *n == name) {
+        Some(rank) => (u128::from(snapshot_count) * rank as u128 / names.len() as u128) as u64,
+        None => 0,
+    }
+}
+
+/// Installs the observer on `state` and starts the watch hub, before anything is applied. The count
+/// towards the first snapshot starts at `counted` (`staggered_start`).
 pub(in crate::node) fn observe(
     state: &State,
     lessor: Arc<Lessor>,
     latest: Arc<LatestApplied>,
     snapshot_count: u64,
+    counted: u64,
 ) -> Observed {
     let (committed, _) = tokio::sync::broadcast::channel(COMMITTED_BACKLOG);
     // Subscribed before anything is applied: the hub sees every batch from the store's revision on.
     let watch_hub = WatchHub::start(committed.subscribe(), latest.revision());
-    let snapshot_due = Arc::new(tokio::sync::Notify::new());
-    let due = snapshot_due.clone();
-    let since_snapshot = AtomicU64::new(0);
+    let (due, snapshot_due) = tokio::sync::watch::channel(SnapshotDue::default());
+    let since_snapshot = AtomicU64::new(counted);
+    let behind = Mutex::new(RequestsBehind::new(snapshot_count));
     let removal_due = Arc::new(tokio::sync::Notify::new());
     let removal = removal_due.clone();
     state.observe(Box::new(move |mut batch: Committed| {
@@ -47,9 +83,16 @@ pub(in crate::node) fn observe(
         // An installed snapshot is the newest one: the count starts again from it (etcd's `snapi`).
         let before = if batch.installed.is_some() { 0 } else { since_snapshot.load(Ordering::Relaxed) };
         let applied = before + batch.requests;
-        if applied >= snapshot_count {
-            due.notify_one();
+        // Only the apply thread takes the lock.
+        let mut behind = behind.lock().unwrap_or_else(PoisonError::into_inner);
+        match batch.installed {
+            Some(_) => behind.installed(batch.last_index),
+            None => behind.applied(batch.last_index, batch.requests),
         }
+        if applied >= snapshot_count {
+            due.send_replace(SnapshotDue { applied: batch.last_index, purge_upto: behind.purge_upto() });
+        }
+        drop(behind);
         since_snapshot.store(if applied >= snapshot_count { 0 } else { applied }, Ordering::Relaxed);
         latest.record(&batch);
         if batch.effects.compacted || batch.installed.is_some() {
@@ -74,15 +117,15 @@ pub(in crate::node) fn observe(
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
     use crate::raft::state_machine::snapshot_tests::put;
     use crate::raft::state_machine::StateMachine;
 
-    /// Whether a snapshot is due now (a permit is waiting), taking it.
-    async fn due_now(due: &tokio::sync::Notify) -> bool {
-        tokio::time::timeout(Duration::from_millis(20), due.notified()).await.is_ok()
+    /// Whether a snapshot became due since the last look, marking it seen.
+    fn due_now(due: &mut tokio::sync::watch::Receiver<SnapshotDue>) -> bool {
+        let changed = due.has_changed().unwrap_or(false);
+        due.borrow_and_update();
+        changed
     }
 
     /// The count towards the next snapshot starts again at an installed snapshot, as etcd's does from
@@ -93,16 +136,52 @@ mod tests {
         let (dir, source_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let sm = StateMachine::open(&dir.path().join("kv"), &dir.path().join("snap")).unwrap();
         let source = StateMachine::open(&source_dir.path().join("kv"), &source_dir.path().join("snap")).unwrap();
-        let observed = observe(&sm.state(), Arc::new(Lessor::default()), Arc::new(LatestApplied::new(1, false, 0)), 10);
+        let mut observed =
+            observe(&sm.state(), Arc::new(Lessor::default()), Arc::new(LatestApplied::new(1, false, 0)), 10, 0);
         let puts = |prefix: &str, n: usize| (0..n).map(|i| put(format!("{prefix}{i}").as_bytes(), b"v", 0)).collect();
 
         sm.state().apply_requests(1, puts("a", 6));
-        assert!(!due_now(&observed.snapshot_due).await, "6 of 10");
+        assert!(!due_now(&mut observed.snapshot_due), "6 of 10");
         source.state().apply_requests(5, puts("s", 3));
         sm.kv_env().install_snapshot_of(&source.state()).unwrap();
         sm.state().apply_requests(6, puts("b", 6));
-        assert!(!due_now(&observed.snapshot_due).await, "6 of 10 since the install");
+        assert!(!due_now(&mut observed.snapshot_due), "6 of 10 since the install");
         sm.state().apply_requests(7, puts("c", 4));
-        assert!(due_now(&observed.snapshot_due).await, "10 since the install");
+        assert!(due_now(&mut observed.snapshot_due), "10 since the install");
+    }
+
+    /// The members of a cluster build their snapshots at different moments: the first after 10, 7
+    /// and 4 of 10 requests for the three initial members (whatever the order they are given in),
+    /// then every 10. Fails if every member starts its count at 0.
+    #[tokio::test]
+    async fn the_members_of_a_cluster_build_their_snapshots_at_different_counts() {
+        let cluster: Vec<(String, Vec<String>)> =
+            ["m3", "m1", "m2"].iter().map(|n| (n.to_string(), vec![format!("http://{n}:2380")])).collect();
+        let starts: Vec<u64> =
+            ["m1", "m2", "m3", "added-later"].iter().map(|n| staggered_start(10, n, &cluster)).collect();
+        assert_eq!(starts, [0, 3, 6, 0]);
+
+        let mut first_due_after = Vec::new();
+        for &counted in &starts[..3] {
+            let dir = tempfile::tempdir().unwrap();
+            let sm = StateMachine::open(&dir.path().join("kv"), &dir.path().join("snap")).unwrap();
+            let latest = Arc::new(LatestApplied::new(1, false, 0));
+            let mut observed = observe(&sm.state(), Arc::new(Lessor::default()), latest, 10, counted);
+            let mut applied = 0;
+            while !due_now(&mut observed.snapshot_due) {
+                applied += 1;
+                assert!(applied <= 10, "no snapshot due after 10 requests (start {counted})");
+                sm.state().apply_requests(applied, vec![put(format!("k{applied}").as_bytes(), b"v", 0)]);
+            }
+            // The next one is a whole count later.
+            for i in 1..10 {
+                sm.state().apply_requests(applied + i, vec![put(format!("n{i}").as_bytes(), b"v", 0)]);
+            }
+            assert!(!due_now(&mut observed.snapshot_due), "9 requests after a snapshot (start {counted})");
+            sm.state().apply_requests(applied + 10, vec![put(b"n10", b"v", 0)]);
+            assert!(due_now(&mut observed.snapshot_due), "10 requests after a snapshot (start {counted})");
+            first_due_after.push(applied);
+        }
+        assert_eq!(first_due_after, [10, 7, 4]);
     }
 }

@@ -6,7 +6,8 @@
 //! - `leases.rs`: the leader revokes expired leases, checkpoints remaining TTLs, and extends every
 //!   lease when it takes over.
 //! - `space.rs`: NOSPACE raised when storage fills up; the disk-full ballast put back.
-//! - `raft.rs`: leader changes counted; snapshots built every `--snapshot-count` requests.
+//! - `raft.rs`: leader changes counted; snapshots built every `--snapshot-count` requests, and the
+//!   raft log purged behind them up to where `log_retention.rs` says (etcd's 5,000 requests kept).
 //! - `publish.rs`: this member's name and client URLs published once it has started.
 //! - `compaction.rs`: the removal of what compactions made unreachable, in bounded steps between
 //!   applies; `compaction_pacing.rs` sizes and spaces the steps by what the last one cost.
@@ -22,12 +23,17 @@ mod compaction;
 mod compaction_pacing;
 pub(crate) mod compactor;
 mod leases;
+mod log_retention;
 mod publish;
 mod raft;
 mod space;
 
 /// Starts the jobs of a member that has just started (`Node::start`).
-pub(super) fn spawn(node: &Arc<Node>, snapshot_due: Arc<tokio::sync::Notify>, removal_due: Arc<tokio::sync::Notify>) {
+pub(super) fn spawn(
+    node: &Arc<Node>,
+    snapshot_due: tokio::sync::watch::Receiver<apply_observer::SnapshotDue>,
+    removal_due: Arc<tokio::sync::Notify>,
+) {
     tokio::spawn(raft::count_leader_changes(node.raft.clone()));
     tokio::spawn(publish::publish_attributes(Arc::downgrade(node)));
     tokio::spawn(leases::extend_on_leadership(Arc::downgrade(node)));

@@ -97,6 +97,7 @@ impl State {
                 auth_revision,
                 effects,
                 requests,
+                last_index: applied.map_or(0, |id| id.index),
                 installed: None,
                 encoded: Default::default(),
             });

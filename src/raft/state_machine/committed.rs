@@ -17,6 +17,8 @@ pub(crate) struct Committed {
     pub effects: Effects,
     /// Requests applied in the batch (a blank or membership entry counts as one), for `--snapshot-count`.
     pub requests: u64,
+    /// The log index of the batch's last entry (of an install: the snapshot's last entry).
+    pub last_index: u64,
     /// Set when a snapshot install replaced the whole applied state instead of a batch: there are no
     /// events, the revision may have jumped, and whatever was derived from the old state must be
     /// derived again from the new one.

@@ -1,8 +1,8 @@
 //! Building a snapshot: every table streamed from one read transaction into a temp file of the snap
 //! dir (`format.rs`), which then becomes `current.snap` (`dir.rs`).
 //!
-//! A snapshot costs the write path as little as it can, since every member builds one at the same
-//! applied count:
+//! A snapshot costs the write path as little as it can (the members of a cluster build theirs at
+//! staggered counts, `node/jobs/apply_observer.rs`, but every member builds one):
 //! - **No sync of the kv environment.** openraft purges the log behind a snapshot once it is built,
 //!   so what the snapshot covers must survive a power loss — and it does, as the snapshot file: it is
 //!   synced, renamed over `current.snap` and its directory synced before `build_snapshot` returns.

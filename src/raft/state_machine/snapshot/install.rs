@@ -30,6 +30,7 @@ use crate::raft::state_machine::full_retry::ApplyFailure;
 use crate::raft::state_machine::kv_env::KvEnv;
 use crate::raft::state_machine::layout::SkippedLive;
 use crate::raft::state_machine::state::{BoxError, Paced, State, APPLIED, MEMBERSHIP};
+use crate::raft::LogId;
 use crate::storage::compacted;
 
 impl KvEnv {
@@ -199,10 +200,11 @@ impl State {
             }
         }
         let leases = self.leases.all(&txn)?;
+        let last_index = self.read_meta::<Option<LogId>>(&txn, APPLIED)?.flatten().map_or(0, |id| id.index);
         drop(txn);
         if let Some(observer) = self.observer.get() {
             let installed = Some(Installed { leases });
-            observer(Committed { revision, auth_enabled, auth_revision, installed, ..Default::default() });
+            observer(Committed { revision, auth_enabled, auth_revision, last_index, installed, ..Default::default() });
         }
         Ok(())
     }
