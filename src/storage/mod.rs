@@ -16,6 +16,7 @@ use heed::{CommitOrAbort, Database, Env, EnvFlags, EnvOpenOptions, WithoutTls};
 pub(crate) mod compacted;
 pub(crate) mod data_dir;
 pub(crate) mod mapping;
+pub(crate) mod paced_free;
 pub(crate) mod paced_sync;
 pub(crate) mod paced_writeback;
 pub(crate) mod table;

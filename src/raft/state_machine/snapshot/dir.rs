@@ -92,14 +92,15 @@ impl SnapDir {
     }
 
     fn replace_current(&self, temp: TempFile) -> std::io::Result<()> {
-        // Held across the rename, so that the replaced file's space is freed in the background.
-        let previous = File::open(self.current_path()).ok();
+        // Held across the rename, so that the replaced file's space is freed in the background, a
+        // slice at a time when nothing else reads it (`storage/paced_free.rs`); writable for that.
+        let previous = OpenOptions::new().read(true).write(true).open(self.current_path()).ok();
         temp.persist(&self.current_path())?;
         // The rename is durable only once the directory is: until then a power loss can bring back
         // the previous snapshot after the log behind the new one was purged.
         crate::storage::data_dir::sync_dir(&self.dir)?;
         if let Some(previous) = previous {
-            crate::storage::data_dir::release_in_background(previous);
+            crate::storage::paced_free::free_in_background(previous);
         }
         Ok(())
     }
