@@ -11,7 +11,9 @@
 //! it again), and no descriptor or mapping of it exists in this process (a snapshot still being sent
 //! to a follower holds one) or in any other process this one can see. A process that cannot be seen
 //! runs as another user, and the files keyward creates are owner-only; root aside, it cannot hold
-//! them. Otherwise the file is closed as before, and the last holder's close frees it.
+//! them. Otherwise the file is closed as before, and the last holder's close frees it. The check
+//! `stat`s every readable descriptor: one on a file system that does not answer (a hung FUSE mount)
+//! holds this thread and the replaced file's space, never the write path.
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;

@@ -1,8 +1,8 @@
 //! The apply loop's observer: called on the apply thread after each applied batch (or snapshot
 //! install), it keeps what the node derives from the applied state current — the latest revision and
-//! auth state, the lease clock, the count towards the next snapshot, the wake-up of compaction's
-//! removal — and hands the batch to the commit broadcast, whose one subscriber is the watch hub
-//! (`watch_hub/`).
+//! auth state, the lease clock, the count towards the next snapshot (and where it may purge the log
+//! up to, `log_retention.rs`), the wake-up of compaction's removal — and hands the batch to the
+//! commit broadcast, whose one subscriber is the watch hub (`watch_hub/`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
