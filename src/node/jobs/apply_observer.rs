@@ -4,7 +4,6 @@
 //! up to, `log_retention.rs`), the wake-up of compaction's removal — and hands the batch to the
 //! commit broadcast, whose one subscriber is the watch hub (`watch_hub/`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::log_retention::RequestsBehind;
@@ -74,17 +73,16 @@ pub(in crate::node) fn observe(
     // Subscribed before anything is applied: the hub sees every batch from the store's revision on.
     let watch_hub = WatchHub::start(committed.subscribe(), latest.revision());
     let (due, snapshot_due) = tokio::sync::watch::channel(SnapshotDue::default());
-    let since_snapshot = AtomicU64::new(counted);
-    let behind = Mutex::new(RequestsBehind::new(snapshot_count));
+    // Only the apply thread takes the lock: (requests since the last snapshot, the log behind).
+    let counts = Mutex::new((counted, RequestsBehind::new(snapshot_count)));
     let removal_due = Arc::new(tokio::sync::Notify::new());
     let removal = removal_due.clone();
     state.observe(Box::new(move |mut batch: Committed| {
-        // Only the apply thread calls this: load and store need not be one atomic step.
+        let mut counts = counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let (since_snapshot, behind) = &mut *counts;
         // An installed snapshot is the newest one: the count starts again from it (etcd's `snapi`).
-        let before = if batch.installed.is_some() { 0 } else { since_snapshot.load(Ordering::Relaxed) };
+        let before = if batch.installed.is_some() { 0 } else { *since_snapshot };
         let applied = before + batch.requests;
-        // Only the apply thread takes the lock.
-        let mut behind = behind.lock().unwrap_or_else(PoisonError::into_inner);
         match batch.installed {
             Some(_) => behind.installed(batch.last_index),
             None => behind.applied(batch.last_index, batch.requests),
@@ -92,8 +90,8 @@ pub(in crate::node) fn observe(
         if applied >= snapshot_count {
             due.send_replace(SnapshotDue { applied: batch.last_index, purge_upto: behind.purge_upto() });
         }
-        drop(behind);
-        since_snapshot.store(if applied >= snapshot_count { 0 } else { applied }, Ordering::Relaxed);
+        *since_snapshot = if applied >= snapshot_count { 0 } else { applied };
+        drop(counts);
         latest.record(&batch);
         if batch.effects.compacted || batch.installed.is_some() {
             removal.notify_one();
