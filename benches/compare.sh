@@ -97,9 +97,25 @@ results="$tmp/results.tsv"   # config cell server throughput p50 p90 p99 max ok 
 : > "$results"
 rss="$tmp/rss.tsv"           # config server VmHWM_kB RssAnon_kB RssFile_kB (the last two at the end)
 : > "$rss"
+cpu="$tmp/cpu.tsv"           # config cell server server_cpu_s client_cpu_s requests
+: > "$cpu"
+TICKS="$(getconf CLK_TCK)"
+# cpu_seconds PID...: user + system time the processes have used so far (all their threads)
+cpu_seconds() {
+    local pid
+    for pid in "$@"; do cat "/proc/$pid/stat" 2>/dev/null; echo; done \
+        | awk -v hz="$TICKS" 'NF { sub(/^.*\) /, ""); t += $12 + $13 } END { printf "%.2f", t / hz }'
+}
+# cpu_delta BEFORE AFTER: AFTER - BEFORE, two numbers of seconds
+cpu_delta() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+# children_cpu FILE: user + system seconds of the finished children, from the output of `times` run in
+# this shell (not in a subshell: a forked shell counts its own children only)
+children_cpu() {
+    awk 'NR == 2 { for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); t += a[1] * 60 + a[2] } } END { printf "%.2f", t }' "$1"
+}
 
-# The server of each kind for the current configuration.
-declare -A PID EP
+# The server of each kind for the current configuration (SPIDS: all its processes, one or three).
+declare -A PID EP SPIDS
 
 # start KIND CONFIG SCHEME EXTRA_FLAGS... : same flags for keyward and etcd
 start() {
@@ -110,6 +126,7 @@ start() {
     peer="$(free_port)"
     launch "$kind" bench "$tmp/$config-$kind" "$scheme" "$port" "$peer" "bench=http://127.0.0.1:$peer" --bcrypt-cost 10 "$@"
     PID[$kind]=$LAUNCHED
+    SPIDS[$kind]=$LAUNCHED
     EP[$kind]="$scheme://127.0.0.1:$port"
 }
 
@@ -152,6 +169,7 @@ start_cluster() {
         CPIDS[$kind]+="$LAUNCHED "
     done
     PID[$kind]="${CPIDS[$kind]%% *}"
+    SPIDS[$kind]="${CPIDS[$kind]}"
     EP[$kind]="$CLUSTER_ENDPOINTS"
 }
 
@@ -183,12 +201,21 @@ cell() {
     fi
     echo "$via" >> "$tmp/load-tools"
     for kind in "${KINDS[@]}"; do
-        local json="$tmp/$config-$name-$kind.json" load
+        local json="$tmp/$config-$name-$kind.json" load server0 server1
         load="$(cut -d' ' -f1 /proc/loadavg)"
+        # CPU seconds the servers and the load generator spent in the cell (the generator's from the
+        # shell's own `times`, before and after it)
+        # shellcheck disable=SC2086
+        server0="$(cpu_seconds ${SPIDS[$kind]})"
+        times > "$tmp/times0"
         if ! "$tool" --endpoints "${EP[$kind]}" "${flags[@]}" --clients "$clients" --conns "$conns" \
             --duration "$DURATION" "${SIZES[@]}" -w json "$@" > "$json" 2> "$json.err"; then
             echo "  $config $name $kind: FAILED: $(tail -1 "$json.err")" >&2
         fi
+        times > "$tmp/times1"
+        # shellcheck disable=SC2086
+        server1="$(cpu_seconds ${SPIDS[$kind]})"
+        echo -e "$config\t$name\t$kind\t$(cpu_delta "$server0" "$server1")\t$(cpu_delta "$(children_cpu "$tmp/times0")" "$(children_cpu "$tmp/times1")")\t$(jq -r '.ok // 0' "$json" 2>/dev/null || echo 0)" >> "$cpu"
         if [ -s "$json" ]; then
             jq -r --arg c "$config" --arg n "$name" --arg k "$kind" --arg l "$load" \
                 '[$c, $n, $k, .throughput, .latency_us.p50, .latency_us.p90, .latency_us.p99, .latency_us.max, .ok, .errors, $l] | @tsv' \
@@ -565,6 +592,20 @@ PY
     fi
     worst=$(awk -F'\t' '$1 == "proxied" { next } $2 == "keyward" { k[$1] = $3 } $2 == "etcd" { e[$1] = $3 } END { m = 0; for (c in k) if (k[c] / e[c] > m) m = k[c] / e[c]; print m }' "$rss")
     printf -- "- peak RSS: worst keyward/etcd ratio over the configurations %.2f (target <= 0.5: %s)\n" "$worst" "$(verdict "$worst <= 0.5")"
+    if [ -s "$cpu" ]; then
+        echo
+        echo "CPU per request (user + system time over the cell, all the servers' processes and threads; the"
+        echo "client is the load generator; halves of an ABBA cell are listed apart):"
+        echo
+        echo "| configuration | cell | keyward server µs/req | etcd server µs/req | keyward/etcd | keyward client µs/req | etcd client µs/req |"
+        echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
+        awk -F'\t' '{ key = $1 "\t" $2; if (!(key in seen)) { seen[key] = 1; order[n++] = key }
+                      if ($6 > 0) { s[key, $3] = $4 * 1e6 / $6; c[key, $3] = $5 * 1e6 / $6 } }
+            END { for (i = 0; i < n; i++) { k = order[i]; split(k, f, "\t")
+                      if (!((k, "keyward") in s) || !((k, "etcd") in s)) continue
+                      printf "| %s | %s | %.0f | %.0f | %.2f | %.0f | %.0f |\n", f[1], f[2], s[k, "keyward"], s[k, "etcd"],
+                          s[k, "keyward"] / s[k, "etcd"], c[k, "keyward"], c[k, "etcd"] } }' "$cpu"
+    fi
     if [ -s "$tmp/perf-top.txt" ]; then
         echo
         echo "perf profile of keyward under put at 100 clients (self time, top symbols):"

@@ -15,6 +15,8 @@
 //!   membership) and `existing` (ask the running members who this member is).
 //! - `membership.rs`: etcd's membership view and changes on top of openraft's membership.
 //!
+//! - `propose_stream.rs`: a follower's forwarded writes on one stream to the leader (both sides).
+//!
 //! A follower's forwarding of client requests to the leader is in `node/leader.rs`. This module must
 //! not import the member (`node`, `server`): `node` imports it.
 
@@ -27,6 +29,7 @@ pub(crate) mod network;
 pub(crate) mod peer_guard;
 pub(crate) mod peer_service;
 pub(crate) mod peers;
+pub(crate) mod propose_stream;
 pub(crate) mod quorum_acks;
 mod snapshot_receiver;
 mod snapshot_sender;

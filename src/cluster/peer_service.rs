@@ -26,6 +26,7 @@ use super::append_stream::{self, AppendAnswers};
 use super::membership;
 use super::peer_guard::StreamCaller;
 use super::peers::{CLUSTER_ID_HEADER, MEMBER_ID_HEADER};
+use super::propose_stream::{self, ProposeReplies};
 use super::snapshot_receiver::{ChunkReceived, SnapshotReceiver};
 use crate::apply::Applied;
 use crate::error::EtcdError;
@@ -38,8 +39,8 @@ use crate::proto::etcdserverpb::{
 use crate::proto::keywardpb::peer_server::Peer;
 use crate::proto::keywardpb::{
     CampaignRequest, CampaignResponse, ElectionsRequest, ElectionsResponse, LoginAttemptReply, LoginAttemptRequest,
-    MembershipRequest, MembershipResponse, ProposeResponse, PublishRequest, PublishResponse, RaftMessage,
-    ReadIndexRequest, ReadIndexResponse, RemovedRequest, RemovedResponse,
+    MembershipRequest, MembershipResponse, ProposeResponse, ProposeStreamRequest, PublishRequest, PublishResponse,
+    RaftMessage, ReadIndexRequest, ReadIndexResponse, RemovedRequest, RemovedResponse,
 };
 use crate::raft::election_timer::ElectionTimer;
 use crate::raft::state_machine::SnapshotInbox;
@@ -226,6 +227,26 @@ impl Peer for PeerService {
         let (index, result) = self.member.propose_forwarded(request.into_inner()).await?;
         let result = postcard::to_allocvec(&result).map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(ProposeResponse { result, index }))
+    }
+
+    /// A follower's forwarded writes on one stream (`propose_stream.rs`): its cluster checked once,
+    /// its caller admitted again for each write, each proposed as `propose` would.
+    async fn propose_stream(
+        &self,
+        request: Request<Streaming<ProposeStreamRequest>>,
+    ) -> Result<Response<ProposeReplies>, Status> {
+        self.check_cluster(&request, false)?;
+        let caller = StreamCaller::of(&request)?;
+        let member = self.member.clone();
+        let propose = move |req: InternalRaftRequest| {
+            let member = member.clone();
+            async move {
+                let (index, result) = member.propose_forwarded(req).await?;
+                let result = postcard::to_allocvec(&result).map_err(|e| Status::internal(e.to_string()))?;
+                Ok(ProposeResponse { result, index })
+            }
+        };
+        Ok(Response::new(propose_stream::serve(caller, request.into_inner(), propose)))
     }
 
     async fn read_index(&self, request: Request<ReadIndexRequest>) -> Result<Response<ReadIndexResponse>, Status> {

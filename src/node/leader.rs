@@ -30,6 +30,7 @@ use tonic::transport::Channel;
 use super::Node;
 use crate::apply::Applied;
 use crate::cluster::membership;
+use crate::cluster::propose_stream::{NeverSent, NotAnswered};
 use crate::error::EtcdError;
 use crate::proto::etcdserverpb::{
     InternalRaftRequest, LeaseKeepAliveRequest, LeaseTimeToLiveRequest, MemberAddRequest, MemberPromoteRequest,
@@ -68,11 +69,12 @@ impl Resend {
     }
 }
 
-/// Whether `status` is the channel's failure to connect: the request was never sent.
+/// Whether `status` is the channel's failure to connect, or the propose stream's word that it never
+/// took the write: the request was never sent.
 fn never_sent(status: &tonic::Status) -> bool {
     let mut source = std::error::Error::source(status);
     while let Some(err) = source {
-        if err.is::<tonic::ConnectError>() {
+        if err.is::<tonic::ConnectError>() || err.is::<NeverSent>() {
             return true;
         }
         source = err.source();
@@ -89,7 +91,7 @@ impl Node {
         &'a self,
         resend: Resend,
         here: impl FnOnce() -> Here,
-        mut there: impl FnMut(Leader) -> BoxFuture<'a, Result<T, tonic::Status>>,
+        mut there: impl FnMut(Leader, &str) -> BoxFuture<'a, Result<T, tonic::Status>>,
     ) -> Result<T, EtcdError> {
         let not_leader = EtcdError::NotLeader.to_string();
         let patience = Instant::now() + 4 * self.election_timeout;
@@ -103,7 +105,7 @@ impl Node {
                 .get_node(&leader)
                 .and_then(|n| n.peer_url().map(str::to_string))
                 .ok_or(EtcdError::NoLeader)?;
-            match there(self.peers.client(&url)?).await {
+            match there(self.peers.client(&url)?, &url).await {
                 // Refused before anything was done: ask the leader it knows of next.
                 Err(status) if status.message() == not_leader && tried < REROUTES => {
                     tried += 1;
@@ -158,11 +160,19 @@ impl Node {
                     let here = take().ok_or(EtcdError::Internal)?;
                     self.writes.proposer().propose(here).await.map(|p| (None, p.result))
                 },
-                |mut leader| {
-                    let req = copy().map(|req| self.forwarded(req));
+                |mut leader, url| {
+                    let (req, url) = (copy(), url.to_string());
                     async move {
                         let req = req.ok_or_else(|| tonic::Status::internal("the request was proposed here"))?;
-                        let answer = leader.propose(req).await?.into_inner();
+                        let answer = match self
+                            .forwarded_writes
+                            .propose(&self.peers, &url, req.clone(), FORWARD_TIMEOUT)
+                            .await
+                        {
+                            Ok(answer) => answer,
+                            Err(NotAnswered::Failed(status)) => return Err(status),
+                            Err(NotAnswered::Unsupported) => leader.propose(self.forwarded(req)).await?.into_inner(),
+                        };
                         let result = postcard::from_bytes(&answer.result)
                             .map_err(|e| tonic::Status::internal(format!("undecodable apply result: {e}")))?;
                         Ok((Some(answer.index), result))
@@ -203,7 +213,7 @@ impl Node {
         self.on_leader(
             Resend::Always,
             move || self.leader_read_rounds.read_index(),
-            |mut leader| {
+            |mut leader, _| {
                 let req = self.forwarded(ReadIndexRequest {});
                 async move { Ok(leader.read_index(req).await?.into_inner().index) }.boxed()
             },
@@ -218,11 +228,7 @@ impl Node {
     }
 
     async fn wait_applied(&self, index: u64) -> Result<(), EtcdError> {
-        match self.raft.wait(Some(APPLY_WAIT)).applied_index_at_least(Some(index), "forwarded request applied").await {
-            Ok(_) => Ok(()),
-            Err(openraft::metrics::WaitError::Timeout(..)) => Err(EtcdError::TimeoutWaitAppliedIndex),
-            Err(openraft::metrics::WaitError::ShuttingDown) => Err(EtcdError::Stopped),
-        }
+        self.latest.index.reached(index, APPLY_WAIT).await.map_err(|_| EtcdError::TimeoutWaitAppliedIndex)
     }
 
     /// Renews lease `id` on the leader's clock: its TTL, or 0 for an unknown or expired lease.
@@ -230,7 +236,7 @@ impl Node {
         self.on_leader(
             Resend::Always,
             move || async move { Ok(self.lessor.renew(id).unwrap_or(0)) },
-            |mut leader| {
+            |mut leader, _| {
                 let req = self.forwarded(LeaseKeepAliveRequest { id });
                 async move { Ok(leader.lease_keep_alive(req).await?.into_inner().ttl) }.boxed()
             },
@@ -243,7 +249,7 @@ impl Node {
         self.on_leader(
             Resend::Always,
             move || async move { Ok(self.lessor.time_to_live(id)) },
-            |mut leader| {
+            |mut leader, _| {
                 let req = self.forwarded(LeaseTimeToLiveRequest { id, keys: false });
                 async move {
                     let answer = leader.lease_time_to_live(req).await?.into_inner();
@@ -271,7 +277,7 @@ impl Node {
                     }
                     .boxed()
                 },
-                |mut leader| {
+                |mut leader, _| {
                     let req = self.forwarded(req.clone());
                     async move { Ok(leader.member_add(req).await?.into_inner().member.map_or(0, |m| m.id)) }.boxed()
                 },
@@ -300,7 +306,7 @@ impl Node {
                 }
                 .boxed()
             },
-            |mut leader| {
+            |mut leader, _| {
                 let req = self.forwarded(req);
                 async move { leader.member_remove(req).await.map(|_| ()) }.boxed()
             },
@@ -315,7 +321,7 @@ impl Node {
         self.on_leader(
             Resend::IfUnsent,
             move || async move { membership::update(&self.raft, local.id, local.peer_ur_ls).await }.boxed(),
-            |mut leader| {
+            |mut leader, _| {
                 let req = self.forwarded(req.clone());
                 async move { leader.member_update(req).await.map(|_| ()) }.boxed()
             },
@@ -328,7 +334,7 @@ impl Node {
         self.on_leader(
             Resend::IfUnsent,
             move || async move { membership::promote(&self.raft, id).await }.boxed(),
-            |mut leader| {
+            |mut leader, _| {
                 let req = self.forwarded(req);
                 async move { leader.member_promote(req).await.map(|_| ()) }.boxed()
             },
@@ -355,7 +361,7 @@ impl Node {
                 async move { membership::publish(&self.raft, local.member_id, local.name, local.client_urls).await }
                     .boxed()
             },
-            |mut leader| {
+            |mut leader, _| {
                 let req = self.forwarded(req.clone());
                 async move { leader.publish(req).await.map(|_| ()) }.boxed()
             },

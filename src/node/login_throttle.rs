@@ -105,7 +105,7 @@ impl Node {
             .on_leader(
                 super::leader::Resend::IfUnsent,
                 || async move { throttle.attempt(user, source).await.map(LoginAttempt::Here) },
-                |mut leader| {
+                |mut leader, _| {
                     let (sender, steps) = tokio::sync::mpsc::channel(2);
                     let start = LoginAttemptRequest { step: Some(Step::Start(start_message(user, source))) };
                     let request = self.peers.request(ReceiverStream::new(steps), Some(timeout));

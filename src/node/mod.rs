@@ -32,6 +32,7 @@ use crate::raft::state_machine::{KvEnv, State};
 use crate::raft::{NodeId, Raft};
 use crate::space::Space;
 
+mod applied_index;
 mod auth_service;
 mod check_quorum;
 mod for_peers;
@@ -70,6 +71,8 @@ pub(crate) struct Node {
     cluster_token: String,
     /// Dials the other members: raft's transport, and forwarding to the leader (`node/leader.rs`).
     pub(crate) peers: Arc<Peers>,
+    /// Forwarded writes, on one stream per leader (`cluster/propose_stream.rs`).
+    forwarded_writes: crate::cluster::propose_stream::ProposeStreams,
     /// `--election-timeout`: how much longer every lease lives when a new leader takes over.
     election_timeout: Duration,
     /// When this member campaigns; the peer service resets it (`raft/election_timer.rs`).

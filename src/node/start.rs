@@ -92,6 +92,7 @@ impl Node {
             client_urls: config.advertise_client_urls.clone(),
             cluster_token: config.cluster_token.clone(),
             peers,
+            forwarded_writes: Default::default(),
             election_timeout: config.election_timeout,
             election_timer,
             removed: tokio::sync::Notify::new(),
@@ -183,7 +184,10 @@ fn prepare_unsynced_kv(member_dir: &Path) -> anyhow::Result<()> {
 fn recover(state: &State, lessor: &Lessor) -> anyhow::Result<LatestApplied> {
     let txn = state.read_txn()?;
     lessor.recover(state.leases.all(&txn)?);
-    Ok(LatestApplied::new(state.kv.view(&txn)?.rev, state.auth.enabled(&txn)?, state.auth.revision(&txn)?))
+    let (revision, auth_enabled, auth_revision) =
+        (state.kv.view(&txn)?.rev, state.auth.enabled(&txn)?, state.auth.revision(&txn)?);
+    let applied_index = state.applied_in(&txn).map_err(|e| anyhow::anyhow!(e))?.0.map_or(0, |id| id.index);
+    Ok(LatestApplied::new(revision, auth_enabled, auth_revision, applied_index))
 }
 
 /// The client that dials the other members, with the peer certificates if there are any.

@@ -104,7 +104,7 @@ async fn admitted_stream(
 }
 
 #[track_caller]
-fn assert_permission_denied<T>(what: &str, result: Result<T, Status>) {
+pub(crate) fn assert_permission_denied<T>(what: &str, result: Result<T, Status>) {
     match result {
         Ok(_) => panic!("{what}: served"),
         Err(status) => {
@@ -212,7 +212,7 @@ async fn admitted_once_a_member_knows(cluster: &Cluster, member: &Member, cert: 
 // ---------------------------------------------------------------------------
 
 /// A 3-member cluster whose members each advertise a front before their peer port, and the fronts.
-async fn fronted_cluster() -> (Cluster, Vec<PeerFront>) {
+pub(crate) async fn fronted_cluster() -> (Cluster, Vec<PeerFront>) {
     let mut cluster = blocking(|| Cluster::spawn(Options::new(3).peer_fronts()));
     let mut fronts = Vec::new();
     for member in &cluster.members {
@@ -230,7 +230,7 @@ fn received(member: &Member, transport: &str) -> f64 {
 
 /// Puts `prefix{i}` for `i` in `range` through `member`, one after another, each of which must be
 /// acknowledged; `between(i)` runs before put `i`. Each key and the revision its put answered.
-async fn puts(
+pub(crate) async fn puts(
     member: &Member,
     prefix: &str,
     range: std::ops::Range<usize>,
@@ -251,7 +251,7 @@ async fn puts(
 /// Every member serves each put in `done` exactly once and nothing after the last: the revision, the
 /// keys under `prefix` (version 1, at the revision each put answered; the revisions consecutive), and
 /// the HashKV at that revision are the same on all.
-async fn every_member_holds_each_put_once(cluster: &Cluster, prefix: &str, done: &[(String, i64)]) {
+pub(crate) async fn every_member_holds_each_put_once(cluster: &Cluster, prefix: &str, done: &[(String, i64)]) {
     let last = done.last().expect("some puts").1;
     for pair in done.windows(2) {
         assert_eq!(pair[1].1, pair[0].1 + 1, "consecutive revisions: {pair:?}");
@@ -339,12 +339,20 @@ async fn a_stream_broken_mid_way_is_opened_again_and_loses_nothing() {
     let follower = (leader + 1) % 3;
     let opened_before = fronts[follower].relayed().streams;
     let front = &fronts[follower];
-    let done = puts(&cluster.members[leader], "cut/", 0..150, |i| {
-        if i % 40 == 20 {
-            front.cut();
+    let mut done = puts(&cluster.members[leader], "cut/", 0..20, |_| {}).await;
+    for from in [20, 60, 100] {
+        let opened = front.relayed().streams;
+        front.cut();
+        done.extend(puts(&cluster.members[leader], "cut/", from..from + 40, |_| {}).await);
+        // The leader reopens the stream after a backoff (100 ms, then 200 ms), which 40 puts on a
+        // busy machine may not outlast: the next cut waits for it, so that each cut breaks a stream.
+        let deadline = Instant::now() + SETTLE_TIMEOUT;
+        while front.relayed().streams == opened {
+            assert!(Instant::now() < deadline, "no new stream {SETTLE_TIMEOUT:?} after a cut: {:?}", front.relayed());
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-    })
-    .await;
+    }
+    done.extend(puts(&cluster.members[leader], "cut/", 140..150, |_| {}).await);
     every_member_holds_each_put_once(&cluster, "cut/", &done).await;
 
     let relayed = front.relayed();

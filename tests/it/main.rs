@@ -49,6 +49,7 @@ mod metrics;
 mod migrate;
 mod module_cycles;
 mod peer_port;
+mod propose_stream;
 mod proxy;
 mod rejoin;
 mod restore;

@@ -135,7 +135,7 @@ mod tests {
         let sm = StateMachine::open(&dir.path().join("kv"), &dir.path().join("snap")).unwrap();
         let source = StateMachine::open(&source_dir.path().join("kv"), &source_dir.path().join("snap")).unwrap();
         let mut observed =
-            observe(&sm.state(), Arc::new(Lessor::default()), Arc::new(LatestApplied::new(1, false, 0)), 10, 0);
+            observe(&sm.state(), Arc::new(Lessor::default()), Arc::new(LatestApplied::new(1, false, 0, 0)), 10, 0);
         let puts = |prefix: &str, n: usize| (0..n).map(|i| put(format!("{prefix}{i}").as_bytes(), b"v", 0)).collect();
 
         sm.state().apply_requests(1, puts("a", 6));
@@ -163,7 +163,7 @@ mod tests {
         for &counted in &starts[..3] {
             let dir = tempfile::tempdir().unwrap();
             let sm = StateMachine::open(&dir.path().join("kv"), &dir.path().join("snap")).unwrap();
-            let latest = Arc::new(LatestApplied::new(1, false, 0));
+            let latest = Arc::new(LatestApplied::new(1, false, 0, 0));
             let mut observed = observe(&sm.state(), Arc::new(Lessor::default()), latest, 10, counted);
             let mut applied = 0;
             while !due_now(&mut observed.snapshot_due) {

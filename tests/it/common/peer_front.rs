@@ -7,7 +7,9 @@
 //!   connection;
 //! - [`PeerFront::refuse_stream`] answers `Peer.AppendEntriesStream` as a keyward older than the stream
 //!   does (`Unimplemented`, tonic's answer to a method it does not know), and relays every other
-//!   method: the member behind it is an older version to its leader;
+//!   method: the member behind it is an older version to its leader; [`PeerFront::refuse_propose_stream`]
+//!   does the same with `Peer.ProposeStream`: the leader behind it is an older version to its
+//!   followers;
 //! - it counts what it relays by method, so a test sees how the leader reached the member.
 //!
 //! One upstream connection per downstream connection: a cut closes both sides, as a broken link
@@ -28,6 +30,9 @@ use tokio::task::AbortHandle;
 /// The peer protocol's stream of AppendEntries and its unary AppendEntries (`proto/keywardpb/peer.proto`).
 const STREAM_METHOD: &str = "/keywardpb.Peer/AppendEntriesStream";
 const CALL_METHOD: &str = "/keywardpb.Peer/AppendEntries";
+/// A follower's stream of forwarded writes, and the unary call it replaces.
+const PROPOSE_STREAM_METHOD: &str = "/keywardpb.Peer/ProposeStream";
+const PROPOSE_METHOD: &str = "/keywardpb.Peer/Propose";
 
 /// A running front. Its connections are closed when it is dropped.
 pub(crate) struct PeerFront {
@@ -44,6 +49,12 @@ struct Shared {
     streams_refused: AtomicUsize,
     /// `Peer.AppendEntries` calls relayed.
     calls_relayed: AtomicUsize,
+    refuse_propose_stream: AtomicBool,
+    /// `Peer.ProposeStream` requests relayed, and answered `Unimplemented`.
+    propose_streams_relayed: AtomicUsize,
+    propose_streams_refused: AtomicUsize,
+    /// `Peer.Propose` calls relayed.
+    proposes_relayed: AtomicUsize,
     /// Connections cut so far.
     cuts: AtomicUsize,
     connections: Mutex<Vec<AbortHandle>>,
@@ -55,6 +66,9 @@ pub(crate) struct Relayed {
     pub streams: usize,
     pub streams_refused: usize,
     pub calls: usize,
+    pub propose_streams: usize,
+    pub propose_streams_refused: usize,
+    pub proposes: usize,
 }
 
 impl PeerFront {
@@ -94,11 +108,21 @@ impl PeerFront {
         self.shared.refuse_stream.store(true, Ordering::SeqCst);
     }
 
+    /// From now on, answers `Peer.ProposeStream` as a member that does not serve it.
+    pub(crate) fn refuse_propose_stream(&self) {
+        self.shared.refuse_propose_stream.store(true, Ordering::SeqCst);
+    }
+
     pub(crate) fn relayed(&self) -> Relayed {
+        let count = |n: &AtomicUsize| n.load(Ordering::SeqCst);
+        let shared = &self.shared;
         Relayed {
-            streams: self.shared.streams_relayed.load(Ordering::SeqCst),
-            streams_refused: self.shared.streams_refused.load(Ordering::SeqCst),
-            calls: self.shared.calls_relayed.load(Ordering::SeqCst),
+            streams: count(&shared.streams_relayed),
+            streams_refused: count(&shared.streams_refused),
+            calls: count(&shared.calls_relayed),
+            propose_streams: count(&shared.propose_streams_relayed),
+            propose_streams_refused: count(&shared.propose_streams_refused),
+            proposes: count(&shared.proposes_relayed),
         }
     }
 }
@@ -130,9 +154,15 @@ async fn relay(shared: Arc<Shared>, downstream: TcpStream, upstream: SocketAddr)
                 shared.streams_refused.fetch_add(1, Ordering::SeqCst);
                 return Ok::<_, hyper::Error>(unimplemented(path));
             }
+            if path == PROPOSE_STREAM_METHOD && shared.refuse_propose_stream.load(Ordering::SeqCst) {
+                shared.propose_streams_refused.fetch_add(1, Ordering::SeqCst);
+                return Ok::<_, hyper::Error>(unimplemented(path));
+            }
             match path {
                 STREAM_METHOD => shared.streams_relayed.fetch_add(1, Ordering::SeqCst),
                 CALL_METHOD => shared.calls_relayed.fetch_add(1, Ordering::SeqCst),
+                PROPOSE_STREAM_METHOD => shared.propose_streams_relayed.fetch_add(1, Ordering::SeqCst),
+                PROPOSE_METHOD => shared.proposes_relayed.fetch_add(1, Ordering::SeqCst),
                 _ => 0,
             };
             let response = sender.send_request(request).await?;

@@ -1,0 +1,278 @@
+//! A follower's forwarded writes to the leader on one long-lived bidirectional gRPC stream
+//! (`Peer.ProposeStream`), as etcd's followers send their proposals to the leader among their raft
+//! messages instead of a request each.
+//!
+//! Why: a unary `Propose` per write costs, on each side, a new HTTP/2 stream (headers encoded and
+//! decoded, metadata, a deadline timer, the channel's buffer task on the follower; a server task,
+//! the router and the peer guard on the leader). With clients spread over three members, two writes
+//! in three are forwarded, and a 3-member cluster spent about a third more CPU per write than when
+//! every client wrote to the leader (docs/performance.md, issue 33). On the stream a write is one
+//! message each way, and a busy stream carries many in one frame and one system call.
+//!
+//! The follower's side (`ProposeStreams::propose`): one stream per leader URL, opened on first use by
+//! a task that reads the answers and hands each to its waiter by id. A write is answered once the
+//! leader applied it, in whatever order writes apply. When the stream fails, every write waiting on
+//! it gets the failure: a write the stream never took is told so (`NeverSent`), and may go again; one
+//! that may have reached the leader is a transport failure, which the caller reports as etcd's
+//! "leader changed" (it may or may not be committed, as with a unary call whose answer was lost). The
+//! next write opens a new stream. A leader that does not serve the stream (an older version during a
+//! rolling upgrade: `Unimplemented`) gets unary calls from this member from then on.
+//!
+//! The leader's side (`serve`): the stream is admitted by the peer guard when it opens, its cluster
+//! checked once (`peer_service.rs`), and every write admitted again against the membership of its
+//! time (`peer_guard.rs`, `StreamCaller`). A refused or undecodable message ends the stream with its
+//! error. At most `IN_FLIGHT` writes of one stream are proposed at once; past that the stream is
+//! not read until one is answered (HTTP/2 flow control then holds the follower back).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Status, Streaming};
+
+use super::peer_guard::StreamCaller;
+use super::peers::Peers;
+use crate::proto::etcdserverpb::InternalRaftRequest;
+use crate::proto::keywardpb::{ProposeResponse, ProposeStreamReply, ProposeStreamRequest};
+
+/// Writes of one stream the leader proposes at once, at most.
+const IN_FLIGHT: usize = 4096;
+/// Writes queued on the follower for a stream, at most, before a writer waits for room.
+const QUEUED: usize = 1024;
+
+/// The leader's answers on a propose stream.
+pub(crate) type ProposeReplies =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<ProposeStreamReply, Status>> + Send>>;
+
+/// Why a forwarded write has no answer from the leader's stream.
+pub(crate) enum NotAnswered {
+    /// The leader's failure, or the stream's. A write the stream never took carries `NeverSent` as
+    /// its status's source: it is safe to send again (here or to the next leader).
+    Failed(Status),
+    /// The leader does not serve the stream: send it as a unary call.
+    Unsupported,
+}
+
+/// The source of a status for a write the stream never took.
+#[derive(Debug)]
+pub(crate) struct NeverSent;
+
+impl std::fmt::Display for NeverSent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the write was never sent to the leader")
+    }
+}
+
+impl std::error::Error for NeverSent {}
+
+/// A status for a write the stream never took (see `NeverSent`).
+fn unsent(message: &str) -> NotAnswered {
+    let mut status = Status::unavailable(message);
+    status.set_source(Arc::new(NeverSent));
+    NotAnswered::Failed(status)
+}
+
+/// The follower's streams, one per leader URL.
+#[derive(Default)]
+pub(crate) struct ProposeStreams {
+    links: Mutex<HashMap<String, Arc<Link>>>,
+    /// Leader URLs found not to serve the stream.
+    unsupported: Mutex<Vec<String>>,
+}
+
+/// One open (or opening) stream to a leader.
+struct Link {
+    queue: mpsc::Sender<ProposeStreamRequest>,
+    next_id: AtomicU64,
+    /// Writes sent and not answered yet, by id. Closed once the stream ended: nothing new is added.
+    waiting: Mutex<Waiting>,
+    ended: AtomicBool,
+}
+
+#[derive(Default)]
+struct Waiting {
+    closed: bool,
+    by_id: HashMap<u64, oneshot::Sender<Result<ProposeStreamReply, Status>>>,
+}
+
+impl ProposeStreams {
+    /// Forwards `req` to the leader at `url` on its stream, and waits up to `deadline` for the answer.
+    pub(crate) async fn propose(
+        &self,
+        peers: &Peers,
+        url: &str,
+        req: InternalRaftRequest,
+        deadline: Duration,
+    ) -> Result<ProposeResponse, NotAnswered> {
+        if self.unsupported.lock().unwrap_or_else(PoisonError::into_inner).iter().any(|u| u == url) {
+            return Err(NotAnswered::Unsupported);
+        }
+        let link = self.link(peers, url).map_err(NotAnswered::Failed)?;
+        let id = link.next_id.fetch_add(1, Ordering::Relaxed);
+        let (answer, answered) = oneshot::channel();
+        {
+            let mut waiting = link.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+            if waiting.closed {
+                return Err(unsent("the propose stream to the leader has ended"));
+            }
+            waiting.by_id.insert(id, answer);
+        }
+        let sent =
+            tokio::time::timeout(deadline, link.queue.send(ProposeStreamRequest { id, request: Some(req) })).await;
+        match sent {
+            Ok(Ok(())) => {}
+            // The stream was gone before it took the write, or its queue stayed full: never sent.
+            Ok(Err(_)) | Err(_) => {
+                link.forget(id);
+                return Err(unsent("the propose stream to the leader has ended"));
+            }
+        }
+        let reply = match tokio::time::timeout(deadline, answered).await {
+            Ok(Ok(reply)) => reply,
+            // The stream's task ended without failing the waiters: it was dropped with the runtime.
+            Ok(Err(_)) => return Err(NotAnswered::Failed(Status::unavailable("the propose stream was dropped"))),
+            Err(_) => {
+                link.forget(id);
+                return Err(NotAnswered::Failed(Status::deadline_exceeded("the leader did not answer in time")));
+            }
+        };
+        match reply {
+            Ok(ProposeStreamReply { response: Some(response), .. }) => Ok(response),
+            // The leader's answer, as its unary call's status would have been.
+            Ok(ProposeStreamReply { code, message, .. }) => {
+                Err(NotAnswered::Failed(Status::new(Code::from(code), message)))
+            }
+            Err(status) if status.code() == Code::Unimplemented => {
+                self.unsupported.lock().unwrap_or_else(PoisonError::into_inner).push(url.to_string());
+                Err(NotAnswered::Unsupported)
+            }
+            Err(status) => Err(NotAnswered::Failed(status)),
+        }
+    }
+
+    /// The stream to `url`, opened if there is none or the last one ended.
+    fn link(&self, peers: &Peers, url: &str) -> Result<Arc<Link>, Status> {
+        let mut links = self.links.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(link) = links.get(url).filter(|link| !link.ended.load(Ordering::Acquire)) {
+            return Ok(link.clone());
+        }
+        let mut client = peers.client(url)?;
+        let (queue, outgoing) = mpsc::channel(QUEUED);
+        let link = Arc::new(Link {
+            queue,
+            next_id: AtomicU64::new(0),
+            waiting: Mutex::default(),
+            ended: AtomicBool::new(false),
+        });
+        // No deadline on the stream itself: each write has its own.
+        let request = peers.request(ReceiverStream::new(outgoing), None);
+        let reader = link.clone();
+        tokio::spawn(async move {
+            let failure = match client.propose_stream(request).await {
+                Ok(answers) => reader.read(answers.into_inner()).await,
+                Err(status) => status,
+            };
+            reader.end(failure);
+        });
+        links.insert(url.to_string(), link.clone());
+        Ok(link)
+    }
+}
+
+impl Link {
+    /// Hands each answer to its waiter until the stream ends; returns why it ended.
+    async fn read(&self, mut answers: Streaming<ProposeStreamReply>) -> Status {
+        loop {
+            match answers.message().await {
+                Ok(Some(reply)) => {
+                    let waiter = self.waiting.lock().unwrap_or_else(PoisonError::into_inner).by_id.remove(&reply.id);
+                    // None: the write's waiter gave up (its deadline passed).
+                    if let Some(waiter) = waiter {
+                        let _ = waiter.send(Ok(reply));
+                    }
+                }
+                Ok(None) => return Status::unavailable("the leader ended the propose stream"),
+                Err(status) => return status,
+            }
+        }
+    }
+
+    /// The stream ended with `failure`: every write still waiting gets it, and new ones go to a new
+    /// stream.
+    fn end(&self, failure: Status) {
+        self.ended.store(true, Ordering::Release);
+        let waiting = {
+            let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+            waiting.closed = true;
+            std::mem::take(&mut waiting.by_id)
+        };
+        for waiter in waiting.into_values() {
+            let _ = waiter.send(Err(failure.clone()));
+        }
+    }
+
+    fn forget(&self, id: u64) {
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner).by_id.remove(&id);
+    }
+}
+
+/// The leader's side: each write on `inbound`, from `caller` (admitted again for each), proposed with
+/// `propose` (this member's proposer, `peer_service.rs`) as it arrives, at most `IN_FLIGHT` at once;
+/// the answers as they come.
+pub(super) fn serve<Propose, Proposed>(
+    caller: StreamCaller,
+    mut inbound: Streaming<ProposeStreamRequest>,
+    propose: Propose,
+) -> ProposeReplies
+where
+    Propose: Fn(InternalRaftRequest) -> Proposed + Send + 'static,
+    Proposed: Future<Output = Result<ProposeResponse, Status>> + Send + 'static,
+{
+    let (replies, outgoing) = mpsc::channel(QUEUED);
+    tokio::spawn(async move {
+        let mut proposing = FuturesUnordered::new();
+        let mut reading = true;
+        while reading || !proposing.is_empty() {
+            tokio::select! {
+                message = inbound.message(), if reading && proposing.len() < IN_FLIGHT => {
+                    let request = match message {
+                        Ok(Some(request)) => request,
+                        // The follower closed its side (or the connection broke): answer what is
+                        // in flight, then end.
+                        Ok(None) | Err(_) => { reading = false; continue; }
+                    };
+                    let refused = caller.admit_again().err().or_else(|| {
+                        request.request.is_none().then(|| Status::invalid_argument("a propose message without a request"))
+                    });
+                    if let Some(refused) = refused {
+                        let _ = replies.send(Err(refused)).await;
+                        return;
+                    }
+                    let (id, proposed) = (request.id, propose(request.request.unwrap_or_default()));
+                    proposing.push(async move { (id, proposed.await) });
+                }
+                Some((id, answer)) = proposing.next(), if !proposing.is_empty() => {
+                    let reply = match answer {
+                        Ok(response) => ProposeStreamReply { id, response: Some(response), ..Default::default() },
+                        Err(status) => ProposeStreamReply {
+                            id,
+                            response: None,
+                            code: status.code() as i32,
+                            message: status.message().to_string(),
+                        },
+                    };
+                    if replies.send(Ok(reply)).await.is_err() {
+                        // Nobody reads the answers any more: the follower is gone.
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    Box::pin(ReceiverStream::new(outgoing))
+}
