@@ -243,7 +243,9 @@ async fn start_raft(
     // openraft's core, state machine worker and replication tasks run on the raft thread.
     let raft_thread = RaftThread::start()?;
     let network = PeerNetwork::new(peers.clone(), acks.clone());
+    let sole_voter_log = log.clone();
     let raft = raft_thread.run(Raft::new(member_id, raft_config, network, log, sm)).await?;
+    raft_thread.handle().spawn(tell_the_log_when_sole_voter(raft.clone(), sole_voter_log, member_id));
     // On the raft thread too: its ticks stop while that thread does not run, as etcd's raft loop's.
     let timer = Arc::new(ElectionTimer::default());
     let (heartbeat, election) = (config.heartbeat_interval, config.election_timeout);
@@ -256,6 +258,19 @@ async fn start_raft(
         election,
     ));
     Ok((raft_thread, raft, timer))
+}
+
+/// Tells the log whether this member is its cluster's only voter, whenever the membership changes:
+/// a sole voter writes its own entries without the hop to the writer thread (`raft/log/wal/mod.rs`).
+async fn tell_the_log_when_sole_voter(raft: Raft, log: Wal, me: NodeId) {
+    let mut metrics = raft.server_metrics();
+    loop {
+        let sole = metrics.borrow_and_update().membership_config.membership().voter_ids().eq([me]);
+        log.set_sole_voter(sole);
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// openraft's settings, from the member's flags.

@@ -40,7 +40,7 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
@@ -76,6 +76,8 @@ struct Inner {
     writer: Mutex<Writer>,
     /// Writes that must not block the raft thread, in the order submitted (`queue.rs`).
     queue: WriteQueue,
+    /// Whether this member is its cluster's only voter (`set_sole_voter`).
+    sole_voter: AtomicBool,
 }
 
 struct Index {
@@ -155,6 +157,7 @@ impl Wal {
             index: Mutex::new(index),
             writer: Mutex::new(Writer { end: found.end, active, broken: false }),
             queue: WriteQueue::default(),
+            sole_voter: AtomicBool::new(false),
         };
         Ok(Wal { inner: Arc::new(inner) })
     }
@@ -190,6 +193,12 @@ impl Wal {
     /// (`StateMachine::applied_index`).
     pub(crate) fn overlap_with_apply(&self, applied: Arc<AtomicU64>) {
         let _ = self.inner.applied.set(applied);
+    }
+
+    /// Whether this member is its cluster's only voter, as its membership changes (`node/start.rs`):
+    /// a sole voter's own entries have no follower to go to while they are written.
+    pub(crate) fn set_sole_voter(&self, sole: bool) {
+        self.inner.sole_voter.store(sole, Ordering::Release);
     }
 
     /// Whether committed entries wait to be applied, on the raft thread, while this append would
@@ -375,10 +384,14 @@ impl RaftLogStorage<TypeConfig> for Wal {
             callback.log_io_completed(report);
             result
         };
+        // Nothing else waits for the raft thread: an inline write costs no hop to the writer thread
+        // and back.
+        let idle = !self.apply_pending() && self.inner.queue.is_idle();
         // A leader's own entries: openraft (patched, `vendor/openraft/PATCH.md`) does not wait for
         // this write; it sends the entries to the followers while the writer thread syncs them, and
         // counts the leader in the quorum when the callback reports the flush (Raft thesis 10.2.1).
-        if made_here {
+        // A sole voter has no follower to send to: when idle it writes inline, as a follower does.
+        if made_here && !(idle && self.inner.sole_voter.load(Ordering::Acquire)) {
             let this = self.clone();
             return self
                 .inner
@@ -388,13 +401,13 @@ impl RaftLogStorage<TypeConfig> for Wal {
                 })
                 .map_err(|e| StorageIOError::write_logs(any_error(e)).into());
         }
-        // A follower's append: openraft's core waits for the flush before it answers the leader.
-        // When nothing else waits for the raft thread (`raft/thread.rs`), the write runs inline,
+        // A follower's append (or a sole voter's): openraft's core waits for the flush before it
+        // answers the leader (or, patched, takes the callback's report as it comes). When nothing else waits for the raft thread (`raft/thread.rs`), the write runs inline,
         // blocking it in the sync: a hop to another thread and back would cost more than the write.
         // When committed entries wait to be applied, or earlier writes are still queued (an inline
         // write would overtake them), the write goes to the writer thread, so the apply runs on the
         // raft thread while the disk syncs: under load one entry applies while the next one is made durable.
-        let result = if self.apply_pending() || !self.inner.queue.is_idle() {
+        let result = if !idle {
             let this = self.clone();
             self.inner.queue.run(move || write(&this)).await
         } else {
