@@ -16,7 +16,8 @@
 //! that may have reached the leader is a transport failure, which the caller reports as etcd's
 //! "leader changed" (it may or may not be committed, as with a unary call whose answer was lost). The
 //! next write opens a new stream. A leader that does not serve the stream (an older version during a
-//! rolling upgrade: `Unimplemented`) gets unary calls from this member from then on.
+//! rolling upgrade: `Unimplemented`) gets unary calls from this member from then on; the writes that
+//! found out were never proposed, and are sent again that way.
 //!
 //! The leader's side (`serve`): the stream is admitted by the peer guard when it opens, its cluster
 //! checked once (`peer_service.rs`), and every write admitted again against the membership of its
@@ -49,15 +50,6 @@ const QUEUED: usize = 1024;
 pub(crate) type ProposeReplies =
     std::pin::Pin<Box<dyn futures::Stream<Item = Result<ProposeStreamReply, Status>> + Send>>;
 
-/// Why a forwarded write has no answer from the leader's stream.
-pub(crate) enum NotAnswered {
-    /// The leader's failure, or the stream's. A write the stream never took carries `NeverSent` as
-    /// its status's source: it is safe to send again (here or to the next leader).
-    Failed(Status),
-    /// The leader does not serve the stream: send it as a unary call.
-    Unsupported,
-}
-
 /// The source of a status for a write the stream never took.
 #[derive(Debug)]
 pub(crate) struct NeverSent;
@@ -70,11 +62,12 @@ impl std::fmt::Display for NeverSent {
 
 impl std::error::Error for NeverSent {}
 
-/// A status for a write the stream never took (see `NeverSent`).
-fn unsent(message: &str) -> NotAnswered {
+/// A status for a write the stream never took: it carries `NeverSent` as its source, so the write
+/// may be sent again (here or to the next leader; `node/leader.rs`).
+fn unsent(message: &str) -> Status {
     let mut status = Status::unavailable(message);
     status.set_source(Arc::new(NeverSent));
-    NotAnswered::Failed(status)
+    status
 }
 
 /// The follower's streams, one per leader URL.
@@ -101,18 +94,22 @@ struct Waiting {
 }
 
 impl ProposeStreams {
-    /// Forwards `req` to the leader at `url` on its stream, and waits up to `deadline` for the answer.
+    /// Whether the leader at `url` serves the stream, as far as this member knows (until it answers
+    /// `Unimplemented`): if not, forwarded writes go to it as unary `Propose` calls.
+    pub(crate) fn served_by(&self, url: &str) -> bool {
+        !self.unsupported.lock().unwrap_or_else(PoisonError::into_inner).iter().any(|u| u == url)
+    }
+
+    /// Forwards `req` to the leader at `url` on its stream, and waits up to `deadline` for the answer:
+    /// the leader's answer, its failure as its unary call would have carried it, or the stream's.
     pub(crate) async fn propose(
         &self,
         peers: &Peers,
         url: &str,
         req: InternalRaftRequest,
         deadline: Duration,
-    ) -> Result<ProposeResponse, NotAnswered> {
-        if self.unsupported.lock().unwrap_or_else(PoisonError::into_inner).iter().any(|u| u == url) {
-            return Err(NotAnswered::Unsupported);
-        }
-        let link = self.link(peers, url).map_err(NotAnswered::Failed)?;
+    ) -> Result<ProposeResponse, Status> {
+        let link = self.link(peers, url)?;
         let id = link.next_id.fetch_add(1, Ordering::Relaxed);
         let (answer, answered) = oneshot::channel();
         {
@@ -135,23 +132,23 @@ impl ProposeStreams {
         let reply = match tokio::time::timeout(deadline, answered).await {
             Ok(Ok(reply)) => reply,
             // The stream's task ended without failing the waiters: it was dropped with the runtime.
-            Ok(Err(_)) => return Err(NotAnswered::Failed(Status::unavailable("the propose stream was dropped"))),
+            Ok(Err(_)) => return Err(Status::unavailable("the propose stream was dropped")),
             Err(_) => {
                 link.forget(id);
-                return Err(NotAnswered::Failed(Status::deadline_exceeded("the leader did not answer in time")));
+                return Err(Status::deadline_exceeded("the leader did not answer in time"));
             }
         };
         match reply {
             Ok(ProposeStreamReply { response: Some(response), .. }) => Ok(response),
             // The leader's answer, as its unary call's status would have been.
-            Ok(ProposeStreamReply { code, message, .. }) => {
-                Err(NotAnswered::Failed(Status::new(Code::from(code), message)))
-            }
+            Ok(ProposeStreamReply { code, message, .. }) => Err(Status::new(Code::from(code), message)),
+            // The leader does not serve the stream: nothing on it was proposed. The write goes again,
+            // as a call (`served_by`).
             Err(status) if status.code() == Code::Unimplemented => {
                 self.unsupported.lock().unwrap_or_else(PoisonError::into_inner).push(url.to_string());
-                Err(NotAnswered::Unsupported)
+                Err(unsent("the leader does not serve the propose stream"))
             }
-            Err(status) => Err(NotAnswered::Failed(status)),
+            Err(status) => Err(status),
         }
     }
 

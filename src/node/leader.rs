@@ -30,7 +30,7 @@ use tonic::transport::Channel;
 use super::Node;
 use crate::apply::Applied;
 use crate::cluster::membership;
-use crate::cluster::propose_stream::{NeverSent, NotAnswered};
+use crate::cluster::propose_stream::NeverSent;
 use crate::error::EtcdError;
 use crate::proto::etcdserverpb::{
     InternalRaftRequest, LeaseKeepAliveRequest, LeaseTimeToLiveRequest, MemberAddRequest, MemberPromoteRequest,
@@ -164,14 +164,10 @@ impl Node {
                     let (req, url) = (copy(), url.to_string());
                     async move {
                         let req = req.ok_or_else(|| tonic::Status::internal("the request was proposed here"))?;
-                        let answer = match self
-                            .forwarded_writes
-                            .propose(&self.peers, &url, req.clone(), FORWARD_TIMEOUT)
-                            .await
-                        {
-                            Ok(answer) => answer,
-                            Err(NotAnswered::Failed(status)) => return Err(status),
-                            Err(NotAnswered::Unsupported) => leader.propose(self.forwarded(req)).await?.into_inner(),
+                        let answer = if self.forwarded_writes.served_by(&url) {
+                            self.forwarded_writes.propose(&self.peers, &url, req, FORWARD_TIMEOUT).await?
+                        } else {
+                            leader.propose(self.forwarded(req)).await?.into_inner()
                         };
                         let result = postcard::from_bytes(&answer.result)
                             .map_err(|e| tonic::Status::internal(format!("undecodable apply result: {e}")))?;

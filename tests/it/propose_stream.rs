@@ -153,8 +153,8 @@ async fn a_removed_members_open_propose_stream_is_refused_at_its_next_write() {
 /// acknowledged and applied once, and the follower asks for the stream once, not per write. Twin,
 /// before the refusal: the same follower's writes go on the stream, with no call.
 ///
-/// Fails if the follower does not fall back to calls (the `NotAnswered::Unsupported` arm in
-/// `node/leader.rs`'s `propose_on_leader`): each write then fails with the refusal.
+/// Fails if the follower does not fall back to calls (the unary branch of `propose_on_leader` in
+/// `node/leader.rs` made an error): each write then fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_without_the_propose_stream_gets_calls_and_loses_nothing() {
     let (cluster, fronts) = fronted_cluster().await;
