@@ -160,6 +160,14 @@ async fn append_entries_answer(member: &dyn LocalMember, payload: &[u8], transpo
     .await
 }
 
+/// A follower's forwarded write, proposed here as the follower built it; the answer Propose and the
+/// propose stream carry back: what applying it produced and the entry's log index.
+async fn propose_forwarded(member: &dyn LocalMember, req: InternalRaftRequest) -> Result<ProposeResponse, Status> {
+    let (index, result) = member.propose_forwarded(req).await?;
+    let result = postcard::to_allocvec(&result).map_err(|e| Status::internal(e.to_string()))?;
+    Ok(ProposeResponse { result, index })
+}
+
 #[tonic::async_trait]
 impl Peer for PeerService {
     async fn append_entries(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
@@ -224,9 +232,7 @@ impl Peer for PeerService {
 
     async fn propose(&self, request: Request<InternalRaftRequest>) -> Result<Response<ProposeResponse>, Status> {
         self.check_cluster(&request, false)?;
-        let (index, result) = self.member.propose_forwarded(request.into_inner()).await?;
-        let result = postcard::to_allocvec(&result).map_err(|e| Status::internal(e.to_string()))?;
-        Ok(Response::new(ProposeResponse { result, index }))
+        Ok(Response::new(propose_forwarded(&*self.member, request.into_inner()).await?))
     }
 
     /// A follower's forwarded writes on one stream (`propose_stream.rs`): its cluster checked once,
@@ -240,11 +246,7 @@ impl Peer for PeerService {
         let member = self.member.clone();
         let propose = move |req: InternalRaftRequest| {
             let member = member.clone();
-            async move {
-                let (index, result) = member.propose_forwarded(req).await?;
-                let result = postcard::to_allocvec(&result).map_err(|e| Status::internal(e.to_string()))?;
-                Ok(ProposeResponse { result, index })
-            }
+            async move { propose_forwarded(&*member, req).await }
         };
         Ok(Response::new(propose_stream::serve(caller, request.into_inner(), propose)))
     }

@@ -402,8 +402,9 @@ impl RaftLogStorage<TypeConfig> for Wal {
                 .map_err(|e| StorageIOError::write_logs(any_error(e)).into());
         }
         // A follower's append (or a sole voter's): openraft's core waits for the flush before it
-        // answers the leader (or, patched, takes the callback's report as it comes). When nothing else waits for the raft thread (`raft/thread.rs`), the write runs inline,
-        // blocking it in the sync: a hop to another thread and back would cost more than the write.
+        // answers the leader (or, patched, takes the callback's report as it comes). When nothing
+        // else waits for the raft thread (`raft/thread.rs`), the write runs inline, blocking it in
+        // the sync: a hop to another thread and back would cost more than the write.
         // When committed entries wait to be applied, or earlier writes are still queued (an inline
         // write would overtake them), the write goes to the writer thread, so the apply runs on the
         // raft thread while the disk syncs: under load one entry applies while the next one is made durable.
