@@ -20,6 +20,23 @@ pub(super) struct AppliedIndex {
     waiting: Mutex<BTreeMap<u64, Vec<oneshot::Sender<()>>>>,
 }
 
+/// Waiters whose index was applied. The apply observer wakes them from the gRPC runtime
+/// (`raft/relay.rs`), not from the raft thread.
+#[must_use]
+pub(super) struct Reached(Vec<oneshot::Sender<()>>);
+
+impl Reached {
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub(super) fn wake(self) {
+        for sender in self.0 {
+            let _ = sender.send(()); // a waiter that gave up is gone
+        }
+    }
+}
+
 /// The index was not applied in time.
 #[derive(Debug, PartialEq)]
 pub(super) struct NotApplied;
@@ -35,16 +52,13 @@ impl AppliedIndex {
     }
 
     /// Everything up to `index` is applied and committed (the apply observer, after each batch or
-    /// installed snapshot): wakes the waiters at or below it.
-    pub(super) fn advance(&self, index: u64) {
+    /// installed snapshot): returns the waiters at or below it, to be woken (`Reached::wake`).
+    pub(super) fn advance(&self, index: u64) -> Reached {
         self.index.fetch_max(index, Ordering::AcqRel);
         let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
         let later = waiting.split_off(&(index + 1));
         let reached = std::mem::replace(&mut *waiting, later);
-        drop(waiting);
-        for sender in reached.into_values().flatten() {
-            let _ = sender.send(());
-        }
+        Reached(reached.into_values().flatten().collect())
     }
 
     /// Waits until `index` is applied, for at most `within`.
@@ -88,10 +102,10 @@ mod tests {
             async move { applied.reached(9, Duration::from_millis(200)).await }
         });
         tokio::task::yield_now().await;
-        applied.advance(7);
+        applied.advance(7).wake();
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished(), "woken at 7 while waiting for 8");
-        applied.advance(8);
+        applied.advance(8).wake();
         assert_eq!(waiter.await.unwrap(), Ok(()));
         assert_eq!(later.await.unwrap(), Err(NotApplied), "9 was never applied");
         assert_eq!(applied.get(), 8);
@@ -100,7 +114,7 @@ mod tests {
     #[tokio::test]
     async fn an_index_never_goes_back() {
         let applied = AppliedIndex::new(10);
-        applied.advance(4);
+        applied.advance(4).wake();
         assert_eq!(applied.get(), 10);
         assert_eq!(applied.reached(10, Duration::ZERO).await, Ok(()));
     }

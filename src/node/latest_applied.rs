@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
-use super::applied_index::AppliedIndex;
+use super::applied_index::{AppliedIndex, Reached};
 use crate::raft::state_machine::Committed;
 
 pub(super) struct LatestApplied {
@@ -37,8 +37,9 @@ impl LatestApplied {
         }
     }
 
-    /// A batch was applied (called on the apply thread only).
-    pub(super) fn record(&self, batch: &Committed) {
+    /// A batch was applied (called on the apply thread only). Returns the requests that waited for
+    /// its index, for the caller to wake.
+    pub(super) fn record(&self, batch: &Committed) -> Reached {
         self.revision.store(batch.revision, Ordering::Release);
         self.requests.fetch_add(batch.requests, Ordering::Relaxed);
         self.auth_enabled.store(batch.auth_enabled, Ordering::Release);
@@ -46,7 +47,7 @@ impl LatestApplied {
         let auth_now = (batch.auth_revision, batch.auth_enabled);
         self.auth_changes.send_if_modified(|auth| std::mem::replace(auth, auth_now) != auth_now);
         // Last: a woken waiter reads the revision and auth state above.
-        self.index.advance(batch.last_index);
+        self.index.advance(batch.last_index)
     }
 
     pub(super) fn revision(&self) -> i64 {

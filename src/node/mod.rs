@@ -89,7 +89,7 @@ pub(crate) struct Node {
     /// What the auth service needs beyond the applied auth state (`node/auth_service.rs`).
     pub(crate) auth: auth_service::AuthService,
     pub(crate) lessor: Arc<Lessor>,
-    /// The watchers' side of the commit broadcast (`watch_hub/`): the one subscriber that keeps up.
+    /// Where the applied batches go to the watchers (`watch_hub/`).
     pub(crate) watch_hub: Arc<crate::watch_hub::WatchHub>,
     /// The compacted revision up to which removal is done on this member (`jobs/compaction.rs`).
     compaction_removed: tokio::sync::watch::Sender<i64>,

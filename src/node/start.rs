@@ -26,6 +26,7 @@ use crate::lease::lessor::Lessor;
 use crate::raft::election_timer::ElectionTimer;
 use crate::raft::log::wal::Wal;
 use crate::raft::proposer::Proposer;
+use crate::raft::relay::Relay;
 use crate::raft::state_machine::{State, StateMachine};
 use crate::raft::thread::RaftThread;
 use crate::raft::{LogId, NodeId, Raft};
@@ -57,8 +58,16 @@ impl Node {
         let latest = Arc::new(recover(&state, &lessor)?);
         let counted =
             jobs::apply_observer::staggered_start(config.snapshot_count, &config.name, &config.initial_cluster);
-        let observed =
-            jobs::apply_observer::observe(&state, lessor.clone(), latest.clone(), config.snapshot_count, counted);
+        // Wake-ups from the raft thread to this runtime: answers and what each applied batch tells.
+        let relay = Arc::new(Relay::start()?);
+        let observed = jobs::apply_observer::observe(
+            &state,
+            relay.clone(),
+            lessor.clone(),
+            latest.clone(),
+            config.snapshot_count,
+            counted,
+        );
         let peers = dial_peers(config)?;
         let (member_id, cluster_id) = place_in_cluster(&mut log, &peers, config).await?;
         // What this member knows was committed: applied before it serves (see `catch_up`).
@@ -69,7 +78,7 @@ impl Node {
         let sole_voter = initialize(&raft, config, member_id).await?;
         let auth = AuthService::start(config, &state)?;
         let logged = raft.metrics().borrow().last_log_index;
-        let proposer = Proposer::start(raft_thread.handle(), raft.clone(), config.max_request_bytes)?;
+        let proposer = Proposer::start(raft_thread.handle(), raft.clone(), relay, config.max_request_bytes);
         let node = Arc::new_cyclic(|me: &std::sync::Weak<Node>| Node {
             writes: Writes::new(proposer, member_id),
             read_rounds: read_rounds::ReadRounds::new("member", {

@@ -10,6 +10,8 @@
 //! Batching does not weaken ordering or auth: each request keeps its own header (requester and auth
 //! revision), and apply takes the requests in order, each exactly as it would take an entry of its own.
 
+use std::sync::Arc;
+
 use futures::stream::FuturesOrdered;
 use futures::StreamExt;
 use openraft::error::ClientWriteError;
@@ -58,12 +60,16 @@ pub(crate) struct Proposer {
 impl Proposer {
     /// Starts the batching task on `runtime` (the raft thread's, where the core it feeds runs). An
     /// entry holds at most `max_entry_bytes` of encoded requests, unless a single request is larger
-    /// by itself. Called on the runtime of the callers of `propose`: the answers are relayed to it.
-    pub(crate) fn start(runtime: &tokio::runtime::Handle, raft: Raft, max_entry_bytes: usize) -> std::io::Result<Self> {
+    /// by itself. The answers go through `relay`, to the runtime of the callers of `propose`.
+    pub(crate) fn start(
+        runtime: &tokio::runtime::Handle,
+        raft: Raft,
+        relay: Arc<Relay>,
+        max_entry_bytes: usize,
+    ) -> Self {
         let (queue, pending) = mpsc::channel(QUEUE_DEPTH);
-        let relay = Relay::start()?;
         runtime.spawn(batch_and_propose(raft, pending, relay, max_entry_bytes));
-        Ok(Proposer { queue })
+        Proposer { queue }
     }
 
     /// Proposes `req` (its header already set) and returns what applying it produced; an error when it
@@ -90,7 +96,7 @@ impl Proposer {
 async fn batch_and_propose(
     raft: Raft,
     mut pending: mpsc::Receiver<Proposal>,
-    relay: Relay<Outcome>,
+    relay: Arc<Relay>,
     max_entry_bytes: usize,
 ) {
     // Entries in flight, completing in log order; the same task delivers their results, so no task is
@@ -151,7 +157,7 @@ async fn take_or_recv(next: &mut Option<Proposal>, pending: &mut mpsc::Receiver<
 }
 
 /// Hands each request its own result, or the entry's error to all of them.
-fn deliver(relay: &Relay<Outcome>, outcome: Result<(u64, BatchResults), EtcdError>, replies: Vec<Reply>) {
+fn deliver(relay: &Relay, outcome: Result<(u64, BatchResults), EtcdError>, replies: Vec<Reply>) {
     match outcome {
         Ok((index, results)) => {
             debug_assert_eq!(results.len(), replies.len(), "one result per request");

@@ -1,17 +1,18 @@
-//! The hand-off of answers from the raft thread to the request handlers, which wait on the gRPC
-//! runtime.
+//! The hand-off of wake-ups from the raft thread to the gRPC runtime: the answers to the request
+//! handlers waiting there, and what the apply observer sets off after each batch (the watch hub's
+//! commit, the wake-up of the requests waiting for an applied index).
 //!
-//! Why not send each answer's oneshot from the raft thread: that wakes the handler's task from outside
-//! its runtime. tokio then queues the task and unparks a worker in the "searching" state, and a
-//! searching worker that finds work unparks another worker in turn. That is two thread wake-ups per
-//! answer, and with one client the second one finds nothing to do (an eventfd write or a futex wake
-//! for nothing, about one per put under `perf`).
+//! Why not wake them from the raft thread: that wakes a task from outside its runtime. tokio then
+//! queues the task and unparks a worker in the "searching" state, and a searching worker that finds
+//! work unparks another worker in turn. That is two thread wake-ups per wake, and with one client the
+//! second one finds nothing to do (an eventfd write or a futex wake for nothing, about one per put
+//! under `perf`).
 //!
 //! The relay rings a doorbell instead: one end of a socket pair, the other end registered with the
 //! gRPC runtime's I/O driver. The worker parked on the driver wakes for an I/O event, which tokio does
-//! not count as searching, and the relay's task there sends the answers. The handlers are then woken
-//! from inside the runtime: the first runs next on the same worker, and another worker is woken only
-//! when more are queued. Under load one ring carries a whole entry's answers.
+//! not count as searching, and the relay's task there runs the queued jobs. The tasks they wake are
+//! woken from inside the runtime: the first runs next on the same worker, and another worker is woken
+//! only when more are queued. Under load one ring carries a whole entry's answers and its commit.
 
 use std::io::{self, Write};
 use std::os::unix::net::UnixStream as Bell;
@@ -21,37 +22,38 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use tokio::net::UnixStream;
 use tokio::sync::oneshot;
 
-/// A value and the oneshot it goes to.
-type Answer<T> = (oneshot::Sender<T>, T);
+/// Work that wakes tasks of the gRPC runtime, run there by the relay's task, in the order handed over.
+type Job = Box<dyn FnOnce() + Send>;
 
 /// The raft thread's side of the relay. Dropping it stops the relay's task.
-pub(crate) struct Relay<T> {
-    shared: Arc<Shared<T>>,
+pub(crate) struct Relay {
+    shared: Arc<Shared>,
 }
 
-struct Shared<T> {
-    queue: Mutex<Queue<T>>,
-    /// Set by the first answer queued after the relay's task last took the queue: later answers find
-    /// the doorbell rung already.
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Set by the first job queued after the relay's task last took the queue: later jobs find the
+    /// doorbell rung already.
     rung: AtomicBool,
     bell: Bell,
 }
 
-struct Queue<T> {
-    answers: Vec<Answer<T>>,
-    /// The relay's task is gone (its runtime shut down): answers are sent where they are handed over.
+struct Queue {
+    jobs: Vec<Job>,
+    /// The relay's task is gone (its runtime shut down): jobs run where they are handed over.
     closed: bool,
 }
 
-impl<T: Send + 'static> Relay<T> {
-    /// Starts the relay's task on the current runtime, which must be the one the receivers wait on.
-    pub(crate) fn start() -> io::Result<Relay<T>> {
+impl Relay {
+    /// Starts the relay's task on the current runtime, which must be the one whose tasks the jobs
+    /// wake.
+    pub(crate) fn start() -> io::Result<Relay> {
         let (bell, door) = Bell::pair()?;
         bell.set_nonblocking(true)?;
         door.set_nonblocking(true)?;
         let door = UnixStream::from_std(door)?;
         let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue { answers: Vec::new(), closed: false }),
+            queue: Mutex::new(Queue { jobs: Vec::new(), closed: false }),
             rung: AtomicBool::new(false),
             bell,
         });
@@ -60,41 +62,51 @@ impl<T: Send + 'static> Relay<T> {
     }
 
     /// Sends each value to its oneshot from the relay's task.
-    pub(crate) fn send(&self, answers: impl IntoIterator<Item = Answer<T>>) {
+    pub(crate) fn send<T: Send + 'static>(&self, answers: impl IntoIterator<Item = (oneshot::Sender<T>, T)>) {
+        let answers: Vec<_> = answers.into_iter().collect();
+        self.run(move || {
+            for (to, answer) in answers {
+                let _ = to.send(answer); // a handler that gave up drops its answer
+            }
+        });
+    }
+
+    /// Runs `job` on the relay's task, after the jobs handed over before it.
+    pub(crate) fn run(&self, job: impl FnOnce() + Send + 'static) {
         let mut queue = self.shared.lock();
         if queue.closed {
             drop(queue);
-            send_all(answers);
+            job();
             return;
         }
-        queue.answers.extend(answers);
+        queue.jobs.push(Box::new(job));
         drop(queue);
         if !self.shared.rung.swap(true, Ordering::SeqCst) {
             if let Err(e) = (&self.shared.bell).write(&[1]) {
                 // Not expected: at most a byte or two are ever unread. The relay's task would miss
-                // these answers, so they go from here, and the next answer tries the doorbell again.
-                tracing::warn!(error = %e, "answer relay's doorbell failed; answering from the raft thread");
-                let answers = std::mem::take(&mut self.shared.lock().answers);
+                // these jobs, so they run here, and the next job tries the doorbell again.
+                tracing::warn!(error = %e, "relay's doorbell failed; waking from the raft thread");
+                let jobs = std::mem::take(&mut self.shared.lock().jobs);
                 self.shared.rung.store(false, Ordering::SeqCst);
-                send_all(answers);
+                run_all(jobs);
             }
         }
     }
 }
 
-impl<T> Shared<T> {
-    fn lock(&self) -> MutexGuard<'_, Queue<T>> {
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-fn send_all<T>(answers: impl IntoIterator<Item = Answer<T>>) {
-    for (to, answer) in answers {
-        let _ = to.send(answer); // a handler that gave up drops its answer
+fn run_all(jobs: Vec<Job>) {
+    for job in jobs {
+        job();
     }
 }
 
-async fn relay<T>(closing: Closing<T>, door: UnixStream) {
+async fn relay(closing: Closing, door: UnixStream) {
     let mut rings = [0u8; 64];
     loop {
         if door.readable().await.is_err() {
@@ -105,31 +117,31 @@ async fn relay<T>(closing: Closing<T>, door: UnixStream) {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => {
-                tracing::warn!(error = %e, "answer relay's doorbell failed; answering from the raft thread");
+                tracing::warn!(error = %e, "relay's doorbell failed; waking from the raft thread");
                 return;
             }
         }
         let Some(shared) = closing.0.upgrade() else { return };
-        // Reset before taking the queue: an answer queued after the take rings again.
+        // Reset before taking the queue: a job queued after the take rings again.
         shared.rung.store(false, Ordering::SeqCst);
-        let answers = std::mem::take(&mut shared.lock().answers);
+        let jobs = std::mem::take(&mut shared.lock().jobs);
         drop(shared);
-        send_all(answers);
+        run_all(jobs);
     }
 }
 
 /// Held by the relay's task, dropped however it ends (its runtime may drop it mid-wait): from then on
-/// answers are sent where they are handed over, and none queued meanwhile is left behind.
-struct Closing<T>(Weak<Shared<T>>);
+/// jobs run where they are handed over, and none queued meanwhile is left behind.
+struct Closing(Weak<Shared>);
 
-impl<T> Drop for Closing<T> {
+impl Drop for Closing {
     fn drop(&mut self) {
         if let Some(shared) = self.0.upgrade() {
             let mut queue = shared.lock();
             queue.closed = true;
-            let answers = std::mem::take(&mut queue.answers);
+            let jobs = std::mem::take(&mut queue.jobs);
             drop(queue);
-            send_all(answers);
+            run_all(jobs);
         }
     }
 }
@@ -209,6 +221,35 @@ mod tests {
     }
 
     #[test]
+    fn jobs_run_on_the_runtime_in_the_order_they_were_handed_over() {
+        // The watch hub's commits go through the relay: out of order, it would see gaps.
+        let runtime = runtime(2);
+        let relay = runtime.block_on(async { Relay::start().unwrap() });
+        let (seen, mut ran) = tokio::sync::mpsc::unbounded_channel();
+        let raft_thread = std::thread::spawn(move || {
+            for n in 0..1000u32 {
+                let seen = seen.clone();
+                relay.run(move || {
+                    let on_runtime = tokio::runtime::Handle::try_current().is_ok();
+                    seen.send((n, on_runtime)).unwrap();
+                });
+            }
+            relay
+        });
+        let relay = raft_thread.join().unwrap();
+        let got: Vec<_> = runtime.block_on(async {
+            let mut got = Vec::new();
+            for _ in 0..1000 {
+                got.push(ran.recv().await);
+            }
+            got
+        });
+        let want: Vec<_> = (0..1000).map(|n| Some((n, true))).collect();
+        assert_eq!(got, want);
+        drop(relay);
+    }
+
+    #[test]
     fn answers_handed_over_after_the_runtime_stopped_still_arrive() {
         let runtime = runtime(1);
         let relay = runtime.block_on(async { Relay::start().unwrap() });
@@ -226,7 +267,7 @@ mod tests {
         drop(door);
         let relay = Relay {
             shared: Arc::new(Shared {
-                queue: Mutex::new(Queue { answers: Vec::new(), closed: false }),
+                queue: Mutex::new(Queue { jobs: Vec::new(), closed: false }),
                 rung: AtomicBool::new(false),
                 bell,
             }),
@@ -241,7 +282,7 @@ mod tests {
     #[test]
     fn dropping_the_relay_ends_its_task() {
         let runtime = runtime(1);
-        let relay = runtime.block_on(async { Relay::<u32>::start().unwrap() });
+        let relay = runtime.block_on(async { Relay::start().unwrap() });
         assert_eq!(runtime.metrics().num_alive_tasks(), 1);
         drop(relay);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

@@ -1,10 +1,12 @@
-//! The watch hub: one per member, between the commit broadcast and the watchers.
+//! The watch hub: one per member, between the applied batches and the watchers.
 //!
-//! One task takes each committed batch from the node's broadcast, keeps it in the backlog
-//! (`backlog.rs`) and, for each of its keys, finds the synced watchers whose range holds the key in
-//! the index (`index.rs`), as etcd's `watchableStore.notify` does with its synced `watcherGroup`.
-//! Only those are told (their `touched` revisions, a wake-up): a commit costs O(log n) per key plus
-//! the watchers it touches, not a wake-up of every watcher.
+//! The apply observer offers it each committed batch (`offer`) and has the offered batches committed
+//! on the gRPC runtime (`commit_offered`, through the relay of `raft/relay.rs`: no task of its own to
+//! wake per batch). Each batch goes to the backlog (`backlog.rs`) and, for each of its keys, the hub
+//! finds the synced watchers whose range holds the key in the index (`index.rs`), as etcd's
+//! `watchableStore.notify` does with its synced `watcherGroup`. Only those are told (their `touched`
+//! revisions, a wake-up): a commit costs O(log n) per key plus the watchers it touches, not a wake-up
+//! of every watcher.
 //!
 //! A watcher is *synced* while the hub tells it of every batch in its range: it has delivered
 //! everything up to the hub's revision but the batches in its `touched`. It is *unsynced* (not in the
@@ -13,7 +15,9 @@
 //! (`TOUCHED_LIMIT` batches pending: its client does not read), when a batch it needs left the
 //! backlog, on a snapshot install, or when the hub itself lost batches: it then catches up from the
 //! store later, as etcd's unsynced watchers do. What a slow watcher costs the member is thus bounded
-//! by the backlog and its stream's queue, not by what is written meanwhile.
+//! by the backlog and its stream's queue, not by what is written meanwhile. At most `INBOX_LIMIT`
+//! batches wait to be committed; past that the oldest is dropped, and the hub, seeing the gap, has its
+//! watchers catch up from the store: a stalled runtime costs a bounded number of batches.
 //!
 //! A stream's progress (etcd's `RequestProgress`, `progressIfSync`): the hub answers at which
 //! revision every watcher of a stream has had all its events queued (`WatchHub::progress`), only once
@@ -21,18 +25,18 @@
 //! never ahead of an event not yet sent on the stream (etcd #15695).
 //!
 //! Why a top-level folder and not beside the Watch service (`server/watch/`), its one user: the hub
-//! belongs to the member, not to a client stream. `Node` starts it on the commit broadcast before
-//! anything is applied (so that it sees every batch) and holds it; the service only registers
+//! belongs to the member, not to a client stream. `Node` makes it before anything is applied (so that
+//! it sees every batch) and holds it; the service only registers
 //! watchers with it. Under `server/` it would make `node` import `server`, which imports `node`.
 //! It imports neither: only the committed batches (`raft`), key ranges and the wire types.
 
 pub(crate) mod backlog;
 pub(crate) mod index;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use tokio::sync::{broadcast, watch, Notify};
+use tokio::sync::{watch, Notify};
 
 use self::backlog::Backlog;
 use self::index::{WatchIndex, WatcherId};
@@ -43,14 +47,19 @@ use crate::raft::state_machine::Committed;
 /// (8 bytes each: 30,000 watchers of a busy prefix that nobody reads hold 30 MiB of them at most).
 pub(crate) const TOUCHED_LIMIT: usize = 128;
 
+/// Batches offered and not yet committed that the hub keeps; past it the oldest is dropped.
+const INBOX_LIMIT: usize = 1024;
+
 pub(crate) struct WatchHub {
     state: Mutex<Hub>,
     /// The hub's revision, for streams waiting to answer a progress request (`revisions`).
     revision: watch::Sender<i64>,
+    /// Batches offered and not yet committed, oldest first, and how many were dropped.
+    inbox: Mutex<(VecDeque<Arc<Committed>>, u64)>,
 }
 
 struct Hub {
-    /// The revision of the last batch taken from the broadcast.
+    /// The revision of the last batch committed.
     revision: i64,
     backlog: Backlog,
     /// The synced watchers, by range.
@@ -88,9 +97,9 @@ pub(crate) enum Pending {
 }
 
 impl WatchHub {
-    /// Starts the hub's task on `live`, a subscription made when the store was at `revision`.
-    pub(crate) fn start(mut live: broadcast::Receiver<Arc<Committed>>, revision: i64) -> Arc<WatchHub> {
-        let hub = Arc::new(WatchHub {
+    /// A hub of a store at `revision`.
+    pub(crate) fn new(revision: i64) -> Arc<WatchHub> {
+        Arc::new(WatchHub {
             state: Mutex::new(Hub {
                 revision,
                 backlog: Backlog::default(),
@@ -100,33 +109,47 @@ impl WatchHub {
                 found: Vec::new(),
             }),
             revision: watch::Sender::new(revision),
-        });
-        let weak = Arc::downgrade(&hub);
-        tokio::spawn(async move {
-            loop {
-                let received = live.recv().await;
-                let Some(hub) = weak.upgrade() else { return };
-                match received {
-                    Ok(batch) => {
-                        let revision = {
-                            let mut state = hub.lock();
-                            state.commit(batch);
-                            state.revision
-                        };
-                        hub.revision.send_if_modified(|seen| std::mem::replace(seen, revision) != revision);
-                    }
-                    Err(broadcast::error::RecvError::Lagged(missed)) => {
-                        tracing::warn!(
-                            missed,
-                            "watch hub fell behind the commit broadcast; watchers replay from the store"
-                        );
-                        hub.lock().lost();
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return,
-                }
+            inbox: Mutex::new((VecDeque::new(), 0)),
+        })
+    }
+
+    /// Hands over `batch`, the next one applied (the apply observer, on the raft thread). Returns
+    /// whether the inbox was empty: the caller then has `commit_offered` run, on the gRPC runtime.
+    #[must_use]
+    pub(crate) fn offer(&self, batch: Arc<Committed>) -> bool {
+        let mut inbox = self.inbox.lock().unwrap_or_else(PoisonError::into_inner);
+        let (batches, dropped) = &mut *inbox;
+        let was_empty = batches.is_empty();
+        if batches.len() == INBOX_LIMIT {
+            // The next one committed starts after a gap: the hub sees it and its watchers replay
+            // from the store (a dropped install too: the batch after it does not follow the hub).
+            batches.pop_front();
+            *dropped += 1;
+        }
+        batches.push_back(batch);
+        was_empty
+    }
+
+    /// Commits the batches offered so far, in order.
+    pub(crate) fn commit_offered(&self) {
+        let (batches, dropped) = {
+            let mut inbox = self.inbox.lock().unwrap_or_else(PoisonError::into_inner);
+            (std::mem::take(&mut inbox.0), std::mem::take(&mut inbox.1))
+        };
+        if dropped > 0 {
+            tracing::warn!(dropped, "watch hub fell behind the applied batches; watchers replay from the store");
+        }
+        if batches.is_empty() {
+            return;
+        }
+        let revision = {
+            let mut state = self.lock();
+            for batch in batches {
+                state.commit(batch);
             }
-        });
-        hub
+            state.revision
+        };
+        self.revision.send_if_modified(|seen| std::mem::replace(seen, revision) != revision);
     }
 
     /// A watcher of `range`, unsynced until it catches up.
@@ -364,8 +387,7 @@ mod tests {
     /// of other keys, not an unsynced one, not one that starts after it.
     #[tokio::test]
     async fn a_commit_wakes_only_the_watchers_whose_range_it_touches() {
-        let (_sender, live) = broadcast::channel(16);
-        let hub = WatchHub::start(live, 10);
+        let hub = WatchHub::new(10);
         let single = hub.register(KeyRange::new(b"a/1", b""));
         let prefix = hub.register(KeyRange::new(b"a/", b"a0"));
         let from_key = hub.register(KeyRange::new(b"b", b"\0"));
@@ -415,8 +437,7 @@ mod tests {
     /// batches (it catches up on its own later); a snapshot install unsyncs every watcher.
     #[tokio::test]
     async fn a_watcher_that_does_not_keep_up_is_unsynced() {
-        let (_sender, live) = broadcast::channel(16);
-        let hub = WatchHub::start(live, 0);
+        let hub = WatchHub::new(0);
         let slow = hub.register(KeyRange::new(b"k", b""));
         let other = hub.register(KeyRange::new(b"o", b""));
         assert!(slow.try_sync(1, 0) && other.try_sync(1, 0));
@@ -430,5 +451,33 @@ mod tests {
         hub.lock().commit(Arc::new(install));
         assert!(matches!(other.take(), Pending::Unsynced));
         assert_eq!(hub.synced(), 0);
+    }
+
+    /// Batches offered while a commit is pending wait for it, and at most `INBOX_LIMIT` of them: past
+    /// that the oldest are dropped, the hub sees the gap, unsyncs its watchers (they replay from the
+    /// store) and still reaches the newest batch. Fails if the inbox grows without bound, or if a
+    /// dropped batch goes unnoticed.
+    #[tokio::test]
+    async fn a_hub_behind_by_more_than_its_inbox_drops_the_oldest_and_its_watchers_replay() {
+        let hub = WatchHub::new(0);
+        let watcher = hub.register(KeyRange::new(b"k", b""));
+        assert!(watcher.try_sync(1, 0));
+        assert!(hub.offer(batch(1, &["k"])), "the first offer asks for a commit");
+        assert!(!hub.offer(batch(2, &["k"])), "one commit takes both");
+        hub.commit_offered();
+        assert_eq!(touched(&watcher), [1, 2]);
+        assert!(hub.offer(batch(3, &["k"])), "an empty inbox asks again");
+        hub.commit_offered();
+        assert_eq!(touched(&watcher), [3]);
+
+        let last = 3 + INBOX_LIMIT as i64 + 5;
+        for revision in 4..=last {
+            let _ = hub.offer(batch(revision, &["k"]));
+        }
+        assert_eq!(hub.inbox.lock().unwrap().0.len(), INBOX_LIMIT);
+        hub.commit_offered();
+        assert!(matches!(watcher.take(), Pending::Unsynced), "batches 4 to 8 were dropped");
+        assert_eq!(*hub.revisions().borrow(), last);
+        assert!(hub.inbox.lock().unwrap().0.is_empty());
     }
 }

@@ -2,7 +2,12 @@
 //! install), it keeps what the node derives from the applied state current — the latest revision and
 //! auth state, the lease clock, the count towards the next snapshot (and where it may purge the log
 //! up to, `log_retention.rs`), the wake-up of compaction's removal — and hands the batch to the
-//! commit broadcast, whose one subscriber is the watch hub (`watch_hub/`).
+//! watch hub (`watch_hub/`).
+//!
+//! What every batch sets off on the gRPC runtime (the watch hub's commit, the wake-up of the requests
+//! waiting for its index) goes through the relay (`raft/relay.rs`), run by the relay's task there:
+//! a wake-up sent from the raft thread would wake two of the runtime's workers, one of them for
+//! nothing.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -10,16 +15,13 @@ use super::log_retention::RequestsBehind;
 
 use crate::lease::lessor::Lessor;
 use crate::node::latest_applied::LatestApplied;
+use crate::raft::relay::Relay;
 use crate::raft::state_machine::{Committed, State};
 use crate::watch_hub::WatchHub;
 
-/// Committed batches the broadcast holds for a subscriber that falls behind (the watch hub, which
-/// keeps its own backlog bounded in bytes; behind by more, its watchers replay from LMDB).
-const COMMITTED_BACKLOG: usize = 1024;
-
 /// What observing the applied state starts.
 pub(in crate::node) struct Observed {
-    /// The watchers' side of the commit broadcast.
+    /// Where the applied batches go to the watchers.
     pub(in crate::node) watch_hub: Arc<WatchHub>,
     /// Changed each time `--snapshot-count` requests were applied since the last snapshot.
     pub(in crate::node) snapshot_due: tokio::sync::watch::Receiver<SnapshotDue>,
@@ -61,17 +63,19 @@ pub(in crate::node) fn staggered_start(
 }
 
 /// Installs the observer on `state` and starts the watch hub, before anything is applied. The count
-/// towards the first snapshot starts at `counted` (`staggered_start`).
+/// towards the first snapshot starts at `counted` (`staggered_start`). Called on the gRPC runtime,
+/// whose tasks `relay` wakes.
 pub(in crate::node) fn observe(
     state: &State,
+    relay: Arc<Relay>,
     lessor: Arc<Lessor>,
     latest: Arc<LatestApplied>,
     snapshot_count: u64,
     counted: u64,
 ) -> Observed {
-    let (committed, _) = tokio::sync::broadcast::channel(COMMITTED_BACKLOG);
-    // Subscribed before anything is applied: the hub sees every batch from the store's revision on.
-    let watch_hub = WatchHub::start(committed.subscribe(), latest.revision());
+    // Made before anything is applied: the hub sees every batch from the store's revision on.
+    let watch_hub = WatchHub::new(latest.revision());
+    let hub = watch_hub.clone();
     let (due, snapshot_due) = tokio::sync::watch::channel(SnapshotDue::default());
     // Only the apply thread takes the lock: (requests since the last snapshot, the log behind).
     let counts = Mutex::new((counted, RequestsBehind::new(snapshot_count)));
@@ -92,7 +96,7 @@ pub(in crate::node) fn observe(
         }
         *since_snapshot = if applied >= snapshot_count { 0 } else { applied };
         drop(counts);
-        latest.record(&batch);
+        let reached = latest.record(&batch);
         if batch.effects.compacted || batch.installed.is_some() {
             removal.notify_one();
         }
@@ -104,11 +108,19 @@ pub(in crate::node) fn observe(
         }
         if let Some(installed) = &mut batch.installed {
             // A snapshot install: the lease clock follows the installed lease table. Taken out: the
-            // broadcast keeps the last batches.
+            // hub keeps the last batches.
             lessor.follow_installed(std::mem::take(&mut installed.leases));
         }
-        // No subscriber is fine: nobody is watching.
-        let _ = committed.send(Arc::new(batch));
+        // Batches offered while one relayed commit waits are committed by it.
+        let commit = hub.offer(Arc::new(batch)).then(|| hub.clone());
+        if commit.is_some() || !reached.is_empty() {
+            relay.run(move || {
+                reached.wake();
+                if let Some(hub) = commit {
+                    hub.commit_offered();
+                }
+            });
+        }
     }));
     Observed { watch_hub, snapshot_due, removal_due }
 }
@@ -118,6 +130,10 @@ mod tests {
     use super::*;
     use crate::raft::state_machine::snapshot_tests::put;
     use crate::raft::state_machine::StateMachine;
+
+    fn relay() -> Arc<Relay> {
+        Arc::new(Relay::start().unwrap())
+    }
 
     /// Whether a snapshot became due since the last look, marking it seen.
     fn due_now(due: &mut tokio::sync::watch::Receiver<SnapshotDue>) -> bool {
@@ -134,8 +150,14 @@ mod tests {
         let (dir, source_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let sm = StateMachine::open(&dir.path().join("kv"), &dir.path().join("snap")).unwrap();
         let source = StateMachine::open(&source_dir.path().join("kv"), &source_dir.path().join("snap")).unwrap();
-        let mut observed =
-            observe(&sm.state(), Arc::new(Lessor::default()), Arc::new(LatestApplied::new(1, false, 0, 0)), 10, 0);
+        let mut observed = observe(
+            &sm.state(),
+            relay(),
+            Arc::new(Lessor::default()),
+            Arc::new(LatestApplied::new(1, false, 0, 0)),
+            10,
+            0,
+        );
         let puts = |prefix: &str, n: usize| (0..n).map(|i| put(format!("{prefix}{i}").as_bytes(), b"v", 0)).collect();
 
         sm.state().apply_requests(1, puts("a", 6));
@@ -164,7 +186,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let sm = StateMachine::open(&dir.path().join("kv"), &dir.path().join("snap")).unwrap();
             let latest = Arc::new(LatestApplied::new(1, false, 0, 0));
-            let mut observed = observe(&sm.state(), Arc::new(Lessor::default()), latest, 10, counted);
+            let mut observed = observe(&sm.state(), relay(), Arc::new(Lessor::default()), latest, 10, counted);
             let mut applied = 0;
             while !due_now(&mut observed.snapshot_due) {
                 applied += 1;

@@ -2,7 +2,7 @@
 //! node weakly (or only raft's handle) and ends when the node is dropped or the raft core stops.
 //!
 //! - `apply_observer.rs`: after each applied batch (on the apply thread): the latest revision and
-//!   auth state, the lease clock, the snapshot count, the commit broadcast to the watch hub.
+//!   auth state, the lease clock, the snapshot count, the applied batches to the watch hub.
 //! - `leases.rs`: the leader revokes expired leases, checkpoints remaining TTLs, and extends every
 //!   lease when it takes over.
 //! - `space.rs`: NOSPACE raised when storage fills up; the disk-full ballast put back.
