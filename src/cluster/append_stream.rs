@@ -108,7 +108,7 @@ impl AppendStream {
 impl Open {
     /// Opens a stream to the peer at `url`: its answer's headers mean the peer admitted it.
     async fn start(peers: &Peers, url: &str) -> Result<Self, Status> {
-        let mut client = peers.append_client(url)?;
+        let mut client = peers.client(url)?;
         // One message in flight (openraft's), so one slot is all the queue needs.
         let (requests, outgoing) = mpsc::channel(1);
         // No deadline on the stream itself: each message has its own (`exchange`).

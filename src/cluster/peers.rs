@@ -49,9 +49,8 @@ pub(crate) struct Peers {
     cluster_id: AtomicU64,
     /// One connection per peer URL, and one more per peer for snapshot chunks (`snapshot_client`).
     channels: Mutex<HashMap<String, Channel>>,
-    /// The runtime the connections' tasks run on: the one `new` was called on, not the raft thread,
-    /// which blocks in log syncs (`raft/thread.rs`). The AppendEntries streams are the exception
-    /// (`append_client`).
+    /// The runtime the connections' tasks run on: the one `new` was called on, never the raft thread,
+    /// which blocks in log syncs (`raft/thread.rs`).
     runtime: tokio::runtime::Handle,
     /// When each peer URL was last reported unreachable (so a down peer is one log line per interval).
     unreachable_since: Mutex<HashMap<String, Instant>>,
@@ -83,39 +82,23 @@ impl Peers {
 
     /// A client for the peer at `url`; connects on first use.
     pub(crate) fn client(&self, url: &str) -> Result<PeerClient<Channel>, tonic::Status> {
-        self.client_on(url, url.to_string(), &self.runtime)
-    }
-
-    /// A client for the AppendEntries stream to the peer at `url` (`append_stream.rs`), on a
-    /// connection of its own whose tasks run on the calling runtime: the raft thread's, where
-    /// openraft's replication tasks run. Each AppendEntries and its answer then reach the connection
-    /// and come back without waking another thread; on the main runtime that was a wake-up of a
-    /// worker from the raft thread and one of the raft thread from a worker, per message and peer.
-    /// The raft thread blocks in log syncs only as a follower (`raft/log/wal/mod.rs`), when it
-    /// sends no AppendEntries.
-    pub(crate) fn append_client(&self, url: &str) -> Result<PeerClient<Channel>, tonic::Status> {
-        self.client_on(url, format!("{url} (appends)"), &tokio::runtime::Handle::current())
+        self.client_on(url, url.to_string())
     }
 
     /// A client for snapshot chunks to the peer at `url`, on a connection of its own (as etcd sends
     /// snapshots apart from its message streams): megabytes of chunks in flight on the raft
     /// connection would hold up heartbeats behind them, and the follower would campaign.
     pub(crate) fn snapshot_client(&self, url: &str) -> Result<PeerClient<Channel>, tonic::Status> {
-        self.client_on(url, format!("{url} (snapshots)"), &self.runtime)
+        self.client_on(url, format!("{url} (snapshots)"))
     }
 
-    fn client_on(
-        &self,
-        url: &str,
-        connection: String,
-        runtime: &tokio::runtime::Handle,
-    ) -> Result<PeerClient<Channel>, tonic::Status> {
+    fn client_on(&self, url: &str, connection: String) -> Result<PeerClient<Channel>, tonic::Status> {
         let mut channels = self.channels.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let channel = match channels.get(&connection) {
             Some(channel) => channel.clone(),
             None => {
                 // The channel spawns its connection task on the runtime entered here.
-                let _entered = runtime.enter();
+                let _main = self.runtime.enter();
                 let channel = crate::frontend::tls::client::lazy_channel(url, self.tls.as_ref(), CONNECT_TIMEOUT)
                     .map_err(tonic::Status::invalid_argument)?;
                 channels.insert(connection, channel.clone());
