@@ -204,4 +204,37 @@ mod tests {
         }
         assert_eq!(first_due_after, [10, 7, 4]);
     }
+
+    /// An applied batch wakes one of the gRPC runtime's workers (the relay's doorbell), not two: the
+    /// watch hub's commit runs on the relay's task. Fails if the hub is woken from the apply thread
+    /// (a task scheduled from outside the runtime wakes a worker that wakes the other).
+    #[test]
+    fn an_applied_batch_wakes_one_worker_of_the_runtime() {
+        const BATCHES: u64 = 200;
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let sm = StateMachine::open(&dir.path().join("kv"), &dir.path().join("snap")).unwrap();
+        let observed = runtime.block_on(async {
+            let latest = Arc::new(LatestApplied::new(1, false, 0, 0));
+            observe(&sm.state(), relay(), Arc::new(Lessor::default()), latest, 1_000_000, 0)
+        });
+        let parks = || {
+            let metrics = runtime.metrics();
+            (0..metrics.num_workers()).map(|w| metrics.worker_park_count(w)).sum::<u64>()
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50)); // every worker parked
+        let before = parks();
+        for index in 1..=BATCHES {
+            // Applied from this thread, outside the runtime, as the raft thread applies.
+            sm.state().apply_requests(index, vec![put(format!("k{index}").as_bytes(), b"v", 0)]);
+            std::thread::sleep(std::time::Duration::from_micros(500));
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while *observed.watch_hub.revisions().borrow() < BATCHES as i64 + 1 {
+            assert!(std::time::Instant::now() < deadline, "the hub did not commit every batch");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let parked = parks() - before;
+        assert!(parked * 4 < BATCHES * 6, "the runtime's workers parked {parked} times for {BATCHES} batches");
+    }
 }
