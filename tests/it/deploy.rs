@@ -243,8 +243,11 @@ struct Ready {
 /// `deploy/local-cluster.sh start --members 3 ...` until it reports ready; returns its child (still
 /// running unless `--detach`) and the report.
 fn start_script(dir: &Path, detach: bool) -> (std::process::Child, Ready) {
-    let mut cmd = Command::new("bash");
-    cmd.arg(deploy("local-cluster.sh"))
+    // With SIGINT's default action: a shell that starts with it ignored (a test run started in the
+    // background, `cmd &`, passes that on) can never trap it, and the Ctrl-C test would hang.
+    let mut cmd = Command::new("env");
+    cmd.args(["--default-signal=INT", "bash"])
+        .arg(deploy("local-cluster.sh"))
         .args(["start", "--members", "3", "--base-port", &free_base_port().to_string()])
         .arg("--dir")
         .arg(dir)
