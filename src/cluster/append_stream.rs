@@ -132,18 +132,22 @@ impl Open {
 /// The follower's side: each AppendEntries on `inbound`, from `caller` (admitted again for each),
 /// handed to `handle` (this member's raft core, `peer_service.rs`) in order; the answers, in the
 /// same order. The stream is polled by the task that serves the call, so a message costs no task of
-/// its own.
+/// its own. When the stream ends, whether the leader ended it or its connection broke (then the
+/// server drops the stream unfinished), `ended` is called: a leader whose process died ends every
+/// stream it had at once (`raft/election_timer.rs`).
 pub(super) fn answer<Handle, Handled>(
     caller: StreamCaller,
     inbound: Streaming<RaftMessage>,
     handle: Handle,
+    ended: impl FnOnce() + Send + 'static,
 ) -> AppendAnswers
 where
     Handle: Fn(Vec<u8>) -> Handled + Send + 'static,
     Handled: std::future::Future<Output = Result<Vec<u8>, Status>> + Send,
 {
-    let answers = futures::stream::unfold(Some((caller, inbound, handle)), |open| async move {
-        let (caller, mut inbound, handle) = open?;
+    let ended = OnDrop(Some(ended));
+    let answers = futures::stream::unfold(Some((caller, inbound, handle, ended)), |open| async move {
+        let (caller, mut inbound, handle, ended) = open?;
         // Ends when the leader ends the stream or the connection breaks.
         let message = inbound.message().await.ok()??;
         let answer = match caller.admit_again() {
@@ -151,10 +155,21 @@ where
             Err(refused) => Err(refused),
         };
         match answer {
-            Ok(payload) => Some((Ok(RaftMessage { payload }), Some((caller, inbound, handle)))),
+            Ok(payload) => Some((Ok(RaftMessage { payload }), Some((caller, inbound, handle, ended)))),
             // A refused or undecodable message ends the stream with its error.
             Err(status) => Some((Err(status), None)),
         }
     });
     Box::pin(answers)
+}
+
+/// Calls its function when dropped.
+struct OnDrop<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
 }

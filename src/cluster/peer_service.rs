@@ -189,7 +189,9 @@ impl Peer for PeerService {
             let member = member.clone();
             async move { append_entries_answer(&*member, &payload, "stream").await }
         };
-        Ok(Response::new(append_stream::answer(caller, request.into_inner(), handle)))
+        let member = self.member.clone();
+        let ended = move || member.election_timer().leader_stream_ended();
+        Ok(Response::new(append_stream::answer(caller, request.into_inner(), handle, ended)))
     }
 
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {

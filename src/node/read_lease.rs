@@ -12,11 +12,15 @@
 //!    since that touch (`Engine::handle_vote_req`), and does not campaign itself before an election
 //!    timeout of its raft thread's ticks has passed since it last heard from the leader
 //!    (`raft/election_timer.rs`: ticks missed while the thread is busy are not made up, so never
-//!    sooner in wall time).
+//!    sooner in wall time). One exception shortens both, never below `election_timeout_min`: a
+//!    follower that finds the leader's peer port refusing connections forgets its lease
+//!    (`Trigger::forget_leader`) and campaigns, but only once `election_timeout_min` has passed on
+//!    its monotonic clock since it last heard from the leader (which a suspend only lengthens).
 //!    A restarted follower sets the time of its persisted committed vote to its start, so a crash
 //!    and restart do not shorten the window.
 //! 2. A new leader needs the votes of a majority, which shares a member with the majority that
-//!    accepted this leader at `s`: none of those votes before `s` + the follower lease. If the
+//!    accepted this leader at `s`: none of those votes before `s` + the follower lease (at least
+//!    `election_timeout_min`, longer than this lease). If the
 //!    shared member is this leader itself, it has stepped down when it granted the vote; the check
 //!    below runs inside openraft's core (`Raft::with_raft_state`), which at that instant says
 //!    whether this member still leads, so a vote granted before it is seen.

@@ -3,7 +3,8 @@
 //! - `log/`: the raft log (`log/wal/`, the live one; `log/legacy.rs`, the LMDB log of older versions,
 //!   read only to migrate it);
 //! - `state_machine/`: the applied state on LMDB, its snapshots, and Defragment;
-//! - `thread.rs`: the OS thread openraft runs on; `election_timer.rs`: when a voter campaigns; `proposer.rs`: group commit of client requests;
+//! - `thread.rs`: the OS thread openraft runs on; `election_timer.rs`: when a voter campaigns
+//!   (`leader_probe.rs`: whether a leader's process is gone); `proposer.rs`: group commit of client requests;
 //!   `relay.rs`: their answers handed back to the gRPC runtime;
 //! - `member.rs`: what the membership records per member; `unsynced.rs`: whether the kv environment
 //!   must be rebuilt after an operating-system crash.
@@ -18,6 +19,7 @@
 #![allow(clippy::result_large_err)]
 
 pub(crate) mod election_timer;
+mod leader_probe;
 pub(crate) mod log;
 pub(crate) mod member;
 pub(crate) mod proposer;

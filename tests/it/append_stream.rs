@@ -213,7 +213,12 @@ async fn admitted_once_a_member_knows(cluster: &Cluster, member: &Member, cert: 
 
 /// A 3-member cluster whose members each advertise a front before their peer port, and the fronts.
 pub(crate) async fn fronted_cluster() -> (Cluster, Vec<PeerFront>) {
-    let mut cluster = blocking(|| Cluster::spawn(Options::new(3).peer_fronts()));
+    fronted(Options::new(3)).await
+}
+
+/// [`fronted_cluster`] with `options`.
+pub(crate) async fn fronted(options: Options) -> (Cluster, Vec<PeerFront>) {
+    let mut cluster = blocking(|| Cluster::spawn(options.peer_fronts()));
     let mut fronts = Vec::new();
     for member in &cluster.members {
         fronts.push(PeerFront::start(&member.peer_url, &member.listen_peer_url).await);

@@ -2,7 +2,8 @@
 //! next leader instead of failing at once, and a follower that was stopped past its election timeout
 //! does not depose a live leader when it runs again (its election timer counts ticks of its raft
 //! thread, as etcd's counts ticks of its raft loop: `raft/election_timer.rs`), nor does one restarted
-//! after a kill.
+//! after a kill. A leader killed is replaced after half an election timeout: its port refuses
+//! connections; one paused is not.
 //!
 //! Members run with the harness's `--heartbeat-interval 50 --election-timeout 500`; waits are
 //! generous deadlines, never measurements (`benches/failover.sh` measures).
@@ -38,6 +39,80 @@ async fn a_put_through_a_follower_after_the_leader_died_waits_for_the_next_leade
     assert_eq!(got.kvs()[0].version(), 1, "applied once");
     let others: Vec<usize> = (0..3).filter(|&i| i != old).collect();
     assert_ne!(cluster.leader_among(&others).await, old);
+}
+
+/// kill -9 of the leader: its peer port refuses connections, and the followers elect the next
+/// leader half an election timeout after they last heard from it (`raft/election_timer.rs`) instead
+/// of waiting out a whole one. With `--election-timeout 4000`, no follower campaigns, and no voter
+/// grants a vote, before 4 s of silence without it: removed (no probe when the stream ends, or a
+/// lease that is not forgotten), the next leader comes after 3.9 s at the soonest, and the deadline
+/// below is missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leader_is_replaced_after_half_an_election_timeout() {
+    let mut cluster = blocking(|| Cluster::start(Options::new(3).raft_timing(100, 4000)));
+    let old = cluster.leader().await;
+    let (_, _, term) = cluster.status(old).await.expect("leader status");
+    let killed = std::time::Instant::now();
+    blocking(|| cluster.members[old].kill_9());
+    let others: Vec<usize> = (0..3).filter(|&i| i != old).collect();
+    let next = cluster.leader_among(&others).await;
+    let took = killed.elapsed();
+    let (_, _, next_term) = cluster.status(next).await.expect("new leader status");
+    let logs: String = others.iter().map(|&i| cluster.members[i].log()).collect();
+    eprintln!("a leader {took:?} after the kill, term {term} -> {next_term}");
+    assert!(next_term > term, "no election: term {next_term}");
+    assert!(logs.contains("the leader's peer port refuses connections"), "no follower probed the leader:\n{logs}");
+    assert!(
+        took < Duration::from_millis(3800),
+        "the next leader came {took:?} after the kill, past what a whole election timeout allows:\n{logs}"
+    );
+    let mut client = cluster.members[next].client().await;
+    client.put("failover/after-kill", "1", None).await.expect("put on the next leader");
+}
+
+/// A leader stopped with SIGSTOP is alive: its port still accepts connections, so no follower
+/// takes it for gone, and one stopped for less than an election timeout (but longer than half of
+/// one, when a gone leader is replaced) is still the leader when it runs again, at the same term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leader_is_not_taken_for_gone() {
+    let cluster = blocking(|| Cluster::start(Options::new(3).raft_timing(100, 4000)));
+    let leader = cluster.leader().await;
+    let (leader_id, _, term) = cluster.status(leader).await.expect("leader status");
+    cluster.members[leader].pause();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    cluster.members[leader].resume();
+    let mut client = cluster.members[leader].client().await;
+    client.put("failover/after-pause", "1", None).await.expect("put through the resumed leader");
+    let follower = (leader + 1) % 3;
+    assert_no_election(&cluster, (leader_id, term), "after the leader's pause", follower).await;
+}
+
+/// A leader that lives on while its peer port refuses connections (its front dropped here; a wrong
+/// advertised URL would do the same), and whose streams to the followers broke (their fronts cut):
+/// the followers probe it and find its port refusing, but it sends its heartbeats again on new
+/// streams well within half an election timeout, so none forgets its lease or campaigns: the same
+/// leader at the same term afterwards. A follower that took a refused port alone for a dead leader
+/// would campaign and depose it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_leader_whose_port_refuses_is_not_deposed() {
+    let (cluster, mut fronts) = crate::append_stream::fronted(Options::new(3).raft_timing(100, 2000)).await;
+    let leader = cluster.leader().await;
+    let (leader_id, _, term) = cluster.status(leader).await.expect("leader status");
+    let logs_before: Vec<usize> = cluster.members.iter().map(|m| m.log().len()).collect();
+    drop(fronts.remove(leader));
+    for front in &fronts {
+        front.cut();
+    }
+    // Longer than an election timeout: time for any campaign to show.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut client = cluster.members[leader].client().await;
+    client.put("failover/refusing-leader", "1", None).await.expect("put through the leader");
+    let probed = (0..3)
+        .filter(|&i| i != leader)
+        .any(|i| cluster.members[i].log()[logs_before[i]..].contains("the leader's peer port refuses connections"));
+    let follower = (leader + 1) % 3;
+    assert!(probed, "no follower found the leader's port refusing:\n{}", cluster.members[follower].log_tail(30));
+    assert_no_election(&cluster, (leader_id, term), "after the leader's port closed", follower).await;
 }
 
 /// A follower stopped with SIGSTOP for longer than any election timeout (and longer than openraft's

@@ -75,6 +75,15 @@ impl Options {
         }
     }
 
+    /// `--heartbeat-interval` and `--election-timeout` (ms) instead of the harness's fast ones.
+    pub(crate) fn raft_timing(mut self, heartbeat_ms: u64, election_ms: u64) -> Options {
+        for (flag, value) in [("--heartbeat-interval", heartbeat_ms), ("--election-timeout", election_ms)] {
+            let at = self.flags.iter().position(|f| f == flag).expect("the harness sets raft timing");
+            self.flags[at + 1] = value.to_string();
+        }
+        self
+    }
+
     pub(crate) fn flags(mut self, flags: &[&str]) -> Options {
         self.flags.extend(flags.iter().map(|s| s.to_string()));
         self

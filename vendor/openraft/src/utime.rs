@@ -90,6 +90,11 @@ impl<T, I: Instant> UTime<T, I> {
         self.utime = Some(now);
     }
 
+    /// keyward patch: forget the last updated time, as if never updated (`Engine::forget_leader`).
+    pub(crate) fn forget_utime(&mut self) {
+        self.utime = None;
+    }
+
     /// Update the last updated time.
     pub(crate) fn touch(&mut self, now: I) {
         debug_assert!(

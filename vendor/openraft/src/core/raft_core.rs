@@ -1254,6 +1254,10 @@ where
                         // keyward patch: see `Engine::step_down`.
                         self.engine.step_down();
                     }
+                    ExternalCommand::ForgetLeader { leader } => {
+                        // keyward patch: see `Engine::forget_leader`.
+                        self.engine.forget_leader(&leader);
+                    }
                     ExternalCommand::Heartbeat => {
                         self.send_heartbeat("ExternalCommand");
                     }

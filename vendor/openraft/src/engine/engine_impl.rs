@@ -228,6 +228,21 @@ where C: RaftTypeConfig
         self.elect();
     }
 
+    /// keyward patch: the process of `leader` is gone (the application saw its peer port refuse
+    /// connections). A voter that follows it stops honouring its lease, which would otherwise refuse
+    /// every candidate for an election timeout after its last heartbeat: the vote of the first
+    /// candidate that asks is granted at once (if its log is up to date, as always). Nothing else
+    /// changes: the vote itself, and so the term and whom this node voted for, stays. Ignored on a
+    /// leader, and unless this node's vote is committed to `leader`.
+    pub(crate) fn forget_leader(&mut self, leader: &C::NodeId) {
+        let vote = self.state.vote_ref();
+        if self.leader.is_some() || !vote.is_committed() || vote.leader_id().voted_for().as_ref() != Some(leader) {
+            return;
+        }
+        tracing::info!("{}: the process of leader {} is gone: its lease is no longer honoured", func_name!(), vote);
+        self.state.vote.forget_utime();
+    }
+
     /// Start to elect this node as leader
     #[tracing::instrument(level = "debug", skip(self))]
     pub(crate) fn elect(&mut self) {

@@ -55,6 +55,16 @@ where C: RaftTypeConfig
         self.raft_inner.send_external_command(ExternalCommand::StepDown, "trigger_step_down").await
     }
 
+    /// keyward patch: the process of `leader` is gone (its peer port refuses connections). If this
+    /// node follows `leader` (its vote is committed to it), it stops honouring `leader`'s lease:
+    /// it grants the next candidate's vote without waiting for the lease to run out. Otherwise a
+    /// no-op. Returns at once.
+    ///
+    /// Returns error when RaftCore has [`Fatal`] error, e.g. shut down or having storage error.
+    pub async fn forget_leader(&self, leader: C::NodeId) -> Result<(), Fatal<C::NodeId>> {
+        self.raft_inner.send_external_command(ExternalCommand::ForgetLeader { leader }, "trigger_forget_leader").await
+    }
+
     /// Trigger a heartbeat at once and return at once.
     ///
     /// Returns error when RaftCore has [`Fatal`] error, e.g. shut down or having storage error.

@@ -20,6 +20,10 @@ pub(crate) enum ExternalCommand<C: RaftTypeConfig> {
     /// not heard from a quorum for an election timeout). Ignored unless this node leads.
     StepDown,
 
+    /// keyward patch: the application knows that the process of `leader` is gone; a voter that
+    /// follows it stops honouring its lease (`Engine::forget_leader`). Ignored otherwise.
+    ForgetLeader { leader: C::NodeId },
+
     /// Send a heartbeat message, only if the node is leader, or it will be ignored.
     Heartbeat,
 
@@ -55,6 +59,9 @@ where C: RaftTypeConfig
             }
             ExternalCommand::StepDown => {
                 write!(f, "StepDown")
+            }
+            ExternalCommand::ForgetLeader { leader } => {
+                write!(f, "ForgetLeader({})", leader)
             }
             ExternalCommand::Heartbeat => {
                 write!(f, "Heartbeat")
