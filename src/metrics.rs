@@ -367,7 +367,10 @@ pub(crate) static AUTH_DENIALS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 pub(crate) static TLS_HANDSHAKE_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
-            Opts::new("keyward_tls_handshake_failures_total", "Client TLS connections refused, by reason."),
+            Opts::new(
+                "keyward_tls_handshake_failures_total",
+                "TLS connections refused, by reason (closed_before_hello: closed before any byte, a port check).",
+            ),
             &["reason"],
         )
         .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),

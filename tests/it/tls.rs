@@ -188,14 +188,7 @@ impl TlsServer {
         if self.kind == Kind::Etcd {
             return None;
         }
-        let out = Command::new("curl")
-            .args(["-sS", "--max-time", "5", "--cacert", self.ca.to_str().unwrap()])
-            .args(["--cert", via.cert_str(), "--key", via.key_str()])
-            .arg(format!("{}/metrics", self.url()))
-            .output()
-            .expect("run curl");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "curl /metrics failed: {}", String::from_utf8_lossy(&out.stderr));
+        let text = self.metrics(via);
         assert!(text.contains(HANDSHAKE_FAILURES), "/metrics has no {HANDSHAKE_FAILURES}:\n{text}");
         Some(
             text.lines()
@@ -203,6 +196,25 @@ impl TlsServer {
                 .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                 .sum::<f64>() as u64,
         )
+    }
+
+    /// keyward's handshake-failure counter for one `reason` (0 before its first count).
+    fn failures_for(&self, via: &Cert, reason: &str) -> u64 {
+        let series = format!("{HANDSHAKE_FAILURES}{{reason=\"{reason}\"}} ");
+        let text = self.metrics(via);
+        text.lines().find_map(|l| l.strip_prefix(&series)?.parse::<f64>().ok()).unwrap_or(0.0) as u64
+    }
+
+    /// `/metrics`, read over https with `via`'s client certificate (curl).
+    fn metrics(&self, via: &Cert) -> String {
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "5", "--cacert", self.ca.to_str().unwrap()])
+            .args(["--cert", via.cert_str(), "--key", via.key_str()])
+            .arg(format!("{}/metrics", self.url()))
+            .output()
+            .expect("run curl");
+        assert!(out.status.success(), "curl /metrics failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// Waits (up to 5 s) until the handshake-failure counter is at least `at_least`; returns it.
@@ -866,6 +878,40 @@ fn silent_tcp_client_is_dropped_after_handshake_deadline() {
         "a client trickling its ClientHello was dropped after {trickled:?}, before the 5 s deadline"
     );
     server.wait_failures(&pki.root, before + 2);
+    server.ok(&pki.root, &["put", "/k", "v"]);
+}
+
+/// A connection closed before its first byte is a check that the port is open (a follower's probe
+/// of its leader, `raft/leader_probe.rs`; a load balancer's or Kubernetes' TCP probe): it is
+/// counted under its own reason and not logged, while a connection that sends bytes and fails its
+/// handshake is still counted and logged as before.
+#[test]
+fn a_port_check_is_counted_apart_and_not_logged() {
+    if Kind::under_test() == Kind::Etcd {
+        return; // keyward's counter and log
+    }
+    let pki = Pki::new();
+    let server = TlsServer::start_cert_auth(Kind::under_test(), &pki, &[], &pki.root);
+    let (checks, failed) =
+        (server.failures_for(&pki.root, "closed_before_hello"), server.failures_for(&pki.root, "handshake"));
+    let refused_lines = || server.log().matches("TLS connection refused").count();
+    let logged = refused_lines();
+    for _ in 0..5 {
+        drop(TcpStream::connect(server.addr()).expect("connect"));
+    }
+    let mut http = TcpStream::connect(server.addr()).expect("connect");
+    http.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").expect("write");
+    drop(http);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.failures_for(&pki.root, "handshake") < failed + 1 || refused_lines() < logged + 1 {
+        assert!(Instant::now() < deadline, "the failed handshake was not counted and logged:\n{}", server.log());
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        server.failures_for(&pki.root, "closed_before_hello") >= checks + 5,
+        "five port checks were not counted apart"
+    );
+    assert_eq!(refused_lines(), logged + 1, "a port check was logged:\n{}", server.log());
     server.ok(&pki.root, &["put", "/k", "v"]);
 }
 

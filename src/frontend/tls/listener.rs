@@ -130,6 +130,9 @@ pub(crate) fn accept(
                     }
                     Err(reason) => {
                         crate::metrics::TLS_HANDSHAKE_FAILURES.with_label_values(&[reason.label()]).inc();
+                        if matches!(reason, Refused::PortCheck) {
+                            return; // counted, not logged: no handshake was tried
+                        }
                         // Any client can cause these: at most 10 lines per reason per 10 s.
                         static LIMIT: LogLimit = LogLimit::new(10, Duration::from_secs(10));
                         if let Some(suppressed) = LIMIT.admit(reason.label()) {
@@ -146,6 +149,10 @@ pub(crate) fn accept(
 /// Why a connection was refused.
 #[derive(Debug, thiserror::Error)]
 enum Refused {
+    /// Closed before its first byte: a check that the port is open (a follower's probe of its
+    /// leader, `raft/leader_probe.rs`; a load balancer's or Kubernetes' TCP probe), not a handshake.
+    #[error("closed before the handshake began")]
+    PortCheck,
     #[error("handshake not completed within {HANDSHAKE_DEADLINE:?}")]
     Deadline,
     #[error("handshake failed: {0}")]
@@ -159,6 +166,7 @@ enum Refused {
 impl Refused {
     fn label(&self) -> &'static str {
         match self {
+            Refused::PortCheck => "closed_before_hello",
             Refused::Deadline => "deadline",
             Refused::Handshake(_) => "handshake",
             Refused::NotAllowed(NotAllowed::CommonName(_)) => "cn_not_allowed",
@@ -169,10 +177,15 @@ impl Refused {
 }
 
 async fn handshake(acceptor: TlsAcceptor, socket: TcpStream, settings: &TlsSettings) -> Result<TlsConnection, Refused> {
-    let stream = tokio::time::timeout(HANDSHAKE_DEADLINE, acceptor.accept(socket))
-        .await
-        .map_err(|_| Refused::Deadline)?
-        .map_err(Refused::Handshake)?;
+    let handshake = async {
+        // A peek leaves the first byte for the handshake; a connection that ends before it sends
+        // one is a port check, told apart from a failed handshake.
+        if socket.peek(&mut [0u8; 1]).await.map_err(Refused::Handshake)? == 0 {
+            return Err(Refused::PortCheck);
+        }
+        acceptor.accept(socket).await.map_err(Refused::Handshake)
+    };
+    let stream = tokio::time::timeout(HANDSHAKE_DEADLINE, handshake).await.map_err(|_| Refused::Deadline)??;
     let Some(leaf) = stream.get_ref().1.peer_certificates().and_then(|certs| certs.first()) else {
         return Ok(TlsConnection { stream, identity: PeerIdentity::None(NoIdentity::NoClientCert), certificate: None });
     };
