@@ -447,9 +447,12 @@ async fn learner_is_added_catches_up_is_promoted_and_removed() {
     }
     let leader = cluster.leader().await;
     let follower = (leader + 1) % 3;
-    let learner = blocking(|| cluster.add_member(follower, "m4", true));
+    // Listed as unstarted until it starts and publishes its name: started only after every member
+    // was seen listing it so (started at once, it could publish before the lists were read).
+    let learner = blocking(|| cluster.add_member_unstarted(follower, "m4", true, |_| {}));
     let unstarted_learner = |list: &[String]| list.iter().any(|l| l.contains(", unstarted, ") && l.ends_with(", true"));
     member_lists_agree(&cluster, &[0, 1, 2], unstarted_learner).await;
+    blocking(|| cluster.members[learner].spawn());
 
     // It catches up: everything written before it started, and after.
     c.put("pre/late", "after the add", None).await.expect("put");

@@ -599,6 +599,20 @@ impl Cluster {
         learner: bool,
         adjust: impl FnOnce(&mut Vec<String>),
     ) -> usize {
+        let added = self.add_member_unstarted(via, name, learner, adjust);
+        self.members[added].spawn();
+        added
+    }
+
+    /// [`Cluster::add_member_with`] without starting the member: the test starts it
+    /// (`members[i].spawn()`) once it has seen what the cluster lists meanwhile.
+    pub(crate) fn add_member_unstarted(
+        &mut self,
+        via: usize,
+        name: &str,
+        learner: bool,
+        adjust: impl FnOnce(&mut Vec<String>),
+    ) -> usize {
         let mut member = self.new_member(name, &Placement::loopback());
         let mut add = vec!["member", "add", name, "--peer-urls", member.peer_url.as_str()];
         if learner {
@@ -615,7 +629,6 @@ impl Cluster {
         member.args.extend(["--initial-cluster-token".into(), self.token.clone()]);
         member.args.extend(self.flags.iter().cloned());
         adjust(&mut member.args);
-        member.spawn();
         self.members.push(member);
         self.members.len() - 1
     }
