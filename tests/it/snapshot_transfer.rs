@@ -169,9 +169,22 @@ async fn a_follower_behind_a_snapshot() -> Behind {
     let down = (0..3).find(|&i| i != leader).unwrap();
     let mut client = common::auth::connect(&cluster.members[leader].client_url).await;
     put_values(&client, 192, 512 << 10).await;
+    let down_index = client.status().await.expect("status").raft_index();
     blocking(|| cluster.members[down].kill_9());
     for i in 0..350 {
         put_retrying(&mut client, &format!("down/{i:06}"), b"v").await;
+    }
+    // The leader purges its log only when no AppendEntries in flight still uses it (openraft's
+    // `try_purge_log`), and it keeps retrying the dead member: on a busy machine the log could still
+    // hold what `down` missed, which then catches up without a snapshot. More puts until both
+    // others have purged past it (the CI saw the restarted member catch up from the log).
+    let waiting = Instant::now();
+    let mut more = 0;
+    while !(0..3).filter(|&i| i != down).all(|i| purged_upto(&cluster.members[i]) > down_index) {
+        assert!(waiting.elapsed() < Duration::from_secs(120), "no purge past {down_index} within 120 s");
+        put_retrying(&mut client, &format!("down/more{more:06}"), b"v").await;
+        more += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let last_revision = put_retrying(&mut client, "down/last", b"here").await;
     Behind { cluster, down, last_revision }
@@ -472,6 +485,13 @@ async fn wait_until_no_snapshot_is_building(member: &Member) {
 fn snapshot_building(member: &Member) -> bool {
     let entries = std::fs::read_dir(snap_dir(member)).into_iter().flatten().flatten();
     entries.into_iter().any(|entry| entry.file_name().to_string_lossy().starts_with("build-"))
+}
+
+/// How far `member` has purged its raft log (its last "raft log purged" line), 0 if not at all.
+fn purged_upto(member: &Member) -> u64 {
+    let log = member.log();
+    let line = log.lines().rev().find(|l| l.contains("raft log purged"));
+    line.and_then(|l| l.split(" upto=").nth(1)?.split(' ').next()?.parse().ok()).unwrap_or(0)
 }
 
 /// The snapshot id of the last line of the leader's log that contains `message`.

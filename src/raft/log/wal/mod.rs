@@ -434,6 +434,11 @@ impl RaftLogStorage<TypeConfig> for Wal {
             let ms = crate::logging::slow::ms(took);
             tracing::debug!(target: crate::logging::slow::TARGET, ms, upto = log_id.index, "raft log purge (the raft core waited)");
         }
+        if purged.is_ok() {
+            // Once per snapshot at most (etcd logs each WAL file it purges): a member behind this
+            // index now needs a snapshot.
+            tracing::info!(upto = log_id.index, "raft log purged");
+        }
         purged.map_err(|e| StorageIOError::write_logs(any_error(e)).into())
     }
 }
