@@ -51,6 +51,10 @@ use tokio::time::MissedTickBehavior;
 
 use super::{leader_probe, NodeId, Raft};
 
+/// What the raft core publishes about its server state (leader, membership).
+type ServerMetricsReceiver =
+    tokio::sync::watch::Receiver<openraft::metrics::RaftServerMetrics<NodeId, crate::raft::member::MemberNode>>;
+
 /// What the peer service tells the timer, and whether a leader transfer paused it.
 #[derive(Default)]
 pub(crate) struct ElectionTimer {
@@ -216,7 +220,7 @@ impl ElectionTimer {
             if probe_due {
                 probe_due = false;
                 last_probe = Some(Instant::now());
-                if let Some(leader) = self.gone_leader(&raft, heartbeat).await {
+                if let Some(leader) = gone_leader(&metrics, heartbeat).await {
                     // Past the leader's read lease, however recently it was heard (module documentation).
                     let heard_at = *EPOCH + Duration::from_nanos(self.heard_at.load(Ordering::Relaxed));
                     gone = Some(GoneLeader::Forget { leader, at: heard_at + election / 2, heard });
@@ -239,26 +243,25 @@ impl ElectionTimer {
             }
         }
     }
+}
 
-    /// The leader this member follows, if its process is gone (`leader_probe.rs`), waiting
-    /// `patience` at most for each of its peer URLs.
-    async fn gone_leader(&self, raft: &Raft, patience: Duration) -> Option<NodeId> {
-        let (leader, urls) = {
-            let metrics = raft.server_metrics();
-            let m = metrics.borrow();
-            if m.state.is_leader() {
-                return None;
-            }
-            let leader = m.current_leader?;
-            let node = m.membership_config.membership().get_node(&leader)?;
-            (leader, node.peer_urls.clone())
-        };
-        if !leader_probe::is_gone(&urls, patience).await {
+/// The leader this member follows (by its server `metrics`), if its process is gone
+/// (`leader_probe.rs`), waiting `patience` at most for each of its peer URLs.
+async fn gone_leader(metrics: &ServerMetricsReceiver, patience: Duration) -> Option<NodeId> {
+    let (leader, urls) = {
+        let m = metrics.borrow();
+        if m.state.is_leader() {
             return None;
         }
-        tracing::info!(leader = format!("{leader:x}"), "the leader's peer port refuses connections");
-        Some(leader)
+        let leader = m.current_leader?;
+        let node = m.membership_config.membership().get_node(&leader)?;
+        (leader, node.peer_urls.clone())
+    };
+    if !leader_probe::is_gone(&urls, patience).await {
+        return None;
     }
+    tracing::info!(leader = format!("{leader:x}"), "the leader's peer port refuses connections");
+    Some(leader)
 }
 
 /// How many ticks of `heartbeat` make `election` (at least one).

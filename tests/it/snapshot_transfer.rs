@@ -490,8 +490,8 @@ fn snapshot_building(member: &Member) -> bool {
 /// How far `member` has purged its raft log (its last "raft log purged" line), 0 if not at all.
 fn purged_upto(member: &Member) -> u64 {
     let log = member.log();
-    let line = log.lines().rev().find(|l| l.contains("raft log purged"));
-    line.and_then(|l| l.split(" upto=").nth(1)?.split(' ').next()?.parse().ok()).unwrap_or(0)
+    let upto = field_of_last_line(&log, |l| l.contains("raft log purged"), "upto");
+    upto.and_then(|n| n.parse().ok()).unwrap_or(0)
 }
 
 /// The snapshot id of the last line of the leader's log that contains `message`.
@@ -501,8 +501,13 @@ fn last_snapshot_id(cluster: &Cluster, leader: usize, message: &str) -> Option<S
 
 /// The snapshot id of the last line of `log` that `matches`.
 fn last_snapshot_id_in(log: &str, matches: impl Fn(&str) -> bool) -> Option<String> {
+    field_of_last_line(log, matches, "snapshot").map(str::to_string)
+}
+
+/// The value of the log field `name` (` name=value`) in the last line of `log` that `matches`.
+fn field_of_last_line<'a>(log: &'a str, matches: impl Fn(&str) -> bool, name: &str) -> Option<&'a str> {
     let line = log.lines().rev().find(|l| matches(l))?;
-    line.split(" snapshot=").nth(1).and_then(|rest| rest.split(' ').next()).map(str::to_string)
+    line.split(&format!(" {name}=")).nth(1)?.split(' ').next()
 }
 
 /// Waits until `member`'s log past byte `since` has a line containing `text`, for `within` at most.
@@ -548,8 +553,8 @@ async fn member_cert_at_a_follower(cluster: &Cluster) -> AtAFollower {
 /// The size of the snapshot the leader logged sending.
 fn snapshot_size_sent(cluster: &Cluster, leader: usize) -> u64 {
     let log = cluster.members[leader].log();
-    let line = log.lines().rev().find(|l| l.contains("sending a snapshot")).expect("the leader sent a snapshot");
-    line.split(" size=").nth(1).and_then(|rest| rest.split(' ').next()).and_then(|n| n.parse().ok()).expect("a size")
+    let size = field_of_last_line(&log, |l| l.contains("sending a snapshot"), "size");
+    size.expect("the leader logged sending a snapshot, with its size").parse().expect("a size")
 }
 
 /// Every member's `etcdctl endpoint hashkv` is the same.
