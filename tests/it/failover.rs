@@ -43,28 +43,37 @@ async fn a_put_through_a_follower_after_the_leader_died_waits_for_the_next_leade
 
 /// kill -9 of the leader: its peer port refuses connections, and the followers elect the next
 /// leader half an election timeout after they last heard from it (`raft/election_timer.rs`) instead
-/// of waiting out a whole one. With `--election-timeout 4000`, no follower campaigns, and no voter
-/// grants a vote, before 4 s of silence without it: removed (no probe when the stream ends, or a
-/// lease that is not forgotten), the next leader comes after 3.9 s at the soonest, and the deadline
-/// below is missed.
+/// of waiting out a whole one. Told by what the survivors logged, not by the time it took: the next
+/// leader won a campaign made because the leader's process was gone, and no survivor campaigned at
+/// its election timeout. Removed (no probe when the stream ends), no survivor finds the leader gone
+/// and the election comes at the timeout. The lease forgotten (the openraft patch) is not what this
+/// tells: without it the first campaign is refused, the two followers split the next, and a retry
+/// wins a term later (seen: term 1 -> 3 at 2.09 s, against 1 -> 2 with it). The time is printed (4 s
+/// of election timeout here, so the two paths are far apart).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_leader_is_replaced_after_half_an_election_timeout() {
     let mut cluster = blocking(|| Cluster::start(Options::new(3).raft_timing(100, 4000)));
     let old = cluster.leader().await;
     let (_, _, term) = cluster.status(old).await.expect("leader status");
+    let others: Vec<usize> = (0..3).filter(|&i| i != old).collect();
+    let logged_before: Vec<usize> = cluster.members.iter().map(|m| m.log().len()).collect();
     let killed = std::time::Instant::now();
     blocking(|| cluster.members[old].kill_9());
-    let others: Vec<usize> = (0..3).filter(|&i| i != old).collect();
     let next = cluster.leader_among(&others).await;
     let took = killed.elapsed();
     let (_, _, next_term) = cluster.status(next).await.expect("new leader status");
-    let logs: String = others.iter().map(|&i| cluster.members[i].log()).collect();
+    let since_kill = |i: usize| cluster.members[i].log()[logged_before[i]..].to_string();
+    let logs: String = others.iter().map(|&i| since_kill(i)).collect();
     eprintln!("a leader {took:?} after the kill, term {term} -> {next_term}");
     assert!(next_term > term, "no election: term {next_term}");
     assert!(logs.contains("the leader's peer port refuses connections"), "no follower probed the leader:\n{logs}");
     assert!(
-        took < Duration::from_millis(3800),
-        "the next leader came {took:?} after the kill, past what a whole election timeout allows:\n{logs}"
+        since_kill(next).contains("the leader's process is gone: campaigning"),
+        "the next leader did not campaign for a gone leader:\n{logs}"
+    );
+    assert!(
+        !logs.contains("no leader heard within the election timeout: campaigning"),
+        "a survivor waited out its election timeout:\n{logs}"
     );
     let mut client = cluster.members[next].client().await;
     client.put("failover/after-kill", "1", None).await.expect("put on the next leader");
