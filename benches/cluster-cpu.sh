@@ -10,20 +10,22 @@
 #   range-spread   linearizable range at 100 clients spread over the three members
 # For every cell it prints the CPU time (user + system, all threads) each member spent per request,
 # the leader's apart from the followers', and the load generator's; with PERF=1 it also records
-# keyward's put-spread cell system-wide with perf and prints each role's top symbols.
+# keyward's put-spread cell (or PERF_CELL) with perf, one recording per member, and prints each
+# member's threads and top symbols.
 #
 # Usage: benches/cluster-cpu.sh
 # Environment: DURATION (per cell, default 5s), ROUNDS (times the whole matrix runs, default 1),
 #   CELLS (default "put-spread put-leader range-spread"), BIN_DIR (keyward from this directory, not
 #   built), ETCD (etcd binary), PERF=1 (needs the profiling build: release with debug info),
-#   KEEP_TMP=1. Needs clientv3-load (benches/lib/go-build.sh: golang-go, golang-etcd-server-dev),
-#   etcdctl, jq, perf for PERF=1.
+#   PERF_CELL (the cell PERF=1 records, default put-spread), KEEP_TMP=1. Needs clientv3-load
+#   (benches/lib/go-build.sh: golang-go, golang-etcd-server-dev), etcdctl, jq, perf for PERF=1.
 set -uo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 DURATION="${DURATION:-5s}"
 ROUNDS="${ROUNDS:-1}"
 CELLS="${CELLS:-put-spread put-leader range-spread}"
+PERF_CELL="${PERF_CELL:-put-spread}"
 ETCD="${ETCD:-/usr/bin/etcd}"
 PROFILE_DIR=release
 [ "${PERF:-0}" = 1 ] && PROFILE_DIR=profiling
@@ -88,10 +90,15 @@ run_cell() {
         range-spread) endpoints="${ENDPOINTS[$kind]}" args=(range --consistency l) ;;
         *) die "unknown cell $cell" ;;
     esac
-    local perf_pid=""
-    if [ "${PERF:-0}" = 1 ] && [ "$kind" = keyward ] && [ "$cell" = put-spread ] && [ "$round" = 1 ]; then
-        perf record -e cpu-clock -F 499 -a --call-graph dwarf,8192 -o "$tmp/perf.data" -- sleep "${DURATION%s}" > /dev/null 2>&1 &
-        perf_pid=$!
+    local perf_pids=()
+    if [ "${PERF:-0}" = 1 ] && [ "$kind" = keyward ] && [ "$cell" = "$PERF_CELL" ] && [ "$round" = 1 ]; then
+        # One recording per member: perf report's --pid and --tid filters of one system-wide recording
+        # kept only some of a member's threads.
+        for m in ${MEMBERS[$kind]}; do
+            perf record -e cpu-clock -F 499 -p "${m%%=*}" --call-graph dwarf,8192 -o "$tmp/perf-${m%%=*}.data" \
+                -- sleep "${DURATION%s}" > /dev/null 2>&1 &
+            perf_pids+=($!)
+        done
     fi
     for m in ${MEMBERS[$kind]}; do before+=("$(cpu_of "${m%%=*}")"); done
     times > "$tmp/times0"
@@ -100,11 +107,7 @@ run_cell() {
         || echo "  $kind $cell: FAILED: $(tail -1 "$json.err")" >&2
     times > "$tmp/times1"
     for m in ${MEMBERS[$kind]}; do after+=("$(cpu_of "${m%%=*}")"); done
-    if [ -n "$perf_pid" ]; then
-        wait "$perf_pid"
-        # perf's --pid keeps the main thread only: each member's threads, by id
-        for m in ${MEMBERS[$kind]}; do ls "/proc/${m%%=*}/task" | paste -sd, > "$tmp/tids-${m%%=*}"; done
-    fi
+    [ ${#perf_pids[@]} -gt 0 ] && wait "${perf_pids[@]}"
     local i=0 leader_t=0 followers_t=0
     for m in ${MEMBERS[$kind]}; do
         if [ "${m#*=}" = "${LEADER[$kind]}" ]; then
@@ -136,19 +139,20 @@ awk -F'\t' '{ n = $4 > 0 ? $4 : 1; l = $5 * 1e6 / n; f = $6 * 1e6 / n; c = $7 * 
               printf "| %s | %s | %s | %s | %.0f | %.0f | %.0f | %.0f |", $1, $2, $3, $8, l, f, l + f, c
               if ($3 == "etcd" && cl[$1, $2, "etcd"] > 0) printf " %.2f |\n", cl[$1, $2, "keyward"] / cl[$1, $2, "etcd"]; else printf " |\n" }' "$rows"
 
-# member_report PID PERF_REPORT_ARGS...: perf's report of one member's threads
+# member_report PID PERF_REPORT_ARGS...: perf's report of one member's recording
 member_report() {
     local pid="$1"
     shift
-    perf report -i "$tmp/perf.data" --tid "$(cat "$tmp/tids-$pid")" --percentage relative --stdio -g none "$@" 2> /dev/null \
+    perf report -i "$tmp/perf-$pid.data" --stdio -g none "$@" 2> /dev/null \
         | grep -E '^ +[0-9.]+%' | sed 's/ *$//' | cut -c1-170
 }
-if [ -f "$tmp/perf.data" ]; then
+if [ "${PERF:-0}" = 1 ]; then
     for m in ${MEMBERS[keyward]}; do
+        [ -f "$tmp/perf-${m%%=*}.data" ] || continue
         role=follower
         [ "${m#*=}" = "${LEADER[keyward]}" ] && role=leader
         echo
-        echo "keyward $role (pid ${m%%=*}), put-spread: the member's threads, then its top symbols by self and by"
+        echo "keyward $role (pid ${m%%=*}), $PERF_CELL: the member's threads, then its top symbols by self and by"
         echo "inclusive time (percent of the member's samples)"
         echo
         echo '```'

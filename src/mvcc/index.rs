@@ -93,7 +93,7 @@ impl KvStore {
     }
 
     /// The current entry of `key` and the region it is in.
-    fn current_in(&self, txn: &RoTxn, key: &[u8]) -> Result<Option<([u8; 2], Current)>, EtcdError> {
+    pub(super) fn current_in(&self, txn: &RoTxn, key: &[u8]) -> Result<Option<([u8; 2], Current)>, EtcdError> {
         if key.is_empty() {
             return Ok(None); // etcd has no empty key (and `00 02` alone is staging's count)
         }
@@ -138,8 +138,23 @@ impl KvStore {
     /// Records `key`'s change at `at` with `tag` (after every other change of the key): it becomes the
     /// key's current entry, and the one it supersedes goes to history.
     pub(super) fn index_change(&self, txn: &mut RwTxn, key: &[u8], at: Revision, tag: u8) -> Result<(), EtcdError> {
+        let found = self.current_in(txn, key)?;
+        self.index_change_over(txn, key, at, tag, found)
+    }
+
+    /// `index_change` for a key whose current entry the caller has just read (`current_in`, in this
+    /// transaction, with no index change since): a put reads it anyway for the previous version, and
+    /// a second search of the same key would cost the apply as much again.
+    pub(super) fn index_change_over(
+        &self,
+        txn: &mut RwTxn,
+        key: &[u8],
+        at: Revision,
+        tag: u8,
+        found: Option<([u8; 2], Current)>,
+    ) -> Result<(), EtcdError> {
         let value = current_value(tag, at);
-        match self.current_in(txn, key)? {
+        match found {
             Some((region, old)) => {
                 if old.at >= at {
                     return Err(corrupt("a change older than the key's newest"));

@@ -381,6 +381,9 @@ impl<'e> WriteTxn<'_, 'e> {
         }
     }
 
+    /// A change recorded one key at a time, with its own index search: the reference the batched
+    /// paths (`put`'s single search, `delete_range`'s ordered passes) are tested against.
+    #[cfg(test)]
     fn record(&mut self, kv: &KeyValue, tag: u8) -> Result<(), EtcdError> {
         let at = self.append_change(kv, tag)?;
         self.store.index_change(self.txn, &kv.key, at, tag)
@@ -401,12 +404,11 @@ impl<'e> WriteTxn<'_, 'e> {
     /// Writes `key = value` at the new revision and returns that revision.
     pub(crate) fn put(&mut self, key: &[u8], value: Vec<u8>, lease: i64) -> Result<i64, EtcdError> {
         let rev = self.begin_rev + 1;
-        let prev = {
-            let view = self.view();
-            match view.newest(key)? {
-                Some((at, TAG_PUT)) => Some(view.kv_at(at)?),
-                _ => None,
-            }
+        // The key's current entry, read once: for the previous version here, and for the index below.
+        let found = self.store.current_in(self.txn, key)?;
+        let prev = match found {
+            Some((_, current)) if current.tag == TAG_PUT => Some(self.view().kv_at(current.at)?),
+            _ => None,
         };
         let kv = KeyValue {
             key: key.to_vec(),
@@ -416,7 +418,8 @@ impl<'e> WriteTxn<'_, 'e> {
             value,
             lease,
         };
-        self.record(&kv, TAG_PUT)?;
+        let at = self.append_change(&kv, TAG_PUT)?;
+        self.store.index_change_over(self.txn, &kv.key, at, TAG_PUT, found)?;
         self.events.push(Event { r#type: EventType::Put as i32, kv: Some(kv), prev_kv: prev });
         Ok(rev)
     }
