@@ -10,8 +10,10 @@
 //! message each way, and a busy stream carries many in one frame and one system call.
 //!
 //! The follower's side (`ProposeStreams::propose`): one stream per leader URL, opened on first use by
-//! a task that reads the answers and hands each to its waiter by id. A write is answered once the
-//! leader applied it, in whatever order writes apply. When the stream fails, every write waiting on
+//! a task that reads the answers and hands each to its waiter by id. A write the follower waits to
+//! see applied here (`raft/awaited.rs`, as etcd's followers do) is answered by the leader only if it
+//! fails: the follower's own apply gives its result. Any other write is answered once the leader
+//! applied it, in whatever order writes apply. When the stream fails, every write waiting on
 //! it gets the failure: a write the stream never took is told so (`NeverSent`), and may go again; one
 //! that may have reached the leader is a transport failure, which the caller reports as etcd's
 //! "leader changed" (it may or may not be committed, as with a unary call whose answer was lost). The
@@ -40,6 +42,8 @@ use super::peer_guard::StreamCaller;
 use super::peers::Peers;
 use crate::proto::etcdserverpb::InternalRaftRequest;
 use crate::proto::keywardpb::{ProposeResponse, ProposeStreamReply, ProposeStreamRequest};
+use crate::raft::awaited::Awaiting;
+use crate::raft::ApplyResult;
 
 /// Writes of one stream the leader proposes at once, at most.
 const IN_FLIGHT: usize = 4096;
@@ -68,6 +72,14 @@ fn unsent(message: &str) -> Status {
     let mut status = Status::unavailable(message);
     status.set_source(Arc::new(NeverSent));
     status
+}
+
+/// How a forwarded write was answered.
+pub(crate) enum Forwarded {
+    /// By this member's own apply of it.
+    AppliedHere(ApplyResult),
+    /// By the leader (a leader that answers every write).
+    Answered(ProposeResponse),
 }
 
 /// The follower's streams, one per leader URL.
@@ -101,14 +113,16 @@ impl ProposeStreams {
     }
 
     /// Forwards `req` to the leader at `url` on its stream, and waits up to `deadline` for the answer:
-    /// the leader's answer, its failure as its unary call would have carried it, or the stream's.
+    /// its apply here (with `awaiting`, its place among the writes waiting for that), the leader's
+    /// answer, its failure as its unary call would have carried it, or the stream's.
     pub(crate) async fn propose(
         &self,
         peers: &Peers,
         url: &str,
         req: InternalRaftRequest,
         deadline: Duration,
-    ) -> Result<ProposeResponse, Status> {
+        awaiting: Option<Awaiting>,
+    ) -> Result<Forwarded, Status> {
         let link = self.link(peers, url)?;
         let id = link.next_id.fetch_add(1, Ordering::Relaxed);
         let (answer, answered) = oneshot::channel();
@@ -119,8 +133,15 @@ impl ProposeStreams {
             }
             waiting.by_id.insert(id, answer);
         }
-        let sent =
-            tokio::time::timeout(deadline, link.queue.send(ProposeStreamRequest { id, request: Some(req) })).await;
+        let message = ProposeStreamRequest { id, request: Some(req), applied_here: awaiting.is_some() };
+        let sent = match link.queue.try_send(message) {
+            Ok(()) => Ok(Ok(())),
+            Err(mpsc::error::TrySendError::Closed(_)) => Ok(Err(())),
+            // The queue is full: wait for room, up to the deadline.
+            Err(mpsc::error::TrySendError::Full(message)) => {
+                tokio::time::timeout(deadline, link.queue.send(message)).await.map(|sent| sent.map_err(|_| ()))
+            }
+        };
         match sent {
             Ok(Ok(())) => {}
             // The stream was gone before it took the write, or its queue stayed full: never sent.
@@ -129,7 +150,28 @@ impl ProposeStreams {
                 return Err(unsent("the propose stream to the leader has ended"));
             }
         }
-        let reply = match tokio::time::timeout(deadline, answered).await {
+        let answered = async move {
+            let Some(mut awaiting) = awaiting else { return Err(answered.await) };
+            tokio::select! {
+                biased;
+                applied = &mut awaiting.applied => Ok(applied),
+                answer = answered => Err(answer),
+            }
+        };
+        let answer = match tokio::time::timeout(deadline, answered).await {
+            // Applied here: the leader sends nothing more for this write.
+            Ok(Ok(applied)) => {
+                link.forget(id);
+                return match applied {
+                    Ok(result) => Ok(Forwarded::AppliedHere(result)),
+                    // Its place was dropped without an answer: the state machine is gone.
+                    Err(_) => Err(Status::unavailable("the member stopped")),
+                };
+            }
+            Ok(Err(answer)) => Ok(answer),
+            Err(elapsed) => Err(elapsed),
+        };
+        let reply = match answer {
             Ok(Ok(reply)) => reply,
             // The stream's task ended without failing the waiters: it was dropped with the runtime.
             Ok(Err(_)) => return Err(Status::unavailable("the propose stream was dropped")),
@@ -139,7 +181,7 @@ impl ProposeStreams {
             }
         };
         match reply {
-            Ok(ProposeStreamReply { response: Some(response), .. }) => Ok(response),
+            Ok(ProposeStreamReply { response: Some(response), .. }) => Ok(Forwarded::Answered(response)),
             // The leader's answer, as its unary call's status would have been.
             Ok(ProposeStreamReply { code, message, .. }) => Err(Status::new(Code::from(code), message)),
             // The leader does not serve the stream: nothing on it was proposed. The write goes again,
@@ -250,11 +292,14 @@ where
                         let _ = replies.send(Err(refused)).await;
                         return;
                     }
-                    let (id, proposed) = (request.id, propose(request.request.unwrap_or_default()));
-                    proposing.push(async move { (id, proposed.await) });
+                    let (id, quiet) = (request.id, request.applied_here);
+                    let proposed = propose(request.request.unwrap_or_default());
+                    proposing.push(async move { (id, quiet, proposed.await) });
                 }
-                Some((id, answer)) = proposing.next(), if !proposing.is_empty() => {
+                Some((id, quiet, answer)) = proposing.next(), if !proposing.is_empty() => {
                     let reply = match answer {
+                        // The follower takes the result from its own apply.
+                        Ok(_) if quiet => continue,
                         Ok(response) => ProposeStreamReply { id, response: Some(response), ..Default::default() },
                         Err(status) => ProposeStreamReply {
                             id,

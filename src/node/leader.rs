@@ -30,7 +30,7 @@ use tonic::transport::Channel;
 use super::Node;
 use crate::apply::Applied;
 use crate::cluster::membership;
-use crate::cluster::propose_stream::NeverSent;
+use crate::cluster::propose_stream::{Forwarded, NeverSent};
 use crate::error::EtcdError;
 use crate::proto::etcdserverpb::{
     InternalRaftRequest, LeaseKeepAliveRequest, LeaseTimeToLiveRequest, MemberAddRequest, MemberPromoteRequest,
@@ -165,7 +165,13 @@ impl Node {
                     async move {
                         let req = req.ok_or_else(|| tonic::Status::internal("the request was proposed here"))?;
                         let answer = if self.forwarded_writes.served_by(&url) {
-                            self.forwarded_writes.propose(&self.peers, &url, req, FORWARD_TIMEOUT).await?
+                            // Answered by this member's own apply, unless the leader refuses it.
+                            let awaiting = req.header.as_ref().and_then(|h| self.awaited.register(h.id));
+                            let forwarded = &self.forwarded_writes;
+                            match forwarded.propose(&self.peers, &url, req, FORWARD_TIMEOUT, awaiting).await? {
+                                Forwarded::AppliedHere(result) => return Ok((None, result)),
+                                Forwarded::Answered(answer) => answer,
+                            }
                         } else {
                             leader.propose(self.forwarded(req)).await?.into_inner()
                         };

@@ -73,6 +73,8 @@ pub(crate) struct Node {
     pub(crate) peers: Arc<Peers>,
     /// Forwarded writes, on one stream per leader (`cluster/propose_stream.rs`).
     forwarded_writes: crate::cluster::propose_stream::ProposeStreams,
+    /// The forwarded writes waiting for their apply here, which answers them (`raft/awaited.rs`).
+    awaited: Arc<crate::raft::awaited::Awaited>,
     /// `--election-timeout`: how much longer every lease lives when a new leader takes over.
     election_timeout: Duration,
     /// When this member campaigns; the peer service resets it (`raft/election_timer.rs`).

@@ -102,6 +102,7 @@ impl Node {
             cluster_token: config.cluster_token.clone(),
             peers,
             forwarded_writes: Default::default(),
+            awaited: state.awaited().clone(),
             election_timeout: config.election_timeout,
             election_timer,
             removed: tokio::sync::Notify::new(),

@@ -18,6 +18,7 @@
 // move the allocation to every call site.
 #![allow(clippy::result_large_err)]
 
+pub(crate) mod awaited;
 pub(crate) mod election_timer;
 mod leader_probe;
 pub(crate) mod log;

@@ -6,7 +6,9 @@
 //!   open stream is refused from its next write on and that write is not applied (the peer guard
 //!   admits each write on a stream again: the peer port is a trust boundary, docs/threat-model.md);
 //! - a leader that does not serve the stream (a keyward older than it: `Unimplemented`) gets one
-//!   `Propose` call per forwarded write, and loses nothing; twin: a leader that serves it gets no call.
+//!   `Propose` call per forwarded write, and loses nothing; twin: a leader that serves it gets no call;
+//! - a write the follower takes the result of from its own apply (`applied_here`) is answered only
+//!   when it fails.
 
 use std::time::{Duration, Instant};
 
@@ -45,6 +47,15 @@ impl ProposeSent {
 
     /// Forwards a plain put of `key` (as a follower forwards a client's) and waits for its answer.
     async fn put(&mut self, key: &str) -> Result<ProposeStreamReply, Status> {
+        let id = self.send(key, false).await?;
+        let reply = self.reply().await?;
+        assert_eq!(reply.id, id, "the answer to the write sent");
+        outcome(reply)
+    }
+
+    /// Sends a plain put of `key`, answered only if it fails when `applied_here` (a follower that
+    /// takes the result from its own apply); returns its id.
+    async fn send(&mut self, key: &str, applied_here: bool) -> Result<u64, Status> {
         let request = InternalRaftRequest {
             header: Some(RequestHeader { id: self.next_id, ..Default::default() }),
             put: Some(Box::new(PutRequest { key: key.into(), value: b"v".to_vec(), ..Default::default() })),
@@ -52,16 +63,24 @@ impl ProposeSent {
         };
         let id = self.next_id;
         self.next_id += 1;
-        let sent = self.requests.send(ProposeStreamRequest { id, request: Some(request) }).await;
+        let sent = self.requests.send(ProposeStreamRequest { id, request: Some(request), applied_here }).await;
         sent.map_err(|_| Status::unavailable("the stream has ended"))?;
+        Ok(id)
+    }
+
+    /// The next answer on the stream.
+    async fn reply(&mut self) -> Result<ProposeStreamReply, Status> {
         let reply = tokio::time::timeout(Duration::from_secs(10), self.replies.message()).await;
         let reply = reply.map_err(|_| Status::deadline_exceeded("no answer"))??;
-        let reply = reply.ok_or_else(|| Status::unavailable("the member ended the stream"))?;
-        assert_eq!(reply.id, id, "the answer to the write sent");
-        match reply.response {
-            Some(_) => Ok(reply),
-            None => Err(Status::new(Code::from(reply.code), reply.message)),
-        }
+        reply.ok_or_else(|| Status::unavailable("the member ended the stream"))
+    }
+}
+
+/// An answer as a result: the write's response, or its failure as a status.
+fn outcome(reply: ProposeStreamReply) -> Result<ProposeStreamReply, Status> {
+    match reply.response {
+        Some(_) => Ok(reply),
+        None => Err(Status::new(Code::from(reply.code), reply.message)),
     }
 }
 
@@ -189,4 +208,45 @@ async fn a_leader_without_the_propose_stream_gets_calls_and_loses_nothing() {
     assert!(relayed.propose_streams_refused >= 1, "{relayed:?}");
     assert!(relayed.proposes >= 60, "a call per write after the refusal: {relayed:?}");
     assert!(relayed.propose_streams_refused <= 2, "the follower asked for the stream again: {relayed:?}");
+}
+
+/// A write sent with `applied_here` (the follower takes its result from its own apply,
+/// `raft/awaited.rs`) is applied, and the leader sends no answer for it; the writes beside it that
+/// ask for one get theirs. Sent to a member that does not lead, the same write is refused and the
+/// refusal is answered: a follower learns of every failure.
+///
+/// Fails if the leader answers a successful `applied_here` write (`serve`'s `quiet` check in
+/// `cluster/propose_stream.rs`), or if it does not answer a failed one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_applied_at_the_follower_is_answered_only_when_it_fails() {
+    let cluster = blocking(|| Cluster::start(Options::new(3)));
+    let leader = cluster.leader().await;
+    let cluster_id = crate::peer_port::cluster_id(&cluster).await;
+    let stream_to = |i: usize| {
+        let mut client = crate::peer_port::peer_client(&cluster.members[i].peer_url, &cluster.peer_ca_file(), None);
+        async move { ProposeSent::open(&mut client, cluster_id).await.expect("a member's propose stream") }
+    };
+
+    let mut stream = stream_to(leader).await;
+    let quiet = stream.send("/quiet/1", true).await.expect("sent");
+    let first = stream.send("/answered/1", false).await.expect("sent");
+    let first_answer = stream.reply().await.expect("an answer");
+    // Proposed after the quiet write was applied: any answer to it would have come before this one's.
+    let second = stream.send("/answered/2", false).await.expect("sent");
+    let mut answered = vec![first_answer.id];
+    while *answered.last().unwrap() != second {
+        answered.push(stream.reply().await.expect("an answer").id);
+    }
+    assert!(!answered.contains(&quiet), "the quiet write was answered: {answered:?}");
+    assert_eq!(answered, vec![first, second]);
+    assert!(key_exists(&cluster, leader, "/quiet/1").await, "the quiet write was applied");
+
+    let not_leader = (leader + 1) % 3;
+    let mut stream = stream_to(not_leader).await;
+    let refused = stream.send("/quiet/refused", true).await.expect("sent");
+    let reply = stream.reply().await.expect("the refusal is answered");
+    assert_eq!(reply.id, refused);
+    let status = outcome(reply).expect_err("a member that does not lead refuses the write");
+    assert_eq!(status.message(), "etcdserver: not leader", "{status:?}");
+    assert!(!key_exists(&cluster, leader, "/quiet/refused").await, "the refused write was applied");
 }

@@ -111,6 +111,8 @@ pub(in crate::node) fn observe(
             // hub keeps the last batches.
             lessor.follow_installed(std::mem::take(&mut installed.leases));
         }
+        // Answered on the runtime, as the proposer's answers are (`raft/awaited.rs`).
+        let answers = batch.answers.take();
         // Batches offered while one relayed commit waits are committed by it.
         let commit = hub.offer(Arc::new(batch)).then(|| hub.clone());
         if commit.is_some() || !reached.is_empty() {
@@ -120,6 +122,9 @@ pub(in crate::node) fn observe(
                     hub.commit_offered();
                 }
             });
+        }
+        if !answers.is_empty() {
+            relay.send(answers);
         }
     }));
     Observed { watch_hub, snapshot_due, removal_due }

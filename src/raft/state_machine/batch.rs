@@ -85,6 +85,15 @@ impl State {
             tracing::info!(from = grown.from, to = grown.to, "kv file reservation grown ahead of need");
         }
         count_mvcc_ops(entries, &results);
+        // Committed: the writes this member forwarded and waits for get their results from here.
+        let mut owed = Vec::new();
+        if self.awaited.any() {
+            for (entry, entry_results) in entries.iter().zip(&results) {
+                if let EntryPayload::Normal(batch) = &entry.payload {
+                    self.awaited.take_answers(&batch.0.requests, entry_results, &mut owed);
+                }
+            }
+        }
         if let Some(alarms) = alarms {
             *self.active_alarms.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(alarms);
         }
@@ -99,6 +108,7 @@ impl State {
                 requests,
                 last_index: applied.map_or(0, |id| id.index),
                 installed: None,
+                answers: owed.into(),
                 encoded: Default::default(),
             });
         }

@@ -23,6 +23,9 @@ pub(crate) struct Committed {
     /// events, the revision may have jumped, and whatever was derived from the old state must be
     /// derived again from the new one.
     pub installed: Option<Installed>,
+    /// What the batch owes to writes this member forwarded and waits to see applied here
+    /// (`raft/awaited.rs`).
+    pub answers: crate::raft::awaited::Answers,
     /// `effects.events` encoded for watchers, once, by the first that sends them.
     pub encoded: crate::mvcc::encoded_events::EncodedEvents,
 }

@@ -112,6 +112,7 @@ impl StateMachine {
             tokens: Default::default(),
             snaps: Arc::new(snaps),
             observer: Default::default(),
+            awaited: Default::default(),
             audit: None,
             writes,
         };

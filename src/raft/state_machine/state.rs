@@ -17,6 +17,7 @@ use crate::error::EtcdError;
 use crate::lease::store::LeaseStore;
 use crate::mvcc::KvStore;
 use crate::proto::etcdserverpb::{AlarmMember, AlarmType};
+use crate::raft::awaited::Awaited;
 use crate::raft::{LogId, StoredMembership};
 use crate::space::alarm::AlarmStore;
 use crate::space::Space;
@@ -61,6 +62,8 @@ pub(crate) struct State {
     pub(super) tokens: Arc<OnceLock<Arc<Tokens>>>,
     pub(super) snaps: Arc<SnapDir>,
     pub(super) observer: Arc<OnceLock<Observer>>,
+    /// The writes this member forwarded that wait for their apply here.
+    pub(super) awaited: Arc<Awaited>,
     /// Tests: how many more batches find storage full before anything is written.
     #[cfg(test)]
     pub(crate) inject_full: std::sync::atomic::AtomicU32,
@@ -77,6 +80,7 @@ pub(super) struct Carried {
     pub(super) tokens: Arc<OnceLock<Arc<Tokens>>>,
     pub(super) snaps: Arc<SnapDir>,
     pub(super) observer: Arc<OnceLock<Observer>>,
+    pub(super) awaited: Arc<Awaited>,
     pub(super) audit: Option<Arc<crate::auth::audit::AuditLog>>,
     /// How the environment is written: `None` chooses by its file system (`Writes::for_dir`).
     pub(super) writes: Option<Writes>,
@@ -158,6 +162,7 @@ impl State {
             tokens: carried.tokens,
             snaps: carried.snaps,
             observer: carried.observer,
+            awaited: carried.awaited,
             #[cfg(test)]
             inject_full: Default::default(),
             #[cfg(test)]
@@ -176,6 +181,7 @@ impl State {
             tokens: self.tokens.clone(),
             snaps: self.snaps.clone(),
             observer: self.observer.clone(),
+            awaited: self.awaited.clone(),
             audit: self.auth.audit.get().cloned(),
             writes: Some(self.mapping.writes()),
         }
@@ -186,6 +192,11 @@ impl State {
     /// Sets who is told about each committed batch (once; later calls are ignored).
     pub(crate) fn observe(&self, observer: Observer) {
         let _ = self.observer.set(observer);
+    }
+
+    /// The writes this member forwarded that wait for their apply here.
+    pub(crate) fn awaited(&self) -> &Arc<Awaited> {
+        &self.awaited
     }
 
     /// Sets the token provider Authenticate entries issue simple tokens into (once).
