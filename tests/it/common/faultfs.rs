@@ -964,7 +964,13 @@ impl FaultFs {
                 }
             }
         }
-        session.join()
+        match session.join() {
+            // Unmounted: the FUSE thread's next read of the device ends it, with ENODEV, or with
+            // ECONNABORTED when the kernel tore the connection down first (the suite met that once,
+            // on a busy machine, right after the server was killed with requests in flight).
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::CONNABORTED.raw_os_error()) => Ok(()),
+            ended => ended,
+        }
     }
 }
 
