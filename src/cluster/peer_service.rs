@@ -161,10 +161,18 @@ async fn append_entries_answer(member: &dyn LocalMember, payload: &[u8], transpo
 }
 
 /// A follower's forwarded write, proposed here as the follower built it; the answer Propose and the
-/// propose stream carry back: what applying it produced and the entry's log index.
-async fn propose_forwarded(member: &dyn LocalMember, req: InternalRaftRequest) -> Result<ProposeResponse, Status> {
+/// propose stream carry back: what applying it produced (encoded only if `answered`: a write the
+/// follower takes from its own apply, `applied_here`, gets no answer) and the entry's log index.
+async fn propose_forwarded(
+    member: &dyn LocalMember,
+    req: InternalRaftRequest,
+    answered: bool,
+) -> Result<ProposeResponse, Status> {
     let (index, result) = member.propose_forwarded(req).await?;
-    let result = postcard::to_allocvec(&result).map_err(|e| Status::internal(e.to_string()))?;
+    let result = match answered {
+        true => postcard::to_allocvec(&result).map_err(|e| Status::internal(e.to_string()))?,
+        false => Vec::new(),
+    };
     Ok(ProposeResponse { result, index })
 }
 
@@ -234,7 +242,7 @@ impl Peer for PeerService {
 
     async fn propose(&self, request: Request<InternalRaftRequest>) -> Result<Response<ProposeResponse>, Status> {
         self.check_cluster(&request, false)?;
-        Ok(Response::new(propose_forwarded(&*self.member, request.into_inner()).await?))
+        Ok(Response::new(propose_forwarded(&*self.member, request.into_inner(), true).await?))
     }
 
     /// A follower's forwarded writes on one stream (`propose_stream.rs`): its cluster checked once,
@@ -246,9 +254,9 @@ impl Peer for PeerService {
         self.check_cluster(&request, false)?;
         let caller = StreamCaller::of(&request)?;
         let member = self.member.clone();
-        let propose = move |req: InternalRaftRequest| {
+        let propose = move |req: InternalRaftRequest, answered: bool| {
             let member = member.clone();
-            async move { propose_forwarded(&*member, req).await }
+            async move { propose_forwarded(&*member, req, answered).await }
         };
         Ok(Response::new(propose_stream::serve(caller, request.into_inner(), propose)))
     }

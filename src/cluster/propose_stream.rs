@@ -82,6 +82,14 @@ pub(crate) enum Forwarded {
     Answered(ProposeResponse),
 }
 
+/// What a forwarded write met first while it waited.
+enum First {
+    /// Its apply here (an error: its place was dropped unanswered).
+    AppliedHere(Result<ApplyResult, oneshot::error::RecvError>),
+    /// The stream's answer (an error: the stream's task was dropped).
+    Answer(Result<Result<ProposeStreamReply, Status>, oneshot::error::RecvError>),
+}
+
 /// The follower's streams, one per leader URL.
 #[derive(Default)]
 pub(crate) struct ProposeStreams {
@@ -150,17 +158,18 @@ impl ProposeStreams {
                 return Err(unsent("the propose stream to the leader has ended"));
             }
         }
-        let answered = async move {
-            let Some(mut awaiting) = awaiting else { return Err(answered.await) };
+        // Whichever comes first: the write's apply here (if it waits for that), or the stream's answer.
+        let first = async move {
+            let Some(mut awaiting) = awaiting else { return First::Answer(answered.await) };
             tokio::select! {
                 biased;
-                applied = &mut awaiting.applied => Ok(applied),
-                answer = answered => Err(answer),
+                applied = &mut awaiting.applied => First::AppliedHere(applied),
+                answer = answered => First::Answer(answer),
             }
         };
-        let answer = match tokio::time::timeout(deadline, answered).await {
+        let reply = match tokio::time::timeout(deadline, first).await {
             // Applied here: the leader sends nothing more for this write.
-            Ok(Ok(applied)) => {
+            Ok(First::AppliedHere(applied)) => {
                 link.forget(id);
                 return match applied {
                     Ok(result) => Ok(Forwarded::AppliedHere(result)),
@@ -168,13 +177,9 @@ impl ProposeStreams {
                     Err(_) => Err(Status::unavailable("the member stopped")),
                 };
             }
-            Ok(Err(answer)) => Ok(answer),
-            Err(elapsed) => Err(elapsed),
-        };
-        let reply = match answer {
-            Ok(Ok(reply)) => reply,
+            Ok(First::Answer(Ok(reply))) => reply,
             // The stream's task ended without failing the waiters: it was dropped with the runtime.
-            Ok(Err(_)) => return Err(Status::unavailable("the propose stream was dropped")),
+            Ok(First::Answer(Err(_))) => return Err(Status::unavailable("the propose stream was dropped")),
             Err(_) => {
                 link.forget(id);
                 return Err(Status::deadline_exceeded("the leader did not answer in time"));
@@ -261,15 +266,15 @@ impl Link {
 }
 
 /// The leader's side: each write on `inbound`, from `caller` (admitted again for each), proposed with
-/// `propose` (this member's proposer, `peer_service.rs`) as it arrives, at most `IN_FLIGHT` at once;
-/// the answers as they come.
+/// `propose` (this member's proposer, `peer_service.rs`; told whether the write is answered) as it
+/// arrives, at most `IN_FLIGHT` at once; the answers as they come.
 pub(super) fn serve<Propose, Proposed>(
     caller: StreamCaller,
     mut inbound: Streaming<ProposeStreamRequest>,
     propose: Propose,
 ) -> ProposeReplies
 where
-    Propose: Fn(InternalRaftRequest) -> Proposed + Send + 'static,
+    Propose: Fn(InternalRaftRequest, bool) -> Proposed + Send + 'static,
     Proposed: Future<Output = Result<ProposeResponse, Status>> + Send + 'static,
 {
     let (replies, outgoing) = mpsc::channel(QUEUED);
@@ -293,7 +298,7 @@ where
                         return;
                     }
                     let (id, quiet) = (request.id, request.applied_here);
-                    let proposed = propose(request.request.unwrap_or_default());
+                    let proposed = propose(request.request.unwrap_or_default(), !quiet);
                     proposing.push(async move { (id, quiet, proposed.await) });
                 }
                 Some((id, quiet, answer)) = proposing.next(), if !proposing.is_empty() => {
